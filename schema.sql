@@ -1,0 +1,108 @@
+-- leasehold schema, version 1 (PRAGMA user_version = 1).
+--
+-- This file is the newest schema, readable on its own. The library creates it, or migrates an
+-- older file to it, when it opens a database; tests check that a migrated empty file equals it.
+-- Times are INTEGER milliseconds since the Unix epoch, UTC.
+
+-- One row per job. The lease columns keep the names that lease-recovery runbooks use, so plain
+-- SQL works: status, attempt, max_attempts, recovery_count, started_at, completed_at,
+-- heartbeat_at, lease_expires_at, run_token, worker_id, last_error.
+CREATE TABLE jobs (
+    id                  INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue               TEXT    NOT NULL DEFAULT 'default',
+    -- The command: a JSON array of strings, argv[0] first.
+    argv                TEXT    NOT NULL,
+    -- Extra environment: a JSON array of [name, value] pairs.
+    env                 TEXT    NOT NULL DEFAULT '[]',
+    cwd                 TEXT,
+    priority            INTEGER NOT NULL DEFAULT 0,
+    status              TEXT    NOT NULL DEFAULT 'pending'
+                        CHECK (status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
+    -- Claims so far; the attempt being run while running.
+    attempt             INTEGER NOT NULL DEFAULT 0,
+    max_attempts        INTEGER NOT NULL DEFAULT 1 CHECK (max_attempts >= 1),
+    -- Attempts that ended in a failure of the command (exit, signal, timeout, idle timeout).
+    -- A lost or interrupted attempt does not count against max_attempts.
+    failed_attempts     INTEGER NOT NULL DEFAULT 0,
+    backoff_base_ms     INTEGER NOT NULL DEFAULT 1000,
+    backoff_max_ms      INTEGER NOT NULL DEFAULT 3600000,
+    recovery_count      INTEGER NOT NULL DEFAULT 0,
+    on_lost             TEXT    NOT NULL DEFAULT 'requeue' CHECK (on_lost IN ('requeue', 'fail')),
+    timeout_ms          INTEGER,
+    idle_timeout_ms     INTEGER,
+    created_at          INTEGER NOT NULL,
+    scheduled_at        INTEGER NOT NULL,
+    started_at          INTEGER,
+    completed_at        INTEGER,
+    heartbeat_at        INTEGER,
+    lease_expires_at    INTEGER,
+    run_token           TEXT,
+    worker_id           TEXT,
+    -- The current (or last) attempt's main process: pid, process group and start time in
+    -- clock ticks since boot (/proc/PID/stat), which tell it apart from a reused pid.
+    pid                 INTEGER,
+    pgid                INTEGER,
+    proc_start_time     INTEGER,
+    exit_code           INTEGER,
+    signal              INTEGER,
+    error_kind          TEXT
+                        CHECK (error_kind IN ('exit', 'signal', 'timeout', 'idle_timeout', 'lost', 'spawn')),
+    last_error          TEXT,
+    -- A lost attempt whose processes still have to be torn down. While teardown_token is set
+    -- the job cannot be claimed: two attempts of one job never run at once.
+    teardown_token      TEXT,
+    teardown_pgid       INTEGER,
+    teardown_start_time INTEGER
+);
+
+-- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
+-- the head of the index whatever the size of the table.
+CREATE INDEX jobs_claim ON jobs (priority DESC, scheduled_at, id)
+    WHERE status = 'pending' AND teardown_token IS NULL;
+CREATE INDEX jobs_claim_queue ON jobs (queue, priority DESC, scheduled_at, id)
+    WHERE status = 'pending' AND teardown_token IS NULL;
+-- Renewing and reclaiming leases: only running rows are indexed.
+CREATE INDEX jobs_running_lease ON jobs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX jobs_running_worker ON jobs (worker_id, run_token) WHERE status = 'running';
+-- Lost attempts still to be torn down.
+CREATE INDEX jobs_teardown ON jobs (teardown_token) WHERE teardown_token IS NOT NULL;
+-- Counts and listings by status.
+CREATE INDEX jobs_status ON jobs (status, id);
+
+-- Every transition of a job, written in the same transaction as the transition itself.
+CREATE TABLE job_events (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id      INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    at          INTEGER NOT NULL,
+    kind        TEXT    NOT NULL,
+    attempt     INTEGER NOT NULL,
+    detail      TEXT
+);
+CREATE INDEX job_events_job ON job_events (job_id, id);
+
+-- The bounded tail of each attempt's stdout and stderr.
+CREATE TABLE job_output (
+    job_id            INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    attempt           INTEGER NOT NULL,
+    stdout            BLOB    NOT NULL,
+    stderr            BLOB    NOT NULL,
+    stdout_truncated  INTEGER NOT NULL DEFAULT 0,
+    stderr_truncated  INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, attempt)
+) WITHOUT ROWID;
+
+-- One row per runner process that ever opened this file.
+CREATE TABLE runners (
+    worker_id              TEXT    PRIMARY KEY,
+    pid                    INTEGER NOT NULL,
+    proc_start_time        INTEGER NOT NULL,
+    boot_id                TEXT    NOT NULL,
+    host                   TEXT    NOT NULL,
+    started_at             INTEGER NOT NULL,
+    heartbeat_at           INTEGER NOT NULL,
+    stopped_at             INTEGER,
+    lease_ttl_ms           INTEGER NOT NULL,
+    heartbeat_interval_ms  INTEGER NOT NULL,
+    max_recovery_attempts  INTEGER NOT NULL
+);
+CREATE INDEX runners_started ON runners (started_at);

@@ -1,0 +1,113 @@
+//! The library's error type.
+
+use std::path::PathBuf;
+
+/// What can go wrong in leasehold's own work: the database, its files, and misuse of the API.
+///
+/// A job's failure is not an error: a non-zero exit, a timeout or a lost lease is an outcome,
+/// stored in the database and reported through [`Outcome`](crate::Outcome).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// SQLite reported an error.
+    #[error("database error")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The file is not a SQLite database (or is damaged); it was left untouched.
+    #[error("{} is not a leasehold database: {reason}", path.display())]
+    NotADatabase {
+        /// The file that was opened.
+        path: PathBuf,
+        /// What SQLite said about it.
+        reason: String,
+    },
+    /// The database was written by a newer leasehold than this one.
+    #[error(
+        "database schema version {found} is newer than this build of leasehold supports (version {supported})"
+    )]
+    SchemaTooNew {
+        /// The version found in the file.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The database has an older schema and the caller asked not to migrate it.
+    #[error(
+        "database schema version {found} is older than this build's version {supported}: run `leasehold db migrate`"
+    )]
+    SchemaTooOld {
+        /// The version found in the file.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The database file does not exist and the caller asked not to create it.
+    #[error("database {} does not exist", .0.display())]
+    Missing(PathBuf),
+    /// No job has this id.
+    #[error("no job with id {0}")]
+    NoSuchJob(i64),
+    /// The operation does not apply to the job in its current state.
+    #[error("job {id} is {status}: {reason}")]
+    WrongState {
+        /// The job.
+        id: i64,
+        /// Its current status.
+        status: String,
+        /// Why the operation is refused.
+        reason: String,
+    },
+    /// A setting or argument is out of range or inconsistent with another.
+    #[error("invalid {setting}: {reason}")]
+    Invalid {
+        /// The setting or argument at fault.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An I/O error outside SQLite (starting threads, reading /proc).
+    #[error("{context}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The runner has shut down and no longer accepts the request.
+    #[error("the runner has shut down")]
+    ShutDown,
+}
+
+/// A `Result` with leasehold's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn invalid(setting: &'static str, reason: impl Into<String>) -> Self {
+        Error::Invalid {
+            setting,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True when the error is SQLite's "busy" or "locked": another connection holds the lock.
+    pub fn is_busy(&self) -> bool {
+        match self {
+            Error::Sqlite(e) => is_busy(e),
+            _ => false,
+        }
+    }
+}
+
+pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}

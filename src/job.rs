@@ -1,0 +1,581 @@
+//! Jobs: the builder a caller enqueues, the state machine, and what a job looks like stored.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+
+/// By default a job runs once: a failure is final.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 1;
+/// The first retry waits this long; each later one waits twice as long as the one before.
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// No retry waits longer than this.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(3600);
+/// The queue a job goes to unless it names another.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// Milliseconds since the Unix epoch, UTC: how leasehold stores and compares times.
+pub fn now_ms() -> i64 {
+    to_ms(SystemTime::now())
+}
+
+pub(crate) fn to_ms(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
+pub(crate) fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Where a job is in its life. The spelling in the database is [`Status::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Waiting for its `scheduled_at`, then for a runner to claim it. A runner's claim moves it
+    /// to running; an operator's cancel moves it to cancelled.
+    Pending,
+    /// A runner holds its lease and runs an attempt. The attempt's ending moves it on (its
+    /// worker), and so do a reclaim of an expired lease (a sweeper), a cancel, or an operator's
+    /// retry once the lease is gone.
+    Running,
+    /// The command exited 0. Final.
+    Succeeded,
+    /// The command failed with no attempts left, could not start, or was lost beyond the
+    /// recovery budget. An operator's retry moves it back to pending.
+    Failed,
+    /// Cancelled by a caller. An operator's retry moves it back to pending.
+    Cancelled,
+}
+
+impl Status {
+    /// Every status, in the order of a job's life.
+    pub const ALL: [Status; 5] = [
+        Status::Pending,
+        Status::Running,
+        Status::Succeeded,
+        Status::Failed,
+        Status::Cancelled,
+    ];
+
+    /// The status as stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Running => "running",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// True for the statuses that end a job: succeeded, failed and cancelled.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Succeeded | Status::Failed | Status::Cancelled)
+    }
+}
+
+impl std::str::FromStr for Status {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Status::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "status",
+                    format!("{s:?} is not one of pending, running, succeeded, failed, cancelled"),
+                )
+            })
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why an attempt failed, as stored in the `error_kind` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The command exited with a non-zero code.
+    Exit,
+    /// The command was killed by a signal it did not get from leasehold.
+    Signal,
+    /// The attempt ran past the job's timeout and its process group was killed.
+    Timeout,
+    /// The attempt wrote no output for the job's idle timeout and its group was killed.
+    IdleTimeout,
+    /// The attempt's lease was lost (its runner died, froze or could not renew).
+    Lost,
+    /// The command could not be started. Never retried.
+    Spawn,
+}
+
+impl ErrorKind {
+    /// The kind as stored in the `error_kind` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Exit => "exit",
+            ErrorKind::Signal => "signal",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::IdleTimeout => "idle_timeout",
+            ErrorKind::Lost => "lost",
+            ErrorKind::Spawn => "spawn",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        [
+            ErrorKind::Exit,
+            ErrorKind::Signal,
+            ErrorKind::Timeout,
+            ErrorKind::IdleTimeout,
+            ErrorKind::Lost,
+            ErrorKind::Spawn,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to do with a job whose attempt was lost (its lease expired or its runner died).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OnLost {
+    /// Run it again, while its recovery budget lasts. The default: for idempotent work.
+    #[default]
+    Requeue,
+    /// Fail it at once and never run it again: for work whose side effects must not repeat.
+    Fail,
+}
+
+impl OnLost {
+    /// The policy as stored in the `on_lost` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnLost::Requeue => "requeue",
+            OnLost::Fail => "fail",
+        }
+    }
+}
+
+impl std::str::FromStr for OnLost {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "requeue" => Ok(OnLost::Requeue),
+            "fail" => Ok(OnLost::Fail),
+            _ => Err(Error::invalid(
+                "on_lost",
+                format!("{s:?} is not one of requeue, fail"),
+            )),
+        }
+    }
+}
+
+/// When a job becomes ready to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schedule {
+    Now,
+    After(Duration),
+    At(SystemTime),
+}
+
+/// A command to enqueue, built with [`Job::command`] or [`Job::shell`] and the setters below.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold::{Job, OnLost};
+///
+/// let job = Job::command(["rsync", "-a", "src/", "backup/"])
+///     .queue("backups")
+///     .timeout(Duration::from_secs(600))
+///     .max_attempts(3)
+///     .on_lost(OnLost::Requeue);
+/// assert_eq!(job.argv()[0], "rsync");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: Option<PathBuf>,
+    queue: String,
+    priority: i64,
+    schedule: Schedule,
+    timeout: Option<Duration>,
+    idle_timeout: Option<Duration>,
+    max_attempts: u32,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    on_lost: OnLost,
+}
+
+impl Job {
+    /// A job that runs `argv[0]` with the arguments that follow, without a shell.
+    pub fn command<I, S>(argv: I) -> Job
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Job {
+            argv: argv.into_iter().map(Into::into).collect(),
+            env: Vec::new(),
+            cwd: None,
+            queue: DEFAULT_QUEUE.to_string(),
+            priority: 0,
+            schedule: Schedule::Now,
+            timeout: None,
+            idle_timeout: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff_base: DEFAULT_BACKOFF_BASE,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            on_lost: OnLost::default(),
+        }
+    }
+
+    /// A job that runs `script` with `sh -c`.
+    pub fn shell(script: impl Into<String>) -> Job {
+        Job::command(["sh".to_string(), "-c".to_string(), script.into()])
+    }
+
+    /// Adds a variable to the command's environment, which otherwise is the runner's.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Job {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// The folder the command runs in. By default, the runner's.
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Job {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// The queue the job goes to; runners can take from some queues only. By default,
+    /// `"default"`.
+    pub fn queue(mut self, queue: impl Into<String>) -> Job {
+        self.queue = queue.into();
+        self
+    }
+
+    /// Higher runs first among ready jobs. By default, 0.
+    pub fn priority(mut self, priority: i64) -> Job {
+        self.priority = priority;
+        self
+    }
+
+    /// Makes the job ready only after this delay from enqueueing. By default, ready at once.
+    pub fn delay(mut self, delay: Duration) -> Job {
+        self.schedule = Schedule::After(delay);
+        self
+    }
+
+    /// Makes the job ready at this time. By default, ready at once.
+    pub fn run_at(mut self, at: SystemTime) -> Job {
+        self.schedule = Schedule::At(at);
+        self
+    }
+
+    /// Bounds each attempt: past it, the process group gets SIGTERM, then SIGKILL after the
+    /// runner's kill grace, and the attempt fails with `error_kind` timeout. By default, none.
+    pub fn timeout(mut self, timeout: Duration) -> Job {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Ends an attempt that writes nothing to stdout or stderr for this long, as a timeout
+    /// does, with `error_kind` idle_timeout. By default, none.
+    pub fn idle_timeout(mut self, idle: Duration) -> Job {
+        self.idle_timeout = Some(idle);
+        self
+    }
+
+    /// How many attempts may fail (exit, signal, timeout) before the job fails; the waits
+    /// between them grow exponentially. A command that cannot start is never retried, and a
+    /// lost attempt counts against the recovery budget instead. By default, 1.
+    pub fn max_attempts(mut self, attempts: u32) -> Job {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The wait before the first retry and the longest wait: each retry waits twice the one
+    /// before, within ±20% jitter. By default, 1 s and 1 h.
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Job {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
+
+    /// What to do when an attempt is lost. By default, [`OnLost::Requeue`].
+    pub fn on_lost(mut self, on_lost: OnLost) -> Job {
+        self.on_lost = on_lost;
+        self
+    }
+
+    /// The command and its arguments.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
+    /// Checks the job before it is stored.
+    pub(crate) fn validate(&self) -> Result<()> {
+        match self.argv.first() {
+            None => return Err(Error::invalid("command", "the command is empty")),
+            Some(p) if p.is_empty() => {
+                return Err(Error::invalid("command", "the program name is empty"));
+            }
+            Some(_) => {}
+        }
+        if self.argv.iter().any(|a| a.contains('\0')) {
+            return Err(Error::invalid("command", "an argument contains a NUL byte"));
+        }
+        for (k, v) in &self.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(Error::invalid(
+                    "env",
+                    format!("{k:?} is not a valid variable name (NAME=VALUE, NAME not empty)"),
+                ));
+            }
+        }
+        if self.queue.is_empty() {
+            return Err(Error::invalid("queue", "the queue name is empty"));
+        }
+        if self.max_attempts == 0 {
+            return Err(Error::invalid("max_attempts", "must be at least 1"));
+        }
+        for (name, d) in [
+            ("timeout", self.timeout),
+            ("idle_timeout", self.idle_timeout),
+        ] {
+            if d.is_some_and(|d| d.is_zero()) {
+                return Err(Error::invalid(name, "must be greater than 0"));
+            }
+        }
+        if self.backoff_base > self.backoff_max {
+            return Err(Error::invalid(
+                "backoff",
+                "the first wait is longer than the longest",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn scheduled_at(&self, now: i64) -> i64 {
+        match self.schedule {
+            Schedule::Now => now,
+            Schedule::After(d) => now.saturating_add(duration_ms(d)),
+            Schedule::At(t) => to_ms(t),
+        }
+    }
+
+    pub(crate) fn fields(&self) -> JobFields<'_> {
+        JobFields {
+            argv: serde_json::to_string(&self.argv).unwrap_or_default(),
+            env: serde_json::to_string(&self.env).unwrap_or_default(),
+            cwd: self.cwd.as_ref().map(|p| p.to_string_lossy().into_owned()),
+            queue: &self.queue,
+            priority: self.priority,
+            max_attempts: i64::from(self.max_attempts),
+            backoff_base_ms: duration_ms(self.backoff_base),
+            backoff_max_ms: duration_ms(self.backoff_max),
+            on_lost: self.on_lost.as_str(),
+            timeout_ms: self.timeout.map(duration_ms),
+            idle_timeout_ms: self.idle_timeout.map(duration_ms),
+        }
+    }
+}
+
+/// A job's columns as the store writes them.
+pub(crate) struct JobFields<'a> {
+    pub argv: String,
+    pub env: String,
+    pub cwd: Option<String>,
+    pub queue: &'a str,
+    pub priority: i64,
+    pub max_attempts: i64,
+    pub backoff_base_ms: i64,
+    pub backoff_max_ms: i64,
+    pub on_lost: &'static str,
+    pub timeout_ms: Option<i64>,
+    pub idle_timeout_ms: Option<i64>,
+}
+
+/// A job as stored: one row of the `jobs` table.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct JobRecord {
+    /// The job's id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// The command and its arguments.
+    pub argv: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// The folder it runs in, if not the runner's.
+    pub cwd: Option<String>,
+    /// Its priority: higher runs first.
+    pub priority: i64,
+    /// Where it is in its life.
+    pub status: Status,
+    /// Claims so far (the attempt being run while running).
+    pub attempt: i64,
+    /// How many attempts may fail before the job fails.
+    pub max_attempts: i64,
+    /// Attempts that failed so far (exit, signal, timeout, idle timeout).
+    pub failed_attempts: i64,
+    /// Times a lost attempt was reclaimed.
+    pub recovery_count: i64,
+    /// What happens when an attempt is lost.
+    pub on_lost: OnLost,
+    /// The per-attempt timeout, in milliseconds.
+    pub timeout_ms: Option<i64>,
+    /// The idle timeout, in milliseconds.
+    pub idle_timeout_ms: Option<i64>,
+    /// When it was enqueued.
+    pub created_at: i64,
+    /// When it is (or was) ready to run.
+    pub scheduled_at: i64,
+    /// When the current or last attempt was claimed.
+    pub started_at: Option<i64>,
+    /// When it ended.
+    pub completed_at: Option<i64>,
+    /// The last renewal of its lease.
+    pub heartbeat_at: Option<i64>,
+    /// When its lease runs out, while running.
+    pub lease_expires_at: Option<i64>,
+    /// The current or last attempt's token.
+    pub run_token: Option<String>,
+    /// The runner that holds or held it.
+    pub worker_id: Option<String>,
+    /// The current or last attempt's main process.
+    pub pid: Option<i64>,
+    /// The current or last attempt's process group.
+    pub pgid: Option<i64>,
+    /// The exit code of the last attempt, when it exited.
+    pub exit_code: Option<i64>,
+    /// The signal that killed the last attempt, when one did.
+    pub signal: Option<i64>,
+    /// Why the last attempt failed.
+    pub error_kind: Option<ErrorKind>,
+    /// The last error, in words.
+    pub last_error: Option<String>,
+    /// True while a lost attempt's processes still have to be torn down; the job cannot be
+    /// claimed until they are.
+    pub teardown_pending: bool,
+}
+
+/// One entry of a job's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Event {
+    /// The event's id: increasing in the order events were written.
+    pub id: i64,
+    /// The job it belongs to.
+    pub job_id: i64,
+    /// When it happened.
+    pub at: i64,
+    /// What happened: `enqueued`, `claimed`, `started`, `succeeded`, `failed`,
+    /// `retry_scheduled`, `reclaimed`, `lost`, `torn_down`, `leaked`, `interrupted`,
+    /// `cancelled`, `manual_retry`, `late_result_discarded`.
+    pub kind: String,
+    /// The attempt it concerns.
+    pub attempt: i64,
+    /// The reason, in words.
+    pub detail: Option<String>,
+}
+
+/// The captured tail of one attempt's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Output {
+    /// The attempt.
+    pub attempt: i64,
+    /// The last bytes written to stdout.
+    pub stdout: Vec<u8>,
+    /// The last bytes written to stderr.
+    pub stderr: Vec<u8>,
+    /// True when stdout had more than the tail keeps.
+    pub stdout_truncated: bool,
+    /// True when stderr had more than the tail keeps.
+    pub stderr_truncated: bool,
+}
+
+/// How a job ended, as a caller waiting for it sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The command exited 0.
+    Succeeded,
+    /// The job failed for good.
+    Failed {
+        /// Why.
+        kind: ErrorKind,
+        /// The exit code, when the command exited.
+        exit_code: Option<i64>,
+        /// The signal, when one killed it.
+        signal: Option<i64>,
+        /// What happened, in words.
+        message: String,
+    },
+    /// The job was cancelled.
+    Cancelled,
+}
+
+impl JobRecord {
+    /// The job's outcome, once it has one (succeeded, failed or cancelled).
+    pub fn outcome(&self) -> Option<Outcome> {
+        match self.status {
+            Status::Succeeded => Some(Outcome::Succeeded),
+            Status::Cancelled => Some(Outcome::Cancelled),
+            Status::Failed => Some(Outcome::Failed {
+                kind: self.error_kind.unwrap_or(ErrorKind::Exit),
+                exit_code: self.exit_code,
+                signal: self.signal,
+                message: self.last_error.clone().unwrap_or_default(),
+            }),
+            Status::Pending | Status::Running => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_round_trip_through_their_spelling() {
+        for s in Status::ALL {
+            assert_eq!(s.as_str().parse::<Status>().unwrap(), s);
+        }
+        assert!("done".parse::<Status>().is_err());
+    }
+
+    #[test]
+    fn invalid_jobs_are_refused_with_the_setting_named() {
+        let empty: [&str; 0] = [];
+        let cases = [
+            (Job::command(empty), "command"),
+            (Job::command([""]), "command"),
+            (Job::shell("true").max_attempts(0), "max_attempts"),
+            (Job::shell("true").env("A=B", "c"), "env"),
+            (Job::shell("true").timeout(Duration::ZERO), "timeout"),
+            (Job::shell("true").queue(""), "queue"),
+        ];
+        for (job, setting) in cases {
+            match job.validate() {
+                Err(Error::Invalid { setting: s, .. }) => assert_eq!(s, setting),
+                other => panic!("{job:?}: {other:?}"),
+            }
+        }
+        assert!(Job::shell("true").validate().is_ok());
+    }
+}

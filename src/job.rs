@@ -510,6 +510,26 @@ pub struct Output {
     pub stderr_truncated: bool,
 }
 
+impl Output {
+    /// The captured tail of one attempt, as [`Finish::output`](crate::Finish) takes it (the
+    /// struct is `#[non_exhaustive]`, so callers outside the crate build it here).
+    pub fn new(
+        attempt: i64,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        stdout_truncated: bool,
+        stderr_truncated: bool,
+    ) -> Output {
+        Output {
+            attempt,
+            stdout,
+            stderr,
+            stdout_truncated,
+            stderr_truncated,
+        }
+    }
+}
+
 /// How a job ended, as a caller waiting for it sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

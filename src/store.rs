@@ -296,6 +296,14 @@ impl Store {
         }
     }
 
+    /// Changes how long this connection waits for a lock held by another.
+    pub(crate) fn set_busy_timeout(&mut self, timeout: Duration) {
+        self.busy_timeout = timeout;
+        if let Err(e) = self.conn.busy_timeout(timeout) {
+            log::warn!("cannot set the busy timeout: {e}");
+        }
+    }
+
     pub(crate) fn conn(&self) -> &Connection {
         &self.conn
     }
@@ -886,7 +894,7 @@ pub struct Claimed {
     scheduled_at: i64,
 }
 
-fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
+pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
     if req.limit == 0 {
         return Ok(Vec::new());
     }
@@ -988,7 +996,7 @@ pub struct AttemptStart {
     pub start_time: u64,
 }
 
-fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Result<bool> {
+pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Result<bool> {
     let attempt: Option<i64> = conn
         .prepare_cached(
             "UPDATE jobs SET pid = ?3, pgid = ?4, proc_start_time = ?5
@@ -1131,7 +1139,7 @@ pub(crate) fn backoff_ms(base_ms: i64, max_ms: i64, failures: i64) -> i64 {
     (jittered.round() as i64).min(max_ms.saturating_add(max_ms / 5))
 }
 
-fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
     let row: Option<(i64, i64, i64, i64, i64, String, i64)> = conn
         .prepare_cached(
             "SELECT failed_attempts, max_attempts, backoff_base_ms, backoff_max_ms,
@@ -1394,7 +1402,9 @@ fn reclaim(conn: &Connection, req: &ReclaimRequest<'_>, now: i64) -> Result<Recl
     }
     let dead: Vec<&str> = req.dead_workers.iter().map(|(w, _)| w.as_str()).collect();
     let dead_json = serde_json::to_string(&dead).unwrap_or_default();
-    let candidates: Vec<(
+    /// A running row that may be reclaimed: id, attempt, run_token, worker_id, pgid,
+    /// proc_start_time, lease_expires_at, on_lost, recovery_count.
+    type Candidate = (
         i64,
         i64,
         Option<String>,
@@ -1404,7 +1414,8 @@ fn reclaim(conn: &Connection, req: &ReclaimRequest<'_>, now: i64) -> Result<Recl
         Option<i64>,
         String,
         i64,
-    )> = {
+    );
+    let candidates: Vec<Candidate> = {
         let mut stmt = conn.prepare_cached(
             "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
                     on_lost, recovery_count

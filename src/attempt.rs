@@ -1,0 +1,1368 @@
+//! Supervises one attempt of a job: spawn it in its own process group, collect
+//! the tails of its output, enforce its time limits, honour stop requests, and
+//! make sure nothing of it is left running when [`run`] returns.
+//!
+//! Supervision is a single `poll(2)` loop in the calling thread over the
+//! stdout and stderr pipes, a pidfd for the main process and the stop
+//! handle's wake-up pipe, with the nearest deadline as the timeout: a job
+//! that sleeps costs its supervisor no CPU.
+//!
+//! The child must start clean whatever state the runner's thread is in: an
+//! empty signal mask, no ignored signals and only fds 0, 1 and 2. Neither std
+//! nor glibc guarantee that (std inherits the spawning thread's mask; glibc's
+//! `posix_spawn` leaves its internal signals 32 and 33 ignored; fds a runner
+//! inherited without close-on-exec would leak), so a small async-signal-safe
+//! `pre_exec` hook resets it with raw syscalls (see `reset_child_state`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::libc;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::Signal;
+
+use crate::process::{self, ProcInfo, RUN_TOKEN_VAR};
+
+/// The environment variable carrying the job id into the attempt.
+pub(crate) const JOB_ID_VAR: &str = "LEASEHOLD_JOB_ID";
+
+/// While waiting for killed processes to die we must poll `/proc`, since
+/// only the main process has a pidfd; this is the interval.
+const KILL_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// After SIGKILL, how long to wait for the kernel to finish the kill before
+/// giving up on waiting (only a process in uninterruptible sleep is slower).
+const AFTER_KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// If a pidfd cannot be had, the loop falls back to checking the child this
+/// often, which is the only periodic wake-up in that (unexpected) case.
+const NO_PIDFD_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How much one wake-up reads from one pipe before giving the other pipe and
+/// the deadlines a turn; poll is level-triggered so the rest is read next.
+const READ_BUDGET: usize = 1 << 20;
+
+/// The size of the kernel's signal set (`_NSIG / 8`) on the 64-signal
+/// architectures leasehold supports (x86_64, aarch64 and the other generic
+/// ones).
+const KERNEL_SIGSET_BYTES: usize = 8;
+
+/// The highest signal number on those architectures (`_NSIG`).
+const MAX_SIGNAL: libc::c_int = 64;
+
+/// Runs in the forked child between `fork` and `exec` (a `pre_exec` hook) and
+/// makes the attempt start clean:
+///
+/// - every fd above 2 is marked close-on-exec, so fds the runner inherited or
+///   opened without `O_CLOEXEC` do not leak into the job (std's own error
+///   pipe is already close-on-exec, so spawn errors are still reported);
+/// - every signal gets its default disposition, so signals the runner
+///   ignores (or glibc's internal 32 and 33, which glibc's `posix_spawn` sets
+///   to ignored and which then survive every later exec) are not ignored;
+/// - the signal mask is emptied, since std lets the child inherit the
+///   spawning thread's mask (a runner that blocks SIGTERM to handle it
+///   synchronously would otherwise start jobs that cannot be terminated).
+///
+/// Between `fork` and `exec` in a multithreaded process only
+/// async-signal-safe code may run, so this makes raw syscalls only: it takes
+/// no lock and allocates nothing (an `io::Error` from an errno does not
+/// allocate). glibc's own `sigaction` refuses signals 32 and 33, hence the raw
+/// `rt_sigaction`.
+fn reset_child_state() -> io::Result<()> {
+    // SAFETY: close_range(first, last, flags) takes integers only. Best
+    // effort: kernels before 5.11 lack CLOSE_RANGE_CLOEXEC, and then only the
+    // close-on-exec discipline of the runner protects the child.
+    let _ = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    // An all-zero kernel `struct sigaction` is SIG_DFL with no flags and an
+    // empty mask whatever the architecture's field order; it is sized well
+    // beyond the largest such struct.
+    let default_action = [0u64; 8];
+    for sig in 1..=MAX_SIGNAL {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            // Their disposition cannot be changed (and is always default).
+            continue;
+        }
+        // SAFETY: rt_sigaction reads one kernel sigaction (smaller than
+        // `default_action`) from the pointer and, the old-action pointer being
+        // null, writes nothing.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                default_action.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                KERNEL_SIGSET_BYTES,
+            )
+        };
+        if ret != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let empty_mask: u64 = 0;
+    // SAFETY: rt_sigprocmask reads KERNEL_SIGSET_BYTES (8) bytes from the
+    // pointer to `empty_mask`, a u64, and writes nothing (null old set).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &raw const empty_mask,
+            std::ptr::null_mut::<u64>(),
+            KERNEL_SIGSET_BYTES,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// What to run for one attempt and the limits to enforce on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptSpec {
+    /// The command; `argv[0]` is the program. Must not be empty.
+    pub argv: Vec<String>,
+    /// Variables added to the runner's environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory; the runner's if `None`.
+    pub cwd: Option<PathBuf>,
+    /// Exported to the attempt as `LEASEHOLD_JOB_ID`.
+    pub job_id: i64,
+    /// Exported to the attempt as `LEASEHOLD_RUN_TOKEN`; it is how processes
+    /// that leave the attempt's process group are still found.
+    pub run_token: String,
+    /// Wall-clock bound on the attempt.
+    pub timeout: Option<Duration>,
+    /// Kill the attempt when neither stdout nor stderr produced output for
+    /// this long.
+    pub idle_timeout: Option<Duration>,
+    /// Time between SIGTERM to the group and SIGKILL.
+    pub kill_grace: Duration,
+    /// How long to keep reading the pipes after the main process exits.
+    pub drain: Duration,
+    /// How many trailing bytes of each stream to keep.
+    pub tail_bytes: usize,
+}
+
+/// Identifies a spawned attempt; passed to `on_started` so the caller can
+/// record it (it is what a later `process::teardown` verifies against).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Started {
+    /// The main process's pid.
+    pub pid: i32,
+    /// The attempt's process group; equal to `pid`.
+    pub pgid: i32,
+    /// The main process's start time, in clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// Why [`StopHandle::stop`] was called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    /// The job was cancelled.
+    Cancelled,
+    /// The runner lost the lease on the job.
+    LeaseLost,
+    /// The runner is shutting down.
+    Shutdown,
+    /// The runner can no longer prove it holds the lease and stops itself.
+    SelfFenced,
+}
+
+impl StopReason {
+    /// The non-zero code under which the reason is stored atomically.
+    fn code(self) -> u8 {
+        match self {
+            Self::Cancelled => 1,
+            Self::LeaseLost => 2,
+            Self::Shutdown => 3,
+            Self::SelfFenced => 4,
+        }
+    }
+
+    /// The inverse of [`StopReason::code`]; `None` for 0 ("not stopped").
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::Cancelled),
+            2 => Some(Self::LeaseLost),
+            3 => Some(Self::Shutdown),
+            4 => Some(Self::SelfFenced),
+            _ => None,
+        }
+    }
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The main process exited with this code.
+    Exited(i32),
+    /// The main process was killed by this signal (not sent by us).
+    Signaled(i32),
+    /// Killed because it ran longer than this timeout.
+    TimedOut(Duration),
+    /// Killed because it produced no output for this long.
+    IdleTimedOut(Duration),
+    /// Killed because [`StopHandle::stop`] was called.
+    Stopped(StopReason),
+    /// Could not be started; the OS reason and what failed.
+    SpawnFailed(String),
+}
+
+/// The last bytes of one output stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Tail {
+    /// At most `tail_bytes` bytes: the end of the stream.
+    pub bytes: Vec<u8>,
+    /// Whether the stream produced more than `tail_bytes` bytes.
+    pub truncated: bool,
+}
+
+/// A process of the attempt still alive after the main process exited (or
+/// outside its group), which was killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Leak {
+    /// The leaked process.
+    pub pid: i32,
+    /// Whether it had left the attempt's process group (found by run token).
+    pub escaped_group: bool,
+}
+
+/// Everything [`run`] learned about an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptResult {
+    /// How it ended.
+    pub ending: Ending,
+    /// The tail of its stdout.
+    pub stdout: Tail,
+    /// The tail of its stderr.
+    pub stderr: Tail,
+    /// Processes that outlived the main process, or escaped its group, and
+    /// were killed.
+    pub leaked: Vec<Leak>,
+    /// Wall time from spawn to the end of supervision.
+    pub duration: Duration,
+}
+
+/// State shared by all clones of a [`StopHandle`].
+#[derive(Debug)]
+struct StopShared {
+    /// 0 while not stopped, else [`StopReason::code`] of the first reason.
+    reason: AtomicU8,
+    /// Read end of the wake-up pipe: polled by the supervisor and never
+    /// drained, so once stopped it stays readable.
+    wake_rx: OwnedFd,
+    /// Write end of the wake-up pipe.
+    wake_tx: OwnedFd,
+}
+
+/// A cloneable handle another thread uses to stop a running attempt. Stopping
+/// wakes the supervising `poll` at once through a pipe in its poll set.
+/// Stopping before [`run`] is called makes it return without spawning.
+#[derive(Debug, Clone)]
+pub(crate) struct StopHandle {
+    /// The shared reason and wake-up pipe.
+    shared: Arc<StopShared>,
+}
+
+impl StopHandle {
+    /// A handle that has not been stopped.
+    pub(crate) fn new() -> io::Result<Self> {
+        // Non-blocking so stop() can never block on a full pipe (a full pipe
+        // is readable, which is all the supervisor needs); close-on-exec so
+        // attempts never inherit it.
+        let (wake_rx, wake_tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        Ok(Self {
+            shared: Arc::new(StopShared {
+                reason: AtomicU8::new(0),
+                wake_rx,
+                wake_tx,
+            }),
+        })
+    }
+
+    /// Asks the attempt to stop. The first reason given wins; later calls
+    /// only wake the supervisor again.
+    pub(crate) fn stop(&self, reason: StopReason) {
+        // The reason is stored before the wake-up is written, so a woken
+        // supervisor always finds it.
+        let _ = self.shared.reason.compare_exchange(
+            0,
+            reason.code(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        match nix::unistd::write(&self.shared.wake_tx, &[1]) {
+            // EAGAIN: the pipe is full, hence already readable.
+            Ok(_) | Err(Errno::EAGAIN) => {}
+            Err(e) => log::error!("stop handle: cannot write wake-up pipe: {e}"),
+        }
+    }
+
+    /// The reason the attempt was stopped, if it was.
+    pub(crate) fn reason(&self) -> Option<StopReason> {
+        StopReason::from_code(self.shared.reason.load(Ordering::Acquire))
+    }
+}
+
+/// Keeps the last `cap` bytes written to it.
+#[derive(Debug)]
+struct TailBuf {
+    /// The kept bytes, oldest first.
+    buf: VecDeque<u8>,
+    /// How many bytes to keep.
+    cap: usize,
+    /// Whether any byte was dropped.
+    truncated: bool,
+}
+
+impl TailBuf {
+    /// An empty tail keeping at most `cap` bytes.
+    fn new(cap: usize) -> Self {
+        Self {
+            // Grows on demand: most jobs print far less than the cap.
+            buf: VecDeque::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    /// Appends `data`, dropping the oldest bytes beyond the cap.
+    fn push(&mut self, data: &[u8]) {
+        if self.buf.len() + data.len() > self.cap {
+            self.truncated = true;
+        }
+        if data.len() >= self.cap {
+            self.buf.clear();
+            self.buf.extend(&data[data.len() - self.cap..]);
+            return;
+        }
+        let overflow = (self.buf.len() + data.len()).saturating_sub(self.cap);
+        self.buf.drain(..overflow);
+        self.buf.extend(data);
+    }
+
+    /// The kept bytes as a [`Tail`].
+    fn finish(self) -> Tail {
+        Tail {
+            bytes: self.buf.into(),
+            truncated: self.truncated,
+        }
+    }
+}
+
+/// One output pipe of the attempt and the tail collected from it.
+struct Stream {
+    /// The read end; `None` once it reached EOF or was closed.
+    pipe: Option<File>,
+    /// What was read so far.
+    tail: TailBuf,
+}
+
+impl Stream {
+    /// Wraps a pipe read end, making it non-blocking so reading what is
+    /// available can never stall the supervisor.
+    fn new(pipe: Option<OwnedFd>, cap: usize) -> Self {
+        let pipe = pipe.map(File::from);
+        if let Some(f) = &pipe
+            && let Err(e) = set_nonblocking(f)
+        {
+            // Still correct: we only read after poll reports the pipe ready,
+            // and such a read does not block; only the read-until-EAGAIN loop
+            // shortens to one read per wake-up.
+            log::warn!("cannot make an attempt pipe non-blocking: {e}");
+        }
+        Self {
+            pipe,
+            tail: TailBuf::new(cap),
+        }
+    }
+
+    /// Reads what is available (up to a budget) into the tail. Returns whether
+    /// anything was read. Closes the pipe on EOF or error.
+    fn read_available(&mut self, buf: &mut [u8]) -> bool {
+        let mut got = 0;
+        while let Some(pipe) = &mut self.pipe {
+            match pipe.read(buf) {
+                Ok(0) => self.pipe = None,
+                Ok(n) => {
+                    self.tail.push(&buf[..n]);
+                    got += n;
+                    if got >= READ_BUDGET || !self.nonblocking_reads() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    log::warn!("reading attempt output: {e}");
+                    self.pipe = None;
+                }
+            }
+        }
+        got > 0
+    }
+
+    /// Whether reads on the pipe are non-blocking (so looping until EAGAIN
+    /// is safe).
+    fn nonblocking_reads(&self) -> bool {
+        self.pipe.as_ref().is_some_and(|f| {
+            fcntl(f, FcntlArg::F_GETFL)
+                .is_ok_and(|fl| OFlag::from_bits_truncate(fl).contains(OFlag::O_NONBLOCK))
+        })
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd`.
+fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// Opens a pidfd for `pid`: a descriptor that becomes readable when the
+/// process exits, which lets the exit wake the same `poll` as output and
+/// stop requests.
+fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    let flags: libc::c_uint = 0;
+    // SAFETY: pidfd_open(pid_t, unsigned int) reads no memory of ours; it
+    // returns a new descriptor or -1 with errno set.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(ret).map_err(io::Error::other)?;
+    // SAFETY: the kernel just returned this descriptor to us, so it is open
+    // and nothing else owns it. pidfd_open always sets O_CLOEXEC.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Converts a wait into a poll timeout, rounding up so that poll does not
+/// return just before a deadline and make the loop spin until it passes.
+fn poll_timeout(wait: Option<Duration>) -> PollTimeout {
+    match wait {
+        None => PollTimeout::NONE,
+        Some(d) => {
+            let ms = d.as_nanos().div_ceil(1_000_000);
+            i32::try_from(ms)
+                .ok()
+                .and_then(|ms| PollTimeout::try_from(ms).ok())
+                .unwrap_or(PollTimeout::MAX)
+        }
+    }
+}
+
+/// The earliest of some optional deadlines.
+fn earliest(deadlines: &[Option<Instant>]) -> Option<Instant> {
+    deadlines.iter().flatten().min().copied()
+}
+
+/// Describes a spawn failure: what failed and the OS reason.
+fn spawn_error(program: &str, cwd: Option<&Path>, err: &io::Error) -> String {
+    // The OS reports a bad working directory with the same errors as a bad
+    // program (ENOENT, EACCES, ENOTDIR); point at the directory when it is
+    // the one that is unusable.
+    match cwd {
+        Some(dir) if !dir.is_dir() => {
+            format!("spawn {program:?}: working directory {dir:?}: {err}")
+        }
+        _ => format!("spawn {program:?}: {err}"),
+    }
+}
+
+/// What one `poll` wake-up slot watches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// The stdout pipe.
+    Stdout,
+    /// The stderr pipe.
+    Stderr,
+    /// The main process's pidfd.
+    Exit,
+    /// The stop handle's wake-up pipe.
+    Stop,
+}
+
+/// The state of one running attempt.
+struct Supervisor<'a> {
+    /// What is being run.
+    spec: &'a AttemptSpec,
+    /// Stop requests.
+    stop: &'a StopHandle,
+    /// The main process; `None` once reaped.
+    child: Option<Child>,
+    /// The main process's exit status, once reaped.
+    status: Option<ExitStatus>,
+    /// The main process's pid, which is also the attempt's process group.
+    pgid: i32,
+    /// Readable when the main process exits; `None` once reaped (or if the
+    /// kernel refused one).
+    pidfd: Option<OwnedFd>,
+    /// The stdout pipe and tail.
+    out: Stream,
+    /// The stderr pipe and tail.
+    err: Stream,
+    /// When output was last seen (or the spawn), for the idle timeout.
+    last_output: Instant,
+    /// When the attempt was spawned.
+    spawned: Instant,
+    /// Scratch buffer for reads.
+    buf: Vec<u8>,
+}
+
+impl Supervisor<'_> {
+    /// Whether either pipe is still open.
+    fn pipes_open(&self) -> bool {
+        self.out.pipe.is_some() || self.err.pipe.is_some()
+    }
+
+    /// Waits (at most `wait`, or forever if `None`) for output, the main
+    /// process's exit or, with `watch_stop`, a stop request; then reads the
+    /// output and reaps the main process if it exited. Callers check the
+    /// stop handle and their deadlines themselves.
+    fn pump(&mut self, wait: Option<Duration>, watch_stop: bool) {
+        let mut wait = wait;
+        if self.child.is_some() && self.pidfd.is_none() {
+            wait = Some(wait.map_or(NO_PIDFD_INTERVAL, |w| w.min(NO_PIDFD_INTERVAL)));
+        }
+        let mut ready = [false; 4];
+        let mut slots = [Slot::Stop; 4];
+        let mut fds = Vec::with_capacity(4);
+        let candidates = [
+            (Slot::Stdout, self.out.pipe.as_ref().map(AsFd::as_fd)),
+            (Slot::Stderr, self.err.pipe.as_ref().map(AsFd::as_fd)),
+            (Slot::Exit, self.pidfd.as_ref().map(AsFd::as_fd)),
+            (
+                Slot::Stop,
+                watch_stop.then(|| self.stop.shared.wake_rx.as_fd()),
+            ),
+        ];
+        for (slot, fd) in candidates {
+            if let Some(fd) = fd {
+                slots[fds.len()] = slot;
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            }
+        }
+        match poll(&mut fds, poll_timeout(wait)) {
+            Ok(_) => {
+                let wake = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+                for (i, fd) in fds.iter().enumerate() {
+                    // POLLNVAL cannot happen: every fd is owned by us and open.
+                    ready[i] = fd.revents().is_some_and(|r| r.intersects(wake));
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(e) => {
+                // poll only fails for EINVAL/ENOMEM/EFAULT; sleep rather than
+                // spin, and let the callers' deadlines move things on.
+                log::error!("poll failed: {e}");
+                std::thread::sleep(wait.unwrap_or(KILL_POLL_INTERVAL).min(KILL_POLL_INTERVAL));
+            }
+        }
+        let n = fds.len();
+        drop(fds);
+        for (slot, _) in slots.iter().zip(ready).take(n).filter(|(_, r)| *r) {
+            match slot {
+                Slot::Stdout => {
+                    if self.out.read_available(&mut self.buf) {
+                        self.last_output = Instant::now();
+                    }
+                }
+                Slot::Stderr => {
+                    if self.err.read_available(&mut self.buf) {
+                        self.last_output = Instant::now();
+                    }
+                }
+                Slot::Exit => self.reap(),
+                Slot::Stop => {}
+            }
+        }
+        if self.pidfd.is_none() {
+            self.reap();
+        }
+    }
+
+    /// Collects the main process's exit status if it has exited.
+    fn reap(&mut self) {
+        let Some(child) = &mut self.child else {
+            return;
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => self.status = Some(status),
+            Ok(None) => return,
+            Err(e) => {
+                // Only ECHILD is possible: someone else reaped it (e.g.
+                // SIGCHLD set to SIG_IGN elsewhere in the process). It is gone,
+                // its status is lost.
+                log::error!("waiting for attempt pid {}: {e}", self.pgid);
+            }
+        }
+        self.child = None;
+        self.pidfd = None;
+    }
+
+    /// The ending for a main process that exited by itself.
+    fn exit_ending(&self) -> Ending {
+        match self.status {
+            Some(s) => match (s.code(), s.signal()) {
+                (Some(code), _) => Ending::Exited(code),
+                (None, Some(sig)) => Ending::Signaled(sig),
+                // A reaped (not stopped/continued) status is always one of the
+                // two; keep something recognisable if it is not.
+                (None, None) => Ending::Exited(-1),
+            },
+            // The status was lost (see `reap`).
+            None => Ending::Exited(-1),
+        }
+    }
+
+    /// Runs the attempt until it ends by itself or must be killed.
+    fn supervise(&mut self) -> (Ending, Vec<Leak>) {
+        let spec = self.spec;
+        let deadline = spec.timeout.and_then(|t| self.spawned.checked_add(t));
+        while self.child.is_some() {
+            if let Some(reason) = self.stop.reason() {
+                return (Ending::Stopped(reason), self.terminate(false, true));
+            }
+            let now = Instant::now();
+            if let (Some(d), Some(t)) = (deadline, spec.timeout)
+                && now >= d
+            {
+                return (Ending::TimedOut(t), self.terminate(false, true));
+            }
+            let idle_deadline = spec
+                .idle_timeout
+                .and_then(|i| self.last_output.checked_add(i));
+            if let (Some(d), Some(i)) = (idle_deadline, spec.idle_timeout)
+                && now >= d
+            {
+                return (Ending::IdleTimedOut(i), self.terminate(false, true));
+            }
+            let wait = earliest(&[deadline, idle_deadline]).map(|d| d - now);
+            self.pump(wait, true);
+        }
+        let ending = self.exit_ending();
+        (ending, self.drain())
+    }
+
+    /// After the main process exited by itself: read the pipes until EOF for
+    /// at most `drain`, then kill whatever of the attempt is left.
+    fn drain(&mut self) -> Vec<Leak> {
+        let deadline = Instant::now().checked_add(self.spec.drain);
+        while self.pipes_open() && self.stop.reason().is_none() {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            self.pump(deadline.map(|d| d - now), true);
+        }
+        if self.pipes_open() {
+            // Someone still holds the pipes: descendants, possibly outside
+            // the group, so the (costly) token scan is warranted.
+            self.terminate(true, true)
+        } else if process::group_has_live_members(self.pgid) {
+            self.terminate(true, false)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Whether the main process is reaped, the group has no live member and
+    /// none of `escaped` is alive.
+    fn all_gone(&self, escaped: &[i32]) -> bool {
+        self.child.is_none()
+            && !process::group_has_live_members(self.pgid)
+            && escaped.iter().all(|&p| !process::is_alive(p))
+    }
+
+    /// Keeps reading output and reaping until [`Self::all_gone`] or `deadline`.
+    fn wait_gone(&mut self, deadline: Option<Instant>, escaped: &[i32]) {
+        while !self.all_gone(escaped) {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return;
+            }
+            let step = deadline.map_or(KILL_POLL_INTERVAL, |d| (d - now).min(KILL_POLL_INTERVAL));
+            self.pump(Some(step), false);
+        }
+    }
+
+    /// Signals the group and, with `scan_token`, every process carrying the
+    /// run token outside it; returns those outside the group as leaks (all of
+    /// them with `record_group`, used once the main process has exited).
+    fn signal_all(
+        &self,
+        sig: Signal,
+        record_group: bool,
+        scan_token: bool,
+        leaks: &mut BTreeMap<i32, bool>,
+    ) -> Vec<i32> {
+        let pgid = self.pgid;
+        if record_group {
+            for m in process::group_members(pgid) {
+                leaks.insert(m.pid, false);
+            }
+        }
+        if let Err(e) = process::signal_group(pgid, sig) {
+            log::error!("{sig} to process group {pgid}: {e}");
+        }
+        let mut escaped = Vec::new();
+        if scan_token {
+            let carriers: Vec<ProcInfo> = process::processes_with_token(&self.spec.run_token);
+            for p in carriers {
+                if p.pgid == pgid {
+                    // Already signalled with the group.
+                    if record_group {
+                        leaks.insert(p.pid, false);
+                    }
+                    continue;
+                }
+                if let Err(e) = process::signal_pid(p.pid, sig) {
+                    log::error!("{sig} to escaped pid {}: {e}", p.pid);
+                }
+                leaks.insert(p.pid, true);
+                escaped.push(p.pid);
+            }
+        }
+        escaped
+    }
+
+    /// Kills what is left of the attempt: SIGTERM to the group (and escaped
+    /// token carriers with `scan_token`), SIGKILL after `kill_grace` while
+    /// anything is still alive, then a bounded wait until it is all gone and
+    /// the main process is reaped. Output is read throughout. Closes the
+    /// pipes. Returns the leaks (see [`Self::signal_all`]).
+    fn terminate(&mut self, record_group: bool, scan_token: bool) -> Vec<Leak> {
+        let mut leaks = BTreeMap::new();
+        let escaped = self.signal_all(Signal::SIGTERM, record_group, scan_token, &mut leaks);
+        let grace_end = Instant::now().checked_add(self.spec.kill_grace);
+        self.wait_gone(grace_end, &escaped);
+        if !self.all_gone(&escaped) {
+            let escaped = self.signal_all(Signal::SIGKILL, record_group, scan_token, &mut leaks);
+            if let Some(child) = &mut self.child {
+                // The main process may have moved itself out of the group.
+                let _ = child.kill();
+            }
+            self.wait_gone(Instant::now().checked_add(AFTER_KILL_WAIT), &escaped);
+        }
+        if let Some(child) = self.child.take() {
+            // Stuck in uninterruptible sleep even after SIGKILL: let a thread
+            // reap it whenever it dies rather than leave a zombie.
+            let pid = self.pgid;
+            log::error!(
+                "attempt pid {pid} did not die after SIGKILL; reaping it in the background"
+            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("reap-{pid}"))
+                .spawn(move || {
+                    let mut child = child;
+                    let _ = child.wait();
+                });
+            if let Err(e) = spawned {
+                log::error!("cannot start a reaper thread for pid {pid}: {e}");
+            }
+            self.pidfd = None;
+        }
+        // Whatever the dead writers left in the pipes; a pipe still held by a
+        // survivor reports EAGAIN and is closed anyway.
+        self.out.read_available(&mut self.buf);
+        self.err.read_available(&mut self.buf);
+        self.out.pipe = None;
+        self.err.pipe = None;
+        leaks
+            .into_iter()
+            .map(|(pid, escaped_group)| Leak { pid, escaped_group })
+            .collect()
+    }
+}
+
+/// Runs one attempt of `spec` to its end; see the module documentation.
+///
+/// `on_started` is called right after a successful spawn, before any waiting,
+/// so the caller can record the attempt's identity. When this returns, no
+/// process of the attempt is alive (barring one stuck in uninterruptible
+/// sleep, which is logged) and the main process has been reaped.
+pub(crate) fn run(
+    spec: &AttemptSpec,
+    stop: &StopHandle,
+    on_started: impl FnOnce(&Started),
+) -> AttemptResult {
+    let spawned = Instant::now();
+    let unstarted = |ending| AttemptResult {
+        ending,
+        stdout: Tail::default(),
+        stderr: Tail::default(),
+        leaked: Vec::new(),
+        duration: spawned.elapsed(),
+    };
+    let Some(program) = spec.argv.first() else {
+        return unstarted(Ending::SpawnFailed(
+            "spawn: empty command line (no program to run)".to_owned(),
+        ));
+    };
+    if let Some(reason) = stop.reason() {
+        return unstarted(Ending::Stopped(reason));
+    }
+
+    let mut cmd = Command::new(program);
+    cmd.args(&spec.argv[1..])
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env(JOB_ID_VAR, spec.job_id.to_string())
+        .env(RUN_TOKEN_VAR, &spec.run_token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // A new group per attempt (pgid == pid), so the attempt and all its
+        // descendants can be signalled together.
+        .process_group(0);
+    if let Some(dir) = &spec.cwd {
+        cmd.current_dir(dir);
+    }
+    // SAFETY: the hook runs in the forked child before exec, where only
+    // async-signal-safe code is sound; reset_child_state makes raw syscalls
+    // only, takes no lock and allocates nothing.
+    unsafe {
+        cmd.pre_exec(reset_child_state);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            return unstarted(Ending::SpawnFailed(spawn_error(
+                program,
+                spec.cwd.as_deref(),
+                &e,
+            )));
+        }
+    };
+
+    // Linux pids are at most 2^22 (PID_MAX_LIMIT), so they always fit.
+    let pid = i32::try_from(child.id()).expect("Linux pids fit in i32");
+    let stdout = child.stdout.take().map(OwnedFd::from);
+    let stderr = child.stderr.take().map(OwnedFd::from);
+    let pidfd = pidfd_open(pid)
+        .inspect_err(|e| log::warn!("pidfd_open({pid}): {e}; falling back to periodic checks"))
+        .ok();
+    // The child is not reaped yet, so /proc/PID exists (possibly as a
+    // zombie); only an unreadable /proc could leave this unknown.
+    let start_time = process::start_time(pid).unwrap_or_else(|| {
+        log::error!("cannot read the start time of attempt pid {pid}");
+        0
+    });
+    on_started(&Started {
+        pid,
+        pgid: pid,
+        start_time,
+    });
+
+    let mut sup = Supervisor {
+        spec,
+        stop,
+        child: Some(child),
+        status: None,
+        pgid: pid,
+        pidfd,
+        out: Stream::new(stdout, spec.tail_bytes),
+        err: Stream::new(stderr, spec.tail_bytes),
+        last_output: spawned,
+        spawned,
+        buf: vec![0; 64 * 1024],
+    };
+    let (ending, leaked) = sup.supervise();
+    AttemptResult {
+        ending,
+        stdout: sup.out.tail.finish(),
+        stderr: sup.err.tail.finish(),
+        leaked,
+        duration: spawned.elapsed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A run token unique to one test run of one test.
+    fn unique_token(name: &str) -> String {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        format!("test-attempt-{}-{name}-{n}", std::process::id())
+    }
+
+    /// A spec running `sh -c script` with generous limits, adjusted per test.
+    fn sh(script: &str, name: &str) -> AttemptSpec {
+        AttemptSpec {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            env: Vec::new(),
+            cwd: None,
+            job_id: 7,
+            run_token: unique_token(name),
+            timeout: Some(Duration::from_secs(20)),
+            idle_timeout: None,
+            kill_grace: Duration::from_secs(1),
+            drain: Duration::from_millis(500),
+            tail_bytes: 64 * 1024,
+        }
+    }
+
+    /// Kills, on drop, whatever of an attempt might survive a failed test:
+    /// its process group and every process carrying its token (by pid).
+    struct Cleanup {
+        started: Option<Started>,
+        token: String,
+    }
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(s) = self.started {
+                let _ = process::signal_group(s.pgid, Signal::SIGKILL);
+            }
+            for p in process::processes_with_token(&self.token) {
+                let _ = process::signal_pid(p.pid, Signal::SIGKILL);
+            }
+        }
+    }
+
+    /// Runs `spec` with a fresh stop handle; returns the result and a guard
+    /// that cleans up after the test.
+    fn run_spec(spec: &AttemptSpec) -> (AttemptResult, Cleanup) {
+        let stop = StopHandle::new().expect("stop handle");
+        run_with(spec, &stop)
+    }
+
+    /// Runs `spec` with `stop`; see [`run_spec`].
+    fn run_with(spec: &AttemptSpec, stop: &StopHandle) -> (AttemptResult, Cleanup) {
+        let started = Cell::new(None);
+        let result = run(spec, stop, |s| started.set(Some(*s)));
+        let cleanup = Cleanup {
+            started: started.get(),
+            token: spec.run_token.clone(),
+        };
+        (result, cleanup)
+    }
+
+    /// Asserts that nothing of the attempt is alive.
+    fn assert_all_gone(c: &Cleanup) {
+        let s = c.started.expect("attempt was started");
+        assert!(process::group_members(s.pgid).is_empty(), "group alive");
+        assert!(
+            process::processes_with_token(&c.token).is_empty(),
+            "token carriers alive"
+        );
+        assert!(!process::is_alive(s.pid));
+    }
+
+    fn text(t: &Tail) -> String {
+        String::from_utf8_lossy(&t.bytes).into_owned()
+    }
+
+    #[test]
+    fn exit_zero_is_exited_0_with_output_captured() {
+        let (r, c) = run_spec(&sh("echo out; echo err >&2", "exit0"));
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(text(&r.stdout), "out\n");
+        assert_eq!(text(&r.stderr), "err\n");
+        assert!(!r.stdout.truncated && r.leaked.is_empty());
+        let s = c.started.expect("started");
+        assert_eq!((s.pid, s.pgid), (s.pgid, s.pid));
+        assert!(s.start_time > 0);
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn exit_code_3_is_exited_3() {
+        let (r, _c) = run_spec(&sh("exit 3", "exit3"));
+        assert_eq!(r.ending, Ending::Exited(3));
+    }
+
+    #[test]
+    fn death_by_signal_is_signaled() {
+        let (r, _c) = run_spec(&sh("kill -9 $$", "signaled"));
+        assert_eq!(r.ending, Ending::Signaled(9));
+    }
+
+    #[test]
+    fn env_job_id_token_and_cwd_are_applied() {
+        let mut spec = sh(
+            "echo $LEASEHOLD_JOB_ID $LEASEHOLD_RUN_TOKEN $FOO; pwd",
+            "env",
+        );
+        spec.env = vec![("FOO".into(), "bar baz".into())];
+        spec.cwd = Some(PathBuf::from("/tmp"));
+        let (r, _c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(
+            text(&r.stdout),
+            format!("7 {} bar baz\n/tmp\n", spec.run_token)
+        );
+    }
+
+    /// Reads `/proc/PID/status` and the fd numbers in `/proc/PID/fd`.
+    fn status_and_fds(pid: i32) -> (String, Vec<i32>) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("fd dir")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        fds.sort_unstable();
+        (status, fds)
+    }
+
+    /// The value of `field` (e.g. `SigBlk:`) in a `/proc/PID/status` text.
+    fn status_field(status: &str, field: &str) -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {field} in {status}"))
+    }
+
+    #[test]
+    fn child_starts_with_only_std_fds_and_no_blocked_or_ignored_signals() {
+        use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, pthread_sigmask, signal};
+        // The runner's state the child must not inherit: SIGTERM blocked in
+        // the spawning thread (its own thread, so no other test sees it), an
+        // fd without close-on-exec, and an ignored signal (SIGUSR2, which no
+        // test uses; restored below).
+        // SAFETY: SIG_IGN installs no handler code; SIGUSR2 is not used by the
+        // test harness or any other test.
+        let previous = unsafe { signal(Signal::SIGUSR2, SigHandler::SigIgn) }.expect("ignore");
+        let observed = std::thread::spawn(|| {
+            let mut set = SigSet::empty();
+            set.add(Signal::SIGTERM);
+            pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None).expect("block SIGTERM");
+            let stdin = std::io::stdin();
+            let leaky = nix::unistd::dup(stdin.as_fd()).expect("dup without CLOEXEC");
+            let mut spec = sh("", "clean");
+            spec.argv = vec!["sleep".into(), "5".into()];
+            let stop = StopHandle::new().expect("stop handle");
+            let seen = Cell::new(None);
+            // `sleep` itself is the spawned process: what it shows is exactly
+            // what the spawn gave it (a shell would change its own mask).
+            let (r, _c) = {
+                let started = Cell::new(None);
+                let r = run(&spec, &stop, |s| {
+                    started.set(Some(*s));
+                    seen.set(Some(status_and_fds(s.pid)));
+                    stop.stop(StopReason::Cancelled);
+                });
+                let c = Cleanup {
+                    started: started.get(),
+                    token: spec.run_token.clone(),
+                };
+                (r, c)
+            };
+            drop(leaky);
+            assert_eq!(r.ending, Ending::Stopped(StopReason::Cancelled));
+            seen.take().expect("on_started ran")
+        })
+        .join();
+        // SAFETY: restores the disposition saved above.
+        unsafe { signal(Signal::SIGUSR2, previous) }.expect("restore SIGUSR2");
+        let (status, fds) = observed.expect("observer thread");
+        assert_eq!(status_field(&status, "SigBlk:"), "0000000000000000");
+        assert_eq!(status_field(&status, "SigIgn:"), "0000000000000000");
+        assert_eq!(fds, [0, 1, 2]);
+    }
+
+    #[test]
+    fn timeout_kills_the_whole_group() {
+        let mut spec = sh("sleep 300 & sleep 300", "timeout");
+        spec.timeout = Some(Duration::from_secs(1));
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::TimedOut(Duration::from_secs(1)));
+        assert!(r.duration >= Duration::from_secs(1));
+        // Both sleeps die of SIGTERM; no need to wait out the grace.
+        assert!(r.duration < Duration::from_millis(1900), "{:?}", r.duration);
+        assert!(r.leaked.is_empty());
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn timeout_kills_a_job_that_ignores_sigterm() {
+        let mut spec = sh("trap '' TERM; sleep 300", "ignoreterm");
+        spec.timeout = Some(Duration::from_millis(300));
+        spec.kill_grace = Duration::from_millis(300);
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(300)));
+        assert!(r.duration >= Duration::from_millis(600));
+        assert!(r.duration < Duration::from_secs(3), "{:?}", r.duration);
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn timeout_kills_a_member_ignoring_sigterm_after_the_leader_died() {
+        // SIGTERM kills the shell and its foreground sleep; the background
+        // sleep ignores it and must still be SIGKILLed after the grace.
+        let mut spec = sh("(trap '' TERM; exec sleep 300) & sleep 300", "bgterm");
+        spec.timeout = Some(Duration::from_millis(300));
+        spec.kill_grace = Duration::from_millis(300);
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(300)));
+        assert!(r.duration >= Duration::from_millis(600));
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn group_member_left_after_a_clean_exit_is_killed_as_a_leak() {
+        let mut spec = sh(
+            "(trap '' TERM; exec sleep 300) >/dev/null 2>&1 & echo $!; exit 0",
+            "leftover",
+        );
+        spec.kill_grace = Duration::from_millis(300);
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0));
+        let bg: i32 = text(&r.stdout).trim().parse().expect("background pid");
+        assert_eq!(
+            r.leaked,
+            vec![Leak {
+                pid: bg,
+                escaped_group: false
+            }]
+        );
+        // The pipes closed at once, so no drain was waited for.
+        assert!(
+            r.duration < Duration::from_millis(300 + 1000),
+            "{:?}",
+            r.duration
+        );
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn setsid_escapee_holding_stdout_is_killed_after_the_drain() {
+        let mut spec = sh("setsid sleep 300 & exit 0", "setsid");
+        spec.drain = Duration::from_millis(300);
+        spec.kill_grace = Duration::from_millis(500);
+        let begun = Instant::now();
+        let (r, c) = run_spec(&spec);
+        assert!(begun.elapsed() < Duration::from_millis(300 + 500 + 1000));
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.leaked.len(), 1, "{:?}", r.leaked);
+        assert!(r.leaked[0].escaped_group);
+        assert!(!process::is_alive(r.leaked[0].pid));
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn output_beyond_tail_bytes_keeps_the_end() {
+        let mut spec = sh("head -c 100000 /dev/zero | tr '\\0' a; printf END", "tail");
+        spec.tail_bytes = 1000;
+        let (r, _c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.stdout.bytes.len(), 1000);
+        assert!(r.stdout.bytes.ends_with(b"aaaEND"));
+        assert!(r.stdout.truncated);
+        assert_eq!(r.stderr, Tail::default());
+    }
+
+    #[test]
+    fn large_output_on_both_streams_at_once_does_not_deadlock() {
+        let mut spec = sh(
+            "head -c 2000000 /dev/zero | tr '\\0' e >&2 & \
+             head -c 2000000 /dev/zero | tr '\\0' o; wait; printf END; printf END >&2",
+            "both",
+        );
+        spec.tail_bytes = 10;
+        spec.timeout = Some(Duration::from_secs(10));
+        let (r, _c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(text(&r.stdout), "oooooooEND");
+        assert_eq!(text(&r.stderr), "eeeeeeeEND");
+        assert!(r.stdout.truncated && r.stderr.truncated);
+    }
+
+    #[test]
+    fn tail_keeps_the_last_bytes_across_pushes() {
+        let mut t = TailBuf::new(5);
+        t.push(b"abc");
+        assert!(!t.truncated);
+        t.push(b"de");
+        assert!(!t.truncated);
+        t.push(b"fg");
+        assert!(t.truncated);
+        assert_eq!(t.finish().bytes, b"cdefg");
+        let mut t = TailBuf::new(3);
+        t.push(b"abcdef");
+        assert_eq!(t.finish().bytes, b"def");
+        let mut t = TailBuf::new(0);
+        t.push(b"");
+        assert!(!t.truncated);
+        t.push(b"x");
+        let t = t.finish();
+        assert!(t.truncated && t.bytes.is_empty());
+    }
+
+    #[test]
+    fn idle_timeout_kills_a_silent_job() {
+        let mut spec = sh("echo hi; sleep 300", "idle");
+        spec.idle_timeout = Some(Duration::from_millis(300));
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::IdleTimedOut(Duration::from_millis(300)));
+        assert_eq!(text(&r.stdout), "hi\n");
+        assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn stop_from_another_thread_kills_promptly_and_first_reason_wins() {
+        let mut spec = sh("sleep 300", "stop");
+        spec.kill_grace = Duration::from_secs(5);
+        let stop = StopHandle::new().expect("stop handle");
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        let stopper = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                rx.recv().expect("started");
+                let at = Instant::now();
+                stop.stop(StopReason::Cancelled);
+                stop.stop(StopReason::LeaseLost);
+                at
+            })
+        };
+        let started = Cell::new(None);
+        let r = run(&spec, &stop, |s| {
+            started.set(Some(*s));
+            tx.send(()).expect("stopper waits");
+        });
+        let returned = Instant::now();
+        let c = Cleanup {
+            started: started.get(),
+            token: spec.run_token.clone(),
+        };
+        let stopped_at = stopper.join().expect("stopper");
+        assert_eq!(r.ending, Ending::Stopped(StopReason::Cancelled));
+        assert_eq!(stop.reason(), Some(StopReason::Cancelled));
+        // Far below the 5 s grace: the stop woke the poll and SIGTERM did it.
+        assert!(returned - stopped_at < Duration::from_millis(500));
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn stop_before_spawn_does_not_start_the_attempt() {
+        let stop = StopHandle::new().expect("stop handle");
+        stop.stop(StopReason::Shutdown);
+        let called = Cell::new(false);
+        let r = run(&sh("exit 0", "prestop"), &stop, |_| called.set(true));
+        assert_eq!(r.ending, Ending::Stopped(StopReason::Shutdown));
+        assert!(!called.get());
+    }
+
+    #[test]
+    fn missing_program_fails_to_spawn_with_the_os_reason() {
+        let mut spec = sh("", "missing");
+        spec.argv = vec!["/no/such/program".into()];
+        let called = Cell::new(false);
+        let stop = StopHandle::new().expect("stop handle");
+        let r = run(&spec, &stop, |_| called.set(true));
+        assert_eq!(
+            r.ending,
+            Ending::SpawnFailed(
+                "spawn \"/no/such/program\": No such file or directory (os error 2)".into()
+            )
+        );
+        assert!(!called.get());
+    }
+
+    #[test]
+    fn non_executable_program_fails_to_spawn() {
+        let path = std::env::temp_dir().join(format!("leasehold-noexec-{}", std::process::id()));
+        std::fs::write(&path, "echo hi\n").expect("write script");
+        let mut spec = sh("", "noexec");
+        spec.argv = vec![path.to_string_lossy().into_owned()];
+        let (r, c) = run_spec(&spec);
+        std::fs::remove_file(&path).expect("remove script");
+        assert!(
+            matches!(&r.ending, Ending::SpawnFailed(m) if m.contains("Permission denied")),
+            "{:?}",
+            r.ending
+        );
+        assert!(c.started.is_none());
+    }
+
+    #[test]
+    fn bad_cwd_fails_to_spawn_naming_the_directory() {
+        let mut spec = sh("exit 0", "badcwd");
+        spec.cwd = Some(PathBuf::from("/no/such/dir"));
+        let (r, c) = run_spec(&spec);
+        match &r.ending {
+            Ending::SpawnFailed(m) => {
+                assert!(m.contains("\"/no/such/dir\""), "{m}");
+                assert!(m.contains("No such file or directory"), "{m}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(c.started.is_none());
+    }
+
+    #[test]
+    fn empty_argv_fails_to_spawn() {
+        let mut spec = sh("", "empty");
+        spec.argv.clear();
+        let (r, c) = run_spec(&spec);
+        assert!(matches!(r.ending, Ending::SpawnFailed(_)));
+        assert!(c.started.is_none());
+    }
+
+    /// CPU used by the calling thread so far.
+    fn thread_cpu() -> Duration {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+        // SAFETY: getrusage writes a whole rusage into the pointer we give
+        // it, which points to enough space; we read it only on success.
+        let usage = unsafe {
+            if libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) != 0 {
+                return Duration::ZERO;
+            }
+            usage.assume_init()
+        };
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+        };
+        tv(usage.ru_utime) + tv(usage.ru_stime)
+    }
+
+    /// Measures (does not assert) the supervisors' CPU while 50 attempts of
+    /// `sleep 1` run at once, one per thread. Run with `--nocapture` to see.
+    #[test]
+    fn fifty_sleeping_attempts_cost_their_supervisors_almost_no_cpu() {
+        let threads: Vec<_> = (0..50)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let mut spec = sh("", &format!("cpu{i}"));
+                    spec.argv = vec!["sleep".into(), "1".into()];
+                    let before = thread_cpu();
+                    let (r, _c) = run_spec(&spec);
+                    (r.ending, thread_cpu() - before)
+                })
+            })
+            .collect();
+        let mut total = Duration::ZERO;
+        for t in threads {
+            let (ending, cpu) = t.join().expect("thread");
+            assert_eq!(ending, Ending::Exited(0));
+            total += cpu;
+        }
+        eprintln!(
+            "50 supervisors of `sleep 1`: {:?} CPU in total ({:?} each), spawn included",
+            total,
+            total / 50
+        );
+    }
+}

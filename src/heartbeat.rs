@@ -1,0 +1,86 @@
+//! The heartbeat: renews every lease the runner holds in one statement, stops the attempts
+//! whose leases are gone, and fences the runner itself when it cannot renew in time.
+
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use crate::attempt::StopReason;
+use crate::job::{duration_ms, now_ms};
+use crate::runner::Shared;
+use crate::store::Store;
+
+/// The least time a renewal is given, even when the runner wakes (from a suspend, a SIGSTOP)
+/// to find its leases already past their expiry: elapsed time alone is no evidence of a lost
+/// lease, so the renewal is always tried.
+const MIN_RENEW_BUDGET: Duration = Duration::from_millis(250);
+/// Margin kept between fencing an attempt and its lease running out, beyond the kill grace.
+const FENCE_MARGIN: Duration = Duration::from_millis(250);
+
+/// Renews leases every heartbeat interval until `stop` is closed.
+pub(crate) fn run(mut store: Store, shared: &Shared, stop: &Receiver<()>) {
+    let interval = shared.config.heartbeat_interval;
+    loop {
+        match stop.recv_timeout(interval) {
+            Err(RecvTimeoutError::Timeout) => beat(&mut store, shared, now_ms()),
+            _ => return,
+        }
+    }
+}
+
+/// One renewal. The time an attempt must be stopped by, to be dead before its lease runs out,
+/// is its lease expiry less the kill grace and a margin: that bounds how long the renewal may
+/// wait for a busy database.
+pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
+    let cfg = &shared.config;
+    let reserve = duration_ms(cfg.kill_grace + FENCE_MARGIN);
+    let (tokens, earliest) = {
+        let running = shared.running.lock();
+        let tokens: Vec<String> = running.keys().cloned().collect();
+        let earliest = running.values().map(|r| r.lease_expires_at).min();
+        (tokens, earliest)
+    };
+    let budget = earliest
+        .map(|e| Duration::from_millis(u64::try_from(e - reserve - now).unwrap_or(0)))
+        .unwrap_or(cfg.heartbeat_interval)
+        .clamp(MIN_RENEW_BUDGET, cfg.lease_ttl);
+    store.set_busy_timeout(budget);
+    let at = now_ms();
+    match store.renew(&shared.worker_id, &tokens, cfg.lease_ttl, at) {
+        Ok(renewal) => {
+            let mut running = shared.running.lock();
+            for token in &renewal.renewed {
+                if let Some(r) = running.get_mut(token) {
+                    r.lease_expires_at = at + duration_ms(cfg.lease_ttl);
+                }
+            }
+            for token in &renewal.lost {
+                if let Some(r) = running.get(token) {
+                    log::info!(
+                        "job {}: lease lost (cancelled, reclaimed or retried elsewhere); \
+                         killing the attempt",
+                        r.job_id
+                    );
+                    r.stop.stop(StopReason::LeaseLost);
+                }
+            }
+        }
+        Err(e) => {
+            let now = now_ms();
+            let running = shared.running.lock();
+            for r in running.values() {
+                if r.lease_expires_at - reserve <= now {
+                    log::warn!(
+                        "job {}: cannot renew its lease before it runs out ({e:#}); \
+                         killing the attempt so that no other runner overlaps it",
+                        r.job_id
+                    );
+                    r.stop.stop(StopReason::SelfFenced);
+                }
+            }
+            if !e.is_busy() {
+                log::error!("lease renewal failed: {e:#}");
+            }
+        }
+    }
+}

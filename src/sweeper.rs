@@ -1,0 +1,233 @@
+//! The sweeper: reclaims lost attempts and tears down their processes.
+//!
+//! The logic is [`Sweeper::sweep_once`], which takes the time and returns what it did; the
+//! runner's thread only waits, calls it and logs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+
+use crate::error::Result;
+use crate::process::{self, AttemptIdentity};
+use crate::runner::Shared;
+use crate::store::{ReclaimRequest, RunnerRecord, Store};
+
+/// What the sweeper has done since the runner started, or in one sweep.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SweepCounters {
+    /// Sweeps run.
+    pub sweeps: u64,
+    /// Lost jobs moved back to pending.
+    pub reclaimed_pending: u64,
+    /// Lost jobs failed (recovery budget spent, or `on_lost = fail`).
+    pub reclaimed_failed: u64,
+    /// Lost attempts whose processes were dealt with (killed, or found gone).
+    pub torn_down: u64,
+    /// Processes found that could not be verified as the lost attempt's, and so were not
+    /// signalled.
+    pub unverified: u64,
+    /// Runners on this host found provably dead.
+    pub dead_runners: u64,
+}
+
+impl SweepCounters {
+    fn add(&mut self, o: &SweepCounters) {
+        self.sweeps += o.sweeps;
+        self.reclaimed_pending += o.reclaimed_pending;
+        self.reclaimed_failed += o.reclaimed_failed;
+        self.torn_down += o.torn_down;
+        self.unverified += o.unverified;
+        self.dead_runners += o.dead_runners;
+    }
+
+    fn did_something(&self) -> bool {
+        self.reclaimed_pending + self.reclaimed_failed + self.torn_down + self.dead_runners > 0
+    }
+}
+
+/// The sweeper's state between sweeps.
+pub(crate) struct Sweeper {
+    store: Store,
+    shared: Arc<Shared>,
+    boot_id: String,
+    host: String,
+    clock: Mutex<Clock>,
+}
+
+/// The two clocks at the last sweep: when the wall clock moves much further than the
+/// monotonic one (a suspend, a clock jump), every lease looks expired at once, so expiry
+/// alone is not trusted until the other runners have had a lease TTL to renew.
+struct Clock {
+    wall: SystemTime,
+    mono: Instant,
+    settle_until: Option<Instant>,
+}
+
+impl Sweeper {
+    pub(crate) fn new(store: Store, shared: Arc<Shared>) -> Result<Sweeper> {
+        Ok(Sweeper {
+            store,
+            shared,
+            boot_id: process::boot_id().unwrap_or_default(),
+            host: crate::runner::hostname(),
+            clock: Mutex::new(Clock {
+                wall: SystemTime::now(),
+                mono: Instant::now(),
+                settle_until: None,
+            }),
+        })
+    }
+
+    /// Sweeps, adds the result to the runner's counters, and logs a line when it did
+    /// something. Errors are logged: the next sweep tries again.
+    pub(crate) fn sweep_and_log(&self, now: i64) {
+        match self.sweep_once(now) {
+            Ok(report) => {
+                self.shared.counters.lock().add(&report);
+                if report.did_something() {
+                    log::info!(
+                        "sweep reclaimed_pending={} reclaimed_failed={} torn_down={} \
+                         unverified={} dead_runners={}",
+                        report.reclaimed_pending,
+                        report.reclaimed_failed,
+                        report.torn_down,
+                        report.unverified,
+                        report.dead_runners
+                    );
+                } else {
+                    log::debug!("sweep: nothing to do");
+                }
+            }
+            Err(e) => log::warn!("sweep failed: {e:#}"),
+        }
+    }
+
+    /// One sweep at `now`: find dead runners on this host, reclaim lost attempts, tear down
+    /// the processes of every lost attempt still marked.
+    pub(crate) fn sweep_once(&self, now: i64) -> Result<SweepCounters> {
+        let mut report = SweepCounters {
+            sweeps: 1,
+            ..SweepCounters::default()
+        };
+        let cfg = &self.shared.config;
+        let settling = self.settling();
+        let dead = self.dead_runners()?;
+        report.dead_runners = dead.len() as u64;
+        for (id, why) in &dead {
+            log::info!("runner {id} is dead: {why}");
+        }
+        let reclaimed = self.store.reclaim(
+            &ReclaimRequest {
+                max_recovery_attempts: cfg.max_recovery_attempts,
+                batch: cfg.reclaim_batch,
+                exclude_worker: Some(&self.shared.worker_id),
+                dead_workers: &dead,
+                expired: !settling,
+            },
+            now,
+        )?;
+        for r in &reclaimed.reclaimed {
+            log::info!(
+                "job {} attempt {} reclaimed ({}): {}",
+                r.lost.job_id,
+                r.lost.attempt,
+                r.status,
+                r.message
+            );
+        }
+        report.reclaimed_pending = reclaimed.pending() as u64;
+        report.reclaimed_failed = reclaimed.failed() as u64;
+        if cfg.reclaim_batch > 0 {
+            for lost in self.store.pending_teardowns(u64::from(cfg.reclaim_batch))? {
+                let id = AttemptIdentity {
+                    pgid: lost.pgid,
+                    start_time: lost.start_time,
+                    token: lost.run_token.clone(),
+                };
+                let teardown = process::teardown(&id, cfg.kill_grace);
+                report.unverified += teardown.unverified.len() as u64;
+                let detail = teardown.describe();
+                if self.store.record_teardown(
+                    lost.job_id,
+                    &lost.run_token,
+                    &detail,
+                    crate::job::now_ms(),
+                )? {
+                    report.torn_down += 1;
+                    log::info!(
+                        "job {} attempt {} torn down: {detail}",
+                        lost.job_id,
+                        lost.attempt
+                    );
+                }
+            }
+        }
+        for (id, _) in &dead {
+            self.store.mark_runner_dead(id, now)?;
+        }
+        Ok(report)
+    }
+
+    /// True while the sweeper distrusts lease expiry after a jump of the wall clock.
+    fn settling(&self) -> bool {
+        let cfg = &self.shared.config;
+        let mut clock = self.clock.lock();
+        let (wall, mono) = (SystemTime::now(), Instant::now());
+        let wall_step = wall.duration_since(clock.wall).unwrap_or(Duration::ZERO);
+        let mono_step = mono.duration_since(clock.mono);
+        let backwards = wall < clock.wall;
+        if backwards || wall_step > mono_step + cfg.heartbeat_interval {
+            log::info!(
+                "wall clock moved {:.1}s while {:.1}s passed (a suspend or a clock change): \
+                 not reclaiming expired leases for {:.0}s while runners renew",
+                wall_step.as_secs_f64(),
+                mono_step.as_secs_f64(),
+                cfg.lease_ttl.as_secs_f64()
+            );
+            clock.settle_until = Some(mono + cfg.lease_ttl);
+        }
+        clock.wall = wall;
+        clock.mono = mono;
+        clock.settle_until.is_some_and(|t| mono < t)
+    }
+
+    /// Runners on this host, other than this one, that are provably dead, with the evidence.
+    fn dead_runners(&self) -> Result<Vec<(String, String)>> {
+        Ok(self
+            .store
+            .runners()?
+            .into_iter()
+            .filter(|r| r.worker_id != self.shared.worker_id)
+            .filter_map(|r| self.death_evidence(&r).map(|why| (r.worker_id, why)))
+            .collect())
+    }
+
+    fn death_evidence(&self, r: &RunnerRecord) -> Option<String> {
+        runner_death_evidence(r, &self.host, &self.boot_id)
+    }
+}
+
+/// Why the runner `r` is provably dead, seen from this host in boot `boot_id`; None when it
+/// may be alive (or runs on another host, where nothing can be proven from here).
+pub(crate) fn runner_death_evidence(r: &RunnerRecord, host: &str, boot_id: &str) -> Option<String> {
+    if r.host != host {
+        return None;
+    }
+    if !boot_id.is_empty() && r.boot_id != boot_id {
+        return Some(format!(
+            "it ran in boot {} and this host is now in boot {boot_id}",
+            r.boot_id
+        ));
+    }
+    let pid = i32::try_from(r.pid).ok()?;
+    match process::start_time(pid) {
+        None => Some(format!("its process {pid} is gone")),
+        Some(t) if t != r.proc_start_time => Some(format!(
+            "its pid {pid} now belongs to another process (start time {t}, not {})",
+            r.proc_start_time
+        )),
+        Some(_) => None,
+    }
+}

@@ -1,0 +1,182 @@
+//! A worker thread: runs one attempt at a time, from spawn to its recorded ending.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+
+use crate::attempt::{self, AttemptResult, AttemptSpec, StopReason};
+use crate::job::{ErrorKind, Output};
+use crate::runner::{Config, Shared};
+use crate::store::{AttemptStart, Claimed, Ending, Finish};
+use crate::writer::{Op, Writer};
+
+/// Runs the attempts the dispatcher hands over until the dispatcher goes away.
+pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
+    while let Ok(job) = jobs.recv() {
+        let stop = shared
+            .running
+            .lock()
+            .get(&job.run_token)
+            .map(|r| r.stop.clone());
+        let finish = match stop {
+            Some(stop) => run_one(shared, &job, &stop, writer),
+            // The heartbeat never saw it; cannot happen, as the dispatcher registers every
+            // job before handing it over. Give it back rather than run it unguarded.
+            None => interrupted(&job, &shared.config, "not registered with the runner"),
+        };
+        writer.send(Op::Finish(Box::new(finish)));
+        shared.idle_workers.fetch_add(1, Ordering::SeqCst);
+        shared.wake_dispatcher();
+    }
+}
+
+fn run_one(shared: &Shared, job: &Claimed, stop: &attempt::StopHandle, writer: &Writer) -> Finish {
+    let cfg = &shared.config;
+    let spec = AttemptSpec {
+        argv: job.argv.clone(),
+        env: job.env.clone(),
+        cwd: job.cwd.as_ref().map(PathBuf::from),
+        job_id: job.id,
+        run_token: job.run_token.clone(),
+        timeout: job.timeout,
+        idle_timeout: job.idle_timeout,
+        kill_grace: cfg.kill_grace,
+        drain: cfg.drain_timeout,
+        tail_bytes: cfg.output_tail,
+    };
+    log::debug!(
+        "job {} attempt {}: starting {:?}",
+        job.id,
+        job.attempt,
+        job.argv
+    );
+    let result = attempt::run(&spec, stop, |s| {
+        writer.send(Op::Start(AttemptStart {
+            job_id: job.id,
+            run_token: job.run_token.clone(),
+            pid: s.pid,
+            pgid: s.pgid,
+            start_time: s.start_time,
+        }));
+    });
+    finish_for(job, cfg, result)
+}
+
+/// "1s", "1.5s": how durations read in messages.
+pub(crate) fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
+    let failed = |kind: ErrorKind, exit_code: Option<i32>, signal: Option<i32>, message: String| {
+        Ending::Failed {
+            kind,
+            exit_code,
+            signal,
+            message,
+        }
+    };
+    let ending = match r.ending {
+        attempt::Ending::Exited(0) => Ending::Succeeded,
+        attempt::Ending::Exited(code) => failed(
+            ErrorKind::Exit,
+            Some(code),
+            None,
+            format!("exited with code {code}"),
+        ),
+        attempt::Ending::Signaled(sig) => failed(
+            ErrorKind::Signal,
+            None,
+            Some(sig),
+            format!("killed by signal {}", signal_name(sig)),
+        ),
+        attempt::Ending::TimedOut(d) => failed(
+            ErrorKind::Timeout,
+            None,
+            None,
+            format!("timed out after {}", secs(d)),
+        ),
+        attempt::Ending::IdleTimedOut(d) => failed(
+            ErrorKind::IdleTimeout,
+            None,
+            None,
+            format!("idle timeout: no output for {}", secs(d)),
+        ),
+        attempt::Ending::SpawnFailed(reason) => failed(ErrorKind::Spawn, None, None, reason),
+        attempt::Ending::Stopped(StopReason::SelfFenced) => Ending::Lost {
+            message: "the runner could not renew the lease before it ran out (database busy \
+                      or stalled) and killed the attempt itself"
+                .into(),
+        },
+        attempt::Ending::Stopped(StopReason::Shutdown) => Ending::Interrupted {
+            message: "runner shut down: attempt killed and requeued".into(),
+        },
+        // The lease is already gone (cancelled, reclaimed, retried): this write is fenced
+        // and leaves only the late_result_discarded event.
+        attempt::Ending::Stopped(reason) => Ending::Lost {
+            message: format!("attempt stopped: {reason:?}"),
+        },
+    };
+    let notes = r
+        .leaked
+        .iter()
+        .map(|l| {
+            (
+                "leaked".to_string(),
+                format!(
+                    "pid {} was still alive after the attempt ended{} and was killed",
+                    l.pid,
+                    if l.escaped_group {
+                        " outside its process group"
+                    } else {
+                        " in its process group"
+                    }
+                ),
+            )
+        })
+        .collect();
+    Finish {
+        job_id: job.id,
+        run_token: job.run_token.clone(),
+        attempt: job.attempt,
+        ending,
+        output: Some(Output {
+            attempt: job.attempt,
+            stdout: r.stdout.bytes,
+            stderr: r.stderr.bytes,
+            stdout_truncated: r.stdout.truncated,
+            stderr_truncated: r.stderr.truncated,
+        }),
+        notes,
+        max_recovery_attempts: cfg.max_recovery_attempts,
+    }
+}
+
+/// The ending that gives a job back untouched: pending, no attempt or budget spent.
+pub(crate) fn interrupted(job: &Claimed, cfg: &Config, why: &str) -> Finish {
+    Finish {
+        job_id: job.id,
+        run_token: job.run_token.clone(),
+        attempt: job.attempt,
+        ending: Ending::Interrupted {
+            message: format!("not run: {why}"),
+        },
+        output: None,
+        notes: Vec::new(),
+        max_recovery_attempts: cfg.max_recovery_attempts,
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    match nix::sys::signal::Signal::try_from(sig) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("{sig}"),
+    }
+}

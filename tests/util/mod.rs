@@ -1,0 +1,81 @@
+//! Shared helpers for the integration tests: temporary databases, bare connections, waiting.
+
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use leasehold::{OpenOptions, Store};
+use rusqlite::Connection;
+use tempfile::TempDir;
+
+/// A fixed "now" for tests that pass time as a parameter: 2023-11-14T22:13:20Z.
+pub const T0: i64 = 1_700_000_000_000;
+
+/// A database path in a temporary folder that is removed when this is dropped.
+pub struct TestDb {
+    pub dir: TempDir,
+    pub path: PathBuf,
+}
+
+impl TestDb {
+    /// A path to a database that does not exist yet.
+    pub fn new() -> TestDb {
+        let dir = tempfile::tempdir().expect("a temporary folder can be created");
+        let path = dir.path().join("jobs.db");
+        TestDb { dir, path }
+    }
+
+    /// A new connection with the library's defaults (creates and migrates the file).
+    pub fn store(&self) -> Store {
+        Store::open(&self.path).expect("the test database opens")
+    }
+
+    /// A new connection with `options`.
+    pub fn store_with(&self, options: &OpenOptions) -> Store {
+        Store::open_with(&self.path, options).expect("the test database opens")
+    }
+
+    /// A plain rusqlite connection, for what the store does not do (breaking rows on purpose).
+    pub fn bare(&self) -> Connection {
+        bare(&self.path)
+    }
+
+    /// Another path in the same temporary folder.
+    pub fn sibling(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// A plain rusqlite connection on `path` that waits for locks like the store does.
+pub fn bare(path: &Path) -> Connection {
+    let conn = Connection::open(path).expect("a bare connection opens");
+    conn.busy_timeout(Duration::from_secs(10))
+        .expect("busy_timeout can be set");
+    conn
+}
+
+/// Every column of one `jobs` row, as SQLite stores it.
+pub fn raw_job_row(conn: &Connection, id: i64) -> Vec<rusqlite::types::Value> {
+    let mut stmt = conn
+        .prepare("SELECT * FROM jobs WHERE id = ?1")
+        .expect("the jobs table exists");
+    let n = stmt.column_count();
+    stmt.query_row([id], |r| (0..n).map(|i| r.get(i)).collect())
+        .expect("the job exists")
+}
+
+/// Polls `check` until it returns true or `timeout` passes; returns whether it did.
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -28,4 +28,4 @@ pub use store::{
     LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, LostAttempt, Migration, OpenOptions,
     ReclaimReport, ReclaimRequest, Reclaimed, Renewal, RunnerRecord, SCHEMA_VERSION, Store,
 };
-pub use sweeper::SweepCounters;
+pub use sweeper::{SweepCounters, runner_alive, tear_down_lost_attempts};

@@ -140,29 +140,10 @@ impl Sweeper {
         report.reclaimed_pending = reclaimed.pending() as u64;
         report.reclaimed_failed = reclaimed.failed() as u64;
         if cfg.reclaim_batch > 0 {
-            for lost in self.store.pending_teardowns(u64::from(cfg.reclaim_batch))? {
-                let id = AttemptIdentity {
-                    pgid: lost.pgid,
-                    start_time: lost.start_time,
-                    token: lost.run_token.clone(),
-                };
-                let teardown = process::teardown(&id, cfg.kill_grace);
-                report.unverified += teardown.unverified.len() as u64;
-                let detail = teardown.describe();
-                if self.store.record_teardown(
-                    lost.job_id,
-                    &lost.run_token,
-                    &detail,
-                    crate::job::now_ms(),
-                )? {
-                    report.torn_down += 1;
-                    log::info!(
-                        "job {} attempt {} torn down: {detail}",
-                        lost.job_id,
-                        lost.attempt
-                    );
-                }
-            }
+            let (torn, unverified) =
+                tear_down_lost_attempts(&self.store, u64::from(cfg.reclaim_batch), cfg.kill_grace)?;
+            report.torn_down = torn;
+            report.unverified = unverified;
         }
         for (id, _) in &dead {
             self.store.mark_runner_dead(id, now)?;
@@ -209,6 +190,59 @@ impl Sweeper {
     }
 }
 
+/// Tears down the processes of up to `limit` lost attempts still marked in the database
+/// (reclaimed, cancelled while running, or retried by an operator), and records a
+/// `torn_down` event for each, which lets its job be claimed again. A group is signalled only
+/// when its identity is verified (pgid and start time); processes carrying the attempt's run
+/// token are killed wherever they are. Returns how many attempts were torn down, and how
+/// many processes were left alone because they could not be verified.
+///
+/// Runners do this on every sweep; an operator's tool may do it at once after a retry.
+///
+/// # Errors
+///
+/// A database error; the attempts not yet recorded are retried by the next call.
+pub fn tear_down_lost_attempts(
+    store: &Store,
+    limit: u64,
+    kill_grace: Duration,
+) -> Result<(u64, u64)> {
+    let (mut torn, mut unverified) = (0, 0);
+    for lost in store.pending_teardowns(limit)? {
+        let id = AttemptIdentity {
+            pgid: lost.pgid,
+            start_time: lost.start_time,
+            token: lost.run_token.clone(),
+        };
+        let teardown = process::teardown(&id, kill_grace);
+        unverified += teardown.unverified.len() as u64;
+        let detail = teardown.describe();
+        if store.record_teardown(lost.job_id, &lost.run_token, &detail, crate::job::now_ms())? {
+            torn += 1;
+            log::info!(
+                "job {} attempt {} torn down: {detail}",
+                lost.job_id,
+                lost.attempt
+            );
+        }
+    }
+    Ok((torn, unverified))
+}
+
+/// Whether the runner `r` may still be alive, as far as this host can tell: a runner on
+/// another host, or one whose process is still the one that registered, may be; a runner of
+/// this host whose boot id differs, whose pid is gone, or whose pid now belongs to another
+/// process is dead. Stopped runners are not alive.
+pub fn runner_alive(r: &RunnerRecord) -> bool {
+    r.stopped_at.is_none()
+        && runner_death_evidence(
+            r,
+            &crate::runner::hostname(),
+            &process::boot_id().unwrap_or_default(),
+        )
+        .is_none()
+}
+
 /// Why the runner `r` is provably dead, seen from this host in boot `boot_id`; None when it
 /// may be alive (or runs on another host, where nothing can be proven from here).
 pub(crate) fn runner_death_evidence(r: &RunnerRecord, host: &str, boot_id: &str) -> Option<String> {
@@ -222,6 +256,9 @@ pub(crate) fn runner_death_evidence(r: &RunnerRecord, host: &str, boot_id: &str)
         ));
     }
     let pid = i32::try_from(r.pid).ok()?;
+    if process::proc_info(pid).is_some_and(|p| p.state == 'Z') {
+        return Some(format!("its process {pid} has exited"));
+    }
     match process::start_time(pid) {
         None => Some(format!("its process {pid} is gone")),
         Some(t) if t != r.proc_start_time => Some(format!(

@@ -1,0 +1,53 @@
+//! The runner's own CPU cost while its jobs wait: in a test binary of its own, so that no
+//! other test's work is counted.
+
+use std::time::{Duration, Instant};
+
+use leasehold::{Job, Outcome, Runner};
+use nix::sys::resource::{UsageWho, getrusage};
+
+fn cpu_seconds() -> f64 {
+    let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+    t(u.user_time()) + t(u.system_time())
+}
+
+#[test]
+fn two_hundred_sleeping_jobs_cost_the_runner_almost_no_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    let runner = Runner::builder(&path)
+        .workers(200)
+        .lease_ttl(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_secs(1))
+        .sweep_interval(Duration::from_secs(1))
+        .start()
+        .unwrap();
+    let jobs: Vec<Job> = (0..200).map(|_| Job::command(["sleep", "2"])).collect();
+    let before = cpu_seconds();
+    let wall = Instant::now();
+    let ids = runner.enqueue_many(&jobs).unwrap();
+    while runner.running() < 200 && wall.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let started = cpu_seconds() - before;
+    eprintln!(
+        "all started after {:.2}s, cpu {started:.3}",
+        wall.elapsed().as_secs_f64()
+    );
+    for id in &ids {
+        assert_eq!(
+            runner.wait(*id, Duration::from_secs(60)).unwrap(),
+            Some(Outcome::Succeeded)
+        );
+    }
+    let cpu = cpu_seconds() - before;
+    let wall = wall.elapsed();
+    eprintln!(
+        "200 jobs of sleep 2 on 200 workers: {:.2}s wall, runner CPU {cpu:.3} core-seconds",
+        wall.as_secs_f64()
+    );
+    // Spawning 200 processes and recording 600 transitions is the whole of the work; the
+    // two seconds of waiting must cost close to nothing.
+    assert!(cpu < 1.0, "runner used {cpu:.3} core-seconds");
+}

@@ -324,10 +324,9 @@ fn verify_group(pgid: i32, start: Option<u64>) -> Result<(), (Vec<i32>, &'static
     }
 }
 
-/// Sends `sig` to the group (when verified) and to each pid in `pids`,
-/// recording every signalled pid. Errors other than "already gone" (only
-/// EPERM is possible) are logged: teardown is best effort and reports what is
-/// left in `survivors`.
+/// Sends `sig` to the group (when verified) and to each pid in `pids`.
+/// Errors other than "already gone" (only EPERM is possible) are logged:
+/// teardown is best effort and reports what is left in `survivors`.
 fn send(group: Option<i32>, pids: &BTreeSet<i32>, sig: Signal) {
     if let Some(pgid) = group
         && let Err(e) = signal_group(pgid, sig)
@@ -351,63 +350,92 @@ fn send(group: Option<i32>, pids: &BTreeSet<i32>, sig: Signal) {
 /// then SIGKILL once `grace` has passed if any is still alive.
 pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
     let mut result = Teardown::default();
-    let token_pids = || -> BTreeSet<i32> {
+    let carriers = || -> Vec<ProcInfo> {
         if id.token.is_empty() {
             // An empty token would match every process with an empty
             // LEASEHOLD_RUN_TOKEN; never treat that as proof.
-            return BTreeSet::new();
+            return Vec::new();
         }
         processes_with_token(&id.token)
-            .into_iter()
-            .map(|p| p.pid)
-            .collect()
     };
 
-    let pgid = id.pgid.filter(|&p| p > 1);
-    let mut tokened = token_pids();
-    let group = match pgid.map(|p| (p, verify_group(p, id.start_time))) {
-        Some((p, Ok(()))) => Some(p),
-        Some((_, Err((pids, reason)))) => {
-            // Token carriers are proven ours even inside an unverified group.
-            result.unverified = pids.into_iter().filter(|p| !tokened.contains(p)).collect();
-            if !result.unverified.is_empty() {
-                result.unverified_reason = Some(reason);
-            }
-            None
-        }
+    let first_carriers = carriers();
+    let group = match id.pgid.filter(|&p| p > 1) {
         None => None,
+        Some(p) => match verify_group(p, id.start_time) {
+            Ok(()) => Some(p),
+            Err((pids, reason)) => {
+                // Token carriers are proven ours even inside an unverified
+                // group; only the others are left alone.
+                result.unverified = pids
+                    .into_iter()
+                    .filter(|pid| !first_carriers.iter().any(|c| c.pid == *pid))
+                    .collect();
+                if !result.unverified.is_empty() {
+                    result.unverified_reason = Some(reason);
+                }
+                None
+            }
+        },
     };
-    let members = |killed: &mut BTreeSet<i32>| {
+    // The processes to signal one by one: token carriers outside the
+    // verified group (those inside get the group's signal; signalling them
+    // twice could read as "terminate now" to a process handling SIGTERM), and
+    // the verified leader if it moved itself out of its group.
+    let individuals = |found: Vec<ProcInfo>| -> BTreeSet<i32> {
+        let mut pids: BTreeSet<i32> = found
+            .iter()
+            .filter(|p| Some(p.pgid) != group)
+            .map(|p| p.pid)
+            .collect();
+        if let Some(g) = group
+            && let Some(leader) = proc_info(g)
+            && Some(leader.start_time) == id.start_time
+            && leader.pgid != g
+            && !leader.is_dead()
+        {
+            pids.insert(g);
+        }
+        pids
+    };
+    let add_members = |killed: &mut BTreeSet<i32>| {
         if let Some(g) = group {
             killed.extend(group_members(g).iter().map(|p| p.pid));
         }
     };
 
-    let mut killed: BTreeSet<i32> = tokened.clone();
-    members(&mut killed);
+    let mut targets = individuals(first_carriers);
+    let mut killed = targets.clone();
+    add_members(&mut killed);
     if killed.is_empty() {
         return result;
     }
-    send(group, &tokened, Signal::SIGTERM);
+    send(group, &targets, Signal::SIGTERM);
 
     let all_gone = |killed: &BTreeSet<i32>| {
         group.is_none_or(|g| !group_has_live_members(g)) && killed.iter().all(|&p| !is_alive(p))
     };
-    let deadline = Instant::now() + grace;
-    while !all_gone(&killed) && Instant::now() < deadline {
-        std::thread::sleep(POLL_INTERVAL.min(deadline.saturating_duration_since(Instant::now())));
-    }
+    let wait = |killed: &BTreeSet<i32>, limit: Duration| {
+        let deadline = Instant::now().checked_add(limit);
+        while !all_gone(killed) {
+            let left = deadline.map_or(POLL_INTERVAL, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(POLL_INTERVAL.min(left));
+        }
+    };
+    wait(&killed, grace);
 
     if !all_gone(&killed) {
-        // Members that appeared since (forked during the grace) are ours too.
-        members(&mut killed);
-        tokened.extend(token_pids());
-        killed.extend(&tokened);
-        send(group, &tokened, Signal::SIGKILL);
-        let deadline = Instant::now() + AFTER_KILL_WAIT;
-        while !all_gone(&killed) && Instant::now() < deadline {
-            std::thread::sleep(POLL_INTERVAL);
-        }
+        // Members forked and carriers started during the grace are ours too.
+        add_members(&mut killed);
+        targets.extend(individuals(carriers()));
+        killed.extend(&targets);
+        send(group, &targets, Signal::SIGKILL);
+        wait(&killed, AFTER_KILL_WAIT);
     }
 
     result.survivors = killed.iter().copied().filter(|&p| is_alive(p)).collect();

@@ -1,4 +1,29 @@
 //! leasehold: an embedded, durable job runner on SQLite.
+//!
+//! An application links the crate, enqueues commands, and a [`Runner`] runs them as
+//! subprocesses, each attempt in its own process group, from a pool of worker threads. Every
+//! running job holds a lease in the database that its runner renews; a sweeper reclaims the
+//! leases of runners that died, froze or lost their disk, tears the lost attempt's processes
+//! down, and requeues the job within a recovery budget or fails it. A late result from a lost
+//! attempt is fenced off: whatever ends a run first wins.
+//!
+//! ```
+//! # fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("jobs.db");
+//! use std::time::Duration;
+//! use leasehold::{Job, Outcome, Runner};
+//!
+//! let runner = Runner::builder(&path).workers(2).start()?;
+//! let id = runner.enqueue(&Job::shell("echo hello").timeout(Duration::from_secs(10)))?;
+//! assert_eq!(runner.wait(id, Duration::from_secs(30))?, Some(Outcome::Succeeded));
+//! runner.shutdown()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A program that only enqueues, or an operator's tool, opens the database with [`Store`]
+//! and needs no runner: a runner on the same file picks the jobs up.
 #![deny(missing_docs)]
 
 mod attempt;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use crossbeam_channel::{Receiver, Sender, unbounded};
 use parking_lot::{Condvar, Mutex};
 
 use crate::attempt::{StopHandle, StopReason};
@@ -92,7 +92,7 @@ type Callback = Box<dyn Fn(&Completion) + Send + Sync>;
 /// # }
 /// ```
 pub struct RunnerBuilder {
-    config: Config,
+    pub(crate) config: Config,
     callbacks: Vec<Callback>,
 }
 
@@ -105,7 +105,7 @@ impl std::fmt::Debug for RunnerBuilder {
 }
 
 impl RunnerBuilder {
-    fn new(path: PathBuf) -> Self {
+    pub(crate) fn new(path: PathBuf) -> Self {
         RunnerBuilder {
             config: Config {
                 path,
@@ -284,7 +284,12 @@ pub(crate) struct Shared {
     pub worker_id: String,
     pub running: Mutex<HashMap<String, Running>>,
     pub shutting_down: AtomicBool,
+    /// Workers not running an attempt.
     pub idle_workers: AtomicUsize,
+    /// Attempts ended by this runner's workers since it started.
+    pub endings_total: std::sync::atomic::AtomicU64,
+    /// How long the writer's last commit took, in nanoseconds.
+    pub commit_nanos: std::sync::atomic::AtomicU64,
     /// Wakes the dispatcher (an enqueue, a free worker, shutdown).
     wake: (Mutex<bool>, Condvar),
     /// Bumped whenever an ending is committed or observed; waiters block on it.
@@ -293,6 +298,21 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    pub(crate) fn new(config: Config, worker_id: String) -> Shared {
+        Shared {
+            worker_id,
+            running: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            idle_workers: AtomicUsize::new(config.workers),
+            endings_total: std::sync::atomic::AtomicU64::new(0),
+            commit_nanos: std::sync::atomic::AtomicU64::new(0),
+            wake: (Mutex::new(false), Condvar::new()),
+            endings: (Mutex::new(0), Condvar::new()),
+            counters: Mutex::new(SweepCounters::default()),
+            config,
+        }
+    }
+
     pub(crate) fn wake_dispatcher(&self) {
         *self.wake.0.lock() = true;
         self.wake.1.notify_all();
@@ -398,16 +418,7 @@ impl Runner {
             heartbeat_interval_ms: duration_ms(config.heartbeat_interval),
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
         })?;
-        let shared = Arc::new(Shared {
-            worker_id,
-            running: Mutex::new(HashMap::new()),
-            shutting_down: AtomicBool::new(false),
-            idle_workers: AtomicUsize::new(config.workers),
-            wake: (Mutex::new(false), Condvar::new()),
-            endings: (Mutex::new(0), Condvar::new()),
-            counters: Mutex::new(SweepCounters::default()),
-            config,
-        });
+        let shared = Arc::new(Shared::new(config, worker_id));
         let cfg = &shared.config;
         // Recover what dead runners left before taking any work.
         let sweeper = Sweeper::new(Runner::open(cfg, cfg.lease_ttl)?, Arc::clone(&shared))?;
@@ -459,7 +470,7 @@ impl Runner {
             Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT)?,
             Arc::clone(&shared),
         )?;
-        let (work_tx, work_rx) = bounded(cfg.workers);
+        let (work_tx, work_rx) = unbounded();
         for i in 0..cfg.workers {
             let (shared, rx, writer) = (Arc::clone(&shared), work_rx.clone(), writer.clone());
             threads
@@ -712,14 +723,27 @@ fn random_hex() -> String {
 }
 
 /// Claims jobs while workers are free and hands them over.
+///
+/// A claim is durable before its job starts, so with `synchronous = FULL` a worker that
+/// waited for its own claim would wait for the disk on every job. The dispatcher therefore
+/// claims a little ahead: as many jobs as are likely to start while one commit is under way
+/// (the recent rate of endings times the recent commit time, twice over, at most four per
+/// worker). Long jobs end rarely, so they are not claimed ahead; a stream of short ones is.
 fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::Claimed>) {
+    let workers = shared.config.workers;
+    let mut rate = RateMeter::new();
     while !shared.shutting_down.load(Ordering::SeqCst) {
-        let free = shared.idle_workers.load(Ordering::SeqCst);
+        let idle = shared.idle_workers.load(Ordering::SeqCst);
+        let queued = work.len();
+        let commit = Duration::from_nanos(shared.commit_nanos.load(Ordering::Relaxed));
+        let per_sec = rate.sample(shared.endings_total.load(Ordering::Relaxed));
+        let lookahead = ((per_sec * commit.as_secs_f64() * 2.0).ceil() as usize).min(4 * workers);
+        let want = (idle + lookahead).saturating_sub(queued);
         let mut claimed_all = false;
-        if free > 0 {
-            match writer.claim(u32::try_from(free).unwrap_or(u32::MAX)) {
+        if want > 0 && idle > 0 {
+            match writer.claim(u32::try_from(want).unwrap_or(u32::MAX)) {
                 Ok(jobs) => {
-                    claimed_all = jobs.len() == free;
+                    claimed_all = jobs.len() == want;
                     for job in jobs {
                         let stop = match StopHandle::new() {
                             Ok(s) => s,
@@ -732,7 +756,6 @@ fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::C
                                 continue;
                             }
                         };
-                        shared.idle_workers.fetch_sub(1, Ordering::SeqCst);
                         shared.running.lock().insert(
                             job.run_token.clone(),
                             Running {
@@ -749,9 +772,36 @@ fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::C
                 Err(e) => log::error!("claim failed: {e:#}"),
             }
         }
-        if !claimed_all || free == 0 {
+        if !claimed_all {
             shared.wait_for_wake(shared.config.poll_interval);
         }
+    }
+}
+
+/// Endings per second, over the last half second or so.
+struct RateMeter {
+    at: Instant,
+    count: u64,
+    per_sec: f64,
+}
+
+impl RateMeter {
+    fn new() -> Self {
+        RateMeter {
+            at: Instant::now(),
+            count: 0,
+            per_sec: 0.0,
+        }
+    }
+
+    fn sample(&mut self, total: u64) -> f64 {
+        let dt = self.at.elapsed().as_secs_f64();
+        if dt >= 0.5 {
+            self.per_sec = (total - self.count) as f64 / dt;
+            self.count = total;
+            self.at = Instant::now();
+        }
+        self.per_sec
     }
 }
 
@@ -775,6 +825,9 @@ fn notify_loop(
                 let any = !events.is_empty();
                 for e in events {
                     last = e.id;
+                    if callbacks.is_empty() && subscribers.lock().is_empty() {
+                        continue;
+                    }
                     let completion = completion(store, &e);
                     for cb in callbacks {
                         cb(&completion);

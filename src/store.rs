@@ -207,14 +207,15 @@ impl Store {
             _ => Error::Sqlite(e),
         };
         // Read before anything writes: a file that is not a database fails here, untouched.
-        let (version, tables) = retry_busy(deadline, || {
-            let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-            let tables: i64 = conn.query_row(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+        // One statement, so one snapshot: between two reads another process could migrate the
+        // file, and version 0 with tables would look like someone else's database.
+        let (version, tables): (i64, i64) = retry_busy(deadline, || {
+            conn.query_row(
+                "SELECT (SELECT user_version FROM pragma_user_version),
+                        (SELECT count(*) FROM sqlite_master WHERE type = 'table')",
                 [],
-                |r| r.get(0),
-            )?;
-            Ok((version, tables))
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
         })
         .map_err(not_a_db)?;
         if version > SCHEMA_VERSION {

@@ -268,3 +268,145 @@ pub(crate) fn runner_death_evidence(r: &RunnerRecord, host: &str, boot_id: &str)
         Some(_) => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::job::{Job, Status, now_ms};
+    use crate::runner::RunnerBuilder;
+    use crate::store::ClaimRequest;
+
+    fn sweeper(path: &std::path::Path, worker: &str) -> Sweeper {
+        let config = RunnerBuilder::new(path.to_path_buf())
+            .lease_ttl(Duration::from_secs(30))
+            .kill_grace(Duration::from_millis(100))
+            .config;
+        let shared = Arc::new(Shared::new(config, worker.to_string()));
+        Sweeper::new(Store::open(path).unwrap(), shared).unwrap()
+    }
+
+    fn register(store: &Store, worker: &str, pid: i64, start: u64) {
+        let now = now_ms();
+        store
+            .register_runner(&RunnerRecord {
+                worker_id: worker.into(),
+                pid,
+                proc_start_time: start,
+                boot_id: process::boot_id().unwrap(),
+                host: crate::runner::hostname(),
+                started_at: now,
+                heartbeat_at: now,
+                stopped_at: None,
+                lease_ttl_ms: 30_000,
+                heartbeat_interval_ms: 5_000,
+                max_recovery_attempts: 3,
+            })
+            .unwrap();
+    }
+
+    fn claim_one(store: &Store, worker: &str) -> i64 {
+        let id = store.enqueue(&Job::shell("true"), now_ms()).unwrap();
+        let claimed = store
+            .claim(
+                &ClaimRequest {
+                    worker_id: worker,
+                    limit: 1,
+                    queues: &[],
+                    lease_ttl: Duration::from_secs(30),
+                },
+                now_ms(),
+            )
+            .unwrap();
+        assert_eq!(claimed[0].id, id);
+        id
+    }
+
+    #[test]
+    fn dead_runners_jobs_are_reclaimed_before_their_lease_expires() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let store = Store::open(&path).unwrap();
+        // A runner whose process has exited: its pid is gone once reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i64;
+        let start = process::start_time(pid as i32).unwrap_or(1);
+        child.wait().unwrap();
+        register(&store, "dead", pid, start);
+        let dead_job = claim_one(&store, "dead");
+        // A live runner (this process) keeps its job until its lease expires.
+        let me = std::process::id() as i64;
+        register(&store, "alive", me, process::start_time(me as i32).unwrap());
+        let live_job = claim_one(&store, "alive");
+
+        let report = sweeper(&path, "sweeper").sweep_once(now_ms()).unwrap();
+        assert_eq!(report.dead_runners, 1);
+        assert_eq!(report.reclaimed_pending, 1);
+        assert_eq!(report.torn_down, 1);
+        let job = store.job(dead_job).unwrap();
+        assert_eq!(job.status, Status::Pending);
+        assert!(!job.teardown_pending);
+        let msg = job.last_error.unwrap();
+        assert!(
+            msg.starts_with("lease expired after missing heartbeat; runner dead is dead"),
+            "{msg}"
+        );
+        assert_eq!(store.job(live_job).unwrap().status, Status::Running);
+        assert!(
+            store
+                .runners()
+                .unwrap()
+                .iter()
+                .all(|r| r.worker_id != "dead")
+        );
+    }
+
+    #[test]
+    fn own_jobs_are_never_reaped_even_past_their_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let store = Store::open(&path).unwrap();
+        let id = claim_one(&store, "me");
+        let later = now_ms() + 3_600_000;
+        let report = sweeper(&path, "me").sweep_once(later).unwrap();
+        assert_eq!(report.reclaimed_pending + report.reclaimed_failed, 0);
+        assert_eq!(store.job(id).unwrap().status, Status::Running);
+        // Another runner's sweeper at the same time reclaims it.
+        let report = sweeper(&path, "other").sweep_once(later).unwrap();
+        assert_eq!(report.reclaimed_pending, 1);
+    }
+
+    #[test]
+    fn a_reused_pid_proves_its_runner_dead() {
+        let me = std::process::id() as i64;
+        let start = process::start_time(me as i32).unwrap();
+        let record = |pid: i64, start: u64, boot: &str, host: &str| RunnerRecord {
+            worker_id: "r".into(),
+            pid,
+            proc_start_time: start,
+            boot_id: boot.into(),
+            host: host.into(),
+            started_at: 0,
+            heartbeat_at: 0,
+            stopped_at: None,
+            lease_ttl_ms: 0,
+            heartbeat_interval_ms: 0,
+            max_recovery_attempts: 0,
+        };
+        let (host, boot) = (crate::runner::hostname(), process::boot_id().unwrap());
+        assert_eq!(
+            runner_death_evidence(&record(me, start, &boot, &host), &host, &boot),
+            None
+        );
+        let reused = runner_death_evidence(&record(me, start + 1, &boot, &host), &host, &boot);
+        assert!(reused.unwrap().contains("another process"));
+        let rebooted = runner_death_evidence(&record(me, start, "old-boot", &host), &host, &boot);
+        assert!(rebooted.unwrap().contains("boot"));
+        // Nothing can be proven about another host's runner from here.
+        assert_eq!(
+            runner_death_evidence(&record(me, 0, "x", "elsewhere"), &host, &boot),
+            None
+        );
+    }
+}

@@ -15,18 +15,24 @@ use crate::writer::{Op, Writer};
 /// Runs the attempts the dispatcher hands over until the dispatcher goes away.
 pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
     while let Ok(job) = jobs.recv() {
+        shared.idle_workers.fetch_sub(1, Ordering::SeqCst);
         let stop = shared
             .running
             .lock()
             .get(&job.run_token)
             .map(|r| r.stop.clone());
         let finish = match stop {
+            // Claimed ahead but not started when shutdown began: give it back untouched.
+            Some(_) if shared.shutting_down.load(Ordering::SeqCst) => {
+                interrupted(&job, &shared.config, "the runner is shutting down")
+            }
             Some(stop) => run_one(shared, &job, &stop, writer),
             // The heartbeat never saw it; cannot happen, as the dispatcher registers every
             // job before handing it over. Give it back rather than run it unguarded.
             None => interrupted(&job, &shared.config, "not registered with the runner"),
         };
         writer.send(Op::Finish(Box::new(finish)));
+        shared.endings_total.fetch_add(1, Ordering::Relaxed);
         shared.idle_workers.fetch_add(1, Ordering::SeqCst);
         shared.wake_dispatcher();
     }

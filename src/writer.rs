@@ -104,6 +104,7 @@ fn commit(store: &Store, shared: &Shared, batch: Vec<Op>) -> Vec<Done> {
     let queues = shared.config.queues.as_slice();
     loop {
         let now = crate::job::now_ms();
+        let commit_started = Instant::now();
         let attempt = store::transaction(store.conn(), &mut |conn| {
             Ok(batch
                 .iter()
@@ -112,6 +113,10 @@ fn commit(store: &Store, shared: &Shared, batch: Vec<Op>) -> Vec<Done> {
         });
         match attempt {
             Ok(results) => {
+                shared.commit_nanos.store(
+                    u64::try_from(commit_started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 return batch
                     .into_iter()
                     .zip(results)

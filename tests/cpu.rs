@@ -42,6 +42,23 @@ fn two_hundred_sleeping_jobs_cost_the_runner_almost_no_cpu() {
         );
     }
     let cpu = cpu_seconds() - before;
+    let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let ns: u64 = std::fs::read_to_string(t.path().join("schedstat"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let key: String = comm
+            .trim()
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .collect();
+        *by_name.entry(key).or_default() += ns / 1_000_000;
+    }
+    eprintln!("ms by thread: {by_name:?}");
     let wall = wall.elapsed();
     eprintln!(
         "200 jobs of sleep 2 on 200 workers: {:.2}s wall, runner CPU {cpu:.3} core-seconds",

@@ -137,23 +137,28 @@ fn job_sees_only_standard_descriptors_and_a_clean_signal_state() {
     set.add(nix::sys::signal::Signal::SIGTERM);
     set.thread_block().expect("block SIGTERM");
     let runner = fast(&db.path).start().expect("start");
-    let id = runner
-        .enqueue(&Job::shell(
-            "grep -E '^Sig(Blk|Ign)' /proc/$$/status; ls /proc/$$/fd | sort -n | tr '\\n' ' '",
-        ))
-        .expect("enqueue");
-    assert_eq!(outcome(&runner, id), Outcome::Succeeded);
     set.thread_unblock().expect("unblock SIGTERM");
-    let out = stdout(&db.path, id);
-    assert!(
-        out.contains("SigBlk:\t0000000000000000"),
-        "blocked signals: {out}"
-    );
-    assert!(
-        out.contains("SigIgn:\t0000000000000000"),
-        "ignored signals: {out}"
-    );
-    assert!(out.trim_end().ends_with("0 1 2"), "descriptors: {out}");
+    // Inspect the job's own process from outside: a shell would change its mask itself.
+    let id = runner
+        .enqueue(&Job::command(["sleep", "30"]))
+        .expect("enqueue");
+    let pid = running(&db.path, id).pid.unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("SigBlk:\t0000000000000000"), "{status}");
+    assert!(status.contains("SigIgn:\t0000000000000000"), "{status}");
+    // sleep may open its locale files for a moment after it starts: wait for the fds it keeps.
+    let fds = wait_until("only the standard descriptors", WAIT, || {
+        let mut fds: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+            .collect();
+        fds.sort();
+        (fds == [0, 1, 2]).then_some(fds)
+    });
+    assert_eq!(fds, [0, 1, 2]);
+    runner.cancel(id).unwrap();
+    assert_eq!(outcome(&runner, id), Outcome::Cancelled);
 }
 
 #[test]

@@ -1,0 +1,398 @@
+//! `leasehold jobs ...`: add, ls, inspect, logs, retry, cancel.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use leasehold::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Job, ListFilter, Store, now_ms};
+use serde_json::{Value, json};
+
+use super::render::{self, print_json};
+use super::{
+    AddArgs, CancelArgs, InspectArgs, LogsArgs, LsArgs, RetryArgs, Usage, open_existing,
+    open_read_only,
+};
+
+/// How many lost attempts an operator's retry tears down at once.
+const TEARDOWN_BATCH: u64 = 100;
+/// Between SIGTERM and SIGKILL when the tool tears down a retried or cancelled attempt.
+const TEARDOWN_KILL_GRACE: Duration = leasehold::DEFAULT_KILL_GRACE;
+
+pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
+    let lines = match (&args.from_file, args.command.is_empty()) {
+        (Some(_), false) => {
+            return Err(
+                Usage("give either a command after `--` or --from-file, not both".into()).into(),
+            );
+        }
+        (None, true) => {
+            return Err(Usage(
+                "jobs add needs a command (`-- CMD [ARG...]`) or --from-file FILE".into(),
+            )
+            .into());
+        }
+        (Some(file), true) => Some(read_lines(file)?),
+        (None, false) => None,
+    };
+    let cwd = match &args.cwd {
+        Some(dir) => Some(
+            std::path::absolute(dir)
+                .with_context(|| format!("cannot resolve --cwd {}", dir.display()))?,
+        ),
+        None => None,
+    };
+    let with_options = |mut job: Job| {
+        job = job
+            .queue(&args.queue)
+            .priority(args.priority)
+            .max_attempts(args.max_attempts)
+            .on_lost(args.on_lost);
+        if let Some(t) = args.timeout {
+            job = job.timeout(t.0);
+        }
+        if let Some(t) = args.idle_timeout {
+            job = job.idle_timeout(t.0);
+        }
+        if let Some(d) = args.delay {
+            job = job.delay(d.0);
+        }
+        if let Some(dir) = &cwd {
+            job = job.cwd(dir);
+        }
+        for e in &args.env {
+            job = job.env(&e.0, &e.1);
+        }
+        job
+    };
+    let store = Store::open(db)?;
+    let mut out = std::io::stdout().lock();
+    match lines {
+        None => {
+            let id = store.enqueue(&with_options(Job::command(&args.command)), now_ms())?;
+            if args.json {
+                print_json(&mut out, &json!({"id": id}))?;
+            } else {
+                writeln!(out, "{id}")?;
+            }
+        }
+        Some(lines) => {
+            let jobs: Vec<Job> = lines
+                .into_iter()
+                .map(|l| with_options(Job::shell(l)))
+                .collect();
+            let ids = store.enqueue_many(&jobs, now_ms())?;
+            if args.json {
+                print_json(&mut out, &json!({"ids": ids}))?;
+            } else {
+                writeln!(out, "{}", ids.len())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The non-empty lines of `file` (`-` for stdin), without their line endings.
+fn read_lines(file: &Path) -> anyhow::Result<Vec<String>> {
+    let mut bytes = Vec::new();
+    if file.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut bytes)
+            .context("cannot read stdin")?;
+    } else {
+        bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let line = e.as_bytes()[..e.utf8_error().valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1;
+        anyhow::anyhow!("line {line} of {} is not valid UTF-8", file.display())
+    })?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
+pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
+    let store = open_read_only(db)?;
+    let filter = ListFilter {
+        status: args.status,
+        queue: args.queue.clone(),
+        failed_stale: args
+            .failed_stale
+            .then(|| max_recovery(&store))
+            .transpose()?,
+        limit: args.limit,
+    };
+    let jobs = store.list(&filter)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if args.json {
+        let all: Vec<Value> = jobs.iter().map(render::job_json).collect();
+        print_json(&mut out, &Value::Array(all))?;
+    } else {
+        let mut rows = vec![
+            [
+                "ID", "STATUS", "QUEUE", "PRI", "ATTEMPT", "RECOVERY", "RESULT", "CREATED",
+                "COMMAND",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for j in &jobs {
+            rows.push(vec![
+                j.id.to_string(),
+                j.status.to_string(),
+                j.queue.clone(),
+                j.priority.to_string(),
+                format!("{}/{}", j.attempt, j.max_attempts),
+                j.recovery_count.to_string(),
+                render::result(j),
+                render::time(j.created_at),
+                render::cut(&render::command_line(&j.argv), 60),
+            ]);
+        }
+        render::table(&mut out, &rows)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
+    let store = open_read_only(db)?;
+    let job = store.job(args.id)?;
+    let events = store.events(args.id)?;
+    let output = store.output(args.id, None)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if args.json {
+        let mut value = render::job_json(&job);
+        value["events"] = events.iter().map(render::event_json).collect();
+        value["output"] = output.as_ref().map_or(Value::Null, render::output_json);
+        print_json(&mut out, &value)?;
+        out.flush()?;
+        return Ok(());
+    }
+    let opt = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let fields: Vec<(&str, String)> = vec![
+        ("status", job.status.to_string()),
+        ("queue", job.queue.clone()),
+        ("command", render::command_line(&job.argv)),
+        ("cwd", job.cwd.clone().unwrap_or_else(|| "-".into())),
+        (
+            "env",
+            if job.env.is_empty() {
+                "-".into()
+            } else {
+                job.env
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            },
+        ),
+        ("priority", job.priority.to_string()),
+        (
+            "attempt",
+            format!("{} of {}", job.attempt, job.max_attempts),
+        ),
+        ("failed_attempts", job.failed_attempts.to_string()),
+        ("recovery_count", job.recovery_count.to_string()),
+        ("on_lost", job.on_lost.as_str().into()),
+        (
+            "timeout",
+            job.timeout_ms
+                .map_or("-".into(), |ms| format!("{}s", ms as f64 / 1000.0)),
+        ),
+        (
+            "idle_timeout",
+            job.idle_timeout_ms
+                .map_or("-".into(), |ms| format!("{}s", ms as f64 / 1000.0)),
+        ),
+        ("result", render::result(&job)),
+        ("exit_code", opt(job.exit_code)),
+        ("signal", opt(job.signal)),
+        (
+            "error_kind",
+            job.error_kind.map_or("-".into(), |k| k.as_str().into()),
+        ),
+        ("last_error", job.last_error.clone().unwrap_or("-".into())),
+        ("run_token", job.run_token.clone().unwrap_or("-".into())),
+        ("worker_id", job.worker_id.clone().unwrap_or("-".into())),
+        ("pid", opt(job.pid)),
+        ("created_at", render::time(job.created_at)),
+        ("scheduled_at", render::time(job.scheduled_at)),
+        ("started_at", render::opt_time(job.started_at)),
+        ("heartbeat_at", render::opt_time(job.heartbeat_at)),
+        ("lease_expires_at", render::opt_time(job.lease_expires_at)),
+        ("completed_at", render::opt_time(job.completed_at)),
+    ];
+    writeln!(out, "job {}", job.id)?;
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in &fields {
+        writeln!(out, "  {k:width$}  {v}")?;
+    }
+    if job.teardown_pending {
+        writeln!(
+            out,
+            "  (a lost attempt's processes are still to be torn down)"
+        )?;
+    }
+    writeln!(out, "events:")?;
+    for e in &events {
+        writeln!(
+            out,
+            "  {}  attempt {}  {}{}",
+            render::time(e.at),
+            e.attempt,
+            e.kind,
+            e.detail
+                .as_deref()
+                .map_or(String::new(), |d| format!(": {d}"))
+        )?;
+    }
+    match &output {
+        None => writeln!(out, "output: none recorded")?,
+        Some(o) => {
+            for (name, bytes, truncated) in [
+                ("stdout", &o.stdout, o.stdout_truncated),
+                ("stderr", &o.stderr, o.stderr_truncated),
+            ] {
+                writeln!(
+                    out,
+                    "{name} (attempt {}{}):",
+                    o.attempt,
+                    if truncated { ", tail" } else { "" }
+                )?;
+                let text = String::from_utf8_lossy(bytes);
+                for line in text.lines() {
+                    writeln!(out, "  {line}")?;
+                }
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub fn logs(db: &Path, args: &LogsArgs) -> anyhow::Result<()> {
+    let store = open_read_only(db)?;
+    store.job(args.id)?;
+    let output = store.output(args.id, args.attempt)?;
+    let bytes = match (output, args.attempt) {
+        (Some(o), _) => {
+            if args.stderr {
+                o.stderr
+            } else {
+                o.stdout
+            }
+        }
+        (None, Some(attempt)) => bail!("job {} has no output for attempt {attempt}", args.id),
+        (None, None) => Vec::new(),
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(&bytes)?;
+    out.flush()?;
+    Ok(())
+}
+
+pub fn retry(db: &Path, args: &RetryArgs) -> anyhow::Result<()> {
+    let target = RetryTarget::from_args(args)?;
+    let store = open_existing(db)?;
+    let reason = args.reason.as_deref();
+    let retried = match target {
+        RetryTarget::One(id) => vec![store.retry(id, reason, now_ms())?.id],
+        RetryTarget::FailedStale { limit } => {
+            store.retry_failed_stale(limit, max_recovery(&store)?, reason, now_ms())?
+        }
+    };
+    // A retried job that was running without a live lease may still have processes: kill
+    // them now rather than at the next sweep of some runner.
+    if let Err(e) = leasehold::tear_down_lost_attempts(&store, TEARDOWN_BATCH, TEARDOWN_KILL_GRACE)
+    {
+        log::warn!(
+            "retried, but the lost attempts' processes are not torn down yet (a runner's sweep will): {e:#}"
+        );
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        print_json(&mut out, &json!({"retried": retried}))?;
+    } else if let RetryTarget::One(id) = target {
+        writeln!(out, "job {id} is pending again")?;
+    } else {
+        let ids: Vec<String> = retried.iter().map(i64::to_string).collect();
+        writeln!(
+            out,
+            "retried {} job{}{}{}",
+            retried.len(),
+            if retried.len() == 1 { "" } else { "s" },
+            if ids.is_empty() { "" } else { ": " },
+            ids.join(" ")
+        )?;
+    }
+    Ok(())
+}
+
+/// What `jobs retry` was asked to retry.
+#[derive(Debug, Clone, Copy)]
+enum RetryTarget {
+    One(i64),
+    /// The failed jobs that exhausted the recovery budget: `limit` of them, or all.
+    FailedStale {
+        limit: Option<u64>,
+    },
+}
+
+impl RetryTarget {
+    fn from_args(args: &RetryArgs) -> Result<RetryTarget, Usage> {
+        match (args.id, args.failed_stale, args.limit, args.all) {
+            (Some(_), _, Some(_), _) | (Some(_), _, _, true) => Err(Usage(
+                "--limit and --all go with --failed-stale, not with a job id".into(),
+            )),
+            (Some(id), false, None, false) => Ok(RetryTarget::One(id)),
+            (Some(_), true, None, false) => {
+                Err(Usage("give a job id or --failed-stale, not both".into()))
+            }
+            (None, false, _, _) => Err(Usage(
+                "jobs retry needs a job id, or --failed-stale with --limit N or --all".into(),
+            )),
+            (None, true, None, false) => {
+                Err(Usage("--failed-stale needs --limit N or --all".into()))
+            }
+            (None, true, limit, _) => Ok(RetryTarget::FailedStale { limit }),
+        }
+    }
+}
+
+pub fn cancel(db: &Path, args: &CancelArgs) -> anyhow::Result<()> {
+    let store = open_existing(db)?;
+    let job = store.cancel(args.id, now_ms())?;
+    // A job cancelled while running: kill its processes now (its runner also will, at its
+    // next renewal; if that runner is gone, nobody else would until a sweep).
+    if let Err(e) = leasehold::tear_down_lost_attempts(&store, TEARDOWN_BATCH, TEARDOWN_KILL_GRACE)
+    {
+        log::warn!("cancelled, but the attempt's processes are not torn down yet: {e:#}");
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        print_json(
+            &mut out,
+            &json!({"id": job.id, "status": job.status.as_str()}),
+        )?;
+    } else {
+        writeln!(out, "job {} is {}", job.id, job.status)?;
+    }
+    Ok(())
+}
+
+/// The recovery budget that defines a "failed stale" job: the most recently started
+/// runner's, or the default when none has run.
+pub fn max_recovery(store: &Store) -> anyhow::Result<u32> {
+    Ok(store
+        .latest_runner()?
+        .and_then(|r| u32::try_from(r.max_recovery_attempts).ok())
+        .unwrap_or(DEFAULT_MAX_RECOVERY_ATTEMPTS))
+}

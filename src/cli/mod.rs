@@ -1,0 +1,390 @@
+//! The command line: its grammar, how a command is dispatched, and how a failure becomes an
+//! exit code and one line on stderr.
+
+mod arg;
+mod db;
+mod jobs;
+mod render;
+mod run;
+mod status;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use leasehold::{
+    DEFAULT_MAX_RECOVERY_ATTEMPTS, DEFAULT_RECLAIM_BATCH, DEFAULT_WORKERS, OnLost, OpenOptions,
+    Status, Store,
+};
+
+use self::arg::{EnvPair, Secs};
+
+/// An embedded, durable job runner on SQLite: run jobs in the foreground, and operate on the
+/// database that an application owns.
+#[derive(Debug, Parser)]
+#[command(
+    name = "leasehold",
+    version,
+    propagate_version = true,
+    arg_required_else_help = false
+)]
+pub struct Cli {
+    /// The database file.
+    #[arg(
+        long,
+        global = true,
+        env = "LEASEHOLD_DB",
+        default_value = "./leasehold.db",
+        value_name = "PATH"
+    )]
+    db: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create, upgrade or show the database's schema.
+    #[command(subcommand, arg_required_else_help = false)]
+    Db(DbCommand),
+    /// Add, list, inspect, retry and cancel jobs.
+    #[command(subcommand, arg_required_else_help = false)]
+    Jobs(JobsCommand),
+    /// Job counts by status, the lease counters (`job_leases`) and the runners on this file.
+    Status(StatusArgs),
+    /// Run jobs in the foreground until SIGINT or SIGTERM (or, with --until-idle, until none
+    /// is left).
+    Run(RunArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum DbCommand {
+    /// Create the schema, or upgrade an older one. Idempotent.
+    Migrate(JsonArg),
+    /// The file's schema version and the newest this build supports.
+    Version(JsonArg),
+}
+
+#[derive(Debug, Args)]
+struct JsonArg {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum JobsCommand {
+    /// Enqueue a command (after `--`), or one `sh -c` job per line of a file.
+    Add(AddArgs),
+    /// List jobs, newest first.
+    Ls(LsArgs),
+    /// A job, its event history and the tails of its output.
+    Inspect(InspectArgs),
+    /// The captured tail of a job's stdout (or stderr), raw.
+    Logs(LogsArgs),
+    /// Requeue a failed or cancelled job, or a running one whose lease is missing or expired.
+    Retry(RetryArgs),
+    /// Cancel a pending or running job (a running job's processes are killed).
+    Cancel(CancelArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    allow_negative_numbers = true,
+    override_usage = "leasehold jobs add [OPTIONS] -- CMD [ARG]...\n       \
+                      leasehold jobs add [OPTIONS] --from-file FILE"
+)]
+struct AddArgs {
+    /// The queue.
+    #[arg(long, value_name = "Q", default_value = leasehold::DEFAULT_QUEUE,
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    queue: String,
+    /// Higher runs first.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        allow_hyphen_values = true
+    )]
+    priority: i64,
+    /// Kill an attempt that runs longer than this.
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<Secs>,
+    /// Kill an attempt that writes no output for this long.
+    #[arg(long, value_name = "SECS")]
+    idle_timeout: Option<Secs>,
+    /// Make the job ready only after this long.
+    #[arg(long, value_name = "SECS")]
+    delay: Option<Secs>,
+    /// How many attempts may fail before the job fails.
+    #[arg(long, value_name = "N", default_value_t = leasehold::DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_attempts: u32,
+    /// What to do when an attempt is lost: requeue (within the recovery budget) or fail.
+    #[arg(long, value_name = "POLICY", default_value = "requeue", value_parser = arg::on_lost)]
+    on_lost: OnLost,
+    /// An environment variable for the command (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    env: Vec<EnvPair>,
+    /// The folder the command runs in.
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+    /// One `sh -c` job per non-empty line of FILE (`-` for stdin), in one transaction.
+    #[arg(long, value_name = "FILE")]
+    from_file: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments.
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct LsArgs {
+    /// Only jobs in this status.
+    #[arg(long, value_name = "S", value_parser = arg::status)]
+    status: Option<Status>,
+    /// Only jobs of this queue.
+    #[arg(long, value_name = "Q", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    queue: Option<String>,
+    /// Only failed jobs that exhausted the recovery budget.
+    #[arg(long, conflicts_with = "status")]
+    failed_stale: bool,
+    /// At most N jobs.
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
+    /// Print a JSON array of job objects.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// The job's id.
+    id: i64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct LogsArgs {
+    /// The job's id.
+    id: i64,
+    /// Stderr instead of stdout.
+    #[arg(long)]
+    stderr: bool,
+    /// This attempt instead of the latest.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    attempt: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+#[command(override_usage = "leasehold jobs retry [OPTIONS] ID\n       \
+                            leasehold jobs retry [OPTIONS] --failed-stale (--limit N | --all)")]
+struct RetryArgs {
+    /// The job's id.
+    #[arg(conflicts_with = "failed_stale")]
+    id: Option<i64>,
+    /// Retry the failed jobs that exhausted the recovery budget (with --limit or --all).
+    #[arg(long)]
+    failed_stale: bool,
+    /// With --failed-stale: at most N jobs, most recently failed first.
+    #[arg(long, value_name = "N", conflicts_with = "all",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    limit: Option<u64>,
+    /// With --failed-stale: all of them.
+    #[arg(long)]
+    all: bool,
+    /// Why, recorded in the job's history and last_error.
+    #[arg(long, value_name = "R")]
+    reason: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct CancelArgs {
+    /// The job's id.
+    id: i64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Jobs run at once.
+    #[arg(long, value_name = "N", env = "LEASEHOLD_WORKERS", default_value_t = DEFAULT_WORKERS,
+          value_parser = arg::at_least_one)]
+    workers: usize,
+    /// Take jobs from this queue only (repeatable; by default, every queue).
+    #[arg(long, value_name = "Q", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    queue: Vec<String>,
+    /// Exit 0 once no job of its queues is pending or running, on any runner.
+    #[arg(long)]
+    until_idle: bool,
+    /// How long a lease lasts unless renewed.
+    #[arg(long, value_name = "SECS", env = "LEASEHOLD_LEASE_TTL",
+          default_value_t = Secs(leasehold::DEFAULT_LEASE_TTL))]
+    lease_ttl: Secs,
+    /// How often leases are renewed (× 3 must not exceed the lease TTL).
+    #[arg(long, value_name = "SECS", env = "LEASEHOLD_HEARTBEAT",
+          default_value_t = Secs(leasehold::DEFAULT_HEARTBEAT_INTERVAL))]
+    heartbeat: Secs,
+    /// How often lost attempts are looked for (must not exceed the lease TTL).
+    #[arg(long, value_name = "SECS", env = "LEASEHOLD_SWEEP",
+          default_value_t = Secs(leasehold::DEFAULT_SWEEP_INTERVAL))]
+    sweep: Secs,
+    /// Between SIGTERM and SIGKILL when a job's processes are killed.
+    #[arg(long, value_name = "SECS", env = "LEASEHOLD_KILL_GRACE",
+          default_value_t = Secs(leasehold::DEFAULT_KILL_GRACE))]
+    kill_grace: Secs,
+    /// On SIGINT or SIGTERM, how long running jobs get to finish before they are killed and
+    /// requeued.
+    #[arg(long, value_name = "SECS", env = "LEASEHOLD_SHUTDOWN_GRACE",
+          default_value_t = Secs(leasehold::DEFAULT_SHUTDOWN_GRACE))]
+    shutdown_grace: Secs,
+    /// How many times a lost attempt is requeued before its job fails.
+    #[arg(long, value_name = "N", env = "LEASEHOLD_MAX_RECOVERY",
+          default_value_t = DEFAULT_MAX_RECOVERY_ATTEMPTS)]
+    max_recovery: u32,
+    /// How many lost attempts one sweep reclaims at most (0 disables reclaiming).
+    #[arg(long, value_name = "N", env = "LEASEHOLD_RECLAIM_BATCH",
+          default_value_t = DEFAULT_RECLAIM_BATCH)]
+    reclaim_batch: u32,
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let db = cli.db.as_path();
+    match cli.command {
+        Command::Db(DbCommand::Migrate(a)) => db::migrate(db, a.json),
+        Command::Db(DbCommand::Version(a)) => db::version(db, a.json),
+        Command::Jobs(JobsCommand::Add(a)) => jobs::add(db, a),
+        Command::Jobs(JobsCommand::Ls(a)) => jobs::ls(db, &a),
+        Command::Jobs(JobsCommand::Inspect(a)) => jobs::inspect(db, &a),
+        Command::Jobs(JobsCommand::Logs(a)) => jobs::logs(db, &a),
+        Command::Jobs(JobsCommand::Retry(a)) => jobs::retry(db, &a),
+        Command::Jobs(JobsCommand::Cancel(a)) => jobs::cancel(db, &a),
+        Command::Status(a) => status::status(db, a.json),
+        Command::Run(a) => run::run(db, &a),
+    }
+}
+
+/// Logs go to stderr: `info` by default for `run`, `warn` for the operator's commands;
+/// `RUST_LOG` overrides both.
+pub fn init_logging(cli: &Cli) {
+    let default = match cli.command {
+        Command::Run(_) => "info",
+        _ => "warn",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();
+}
+
+/// Opens the database for a command that must not create or change it.
+fn open_read_only(db: &Path) -> leasehold::Result<Store> {
+    Store::open_with(db, &OpenOptions::read_only())
+}
+
+/// Opens the database for a command that writes to jobs but must not create the file.
+fn open_existing(db: &Path) -> leasehold::Result<Store> {
+    Store::open_with(db, &OpenOptions::new().create(false))
+}
+
+/// A mistake in the arguments that clap cannot see: exit 2.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// How a command failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Something wrong with the arguments themselves: exit 2.
+    Usage,
+    /// The operation was refused or failed: exit 1.
+    Operation,
+    /// Stdout was closed by its reader.
+    BrokenPipe,
+}
+
+impl Failure {
+    /// Sorts an error by the first cause in its chain that says what it is.
+    pub fn classify(e: &anyhow::Error) -> Failure {
+        for cause in e.chain() {
+            if cause.is::<Usage>() {
+                return Failure::Usage;
+            }
+            if let Some(leasehold::Error::Invalid { .. }) = cause.downcast_ref::<leasehold::Error>()
+            {
+                return Failure::Usage;
+            }
+            if let Some(io) = cause.downcast_ref::<std::io::Error>()
+                && io.kind() == std::io::ErrorKind::BrokenPipe
+            {
+                return Failure::BrokenPipe;
+            }
+        }
+        Failure::Operation
+    }
+
+    /// The process's exit code.
+    pub fn exit_code(self) -> ExitCode {
+        match self {
+            Failure::Usage => ExitCode::from(2),
+            Failure::Operation => ExitCode::from(1),
+            Failure::BrokenPipe => ExitCode::SUCCESS,
+        }
+    }
+}
+
+/// Prints a clap error: help and version as clap would (exit 0), anything else as one line on
+/// stderr (exit 2).
+pub fn report_clap(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            // Nothing more to do when stdout is closed.
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        _ => {
+            let text = e.render().to_string();
+            let lines: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            let reason = lines.join(" ");
+            let reason = reason.strip_prefix("error: ").unwrap_or(&reason);
+            eprintln!("leasehold: {} (see --help)", one_line(reason));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Makes a message one line: a reason on stderr never spans two.
+pub fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

@@ -1,0 +1,123 @@
+//! `leasehold run`: a runner in the foreground, shut down gracefully by SIGINT or SIGTERM.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use leasehold::Runner;
+use nix::sys::signal::{SigSet, Signal};
+
+use super::{RunArgs, Usage};
+
+/// How often `--until-idle` looks whether any job is left.
+const IDLE_CHECK: Duration = Duration::from_millis(150);
+
+pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
+    // Block the signals before any other thread exists, so that every thread inherits the
+    // mask and only the signal thread receives them (with sigwait). Jobs start with an empty
+    // mask: std clears it when it spawns a child.
+    let signals = watch_signals().context("cannot set up signal handling")?;
+
+    let mut builder = Runner::builder(db)
+        .workers(args.workers)
+        .lease_ttl(args.lease_ttl.0)
+        .heartbeat_interval(args.heartbeat.0)
+        .sweep_interval(args.sweep.0)
+        .kill_grace(args.kill_grace.0)
+        .shutdown_grace(args.shutdown_grace.0)
+        .max_recovery_attempts(args.max_recovery)
+        .reclaim_batch(args.reclaim_batch);
+    for q in &args.queue {
+        builder = builder.queue(q);
+    }
+    let runner = builder.start().map_err(|e| match e {
+        leasehold::Error::Invalid { setting, reason } => {
+            anyhow::Error::new(Usage(format!("invalid {}: {reason}", flag(setting))))
+        }
+        e => anyhow::Error::new(e).context(format!("cannot start a runner on {}", db.display())),
+    })?;
+
+    let mut signals = Some(signals);
+    loop {
+        let received = match &signals {
+            Some(rx) => rx.recv_timeout(IDLE_CHECK),
+            None => {
+                std::thread::sleep(IDLE_CHECK);
+                Err(RecvTimeoutError::Timeout)
+            }
+        };
+        match received {
+            Ok(sig) => {
+                log::info!(
+                    "{sig} received: shutting down, running jobs have {}s to finish",
+                    args.shutdown_grace
+                );
+                break;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                log::error!("the signal thread has stopped: SIGINT and SIGTERM are not handled");
+                signals = None;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if args.until_idle {
+            match runner.has_unfinished() {
+                Ok(false) => {
+                    log::info!("no job left to run: shutting down");
+                    break;
+                }
+                Ok(true) => {}
+                Err(e) => log::warn!("cannot tell whether jobs are left: {e:#}"),
+            }
+        }
+    }
+    runner
+        .shutdown_within(args.shutdown_grace.0)
+        .context("the runner did not shut down cleanly")?;
+    Ok(())
+}
+
+/// Blocks SIGINT and SIGTERM in this thread (and so in every thread started after), and
+/// starts a thread that waits for them and sends each on the returned channel.
+fn watch_signals() -> anyhow::Result<Receiver<Signal>> {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.thread_block()?;
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::Builder::new()
+        .name("leasehold-signals".into())
+        .spawn(move || {
+            loop {
+                match set.wait() {
+                    Ok(sig) => {
+                        if tx.send(sig).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        log::error!("waiting for signals failed: {e}");
+                        return;
+                    }
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
+/// The flag that sets a runner setting the library names.
+fn flag(setting: &str) -> String {
+    let name = match setting {
+        "workers" => "workers",
+        "lease_ttl" => "lease-ttl",
+        "heartbeat_interval" => "heartbeat",
+        "sweep_interval" => "sweep",
+        "kill_grace" => "kill-grace",
+        "shutdown_grace" => "shutdown-grace",
+        "max_recovery_attempts" => "max-recovery",
+        "reclaim_batch" => "reclaim-batch",
+        other => return other.to_string(),
+    };
+    format!("--{name}")
+}

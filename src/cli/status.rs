@@ -1,0 +1,119 @@
+//! `leasehold status`: counts by status, the runbook's `job_leases` counters, the runners.
+
+use std::io::Write;
+use std::path::Path;
+
+use leasehold::{
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_TTL, DEFAULT_MAX_RECOVERY_ATTEMPTS, now_ms,
+    runner_alive,
+};
+use serde_json::{Value, json};
+
+use super::open_read_only;
+use super::render::{self, print_json};
+
+pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
+    let store = open_read_only(db)?;
+    let version = store.schema_version()?;
+    let counts = store.counts()?;
+    // The settings are those of the most recently started runner, or the defaults.
+    let (lease_ttl, heartbeat, max_recovery) = match store.latest_runner()? {
+        Some(r) => (
+            r.lease_ttl_ms as f64 / 1000.0,
+            r.heartbeat_interval_ms as f64 / 1000.0,
+            u32::try_from(r.max_recovery_attempts).unwrap_or(DEFAULT_MAX_RECOVERY_ATTEMPTS),
+        ),
+        None => (
+            DEFAULT_LEASE_TTL.as_secs_f64(),
+            DEFAULT_HEARTBEAT_INTERVAL.as_secs_f64(),
+            DEFAULT_MAX_RECOVERY_ATTEMPTS,
+        ),
+    };
+    let leases = store.lease_counts(max_recovery, now_ms())?;
+    let runners: Vec<(leasehold::RunnerRecord, bool)> = store
+        .runners()?
+        .into_iter()
+        .map(|r| {
+            let alive = runner_alive(&r);
+            (r, alive)
+        })
+        .collect();
+    let mut out = std::io::stdout().lock();
+    if json {
+        let runners: Vec<Value> = runners
+            .iter()
+            .map(|(r, alive)| {
+                json!({
+                    "worker_id": r.worker_id,
+                    "pid": r.pid,
+                    "host": r.host,
+                    "alive": alive,
+                    "started_at": r.started_at,
+                    "heartbeat_at": r.heartbeat_at,
+                })
+            })
+            .collect();
+        let value = json!({
+            "schema_version": version,
+            "jobs": {
+                "pending": counts.pending,
+                "running": counts.running,
+                "succeeded": counts.succeeded,
+                "failed": counts.failed,
+                "cancelled": counts.cancelled,
+            },
+            "job_leases": {
+                "running": leases.running,
+                "stale_running": leases.stale_running,
+                "running_without_lease": leases.running_without_lease,
+                "recovery_exhausted_failed": leases.recovery_exhausted_failed,
+                "lease_ttl_seconds": lease_ttl,
+                "heartbeat_interval_seconds": heartbeat,
+                "max_recovery_attempts": max_recovery,
+            },
+            "runners": runners,
+        });
+        print_json(&mut out, &value)?;
+        return Ok(());
+    }
+    writeln!(out, "database: {} (schema version {version})", db.display())?;
+    writeln!(
+        out,
+        "jobs: pending={} running={} succeeded={} failed={} cancelled={}",
+        counts.pending, counts.running, counts.succeeded, counts.failed, counts.cancelled
+    )?;
+    writeln!(out, "job_leases:")?;
+    for (name, value) in [
+        ("running", leases.running.to_string()),
+        ("stale_running", leases.stale_running.to_string()),
+        (
+            "running_without_lease",
+            leases.running_without_lease.to_string(),
+        ),
+        (
+            "recovery_exhausted_failed",
+            leases.recovery_exhausted_failed.to_string(),
+        ),
+        ("lease_ttl_seconds", lease_ttl.to_string()),
+        ("heartbeat_interval_seconds", heartbeat.to_string()),
+        ("max_recovery_attempts", max_recovery.to_string()),
+    ] {
+        writeln!(out, "  {name}={value}")?;
+    }
+    if runners.is_empty() {
+        writeln!(out, "runners: none")?;
+    } else {
+        writeln!(out, "runners:")?;
+        for (r, alive) in &runners {
+            writeln!(
+                out,
+                "  {} pid={} host={} alive={alive} heartbeat_at={}",
+                r.worker_id,
+                r.pid,
+                r.host,
+                render::time(r.heartbeat_at)
+            )?;
+        }
+    }
+    Ok(())
+}

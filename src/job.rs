@@ -26,8 +26,9 @@ pub(crate) fn to_ms(t: SystemTime) -> i64 {
     }
 }
 
+/// Whole milliseconds, rounded up: a timeout of 400 µs must not be stored as none at all.
 pub(crate) fn duration_ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(i64::MAX)
 }
 
 /// Where a job is in its life. The spelling in the database is [`Status::as_str`].

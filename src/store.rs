@@ -262,6 +262,33 @@ impl Store {
         })
     }
 
+    /// The schema version of the database at `path`, read without creating, migrating or
+    /// refusing it for its version: what `leasehold db version` reports.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Missing`], [`Error::NotADatabase`] (the file is left untouched), or
+    /// [`Error::Sqlite`].
+    pub fn probe_version(path: impl AsRef<Path>) -> Result<i64> {
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(Error::Missing(path.to_path_buf()));
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)?;
+        conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| match e.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                },
+                _ => Error::Sqlite(e),
+            })
+    }
+
     /// The file this store opened.
     pub fn path(&self) -> &Path {
         &self.path
@@ -529,7 +556,7 @@ impl Store {
         let mut stmt = self.conn.prepare_cached(
             "SELECT attempt, stdout, stderr, stdout_truncated, stderr_truncated
              FROM job_output WHERE job_id = ?1 AND (?2 IS NULL OR attempt = ?2)
-             ORDER BY attempt DESC LIMIT 1",
+             ORDER BY id DESC LIMIT 1",
         )?;
         Ok(stmt
             .query_row(params![id, attempt], |r| {
@@ -1285,7 +1312,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
     };
     if let Some(out) = &f.output {
         conn.prepare_cached(
-            "INSERT OR REPLACE INTO job_output
+            "INSERT INTO job_output
                  (job_id, attempt, stdout, stderr, stdout_truncated, stderr_truncated)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?

@@ -481,8 +481,11 @@ fn a_newer_database_is_refused_naming_both_versions() {
     let db = t.path.as_path();
     ok(&mut cli(db, &["db", "migrate"]));
     bare(db).pragma_update(None, "user_version", 99).unwrap();
+    // `db version` is how an operator finds out: it reports, and refuses nothing.
+    let v = json(&mut cli(db, &["db", "version", "--json"]));
+    assert_eq!(v["schema_version"], 99);
+    assert_eq!(v["supported"], leasehold::SCHEMA_VERSION);
     for args in [
-        vec!["db", "version"],
         vec!["db", "migrate"],
         vec!["jobs", "add", "--", "true"],
         vec!["jobs", "ls"],
@@ -508,8 +511,9 @@ fn read_only_commands_on_an_older_database_say_to_migrate_and_change_nothing() {
     let db = t.path.as_path();
     // A zero-byte file is a SQLite database of version 0.
     std::fs::write(db, b"").unwrap();
+    let v = json(&mut cli(db, &["db", "version", "--json"]));
+    assert_eq!(v["schema_version"], 0);
     for args in [
-        vec!["db", "version"],
         vec!["jobs", "ls"],
         vec!["jobs", "inspect", "1"],
         vec!["jobs", "logs", "1"],

@@ -3,11 +3,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::Context;
 use leasehold::{SCHEMA_VERSION, Store};
 use serde_json::json;
 
-use super::open_read_only;
 use super::render::print_json;
 
 /// Creates the schema or upgrades an older one, and says what it did.
@@ -32,10 +30,9 @@ pub fn migrate(db: &Path, json: bool) -> anyhow::Result<()> {
 
 /// The file's schema version and the newest this build supports.
 pub fn version(db: &Path, json: bool) -> anyhow::Result<()> {
-    let store = open_read_only(db)?;
-    let found = store
-        .schema_version()
-        .context("cannot read the schema version")?;
+    // Report the file's version whatever it is: an older or newer file is what an operator
+    // runs this command to find out about.
+    let found = leasehold::Store::probe_version(db)?;
     let mut out = std::io::stdout().lock();
     if json {
         print_json(
@@ -43,9 +40,16 @@ pub fn version(db: &Path, json: bool) -> anyhow::Result<()> {
             &json!({"schema_version": found, "supported": SCHEMA_VERSION}),
         )?;
     } else {
+        let advice = if found < SCHEMA_VERSION {
+            ": run `leasehold db migrate`"
+        } else if found > SCHEMA_VERSION {
+            ": written by a newer leasehold, which this build cannot use"
+        } else {
+            ""
+        };
         writeln!(
             out,
-            "schema version {found} (this build supports version {SCHEMA_VERSION})"
+            "schema version {found} (this build supports version {SCHEMA_VERSION}){advice}"
         )?;
     }
     Ok(())

@@ -77,16 +77,18 @@ CREATE TABLE job_events (
 );
 CREATE INDEX job_events_job ON job_events (job_id, id);
 
--- The bounded tail of each attempt's stdout and stderr.
+-- The bounded tail of each attempt's stdout and stderr. An operator's retry starts counting
+-- attempts again, so one attempt number may have several rows: the newest is the latest run.
 CREATE TABLE job_output (
+    id                INTEGER PRIMARY KEY,
     job_id            INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
     attempt           INTEGER NOT NULL,
     stdout            BLOB    NOT NULL,
     stderr            BLOB    NOT NULL,
     stdout_truncated  INTEGER NOT NULL DEFAULT 0,
-    stderr_truncated  INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (job_id, attempt)
-) WITHOUT ROWID;
+    stderr_truncated  INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX job_output_job ON job_output (job_id, attempt);
 
 -- One row per runner process that ever opened this file.
 CREATE TABLE runners (

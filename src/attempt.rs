@@ -8,19 +8,25 @@
 //! that sleeps costs its supervisor no CPU.
 //!
 //! The child must start clean whatever state the runner's thread is in: an
-//! empty signal mask, no ignored signals and only fds 0, 1 and 2. Neither std
-//! nor glibc guarantee that (std inherits the spawning thread's mask; glibc's
-//! `posix_spawn` leaves its internal signals 32 and 33 ignored; fds a runner
-//! inherited without close-on-exec would leak), so a small async-signal-safe
-//! `pre_exec` hook resets it with raw syscalls (see `reset_child_state`).
+//! empty signal mask, no ignored signals and only fds 0, 1 and 2. It is
+//! started with glibc's `posix_spawn` (a vfork-like clone: no page tables are
+//! copied and the runner's other threads take no copy-on-write faults, as
+//! they do after a `fork`), whose attributes and file actions set exactly
+//! that up (see [`SpawnAttr`] and [`FileActions`]). std's `Command` cannot do
+//! it without a `pre_exec` hook, which forces `fork`: it passes the spawning
+//! thread's mask on, and glibc's `posix_spawn` leaves its internal signals 32
+//! and 33 ignored unless they are in the SETSIGDEF set.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::mem::{self, MaybeUninit};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -30,6 +36,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
+use nix::unistd::AccessFlags;
 
 use crate::process::{self, ProcInfo, RUN_TOKEN_VAR};
 
@@ -52,85 +59,448 @@ const NO_PIDFD_INTERVAL: Duration = Duration::from_millis(50);
 /// the deadlines a turn; poll is level-triggered so the rest is read next.
 const READ_BUDGET: usize = 1 << 20;
 
-/// The size of the kernel's signal set (`_NSIG / 8`) on the 64-signal
-/// architectures leasehold supports (x86_64, aarch64 and the other generic
-/// ones).
-const KERNEL_SIGSET_BYTES: usize = 8;
+/// The highest signal number (`_NSIG - 1`) on the 64-signal architectures
+/// leasehold supports (x86_64, aarch64 and the other generic ones).
+const MAX_SIGNAL: usize = 64;
 
-/// The highest signal number on those architectures (`_NSIG`).
-const MAX_SIGNAL: libc::c_int = 64;
+// Every signal up to MAX_SIGNAL has its bit inside a sigset_t (glibc's has
+// 1024 bits); `all_signals` relies on it.
+const _: () = assert!(8 * mem::size_of::<libc::sigset_t>() >= MAX_SIGNAL);
 
-/// Runs in the forked child between `fork` and `exec` (a `pre_exec` hook) and
-/// makes the attempt start clean:
-///
-/// - every fd above 2 is marked close-on-exec, so fds the runner inherited or
-///   opened without `O_CLOEXEC` do not leak into the job (std's own error
-///   pipe is already close-on-exec, so spawn errors are still reported);
-/// - every signal gets its default disposition, so signals the runner
-///   ignores (or glibc's internal 32 and 33, which glibc's `posix_spawn` sets
-///   to ignored and which then survive every later exec) are not ignored;
-/// - the signal mask is emptied, since std lets the child inherit the
-///   spawning thread's mask (a runner that blocks SIGTERM to handle it
-///   synchronously would otherwise start jobs that cannot be terminated).
-///
-/// Between `fork` and `exec` in a multithreaded process only
-/// async-signal-safe code may run, so this makes raw syscalls only: it takes
-/// no lock and allocates nothing (an `io::Error` from an errno does not
-/// allocate). glibc's own `sigaction` refuses signals 32 and 33, hence the raw
-/// `rt_sigaction`.
-fn reset_child_state() -> io::Result<()> {
-    // SAFETY: close_range(first, last, flags) takes integers only. Best
-    // effort: kernels before 5.11 lack CLOSE_RANGE_CLOEXEC, and then only the
-    // close-on-exec discipline of the runner protects the child.
-    let _ = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    // An all-zero kernel `struct sigaction` is SIG_DFL with no flags and an
-    // empty mask whatever the architecture's field order; it is sized well
-    // beyond the largest such struct.
-    let default_action = [0u64; 8];
-    for sig in 1..=MAX_SIGNAL {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            // Their disposition cannot be changed (and is always default).
-            continue;
+/// The search path `execvp` uses when PATH is not set (glibc's `_CS_PATH`).
+const DEFAULT_SEARCH_PATH: &str = "/bin:/usr/bin";
+
+/// The shell `execvp` hands a file the kernel cannot execute (`ENOEXEC`: no
+/// `#!` line) to, as `/bin/sh FILE ARGS...`; done here too, as std did.
+const SCRIPT_SHELL: &CStr = c"/bin/sh";
+
+/// The flags of [`SpawnAttr`]. The values are 2, 4 and 8, so the narrowing
+/// to the `short` that `posix_spawnattr_setflags` takes is lossless.
+const SPAWN_FLAGS: libc::c_short = (libc::POSIX_SPAWN_SETPGROUP
+    | libc::POSIX_SPAWN_SETSIGMASK
+    | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short;
+
+/// Turns the return value of a `posix_spawn*` function (0 or an error
+/// number; they do not set `errno`) into a result.
+fn spawn_check(ret: libc::c_int) -> io::Result<()> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(ret))
+    }
+}
+
+/// The empty signal set.
+fn empty_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is an array of integers, for which all zeros is a
+    // valid value; it is the empty set (exactly what sigemptyset stores).
+    unsafe { mem::zeroed() }
+}
+
+/// The set of every signal 1 to [`MAX_SIGNAL`], glibc's internal 32 and 33
+/// included: `sigfillset` leaves those two out and `sigaddset` refuses them,
+/// so the bits are set directly.
+fn all_signals() -> libc::sigset_t {
+    let mut set = empty_signals();
+    let word_bits = 8 * mem::size_of::<libc::c_ulong>();
+    let words = (&raw mut set).cast::<libc::c_ulong>();
+    for bit in 0..MAX_SIGNAL {
+        // SAFETY: glibc's sigset_t is `unsigned long __val[1024 / ULONG_WIDTH]`
+        // and holds signal `sig` as bit `(sig - 1) % ULONG_WIDTH` of word
+        // `(sig - 1) / ULONG_WIDTH` (its `__sigmask` and `__sigword`). The
+        // libc crate mirrors that layout but keeps the array private, so its
+        // words are written through a pointer to the set, which is aligned
+        // for them; the assertion on the set's size keeps every word written
+        // (64 bits' worth) inside the set.
+        unsafe { *words.add(bit / word_bits) |= 1 << (bit % word_bits) };
+    }
+    set
+}
+
+/// A `posix_spawnattr_t` that makes the child start clean; destroyed on drop.
+/// Boxed because POSIX does not say an initialised one may be moved.
+struct SpawnAttr(Box<MaybeUninit<libc::posix_spawnattr_t>>);
+
+impl SpawnAttr {
+    /// Sets:
+    ///
+    /// - SETPGROUP with group 0: a new process group per attempt (pgid ==
+    ///   pid), so the attempt and all its descendants can be signalled
+    ///   together;
+    /// - SETSIGMASK with the empty set: the spawning thread's mask is not
+    ///   inherited (a runner that blocks SIGTERM to handle it synchronously
+    ///   would otherwise start jobs that cannot be terminated);
+    /// - SETSIGDEF with every signal: glibc's child resets each signal that
+    ///   is a member (tested bit by bit, so 32 and 33 count too) to SIG_DFL,
+    ///   so neither signals the runner ignores nor glibc's internal ones are
+    ///   ignored in the job.
+    fn new() -> io::Result<Self> {
+        let mut attr = Box::new(MaybeUninit::uninit());
+        // SAFETY: init initialises the object the pointer points to, which
+        // is on the heap and never moves.
+        spawn_check(unsafe { libc::posix_spawnattr_init(attr.as_mut_ptr()) })?;
+        // From here on, dropping `this` destroys the object.
+        let mut this = Self(attr);
+        let (empty, all) = (empty_signals(), all_signals());
+        let attr = this.0.as_mut_ptr();
+        // SAFETY: `attr` points to the initialised object; the setters only
+        // write into it, and copy the signal sets, keeping no pointer to them.
+        unsafe {
+            spawn_check(libc::posix_spawnattr_setflags(attr, SPAWN_FLAGS))?;
+            spawn_check(libc::posix_spawnattr_setpgroup(attr, 0))?;
+            spawn_check(libc::posix_spawnattr_setsigmask(attr, &raw const empty))?;
+            spawn_check(libc::posix_spawnattr_setsigdefault(attr, &raw const all))?;
         }
-        // SAFETY: rt_sigaction reads one kernel sigaction (smaller than
-        // `default_action`) from the pointer and, the old-action pointer being
-        // null, writes nothing.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                default_action.as_ptr(),
-                std::ptr::null_mut::<u64>(),
-                KERNEL_SIGSET_BYTES,
-            )
+        Ok(this)
+    }
+}
+
+impl Drop for SpawnAttr {
+    fn drop(&mut self) {
+        // SAFETY: a SpawnAttr exists only once its object was initialised,
+        // and it is destroyed only here, once.
+        unsafe { libc::posix_spawnattr_destroy(self.0.as_mut_ptr()) };
+    }
+}
+
+/// A `posix_spawn_file_actions_t` giving the child exactly fds 0, 1 and 2
+/// (and its working directory); destroyed on drop. Boxed like [`SpawnAttr`].
+struct FileActions(Box<MaybeUninit<libc::posix_spawn_file_actions_t>>);
+
+impl FileActions {
+    /// In order: `/dev/null` read-only as fd 0, `stdout` dup'ed to 1 and
+    /// `stderr` to 2, every fd from 3 up closed (so none survives, even one
+    /// the runner inherited or opened without close-on-exec), then the
+    /// change to `cwd` if given. `stdout` and `stderr` must be above 2, or
+    /// the earlier actions would replace them first.
+    fn new(stdout: BorrowedFd<'_>, stderr: BorrowedFd<'_>, cwd: Option<&CStr>) -> io::Result<Self> {
+        let mut actions = Box::new(MaybeUninit::uninit());
+        // SAFETY: init initialises the object the pointer points to, which
+        // is on the heap and never moves.
+        spawn_check(unsafe { libc::posix_spawn_file_actions_init(actions.as_mut_ptr()) })?;
+        // From here on, dropping `this` destroys the object.
+        let mut this = Self(actions);
+        let fa = this.0.as_mut_ptr();
+        // SAFETY: `fa` points to the initialised object. The add functions
+        // take integers and NUL-terminated strings, which glibc copies (the
+        // borrowed ones outlive the calls anyway); the descriptors are only
+        // used by the child.
+        unsafe {
+            spawn_check(libc::posix_spawn_file_actions_addopen(
+                fa,
+                0,
+                c"/dev/null".as_ptr(),
+                libc::O_RDONLY,
+                0,
+            ))?;
+            spawn_check(libc::posix_spawn_file_actions_adddup2(
+                fa,
+                stdout.as_raw_fd(),
+                1,
+            ))?;
+            spawn_check(libc::posix_spawn_file_actions_adddup2(
+                fa,
+                stderr.as_raw_fd(),
+                2,
+            ))?;
+            spawn_check(libc::posix_spawn_file_actions_addclosefrom_np(fa, 3))?;
+            if let Some(dir) = cwd {
+                spawn_check(libc::posix_spawn_file_actions_addchdir_np(fa, dir.as_ptr()))?;
+            }
+        }
+        Ok(this)
+    }
+}
+
+impl Drop for FileActions {
+    fn drop(&mut self) {
+        // SAFETY: a FileActions exists only once its object was initialised,
+        // and it is destroyed only here, once.
+        unsafe { libc::posix_spawn_file_actions_destroy(self.0.as_mut_ptr()) };
+    }
+}
+
+/// The NULL-terminated pointer array `posix_spawn` takes for argv and envp;
+/// valid while `strings` is.
+fn c_pointers(strings: &[CString]) -> Vec<*mut libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr().cast_mut())
+        .chain(std::iter::once(std::ptr::null_mut()))
+        .collect()
+}
+
+/// Starts `path` (exec'ed as is: no PATH search) with `argv` and `envp`, set
+/// up by `actions` and `attr`. Returns the pid; an exec or file-action
+/// failure in the child is returned as its error (glibc reports it and reaps
+/// the failed child before returning).
+fn posix_spawn(
+    path: &CStr,
+    argv: &[CString],
+    envp: &[CString],
+    actions: &mut FileActions,
+    attr: &mut SpawnAttr,
+) -> io::Result<i32> {
+    let argv = c_pointers(argv);
+    let envp = c_pointers(envp);
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: every pointer is valid for the whole call: `pid` is ours to
+    // write, `path` and the strings behind the NULL-terminated `argv` and
+    // `envp` arrays are borrowed C strings (glibc reads them, never writes:
+    // the `*mut` is C's historic prototype), and `actions` and `attr` are
+    // initialised objects.
+    spawn_check(unsafe {
+        libc::posix_spawn(
+            &raw mut pid,
+            path.as_ptr(),
+            actions.0.as_ptr(),
+            attr.0.as_ptr(),
+            argv.as_ptr(),
+            envp.as_ptr(),
+        )
+    })?;
+    Ok(pid)
+}
+
+/// A C string of `bytes`, or the error std gives for an embedded NUL.
+fn c_string(bytes: impl Into<Vec<u8>>) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "nul byte found in provided data",
+        )
+    })
+}
+
+/// The attempt's environment: the runner's, with the job's variables added
+/// or overriding, plus the job id and run token. Sorted by name, like std's.
+fn child_env(spec: &AttemptSpec) -> BTreeMap<OsString, OsString> {
+    let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    env.extend(
+        spec.env
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
+    env.insert(JOB_ID_VAR.into(), spec.job_id.to_string().into());
+    env.insert(RUN_TOKEN_VAR.into(), spec.run_token.clone().into());
+    env
+}
+
+/// Finds the file to exec for `program` as `execvp` would in the child: a
+/// name containing a slash is used as is; any other is looked up in each
+/// directory of `search_path` (the child's PATH; glibc's default when unset),
+/// an empty entry meaning the working directory, and the first executable
+/// regular file wins. A relative result is relative to the child's working
+/// directory: it is checked there (`cwd`, the runner's if `None`), and exec
+/// resolves it there too since the child changes directory first.
+///
+/// Not found: ENOENT, or EACCES if a match was not executable (or a directory
+/// was not searchable), as `execvp` reports.
+fn resolve_program(
+    program: &OsStr,
+    search_path: Option<&OsStr>,
+    cwd: Option<&Path>,
+) -> io::Result<PathBuf> {
+    if program.as_bytes().contains(&b'/') {
+        return Ok(PathBuf::from(program));
+    }
+    if program.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    let mut denied = false;
+    let search_path = search_path.unwrap_or(OsStr::new(DEFAULT_SEARCH_PATH));
+    for dir in std::env::split_paths(search_path) {
+        let candidate = dir.join(program);
+        let checked = match cwd {
+            Some(cwd) if candidate.is_relative() => cwd.join(&candidate),
+            _ => candidate.clone(),
         };
-        if ret != 0 {
-            return Err(io::Error::last_os_error());
+        let executable = || nix::unistd::eaccess(&checked, AccessFlags::X_OK).is_ok();
+        match std::fs::metadata(&checked) {
+            Ok(meta) if meta.is_file() && executable() => return Ok(candidate),
+            // A directory or a file we may not execute: exec would fail with
+            // EACCES, and execvp goes on to the next directory.
+            Ok(_) => denied = true,
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => denied = true,
+            Err(_) => {}
         }
     }
-    let empty_mask: u64 = 0;
-    // SAFETY: rt_sigprocmask reads KERNEL_SIGSET_BYTES (8) bytes from the
-    // pointer to `empty_mask`, a u64, and writes nothing (null old set).
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &raw const empty_mask,
-            std::ptr::null_mut::<u64>(),
-            KERNEL_SIGSET_BYTES,
-        )
-    };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
+    let errno = if denied { libc::EACCES } else { libc::ENOENT };
+    Err(io::Error::from_raw_os_error(errno))
+}
+
+/// Checks that `dir` can be the child's working directory, so that a bad one
+/// is reported as such (the child's chdir fails with the same errors as a
+/// bad program).
+fn check_cwd(dir: &Path) -> io::Result<()> {
+    if !std::fs::metadata(dir)?.is_dir() {
+        return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
     }
+    nix::unistd::eaccess(dir, AccessFlags::X_OK)?;
     Ok(())
+}
+
+/// A pipe for one output stream: the parent's read end and the child's
+/// write end, both close-on-exec (the child gets the write end through a
+/// dup2, which clears it). The write end is moved above fd 2 if it is one of
+/// the standard fds, which only happens when the runner runs with one of
+/// them closed: the child's file actions replace 0, 1 and 2.
+fn output_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    if write.as_raw_fd() > 2 {
+        return Ok((read, write));
+    }
+    let moved = fcntl(&write, FcntlArg::F_DUPFD_CLOEXEC(3))?;
+    // SAFETY: fcntl just returned this new descriptor, so it is open and
+    // nothing else owns it.
+    Ok((read, unsafe { OwnedFd::from_raw_fd(moved) }))
+}
+
+/// The attempt's main process until it is reaped. Exactly one `waitpid`
+/// collects it; dropping it unreaped (a process stuck even after SIGKILL, or
+/// unwinding) SIGKILLs it and leaves the wait to a background thread, so it
+/// never stays a zombie. Until reaped its pid cannot be recycled, so
+/// signalling the pid always hits it.
+#[derive(Debug)]
+struct ChildProc {
+    /// The pid.
+    pid: i32,
+    /// Whether it was reaped (or someone else reaped it).
+    reaped: bool,
+}
+
+/// `waitpid(pid, options)`, retried on EINTR: `Ok(None)` while (with
+/// WNOHANG) the process has not exited, else its raw status. The raw libc
+/// call rather than nix's: nix decodes the status into its `Signal` enum,
+/// which lacks the real-time signals, and fails with EINVAL after reaping a
+/// process they killed, losing its status.
+fn waitpid(pid: i32, options: libc::c_int) -> io::Result<Option<ExitStatus>> {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid writes one int through the pointer, which points to
+        // `status`.
+        let ret = unsafe { libc::waitpid(pid, &raw mut status, options) };
+        if ret == pid {
+            return Ok(Some(ExitStatus::from_raw(status)));
+        }
+        if ret == 0 {
+            return Ok(None);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+impl ChildProc {
+    /// The exit status, if the process has exited (reaping it).
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        let result = waitpid(self.pid, libc::WNOHANG);
+        match &result {
+            Ok(Some(_)) => self.reaped = true,
+            // Someone else reaped it (e.g. SIGCHLD set to SIG_IGN elsewhere
+            // in the process): there is nothing left to reap.
+            Err(e) if e.raw_os_error() == Some(libc::ECHILD) => self.reaped = true,
+            _ => {}
+        }
+        result
+    }
+
+    /// Sends SIGKILL to the process (not its group).
+    fn kill(&self) {
+        if let Err(e) = process::signal_pid(self.pid, Signal::SIGKILL) {
+            log::error!("SIGKILL to attempt pid {}: {e}", self.pid);
+        }
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        self.kill();
+        let pid = self.pid;
+        let spawned = std::thread::Builder::new()
+            .name(format!("reap-{pid}"))
+            .spawn(move || {
+                if let Err(e) = waitpid(pid, 0) {
+                    log::error!("reaping attempt pid {pid}: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("cannot start a reaper thread for pid {pid}: {e}");
+        }
+    }
+}
+
+/// A started main process and the parent's ends of its output pipes.
+struct Spawned {
+    /// The main process.
+    child: ChildProc,
+    /// The read end of its stdout.
+    stdout: OwnedFd,
+    /// The read end of its stderr.
+    stderr: OwnedFd,
+}
+
+/// Starts the attempt's main process (`program` is `spec.argv[0]`). The
+/// error is the text of [`Ending::SpawnFailed`].
+fn spawn(spec: &AttemptSpec, program: &str) -> Result<Spawned, String> {
+    let cwd = spec.cwd.as_deref();
+    let fail = |e: io::Error| spawn_error(program, cwd, &e);
+    if let Some(dir) = cwd {
+        check_cwd(dir).map_err(|e| format!("spawn {program:?}: working directory {dir:?}: {e}"))?;
+    }
+    let env = child_env(spec);
+    let search_path = env.get(OsStr::new("PATH")).map(OsString::as_os_str);
+    let path = resolve_program(OsStr::new(program), search_path, cwd).map_err(fail)?;
+    let path = c_string(path.into_os_string().into_vec()).map_err(fail)?;
+    let argv = spec
+        .argv
+        .iter()
+        .map(|a| c_string(a.as_bytes()))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(fail)?;
+    let envp = env
+        .into_iter()
+        .map(|(k, v)| {
+            let mut entry = k.into_vec();
+            entry.push(b'=');
+            entry.extend(v.into_vec());
+            c_string(entry)
+        })
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(fail)?;
+    let cwd_c = cwd
+        .map(|d| c_string(d.as_os_str().as_bytes()))
+        .transpose()
+        .map_err(fail)?;
+
+    let (stdout, stdout_w) = output_pipe().map_err(fail)?;
+    let (stderr, stderr_w) = output_pipe().map_err(fail)?;
+    let mut attr = SpawnAttr::new().map_err(fail)?;
+    let mut actions =
+        FileActions::new(stdout_w.as_fd(), stderr_w.as_fd(), cwd_c.as_deref()).map_err(fail)?;
+    let pid = match posix_spawn(&path, &argv, &envp, &mut actions, &mut attr) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOEXEC) => {
+            // What execvp does with a file that has no `#!` line.
+            let mut script_argv = vec![SCRIPT_SHELL.to_owned(), path.clone()];
+            script_argv.extend(argv.iter().skip(1).cloned());
+            posix_spawn(SCRIPT_SHELL, &script_argv, &envp, &mut actions, &mut attr)
+        }
+        other => other,
+    }
+    .map_err(fail)?;
+    // The child has its copies; with ours closed, EOF on the read ends means
+    // every process of the attempt closed them.
+    drop((stdout_w, stderr_w));
+    Ok(Spawned {
+        child: ChildProc { pid, reaped: false },
+        stdout,
+        stderr,
+    })
 }
 
 /// What to run for one attempt and the limits to enforce on it.
@@ -381,19 +751,16 @@ struct Stream {
 impl Stream {
     /// Wraps a pipe read end, making it non-blocking so reading what is
     /// available can never stall the supervisor.
-    fn new(pipe: Option<OwnedFd>, cap: usize) -> Self {
-        let pipe = pipe.map(File::from);
-        let nonblocking = match &pipe {
-            Some(f) => set_nonblocking(f)
-                // Still correct: we only read after poll reports the pipe
-                // ready, and such a read does not block; reading just shortens
-                // to one read per wake-up.
-                .inspect_err(|e| log::warn!("cannot make an attempt pipe non-blocking: {e}"))
-                .is_ok(),
-            None => false,
-        };
+    fn new(pipe: OwnedFd, cap: usize) -> Self {
+        let pipe = File::from(pipe);
+        let nonblocking = set_nonblocking(&pipe)
+            // Still correct: we only read after poll reports the pipe ready,
+            // and such a read does not block; reading just shortens to one
+            // read per wake-up.
+            .inspect_err(|e| log::warn!("cannot make an attempt pipe non-blocking: {e}"))
+            .is_ok();
         Self {
-            pipe,
+            pipe: Some(pipe),
             nonblocking,
             tail: TailBuf::new(cap),
         }
@@ -471,11 +838,11 @@ fn earliest(deadlines: &[Option<Instant>]) -> Option<Instant> {
 
 /// Describes a spawn failure: what failed and the OS reason.
 fn spawn_error(program: &str, cwd: Option<&Path>, err: &io::Error) -> String {
-    // The OS reports a bad working directory with the same errors as a bad
-    // program (ENOENT, EACCES, ENOTDIR); point at the directory when it is
-    // the one that is unusable.
+    // The child's chdir fails with the same errors as a bad program (ENOENT,
+    // EACCES, ENOTDIR); point at the directory when it is the one that is
+    // unusable (`spawn` checks it first, but it may have changed since).
     match cwd {
-        Some(dir) if !dir.is_dir() => {
+        Some(dir) if check_cwd(dir).is_err() => {
             format!("spawn {program:?}: working directory {dir:?}: {err}")
         }
         _ => format!("spawn {program:?}: {err}"),
@@ -502,7 +869,7 @@ struct Supervisor<'a> {
     /// Stop requests.
     stop: &'a StopHandle,
     /// The main process; `None` once reaped.
-    child: Option<Child>,
+    child: Option<ChildProc>,
     /// The main process's exit status, once reaped.
     status: Option<ExitStatus>,
     /// The main process's pid, which is also the attempt's process group.
@@ -605,7 +972,8 @@ impl Supervisor<'_> {
             Err(e) => {
                 // Only ECHILD is possible: someone else reaped it (e.g.
                 // SIGCHLD set to SIG_IGN elsewhere in the process). It is gone,
-                // its status is lost.
+                // its status is lost. (Were it anything else, dropping the
+                // child below would still kill and reap it.)
                 log::error!("waiting for attempt pid {}: {e}", self.pgid);
             }
         }
@@ -751,28 +1119,21 @@ impl Supervisor<'_> {
         self.wait_gone(grace_end, &escaped);
         if !self.all_gone(&escaped) {
             let escaped = self.signal_all(Signal::SIGKILL, record_group, scan_token, &mut leaks);
-            if let Some(child) = &mut self.child {
+            if let Some(child) = &self.child {
                 // The main process may have moved itself out of the group.
-                let _ = child.kill();
+                child.kill();
             }
             self.wait_gone(Instant::now().checked_add(AFTER_KILL_WAIT), &escaped);
         }
         if let Some(child) = self.child.take() {
-            // Stuck in uninterruptible sleep even after SIGKILL: let a thread
-            // reap it whenever it dies rather than leave a zombie.
-            let pid = self.pgid;
+            // Stuck in uninterruptible sleep even after SIGKILL: dropping it
+            // lets a thread reap it whenever it dies rather than leave a
+            // zombie.
             log::error!(
-                "attempt pid {pid} did not die after SIGKILL; reaping it in the background"
+                "attempt pid {} did not die after SIGKILL; reaping it in the background",
+                child.pid
             );
-            let spawned = std::thread::Builder::new()
-                .name(format!("reap-{pid}"))
-                .spawn(move || {
-                    let mut child = child;
-                    let _ = child.wait();
-                });
-            if let Err(e) = spawned {
-                log::error!("cannot start a reaper thread for pid {pid}: {e}");
-            }
+            drop(child);
             self.pidfd = None;
         }
         // Whatever the dead writers left in the pipes; a pipe still held by a
@@ -820,41 +1181,15 @@ pub(crate) fn run(
         return unstarted(Ending::Stopped(reason));
     }
 
-    let mut cmd = Command::new(program);
-    cmd.args(&spec.argv[1..])
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .env(JOB_ID_VAR, spec.job_id.to_string())
-        .env(RUN_TOKEN_VAR, &spec.run_token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // A new group per attempt (pgid == pid), so the attempt and all its
-        // descendants can be signalled together.
-        .process_group(0);
-    if let Some(dir) = &spec.cwd {
-        cmd.current_dir(dir);
-    }
-    // SAFETY: the hook runs in the forked child before exec, where only
-    // async-signal-safe code is sound; reset_child_state makes raw syscalls
-    // only, takes no lock and allocates nothing.
-    unsafe {
-        cmd.pre_exec(reset_child_state);
-    }
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            return unstarted(Ending::SpawnFailed(spawn_error(
-                program,
-                spec.cwd.as_deref(),
-                &e,
-            )));
-        }
+    let Spawned {
+        child,
+        stdout,
+        stderr,
+    } = match spawn(spec, program) {
+        Ok(spawned) => spawned,
+        Err(message) => return unstarted(Ending::SpawnFailed(message)),
     };
-
-    // Linux pids are at most 2^22 (PID_MAX_LIMIT), so they always fit.
-    let pid = i32::try_from(child.id()).expect("Linux pids fit in i32");
-    let stdout = child.stdout.take().map(OwnedFd::from);
-    let stderr = child.stderr.take().map(OwnedFd::from);
+    let pid = child.pid;
     let pidfd = pidfd_open(pid)
         .inspect_err(|e| log::warn!("pidfd_open({pid}): {e}; falling back to periodic checks"))
         .ok();
@@ -1328,6 +1663,133 @@ mod tests {
         let (r, c) = run_spec(&spec);
         assert!(matches!(r.ending, Ending::SpawnFailed(_)));
         assert!(c.started.is_none());
+    }
+
+    #[test]
+    fn death_by_a_real_time_signal_is_signaled() {
+        let (r, _c) = run_spec(&sh("kill -40 $$", "rtsignal"));
+        assert_eq!(r.ending, Ending::Signaled(40));
+    }
+
+    /// Writes `text` to `path` with permissions `mode`.
+    fn write_file(path: &Path, text: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, text).expect("write file");
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+
+    #[test]
+    fn program_is_searched_on_the_jobs_path_relative_to_its_cwd() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for sub in ["first", "bin"] {
+            std::fs::create_dir(dir.path().join(sub)).expect("mkdir");
+        }
+        // Not executable: skipped, as execvp skips it.
+        write_file(
+            &dir.path().join("first/hello"),
+            "#!/bin/sh\necho wrong\n",
+            0o644,
+        );
+        write_file(
+            &dir.path().join("bin/hello"),
+            "#!/bin/sh\necho found $0\n",
+            0o755,
+        );
+        let mut spec = sh("", "path");
+        spec.argv = vec!["hello".into()];
+        spec.cwd = Some(dir.path().to_owned());
+        spec.env = vec![("PATH".into(), "first:bin".into())];
+        let (r, _c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0), "{r:?}");
+        assert_eq!(text(&r.stdout), "found bin/hello\n");
+
+        // Only the non-executable match: EACCES, like execvp.
+        spec.env = vec![("PATH".into(), "first".into())];
+        let (r, _c) = run_spec(&spec);
+        assert_eq!(
+            r.ending,
+            Ending::SpawnFailed("spawn \"hello\": Permission denied (os error 13)".into())
+        );
+
+        // The job's PATH, not the runner's, is searched.
+        let mut spec = sh("exit 0", "nopath");
+        spec.env = vec![("PATH".into(), "/no/such/dir".into())];
+        let (r, c) = run_spec(&spec);
+        assert_eq!(
+            r.ending,
+            Ending::SpawnFailed("spawn \"sh\": No such file or directory (os error 2)".into())
+        );
+        assert!(c.started.is_none());
+    }
+
+    #[test]
+    fn executable_without_shebang_runs_under_sh() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("plain");
+        write_file(&script, "echo via sh $0 $1\n", 0o755);
+        let mut spec = sh("", "noshebang");
+        spec.argv = vec![script.to_string_lossy().into_owned(), "arg".into()];
+        let (r, _c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0), "{r:?}");
+        assert_eq!(
+            text(&r.stdout),
+            format!("via sh {} arg\n", script.display())
+        );
+    }
+
+    #[test]
+    fn nul_byte_fails_to_spawn() {
+        let mut spec = sh("exit 0", "nul");
+        spec.env = vec![("FOO".into(), "a\0b".into())];
+        let (r, c) = run_spec(&spec);
+        assert_eq!(
+            r.ending,
+            Ending::SpawnFailed("spawn \"sh\": nul byte found in provided data".into())
+        );
+        assert!(c.started.is_none());
+    }
+
+    /// Whether the process `s` describes is gone, not even a zombie (its pid
+    /// may belong to a newer process by now).
+    fn reaped(s: &Started) -> bool {
+        process::proc_info(s.pid).is_none_or(|p| p.start_time != s.start_time)
+    }
+
+    #[test]
+    fn main_process_is_reaped_when_run_returns() {
+        let (r, c) = run_spec(&sh("exit 0", "reaped"));
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert!(reaped(&c.started.expect("started")));
+        let mut spec = sh("sleep 300", "reapedkill");
+        spec.timeout = Some(Duration::from_millis(100));
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(100)));
+        assert!(reaped(&c.started.expect("started")));
+    }
+
+    #[test]
+    fn main_process_is_killed_and_reaped_if_on_started_panics() {
+        let mut spec = sh("", "panic");
+        spec.argv = vec!["sleep".into(), "300".into()];
+        let stop = StopHandle::new().expect("stop handle");
+        let started = Cell::new(None);
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(&spec, &stop, |s| {
+                started.set(Some(*s));
+                panic!("on_started fails");
+            })
+        }));
+        let c = Cleanup {
+            started: started.get(),
+            token: spec.run_token.clone(),
+        };
+        assert!(unwound.is_err());
+        let s = c.started.expect("started");
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !reaped(&s) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(reaped(&s));
     }
 
     /// CPU used so far by the calling thread (`RUSAGE_THREAD`) or the whole

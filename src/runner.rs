@@ -590,9 +590,9 @@ impl Runner {
             if now >= deadline {
                 return Ok(None);
             }
-            // Endings of this runner's and (through the notifier) other processes' jobs wake
-            // the wait; the cap only bounds a missed wake-up.
-            let step = (deadline - now).min(Duration::from_millis(250));
+            // This runner's endings (and, with a listener, the notifier's) wake the wait; the
+            // poll interval bounds how late another process's ending is seen.
+            let step = (deadline - now).min(self.shared.config.poll_interval);
             seen = self.shared.wait_for_endings(seen, step);
         }
     }
@@ -727,7 +727,7 @@ fn random_hex() -> String {
 /// A claim is durable before its job starts, so with `synchronous = FULL` a worker that
 /// waited for its own claim would wait for the disk on every job. The dispatcher therefore
 /// claims a little ahead: as many jobs as are likely to start while one commit is under way
-/// (the recent rate of endings times the recent commit time, twice over, at most four per
+/// (the recent rate of endings times the recent claim round trip, twice over, at most four per
 /// worker). Long jobs end rarely, so they are not claimed ahead; a stream of short ones is.
 fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::Claimed>) {
     let workers = shared.config.workers;
@@ -737,10 +737,12 @@ fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::C
         let queued = work.len();
         let commit = Duration::from_nanos(shared.commit_nanos.load(Ordering::Relaxed));
         let per_sec = rate.sample(shared.endings_total.load(Ordering::Relaxed));
-        let lookahead = ((per_sec * commit.as_secs_f64() * 2.0).ceil() as usize).min(4 * workers);
+        // The claim's round trip is the commit plus the hand-offs between threads.
+        let round_trip = commit.as_secs_f64() + HANDOFF.as_secs_f64();
+        let lookahead = ((per_sec * round_trip * 2.0).round() as usize).min(4 * workers);
         let want = (idle + lookahead).saturating_sub(queued);
         let mut claimed_all = false;
-        if want > 0 && idle > 0 {
+        if want > 0 {
             match writer.claim(u32::try_from(want).unwrap_or(u32::MAX)) {
                 Ok(jobs) => {
                     claimed_all = jobs.len() == want;
@@ -777,6 +779,9 @@ fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::C
         }
     }
 }
+
+/// What a claim's round trip costs beyond its commit: waking the writer and the dispatcher.
+const HANDOFF: Duration = Duration::from_millis(2);
 
 /// Endings per second, over the last half second or so.
 struct RateMeter {
@@ -816,6 +821,19 @@ fn notify_loop(
 ) {
     let mut seen = shared.endings_seen();
     loop {
+        // With nobody to tell, reading the endings would only cost: this runner's own endings
+        // wake its waiters directly, and a wait polls for other processes' endings.
+        let listening = !callbacks.is_empty() || !subscribers.lock().is_empty();
+        if !listening {
+            last = store.last_event_id().unwrap_or(last);
+            if matches!(
+                stop.recv_timeout(shared.config.poll_interval),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+            ) {
+                return;
+            }
+            continue;
+        }
         let stopping = matches!(
             stop.try_recv(),
             Err(crossbeam_channel::TryRecvError::Disconnected)
@@ -825,9 +843,6 @@ fn notify_loop(
                 let any = !events.is_empty();
                 for e in events {
                     last = e.id;
-                    if callbacks.is_empty() && subscribers.lock().is_empty() {
-                        continue;
-                    }
                     let completion = completion(store, &e);
                     for cb in callbacks {
                         cb(&completion);

@@ -528,7 +528,7 @@ impl Store {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, job_id, at, kind, attempt, detail FROM job_events
              WHERE id > ?1 AND kind IN ('succeeded', 'failed', 'lost', 'cancelled')
-             ORDER BY id LIMIT ?2",
+             ORDER BY id LIMIT (SELECT ?2)",
         )?;
         let rows = stmt.query_map(params![after_id, limit as i64], event_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -785,9 +785,9 @@ pub(crate) fn transaction<T>(
     conn: &Connection,
     f: &mut impl FnMut(&Connection) -> Result<T>,
 ) -> Result<T> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
     let result = f(conn).and_then(|v| {
-        conn.execute_batch("COMMIT")?;
+        conn.prepare_cached("COMMIT")?.execute([])?;
         Ok(v)
     });
     if result.is_err() && !conn.is_autocommit() {
@@ -927,18 +927,27 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
         return Ok(Vec::new());
     }
     let expires = now.saturating_add(duration_ms(req.lease_ttl));
+    // Limits go through a subquery here and below: a bare parameter in LIMIT makes SQLite
+    // (built with STAT4) prepare the statement again on every run.
     let sql = format!(
         "UPDATE jobs SET status = 'running', attempt = attempt + 1,
              run_token = lower(hex(randomblob(16))), worker_id = ?1, started_at = ?2,
              heartbeat_at = ?2, lease_expires_at = ?3, completed_at = NULL, pid = NULL,
              pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
              error_kind = NULL
-         WHERE id IN (SELECT id FROM jobs
+         WHERE id IN (SELECT id FROM jobs INDEXED BY {}
                       WHERE status = 'pending' AND teardown_token IS NULL AND scheduled_at <= ?2
                       {}
-                      ORDER BY priority DESC, scheduled_at, id LIMIT ?4)
+                      ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?4))
          RETURNING id, attempt, run_token, argv, env, cwd, timeout_ms, idle_timeout_ms,
                    priority, scheduled_at",
+        // Without statistics the planner prefers jobs_status (an equality on status) and then
+        // sorts every pending row: a claim costs O(pending) instead of reading an index head.
+        if req.queues.is_empty() {
+            "jobs_claim"
+        } else {
+            "jobs_claim_queue"
+        },
         queue_filter(req.queues, 5)
     );
     let mut values: Vec<rusqlite::types::Value> = vec![
@@ -1310,7 +1319,13 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
             (Status::Pending, "interrupted", message.clone())
         }
     };
-    if let Some(out) = &f.output {
+    // An attempt that wrote nothing leaves no row: `output` then finds none, which reads as
+    // empty, and a stream of quiet jobs costs one write less each.
+    if let Some(out) = f
+        .output
+        .as_ref()
+        .filter(|o| !o.stdout.is_empty() || !o.stderr.is_empty())
+    {
         conn.prepare_cached(
             "INSERT INTO job_output
                  (job_id, attempt, stdout, stderr, stdout_truncated, stderr_truncated)
@@ -1453,7 +1468,7 @@ fn reclaim(conn: &Connection, req: &ReclaimRequest<'_>, now: i64) -> Result<Recl
                AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
                     OR (?2 AND lease_expires_at < ?3)
                     OR worker_id IN (SELECT value FROM json_each(?4)))
-             ORDER BY lease_expires_at, id LIMIT ?5",
+             ORDER BY lease_expires_at, id LIMIT (SELECT ?5)",
         )?;
         let rows = stmt.query_map(
             params![req.exclude_worker, req.expired, now, dead_json, req.batch],
@@ -1556,7 +1571,7 @@ fn reclaim(conn: &Connection, req: &ReclaimRequest<'_>, now: i64) -> Result<Recl
 fn pending_teardowns(conn: &Connection, limit: u64) -> Result<Vec<LostAttempt>> {
     let mut stmt = conn.prepare_cached(
         "SELECT id, attempt, teardown_token, teardown_pgid, teardown_start_time FROM jobs
-         WHERE teardown_token IS NOT NULL ORDER BY id LIMIT ?1",
+         WHERE teardown_token IS NOT NULL ORDER BY id LIMIT (SELECT ?1)",
     )?;
     let rows = stmt.query_map([limit as i64], |r| {
         Ok(LostAttempt {

@@ -183,15 +183,21 @@ fn apply(
     lease_ttl: Duration,
     now: i64,
 ) -> Applied {
+    // Cached statements: these run for every write, and parsing them each time shows.
+    let exec = |sql: &str| -> Result<()> {
+        conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    };
     let run = |f: &mut dyn FnMut() -> Result<Applied>| -> Result<Applied> {
-        conn.execute_batch("SAVEPOINT op")?;
+        exec("SAVEPOINT op")?;
         match f() {
             Ok(v) => {
-                conn.execute_batch("RELEASE op")?;
+                exec("RELEASE op")?;
                 Ok(v)
             }
             Err(e) => {
-                conn.execute_batch("ROLLBACK TO op; RELEASE op")?;
+                exec("ROLLBACK TO op")?;
+                exec("RELEASE op")?;
                 Err(e)
             }
         }

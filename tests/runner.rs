@@ -555,10 +555,16 @@ fn enqueue_from_a_program_without_a_runner_is_picked_up() {
     let db = db();
     let id = Store::open(&db.path)
         .unwrap()
-        .enqueue(&Job::shell("exit 0"), now_ms())
+        .enqueue(
+            &Job::shell("echo job $LEASEHOLD_JOB_ID in $PWD with $GREETING")
+                .env("GREETING", "hello")
+                .cwd("/tmp"),
+            now_ms(),
+        )
         .unwrap();
     let runner = fast(&db.path).start().expect("start");
     assert_eq!(outcome(&runner, id), Outcome::Succeeded);
+    assert_eq!(stdout(&db.path, id), format!("job {id} in /tmp with hello\n"));
 }
 
 #[test]

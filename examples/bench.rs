@@ -1,0 +1,536 @@
+//! leasehold's figures, each beside the same work done in bare rusqlite.
+//!
+//! "Bare" is a plain rusqlite connection on a file with the same schema (`schema.sql`: the same
+//! table, the same indexes) doing the equivalent raw SQL, without leasehold's events, fences,
+//! validation or JSON. The ratio is leasehold's time per operation over bare rusqlite's.
+//!
+//! ```text
+//! cargo run --release --example bench          # everything
+//! cargo run --release --example bench store    # the store only
+//! cargo run --release --example bench runner   # the runner only
+//! ```
+
+use std::time::{Duration, Instant};
+
+use leasehold::{
+    ClaimRequest, Durability, Ending, Finish, Finished, Job, OpenOptions, Store, now_ms,
+};
+use rusqlite::{Connection, params};
+use tempfile::TempDir;
+
+const SCHEMA: &str = include_str!("../schema.sql");
+const TTL: Duration = Duration::from_secs(30);
+const DAY_MS: i64 = 86_400_000;
+
+fn main() {
+    let only = std::env::args().nth(1);
+    if let Some(arg) = only.as_deref()
+        && arg != "store"
+        && arg != "runner"
+    {
+        eprintln!("usage: bench [store|runner]");
+        std::process::exit(2);
+    }
+    let started = Instant::now();
+    if only.as_deref() != Some("runner") {
+        store_benchmarks();
+    }
+    if only.as_deref() != Some("store") {
+        runner_benchmarks();
+    }
+    println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The store
+
+fn store_benchmarks() {
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let mut table = Table::new("store");
+
+    batch_enqueue(&dir, &mut table);
+    single_enqueue(&dir, &mut table, Durability::Full, 300);
+    single_enqueue(&dir, &mut table, Durability::Normal, 300);
+    claim_rates(&dir, &mut table);
+    renewal(&dir, &mut table);
+    for (durability, cycles) in [(Durability::Full, 300), (Durability::Normal, 3000)] {
+        claim_finish_cycles(&dir, &mut table, durability, cycles);
+    }
+    table.note("ratio = leasehold's time per operation / bare rusqlite's; NORMAL and FULL are");
+    table.note("synchronous in WAL mode. Claims are timed under NORMAL so that the query, not");
+    table.note("the disk's flush, is what the table sizes are compared on.");
+}
+
+fn open(path: &std::path::Path, durability: Durability) -> Store {
+    let options = OpenOptions::new().durability(durability);
+    Store::open_with(path, &options).expect("the bench database opens")
+}
+
+fn sync_name(durability: Durability) -> &'static str {
+    match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    }
+}
+
+/// A bare connection on a new file with leasehold's schema, in WAL mode.
+fn bare_new(path: &std::path::Path, durability: Durability) -> Connection {
+    let conn = bare_open(path, durability);
+    conn.execute_batch(SCHEMA).expect("schema.sql runs");
+    conn
+}
+
+fn bare_open(path: &std::path::Path, durability: Durability) -> Connection {
+    let conn = Connection::open(path).expect("a bare connection opens");
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
+        .unwrap();
+    conn.pragma_update(None, "synchronous", sync_name(durability))
+        .unwrap();
+    conn
+}
+
+/// The same row leasehold writes for `Job::command(["true"])`.
+const BARE_INSERT: &str = "INSERT INTO jobs (queue, argv, env, cwd, priority, status,
+        max_attempts, backoff_base_ms, backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms,
+        created_at, scheduled_at)
+    VALUES ('default', '[\"true\"]', '[]', NULL, 0, 'pending', 1, 1000, 3600000, 'requeue',
+        NULL, NULL, ?1, ?2)";
+
+/// leasehold's claim of one job, without the event, the JSON and the returned command (and,
+/// like leasehold's, naming its index: left to itself, the planner sorts every pending row).
+const BARE_CLAIM: &str = "UPDATE jobs SET status = 'running', attempt = attempt + 1,
+        run_token = lower(hex(randomblob(16))), worker_id = ?1, started_at = ?2,
+        heartbeat_at = ?2, lease_expires_at = ?3
+    WHERE id IN (SELECT id FROM jobs INDEXED BY jobs_claim
+                 WHERE status = 'pending' AND teardown_token IS NULL AND scheduled_at <= ?2
+                 ORDER BY priority DESC, scheduled_at, id LIMIT 1)
+    RETURNING id, run_token";
+
+fn bare_claim(conn: &Connection, now: i64) -> Option<(i64, String)> {
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let claimed = conn
+        .prepare_cached(BARE_CLAIM)
+        .unwrap()
+        .query_row(params!["bare", now, now + 30_000], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .ok();
+    conn.execute_batch("COMMIT").unwrap();
+    claimed
+}
+
+fn claim_one(store: &Store, now: i64) -> Option<leasehold::Claimed> {
+    let req = ClaimRequest {
+        worker_id: "bench",
+        limit: 1,
+        queues: &[],
+        lease_ttl: TTL,
+    };
+    store.claim(&req, now).expect("claim").pop()
+}
+
+/// Median of three rounds each, after a first round that is reported apart: the first large
+/// transaction of a fresh process runs while glibc's heap still grows and shrinks page by page.
+fn batch_enqueue(dir: &TempDir, table: &mut Table) {
+    const N: usize = 100_000;
+    const ROUNDS: usize = 3;
+    let jobs = vec![Job::command(["true"]); N];
+    let ours = |name: String| {
+        let store = open(&dir.path().join(name), Durability::Full);
+        let now = now_ms();
+        let t = Instant::now();
+        store.enqueue_many(&jobs, now).expect("enqueue_many");
+        t.elapsed()
+    };
+    let bare = |name: String| {
+        let conn = bare_new(&dir.path().join(name), Durability::Full);
+        let now = now_ms();
+        let t = Instant::now();
+        let tx = conn.unchecked_transaction().unwrap();
+        {
+            let mut insert = tx.prepare_cached(BARE_INSERT).unwrap();
+            for _ in 0..N {
+                insert.execute([now, now]).unwrap();
+            }
+        }
+        tx.commit().unwrap();
+        t.elapsed()
+    };
+    let cold = ours("batch-cold.db".into());
+    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+    for i in 0..ROUNDS {
+        mine.push(ours(format!("batch-{i}.db")));
+        theirs.push(bare(format!("batch-{i}-bare.db")));
+    }
+    let label = "batch enqueue, 100,000 jobs in 1 txn";
+    table.rate(label, N, median(mine), Some(median(theirs)), "jobs/s");
+    table.note(&format!(
+        "  (median of {ROUNDS}; the process's first batch: {} jobs/s)",
+        thousands(N as f64 / cold.as_secs_f64())
+    ));
+}
+
+fn single_enqueue(dir: &TempDir, table: &mut Table, durability: Durability, n: usize) {
+    let name = sync_name(durability);
+    let store = open(&dir.path().join(format!("single-{name}.db")), durability);
+    let job = Job::command(["true"]);
+    let t = Instant::now();
+    for _ in 0..n {
+        store.enqueue(&job, now_ms()).expect("enqueue");
+    }
+    let ours = t.elapsed();
+
+    let conn = bare_new(
+        &dir.path().join(format!("single-{name}-bare.db")),
+        durability,
+    );
+    let t = Instant::now();
+    for _ in 0..n {
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let now = now_ms();
+        conn.prepare_cached(BARE_INSERT)
+            .unwrap()
+            .execute([now, now])
+            .unwrap();
+        conn.execute_batch("COMMIT").unwrap();
+    }
+    let bare = t.elapsed();
+    let label = format!("enqueue 1 job per txn ({n}), {name}");
+    table.rate(&label, n, ours, Some(bare), "jobs/s");
+}
+
+/// Claims one at a time from 1,000 pending jobs, from 1,000,000, and from 1,000,000 of which
+/// half are due tomorrow: a claim reads the head of an index, so the three rates are close.
+fn claim_rates(dir: &TempDir, table: &mut Table) {
+    const ROUNDS: usize = 5;
+    const CLAIMS: usize = 400;
+    let small = vec![Job::command(["true"]); 1000];
+    let chunk = vec![Job::command(["true"]); 100_000];
+    let half_later: Vec<Job> = (0..100_000)
+        .map(|i| {
+            let job = Job::command(["true"]);
+            if i % 2 == 1 {
+                job.delay(Duration::from_millis(DAY_MS as u64))
+            } else {
+                job
+            }
+        })
+        .collect();
+    let cases: [(&str, &[Job], usize); 3] = [
+        ("1,000 pending", &small, 1),
+        ("1,000,000 pending", &chunk, 10),
+        ("1,000,000 (half due tomorrow)", &half_later, 10),
+    ];
+    let mut rates = Vec::new();
+    for (i, (label, jobs, chunks)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("claims-{i}.db"));
+        let setup = Instant::now();
+        let now = now_ms();
+        {
+            let store = open(&path, Durability::Normal);
+            for _ in 0..chunks {
+                store.enqueue_many(jobs, now).expect("enqueue_many");
+            }
+        }
+        let setup = setup.elapsed();
+        let store = open(&path, Durability::Normal);
+        let bare = bare_open(&path, Durability::Normal);
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            for _ in 0..CLAIMS {
+                claim_one(&store, now).expect("a job is ready");
+            }
+            ours.push(t.elapsed());
+            requeue_running(&bare);
+            let t = Instant::now();
+            for _ in 0..CLAIMS {
+                bare_claim(&bare, now).expect("a job is ready");
+            }
+            theirs.push(t.elapsed());
+            requeue_running(&bare);
+        }
+        let (ours, theirs) = (median(ours), median(theirs));
+        rates.push(CLAIMS as f64 / ours.as_secs_f64());
+        let label = format!("claim 1 job, {label}, NORMAL");
+        table.rate(&label, CLAIMS, ours, Some(theirs), "claims/s");
+        table.note(&format!(
+            "  (built in {:.1} s; median of {ROUNDS} rounds of {CLAIMS} claims)",
+            setup.as_secs_f64()
+        ));
+    }
+    let max = rates.iter().copied().fold(f64::MIN, f64::max);
+    let min = rates.iter().copied().fold(f64::MAX, f64::min);
+    let verdict = if max / min <= 1.5 {
+        "within 1.5x"
+    } else {
+        "NOT within 1.5x"
+    };
+    table.note(&format!(
+        "claim rates max/min = {:.2} ({verdict})",
+        max / min
+    ));
+}
+
+/// Puts the claimed jobs back, so that every round claims from the same table.
+fn requeue_running(conn: &Connection) {
+    conn.execute(
+        "UPDATE jobs SET status = 'pending', attempt = 0, run_token = NULL, worker_id = NULL,
+             started_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL
+         WHERE status = 'running'",
+        [],
+    )
+    .unwrap();
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// One renewal of the 1,000 leases a runner holds.
+fn renewal(dir: &TempDir, table: &mut Table) {
+    const LEASES: usize = 1000;
+    const CALLS: usize = 20;
+    let path = dir.path().join("renew.db");
+    let now = now_ms();
+    let tokens: Vec<String> = {
+        let store = open(&path, Durability::Normal);
+        store
+            .enqueue_many(&vec![Job::command(["true"]); LEASES], now)
+            .unwrap();
+        let req = ClaimRequest {
+            worker_id: "bench",
+            limit: LEASES as u32,
+            queues: &[],
+            lease_ttl: TTL,
+        };
+        store
+            .claim(&req, now)
+            .unwrap()
+            .into_iter()
+            .map(|c| c.run_token)
+            .collect()
+    };
+    for durability in [Durability::Full, Durability::Normal] {
+        let store = open(&path, durability);
+        let t = Instant::now();
+        for i in 0..CALLS {
+            let renewal = store.renew("bench", &tokens, TTL, now + i as i64).unwrap();
+            assert_eq!(renewal.renewed.len(), LEASES);
+        }
+        let ours = t.elapsed();
+
+        let conn = bare_open(&path, durability);
+        let t = Instant::now();
+        for i in 0..CALLS {
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            let now = now + i as i64;
+            let renewed = conn
+                .prepare_cached(
+                    "UPDATE jobs SET heartbeat_at = ?2, lease_expires_at = ?3
+                     WHERE status = 'running' AND worker_id = ?1",
+                )
+                .unwrap()
+                .execute(params!["bench", now, now + 30_000])
+                .unwrap();
+            conn.execute_batch("COMMIT").unwrap();
+            assert_eq!(renewed, LEASES);
+        }
+        let bare = t.elapsed();
+        let label = format!("renew 1,000 leases in 1 call, {}", sync_name(durability));
+        table.per_call(&label, CALLS, ours, bare);
+    }
+}
+
+/// The queue's own ceiling: claim one job, record its success, repeat; no process at all.
+fn claim_finish_cycles(dir: &TempDir, table: &mut Table, durability: Durability, n: usize) {
+    let name = sync_name(durability);
+    let path = dir.path().join(format!("cycles-{name}.db"));
+    let now = now_ms();
+    let store = open(&path, durability);
+    store
+        .enqueue_many(&vec![Job::command(["true"]); n], now)
+        .unwrap();
+    let t = Instant::now();
+    for _ in 0..n {
+        let c = claim_one(&store, now).expect("a job is ready");
+        let finish = Finish {
+            job_id: c.id,
+            run_token: c.run_token,
+            attempt: c.attempt,
+            ending: Ending::Succeeded,
+            output: None,
+            notes: Vec::new(),
+            max_recovery_attempts: 3,
+        };
+        let done = store.finish(&finish, now).unwrap();
+        assert!(matches!(done, Finished::Recorded(_)));
+    }
+    let ours = t.elapsed();
+
+    let bare_path = dir.path().join(format!("cycles-{name}-bare.db"));
+    let conn = bare_new(&bare_path, durability);
+    let tx = conn.unchecked_transaction().unwrap();
+    for _ in 0..n {
+        tx.prepare_cached(BARE_INSERT)
+            .unwrap()
+            .execute([now, now])
+            .unwrap();
+    }
+    tx.commit().unwrap();
+    let t = Instant::now();
+    for _ in 0..n {
+        let (id, _) = bare_claim(&conn, now).expect("a job is ready");
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        conn.prepare_cached(
+            "UPDATE jobs SET status = 'succeeded', completed_at = ?2, exit_code = 0,
+                 lease_expires_at = NULL WHERE id = ?1",
+        )
+        .unwrap()
+        .execute([id, now])
+        .unwrap();
+        conn.execute_batch("COMMIT").unwrap();
+    }
+    let bare = t.elapsed();
+    let label = format!("claim + finish, no process ({n}), {name}");
+    table.rate(&label, n, ours, Some(bare), "cycles/s");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The runner
+
+const JOBS: usize = 2000;
+const WORKERS: usize = 4;
+
+/// 2,000 jobs of `/bin/true` on 4 workers, beside a bare loop of `Command::output()` (spawn,
+/// capture both streams, wait) on 4 threads; the bare loop runs before and after, and its mean
+/// is the baseline, since this machine is shared and noisy.
+fn runner_benchmarks() {
+    println!();
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "runner: 2,000 × /bin/true, 4 workers", "jobs/s", "bare jobs/s", "ratio"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    let before = bare_spawn_rate();
+    let full = runner_rate(Durability::Full);
+    let normal = runner_rate(Durability::Normal);
+    let after = bare_spawn_rate();
+    let bare = (before + after) / 2.0;
+    for (name, rate) in [("FULL", full), ("NORMAL", normal)] {
+        println!(
+            "{:<50} {:>18} {:>18} {:>7.2}",
+            format!("leasehold runner, durability {name}"),
+            thousands(rate),
+            thousands(bare),
+            rate / bare
+        );
+    }
+    println!(
+        "bare Command::output() loop: {} jobs/s before, {} after; ratio = leasehold's jobs/s /",
+        thousands(before),
+        thousands(after)
+    );
+    println!("the bare loop's mean (higher is better; 1.00 = no overhead).");
+}
+
+fn bare_spawn_rate() -> f64 {
+    let t = Instant::now();
+    let threads: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            std::thread::spawn(|| {
+                for _ in 0..JOBS / WORKERS {
+                    let out = std::process::Command::new("/bin/true")
+                        .output()
+                        .expect("/bin/true runs");
+                    assert!(out.status.success());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a bare spawn thread does not panic");
+    }
+    JOBS as f64 / t.elapsed().as_secs_f64()
+}
+
+fn runner_rate(durability: Durability) -> f64 {
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("runner.db");
+    let runner = leasehold::Runner::builder(&path)
+        .workers(WORKERS)
+        .durability(durability)
+        .start()
+        .expect("the runner starts");
+    let watch = Store::open(&path).expect("the bench database opens");
+    let jobs = vec![Job::command(["/bin/true"]); JOBS];
+    let t = Instant::now();
+    runner.enqueue_many(&jobs).expect("the jobs are enqueued");
+    while watch.has_unfinished(&[]).expect("the bench database reads") {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let rate = JOBS as f64 / t.elapsed().as_secs_f64();
+    let counts = watch.counts().expect("counts");
+    assert_eq!(
+        counts.succeeded, JOBS as u64,
+        "every /bin/true job succeeds"
+    );
+    runner.shutdown().expect("the runner shuts down");
+    rate
+}
+
+// ---------------------------------------------------------------------------------------------
+// Printing
+
+/// An aligned table printed as it goes, so a long run shows progress.
+struct Table;
+
+impl Table {
+    fn new(title: &str) -> Table {
+        println!(
+            "{:<50} {:>18} {:>18} {:>7}",
+            title, "leasehold", "bare rusqlite", "ratio"
+        );
+        println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+        Table
+    }
+
+    /// A throughput: `n` operations in `ours` (and in `bare`).
+    fn rate(&mut self, label: &str, n: usize, ours: Duration, bare: Option<Duration>, unit: &str) {
+        let rate = |d: Duration| format!("{} {unit}", thousands(n as f64 / d.as_secs_f64()));
+        let (bare_text, ratio) = match bare {
+            Some(b) => (
+                rate(b),
+                format!("{:.2}", ours.as_secs_f64() / b.as_secs_f64()),
+            ),
+            None => (String::new(), String::new()),
+        };
+        println!("{label:<50} {:>18} {bare_text:>18} {ratio:>7}", rate(ours));
+    }
+
+    /// A latency: `calls` calls in `ours` and in `bare`.
+    fn per_call(&mut self, label: &str, calls: usize, ours: Duration, bare: Duration) {
+        let ms = |d: Duration| format!("{:.2} ms/call", d.as_secs_f64() * 1000.0 / calls as f64);
+        let ratio = format!("{:.2}", ours.as_secs_f64() / bare.as_secs_f64());
+        println!("{label:<50} {:>18} {:>18} {ratio:>7}", ms(ours), ms(bare));
+    }
+
+    fn note(&mut self, text: &str) {
+        println!("{text}");
+    }
+}
+
+/// `1234567.8` as `1,234,568`.
+fn thousands(x: f64) -> String {
+    let digits = format!("{:.0}", x);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -638,7 +638,7 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::Sqlite`] when the database cannot be written.
-    pub fn register_runner(&self, runner: &RunnerRecord) -> Result<()> {
+    pub(crate) fn register_runner(&self, runner: &RunnerRecord) -> Result<()> {
         self.write(|c| {
             c.execute(
                 "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
@@ -663,21 +663,12 @@ impl Store {
         })
     }
 
-    /// Records that a runner is alive at `now`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Sqlite`] when the database cannot be written.
-    pub fn runner_heartbeat(&self, worker_id: &str, now: i64) -> Result<()> {
-        self.write(|c| runner_heartbeat(c, worker_id, now))
-    }
-
     /// Records a runner's clean shutdown.
     ///
     /// # Errors
     ///
     /// [`Error::Sqlite`] when the database cannot be written.
-    pub fn stop_runner(&self, worker_id: &str, now: i64) -> Result<()> {
+    pub(crate) fn stop_runner(&self, worker_id: &str, now: i64) -> Result<()> {
         self.write(|c| {
             c.execute(
                 "UPDATE runners SET stopped_at = ?2, heartbeat_at = ?2 WHERE worker_id = ?1",
@@ -741,22 +732,6 @@ impl Store {
     pub fn has_unfinished(&self, queues: &[String]) -> Result<bool> {
         let sql = format!(
             "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'running') {})",
-            queue_filter(queues, 1)
-        );
-        Ok(self
-            .conn
-            .query_row(&sql, params_from_iter(queues.iter()), |r| r.get(0))?)
-    }
-
-    /// The earliest `scheduled_at` of a claimable pending job of `queues`, if any.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Sqlite`] when the database cannot be read.
-    pub fn next_scheduled(&self, queues: &[String]) -> Result<Option<i64>> {
-        let sql = format!(
-            "SELECT min(scheduled_at) FROM jobs
-             WHERE status = 'pending' AND teardown_token IS NULL {}",
             queue_filter(queues, 1)
         );
         Ok(self
@@ -1292,7 +1267,8 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
                      run_token = CASE WHEN ?4 = 'pending' THEN NULL ELSE run_token END,
                      worker_id = CASE WHEN ?4 = 'pending' THEN NULL ELSE worker_id END,
                      started_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE started_at END,
-                     {RELEASE} {FENCE}"
+                     lease_expires_at = NULL,
+                     heartbeat_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE ?3 END {FENCE}"
             ))?
             .execute(params![
                 f.job_id,

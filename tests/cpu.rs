@@ -64,7 +64,7 @@ fn two_hundred_sleeping_jobs_cost_the_runner_almost_no_cpu() {
         "200 jobs of sleep 2 on 200 workers: {:.2}s wall, runner CPU {cpu:.3} core-seconds",
         wall.as_secs_f64()
     );
-    // Spawning 200 processes and recording 600 transitions is the whole of the work; the
-    // two seconds of waiting must cost close to nothing.
-    assert!(cpu < 1.0, "runner used {cpu:.3} core-seconds");
+    // Spawning 200 processes and recording 600 transitions is the whole of the work (about
+    // 0.15 core-seconds measured here); the two seconds of waiting must cost close to nothing.
+    assert!(cpu < 0.5, "runner used {cpu:.3} core-seconds");
 }

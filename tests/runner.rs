@@ -564,7 +564,10 @@ fn enqueue_from_a_program_without_a_runner_is_picked_up() {
         .unwrap();
     let runner = fast(&db.path).start().expect("start");
     assert_eq!(outcome(&runner, id), Outcome::Succeeded);
-    assert_eq!(stdout(&db.path, id), format!("job {id} in /tmp with hello\n"));
+    assert_eq!(
+        stdout(&db.path, id),
+        format!("job {id} in /tmp with hello\n")
+    );
 }
 
 #[test]

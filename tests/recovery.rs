@@ -5,6 +5,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod util;
+
+use util::{alive, group_members, processes_with_env};
+
 use leasehold::{ErrorKind, Job, JobRecord, OnLost, Status, Store, now_ms};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -154,49 +158,12 @@ impl Drop for Case {
     }
 }
 
-/// Live processes whose environment holds `entry` exactly.
 fn marked(entry: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if pid == std::process::id() as i32 || !alive(pid) {
-            continue;
-        }
-        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ"))
-            && env.split(|b| *b == 0).any(|v| v == entry.as_bytes())
-        {
-            pids.push(pid);
-        }
-    }
-    pids
+    processes_with_env(entry)
 }
 
-/// A process exists and is not a zombie.
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
-        .is_some_and(|zombie| !zombie)
-}
-
-/// Live members of process group `pgid`.
 fn group_alive(pgid: i64) -> bool {
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
-        .any(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| {
-                    let rest = &s[s.rfind(')')? + 2..];
-                    let f: Vec<&str> = rest.split_whitespace().collect();
-                    Some(f[0] != "Z" && f[2] == pgid.to_string())
-                })
-                .unwrap_or(false)
-        })
+    !group_members(pgid).is_empty()
 }
 
 fn token_alive(token: &str) -> bool {

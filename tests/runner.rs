@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod util;
+
+use util::{group_members, processes_with_env};
+
 use leasehold::{
     Completion, ErrorKind, Job, JobRecord, OnLost, Outcome, Runner, RunnerBuilder, Status, Store,
     now_ms,
@@ -78,50 +82,9 @@ fn stdout(path: &Path, id: i64) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Every live (non-zombie) process whose process group is `pgid`.
-fn group_members(pgid: i64) -> Vec<i64> {
-    procs()
-        .into_iter()
-        .filter(|(_, pg, state)| *pg == pgid && *state != 'Z')
-        .map(|(pid, _, _)| pid)
-        .collect()
-}
-
 /// Every live process whose environment carries `LEASEHOLD_RUN_TOKEN=token`.
-fn token_holders(token: &str) -> Vec<i64> {
-    let needle = format!("LEASEHOLD_RUN_TOKEN={token}");
-    procs()
-        .into_iter()
-        .filter(|(_, _, state)| *state != 'Z')
-        .filter(|(pid, _, _)| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|(pid, _, _)| pid)
-        .collect()
-}
-
-/// (pid, pgrp, state) of every process.
-fn procs() -> Vec<(i64, i64, char)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i64>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        if f.len() > 3 {
-            let state = f[0].chars().next().unwrap_or('?');
-            out.push((pid, f[2].parse().unwrap_or(0), state));
-        }
-    }
-    out
+fn token_holders(token: &str) -> Vec<i32> {
+    processes_with_env(&format!("LEASEHOLD_RUN_TOKEN={token}"))
 }
 
 fn job(path: &Path, id: i64) -> JobRecord {
@@ -178,7 +141,7 @@ fn timeout_kills_the_whole_group() {
     let rec = job(&db.path, id);
     assert_eq!(rec.status, Status::Failed);
     assert_eq!(rec.error_kind, Some(ErrorKind::Timeout));
-    assert_eq!(group_members(rec.pgid.expect("a pgid")), Vec::<i64>::new());
+    assert_eq!(group_members(rec.pgid.expect("a pgid")), Vec::<i32>::new());
 }
 
 #[test]
@@ -207,7 +170,7 @@ fn sigterm_ignoring_job_is_killed_after_kill_grace() {
         assert!(started.elapsed() < Duration::from_secs(10));
         assert_eq!(
             group_members(job(&db.path, id).pgid.unwrap()),
-            Vec::<i64>::new()
+            Vec::<i32>::new()
         );
     }
 }
@@ -224,7 +187,7 @@ fn background_member_left_after_leader_exits_is_killed_and_recorded() {
     assert_eq!(outcome(&runner, id), Outcome::Succeeded);
     assert_eq!(
         group_members(job(&db.path, id).pgid.unwrap()),
-        Vec::<i64>::new()
+        Vec::<i32>::new()
     );
     assert!(kinds(&db.path, id).contains(&"leaked".to_string()));
 }
@@ -247,7 +210,7 @@ fn setsid_escapee_holding_stdout_does_not_hang_the_worker() {
     let rec = job(&db.path, id);
     assert_eq!(
         token_holders(rec.run_token.as_deref().unwrap()),
-        Vec::<i64>::new()
+        Vec::<i32>::new()
     );
     let leaked: Vec<_> = events(&db.path, id)
         .into_iter()

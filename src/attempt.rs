@@ -4,7 +4,7 @@
 //!
 //! Supervision is a single `poll(2)` loop in the calling thread over the
 //! stdout and stderr pipes, a pidfd for the main process and the stop
-//! handle's wake-up pipe, with the nearest deadline as the timeout: a job
+//! handle's wake-up eventfd, with the nearest deadline as the timeout: a job
 //! that sleeps costs its supervisor no CPU.
 //!
 //! The child must start clean whatever state the runner's thread is in: an
@@ -636,34 +636,40 @@ pub(crate) struct AttemptResult {
 struct StopShared {
     /// 0 while not stopped, else [`StopReason::code`] of the first reason.
     reason: AtomicU8,
-    /// Read end of the wake-up pipe: polled by the supervisor and never
-    /// drained, so once stopped it stays readable.
-    wake_rx: OwnedFd,
-    /// Write end of the wake-up pipe.
-    wake_tx: OwnedFd,
+    /// The wake-up eventfd: written by `stop`, polled by the supervisor and
+    /// never read, so once stopped it stays readable. One descriptor, where
+    /// a pipe would take two.
+    wake: OwnedFd,
 }
 
 /// A cloneable handle another thread uses to stop a running attempt. Stopping
-/// wakes the supervising `poll` at once through a pipe in its poll set.
+/// wakes the supervising `poll` at once through an eventfd in its poll set.
 /// Stopping before [`run`] is called makes it return without spawning.
 #[derive(Debug, Clone)]
 pub(crate) struct StopHandle {
-    /// The shared reason and wake-up pipe.
+    /// The shared reason and wake-up eventfd.
     shared: Arc<StopShared>,
 }
 
 impl StopHandle {
     /// A handle that has not been stopped.
     pub(crate) fn new() -> io::Result<Self> {
-        // Non-blocking so stop() can never block on a full pipe (a full pipe
-        // is readable, which is all the supervisor needs); close-on-exec so
-        // attempts never inherit it.
-        let (wake_rx, wake_tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        // Non-blocking so stop() can never block (an eventfd only would once
+        // its counter neared u64::MAX); close-on-exec so attempts never
+        // inherit it.
+        // SAFETY: eventfd takes no pointers; a non-negative return is a new
+        // descriptor that nothing else owns, so OwnedFd may take it.
+        let wake = unsafe {
+            let fd = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            OwnedFd::from_raw_fd(fd)
+        };
         Ok(Self {
             shared: Arc::new(StopShared {
                 reason: AtomicU8::new(0),
-                wake_rx,
-                wake_tx,
+                wake,
             }),
         })
     }
@@ -679,10 +685,10 @@ impl StopHandle {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
-        match nix::unistd::write(&self.shared.wake_tx, &[1]) {
-            // EAGAIN: the pipe is full, hence already readable.
+        match nix::unistd::write(&self.shared.wake, &1u64.to_ne_bytes()) {
+            // EAGAIN: the counter is full, hence already readable.
             Ok(_) | Err(Errno::EAGAIN) => {}
-            Err(e) => log::error!("stop handle: cannot write wake-up pipe: {e}"),
+            Err(e) => log::error!("stop handle: cannot write wake-up eventfd: {e}"),
         }
     }
 
@@ -858,7 +864,7 @@ enum Slot {
     Stderr,
     /// The main process's pidfd.
     Exit,
-    /// The stop handle's wake-up pipe.
+    /// The stop handle's wake-up eventfd.
     Stop,
 }
 
@@ -913,7 +919,7 @@ impl Supervisor<'_> {
             (Slot::Exit, self.pidfd.as_ref().map(AsFd::as_fd)),
             (
                 Slot::Stop,
-                watch_stop.then(|| self.stop.shared.wake_rx.as_fd()),
+                watch_stop.then(|| self.stop.shared.wake.as_fd()),
             ),
         ];
         for (slot, fd) in candidates {
@@ -1153,6 +1159,25 @@ impl Supervisor<'_> {
     }
 }
 
+/// The size of the buffer output is read through.
+const READ_BUF_SIZE: usize = 64 * 1024;
+
+thread_local! {
+    /// The read buffer of the thread's last attempt, kept for its next one: a worker runs
+    /// one attempt at a time, and a fresh zeroed 64 KiB per attempt shows on short jobs.
+    static READ_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The thread's read buffer (a new one if it has none).
+fn read_buffer() -> Vec<u8> {
+    let buf = READ_BUF.take();
+    if buf.len() == READ_BUF_SIZE {
+        buf
+    } else {
+        vec![0; READ_BUF_SIZE]
+    }
+}
+
 /// Runs one attempt of `spec` to its end; see the module documentation.
 ///
 /// `on_started` is called right after a successful spawn, before any waiting,
@@ -1216,9 +1241,10 @@ pub(crate) fn run(
         err: Stream::new(stderr, spec.tail_bytes),
         last_output: spawned,
         spawned,
-        buf: vec![0; 64 * 1024],
+        buf: read_buffer(),
     };
     let (ending, leaked) = sup.supervise();
+    READ_BUF.set(mem::take(&mut sup.buf));
     AttemptResult {
         ending,
         stdout: sup.out.tail.finish(),

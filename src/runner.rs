@@ -290,6 +290,9 @@ pub(crate) struct Shared {
     pub endings_total: std::sync::atomic::AtomicU64,
     /// How long the writer's last commit took, in nanoseconds.
     pub commit_nanos: std::sync::atomic::AtomicU64,
+    /// The dispatcher refills the work queue once it holds this many jobs or fewer: a worker
+    /// that finds more queued need not wake it.
+    pub refill_at: AtomicUsize,
     /// Wakes the dispatcher (an enqueue, a free worker, shutdown).
     wake: (Mutex<bool>, Condvar),
     /// Bumped whenever an ending is committed or observed; waiters block on it.
@@ -306,6 +309,7 @@ impl Shared {
             idle_workers: AtomicUsize::new(config.workers),
             endings_total: std::sync::atomic::AtomicU64::new(0),
             commit_nanos: std::sync::atomic::AtomicU64::new(0),
+            refill_at: AtomicUsize::new(0),
             wake: (Mutex::new(false), Condvar::new()),
             endings: (Mutex::new(0), Condvar::new()),
             counters: Mutex::new(SweepCounters::default()),
@@ -740,7 +744,16 @@ fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::C
         // The claim's round trip is the commit plus the hand-offs between threads.
         let round_trip = commit.as_secs_f64() + HANDOFF.as_secs_f64();
         let lookahead = ((per_sec * round_trip * 2.0).round() as usize).min(4 * workers);
-        let want = (idle + lookahead).saturating_sub(queued);
+        // Refill in chunks: claim once the queue is down to half the lookahead (or a worker
+        // would go without), not on every ending, so that one claim (and one wake-up of this
+        // thread, see `refill_at`) serves several jobs.
+        let low = lookahead / 2;
+        shared.refill_at.store(low, Ordering::Relaxed);
+        let want = if queued <= low || queued < idle {
+            (idle + lookahead).saturating_sub(queued)
+        } else {
+            0
+        };
         let mut claimed_all = false;
         if want > 0 {
             match writer.claim(u32::try_from(want).unwrap_or(u32::MAX)) {
@@ -781,9 +794,13 @@ fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::C
 }
 
 /// What a claim's round trip costs beyond its commit: waking the writer and the dispatcher.
-const HANDOFF: Duration = Duration::from_millis(2);
+const HANDOFF: Duration = Duration::from_millis(2).saturating_add(crate::writer::LINGER);
 
-/// Endings per second, over the last half second or so.
+/// Over how long the rate of endings is measured: short, as a burst of short jobs that waits
+/// for its first measurement runs without lookahead until then.
+const RATE_WINDOW: Duration = Duration::from_millis(50);
+
+/// Endings per second, over the last [`RATE_WINDOW`] or so.
 struct RateMeter {
     at: Instant,
     count: u64,
@@ -801,7 +818,7 @@ impl RateMeter {
 
     fn sample(&mut self, total: u64) -> f64 {
         let dt = self.at.elapsed().as_secs_f64();
-        if dt >= 0.5 {
+        if dt >= RATE_WINDOW.as_secs_f64() {
             self.per_sec = (total - self.count) as f64 / dt;
             self.count = total;
             self.at = Instant::now();

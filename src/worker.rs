@@ -34,7 +34,10 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
         writer.send(Op::Finish(Box::new(finish)));
         shared.endings_total.fetch_add(1, Ordering::Relaxed);
         shared.idle_workers.fetch_add(1, Ordering::SeqCst);
-        shared.wake_dispatcher();
+        // Enough work queued: the dispatcher has nothing to do yet, so let it sleep.
+        if jobs.len() <= shared.refill_at.load(Ordering::Relaxed) {
+            shared.wake_dispatcher();
+        }
     }
 }
 

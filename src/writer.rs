@@ -4,13 +4,24 @@
 //! With `synchronous = FULL` every commit waits for the disk. One transaction per transition
 //! would make the disk, not the processes, the runner's limit; sharing a commit among the
 //! transitions that are ready at the same moment keeps FULL's guarantee (each transition is
-//! durable before anyone is told of it) at a fraction of the cost. Each write runs inside its
-//! own savepoint, so one that fails does not undo the others.
+//! durable before anyone is told of it) at a fraction of the cost.
+//!
+//! Only a claim is waited for (a worker may be idle until it commits), so a claim is committed
+//! at once, together with whatever else is queued. A start or an ending is waited for by nobody:
+//! the writer lets those gather for up to [`LINGER`] (or until a claim arrives) before it
+//! commits them, so that one commit serves many of them. Without this, on a fast disk the
+//! writer commits almost every write on its own, and the commits' CPU cost (WAL frames,
+//! checksums, locks, the flush) becomes the runner's limit.
+//!
+//! A batch is first applied as plain statements. If one write fails, the transaction is
+//! rolled back and the batch applied again with each write in its own savepoint, so one that
+//! fails does not undo the others; savepoints cost a copy of every page they touch, which the
+//! common case does without.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded, unbounded};
 use rusqlite::Connection;
 
 use crate::error::{Error, Result};
@@ -19,6 +30,10 @@ use crate::store::{self, AttemptStart, ClaimRequest, Claimed, Finish, Finished, 
 
 /// How many queued writes one transaction takes at most.
 const MAX_BATCH: usize = 256;
+
+/// How long a start or an ending may wait for others to share its commit. A claim cuts the
+/// wait short.
+pub(crate) const LINGER: Duration = Duration::from_millis(2);
 
 /// One write for the writer thread.
 pub(crate) enum Op {
@@ -36,7 +51,10 @@ pub(crate) enum Op {
 /// The handle workers and the dispatcher send writes through.
 #[derive(Clone)]
 pub(crate) struct Writer {
-    tx: Sender<Op>,
+    /// Claims: committed at once.
+    urgent: Sender<Op>,
+    /// Starts and endings: may linger to share a commit.
+    lazy: Sender<Op>,
 }
 
 impl Writer {
@@ -45,18 +63,19 @@ impl Writer {
         store: Store,
         shared: Arc<Shared>,
     ) -> Result<(Writer, std::thread::JoinHandle<()>)> {
-        let (tx, rx) = unbounded();
+        let (urgent, urgent_rx) = unbounded();
+        let (lazy, lazy_rx) = unbounded();
         let handle = std::thread::Builder::new()
             .name("leasehold-writer".into())
-            .spawn(move || run(&store, &shared, &rx))
+            .spawn(move || run(&store, &shared, &urgent_rx, &lazy_rx))
             .map_err(|e| Error::io("cannot start the writer thread", e))?;
-        Ok((Writer { tx }, handle))
+        Ok((Writer { urgent, lazy }, handle))
     }
 
     /// Claims up to `limit` jobs and waits until the claim is committed.
     pub(crate) fn claim(&self, limit: u32) -> Result<Vec<Claimed>> {
         let (reply, answer) = bounded(1);
-        self.tx
+        self.urgent
             .send(Op::Claim { limit, reply })
             .map_err(|_| Error::ShutDown)?;
         answer.recv().map_err(|_| Error::ShutDown)?
@@ -64,7 +83,11 @@ impl Writer {
 
     /// Queues a write without waiting for it.
     pub(crate) fn send(&self, op: Op) {
-        if self.tx.send(op).is_err() {
+        let tx = match op {
+            Op::Claim { .. } => &self.urgent,
+            Op::Start(_) | Op::Finish(_) => &self.lazy,
+        };
+        if tx.send(op).is_err() {
             log::error!("the writer thread has stopped; a write was dropped");
         }
     }
@@ -77,19 +100,55 @@ enum Done {
     Finished(Box<Finish>, Result<Finished>),
 }
 
-fn run(store: &Store, shared: &Shared, rx: &Receiver<Op>) {
+fn run(store: &Store, shared: &Shared, urgent: &Receiver<Op>, lazy: &Receiver<Op>) {
     // Ends when every sender is gone: the runner drops its handles only after its workers and
     // dispatcher are joined, so no write is lost.
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(op) => batch.push(op),
-                Err(_) => break,
-            }
-        }
+    while let Some(batch) = next_batch(urgent, lazy) {
         let done = commit(store, shared, batch);
         after_commit(shared, done);
+    }
+}
+
+/// Waits for writes and returns the next batch; None once both channels are closed and empty.
+fn next_batch(urgent: &Receiver<Op>, lazy: &Receiver<Op>) -> Option<Vec<Op>> {
+    let first = {
+        let mut sel = crossbeam_channel::Select::new();
+        let u = sel.recv(urgent);
+        sel.recv(lazy);
+        let ready = sel.select();
+        let (rx, other) = if ready.index() == u {
+            (urgent, lazy)
+        } else {
+            (lazy, urgent)
+        };
+        match ready.recv(rx) {
+            Ok(op) => op,
+            // That channel is closed (so is the other: one handle holds both): drain the
+            // other to its end.
+            Err(_) => other.recv().ok()?,
+        }
+    };
+    let linger = !matches!(first, Op::Claim { .. });
+    let mut batch = Vec::with_capacity(16);
+    batch.push(first);
+    if linger {
+        // Let starts and endings gather; only a claim (or the end) cuts the wait short. The
+        // lazy channel is not watched meanwhile, so its senders do not wake this thread.
+        if let Ok(op) = urgent.recv_timeout(LINGER) {
+            batch.push(op);
+        }
+    }
+    drain(urgent, &mut batch);
+    drain(lazy, &mut batch);
+    Some(batch)
+}
+
+fn drain(rx: &Receiver<Op>, batch: &mut Vec<Op>) {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(op) => batch.push(op),
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+        }
     }
 }
 
@@ -102,16 +161,34 @@ fn commit(store: &Store, shared: &Shared, batch: Vec<Op>) -> Vec<Done> {
     let lease_ttl = shared.config.lease_ttl;
     let worker_id = shared.worker_id.as_str();
     let queues = shared.config.queues.as_slice();
+    // Plain statements first; savepoints only to retry a batch in which a write failed.
+    let mut savepoints = false;
     loop {
         let now = crate::job::now_ms();
         let commit_started = Instant::now();
+        let mut write_failed = false;
         let attempt = store::transaction(store.conn(), &mut |conn| {
-            Ok(batch
-                .iter()
-                .map(|op| apply(conn, op, worker_id, queues, lease_ttl, now))
-                .collect::<Vec<_>>())
+            if savepoints {
+                return Ok(batch
+                    .iter()
+                    .map(|op| apply(conn, op, worker_id, queues, lease_ttl, now))
+                    .collect::<Vec<_>>());
+            }
+            let mut applied = Vec::with_capacity(batch.len());
+            for op in &batch {
+                match apply_op(conn, op, worker_id, queues, lease_ttl, now) {
+                    Ok(a) => applied.push(a),
+                    Err(e) => {
+                        write_failed = true;
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(applied)
         });
         match attempt {
+            // The transaction is rolled back: apply the batch again, one savepoint a write.
+            Err(_) if write_failed => savepoints = true,
             Ok(results) => {
                 shared.commit_nanos.store(
                     u64::try_from(commit_started.elapsed().as_nanos()).unwrap_or(u64::MAX),
@@ -174,7 +251,34 @@ enum Applied {
     Finished(Result<Finished>),
 }
 
-/// Applies one write inside a savepoint.
+/// Applies one write as plain statements; a failure may leave part of it applied.
+fn apply_op(
+    conn: &Connection,
+    op: &Op,
+    worker_id: &str,
+    queues: &[String],
+    lease_ttl: Duration,
+    now: i64,
+) -> Result<Applied> {
+    Ok(match op {
+        Op::Claim { limit, .. } => {
+            let req = ClaimRequest {
+                worker_id,
+                limit: *limit,
+                queues,
+                lease_ttl,
+            };
+            Applied::Claimed(Ok(store::claim(conn, &req, now)?))
+        }
+        Op::Start(s) => {
+            store::record_start(conn, s, now)?;
+            Applied::Started
+        }
+        Op::Finish(f) => Applied::Finished(Ok(store::finish_attempt(conn, f, now)?)),
+    })
+}
+
+/// Applies one write inside a savepoint, so that its failure undoes only itself.
 fn apply(
     conn: &Connection,
     op: &Op,
@@ -188,9 +292,8 @@ fn apply(
         conn.prepare_cached(sql)?.execute([])?;
         Ok(())
     };
-    let run = |f: &mut dyn FnMut() -> Result<Applied>| -> Result<Applied> {
-        exec("SAVEPOINT op")?;
-        match f() {
+    let result = exec("SAVEPOINT op").and_then(|()| {
+        match apply_op(conn, op, worker_id, queues, lease_ttl, now) {
             Ok(v) => {
                 exec("RELEASE op")?;
                 Ok(v)
@@ -201,36 +304,15 @@ fn apply(
                 Err(e)
             }
         }
-    };
-    match op {
-        Op::Claim { limit, .. } => {
-            let req = ClaimRequest {
-                worker_id,
-                limit: *limit,
-                queues,
-                lease_ttl,
-            };
-            match run(&mut || store::claim(conn, &req, now).map(|c| Applied::Claimed(Ok(c)))) {
-                Ok(a) => a,
-                Err(e) => Applied::Claimed(Err(e)),
-            }
+    });
+    match (op, result) {
+        (_, Ok(a)) => a,
+        (Op::Claim { .. }, Err(e)) => Applied::Claimed(Err(e)),
+        (Op::Start(s), Err(e)) => {
+            log::error!("cannot record the start of job {}: {e:#}", s.job_id);
+            Applied::Started
         }
-        Op::Start(s) => {
-            match run(&mut || store::record_start(conn, s, now).map(|_| Applied::Started)) {
-                Ok(a) => a,
-                Err(e) => {
-                    log::error!("cannot record the start of job {}: {e:#}", s.job_id);
-                    Applied::Started
-                }
-            }
-        }
-        Op::Finish(f) => {
-            match run(&mut || store::finish_attempt(conn, f, now).map(|r| Applied::Finished(Ok(r))))
-            {
-                Ok(a) => a,
-                Err(e) => Applied::Finished(Err(e)),
-            }
-        }
+        (Op::Finish(_), Err(e)) => Applied::Finished(Err(e)),
     }
 }
 

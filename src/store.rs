@@ -356,7 +356,22 @@ impl Store {
         for job in jobs {
             job.validate()?;
         }
-        self.write(|c| jobs.iter().map(|j| insert_job(c, j, now)).collect())
+        self.write(|c| {
+            let ids = jobs
+                .iter()
+                .map(|j| insert_row(c, j, now))
+                .collect::<Result<Vec<i64>>>()?;
+            // One statement for all the `enqueued` events: the ids of this transaction's rows
+            // are consecutive, as no other writer can insert while it holds the lock.
+            if let (Some(first), Some(last)) = (ids.first(), ids.last()) {
+                c.prepare_cached(
+                    "INSERT INTO job_events (job_id, at, kind, attempt, detail)
+                     SELECT id, ?3, 'enqueued', 0, queue FROM jobs WHERE id BETWEEN ?1 AND ?2",
+                )?
+                .execute(params![first, last, now])?;
+            }
+            Ok(ids)
+        })
     }
 
     /// Claims up to `limit` ready jobs for `worker_id`, taking a lease of `lease_ttl` on each.
@@ -819,6 +834,13 @@ fn event(
 }
 
 fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
+    let id = insert_row(conn, job, now)?;
+    event(conn, id, now, "enqueued", 0, &job.fields().queue)?;
+    Ok(id)
+}
+
+/// Inserts a job's row without its event.
+fn insert_row(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
     let f = job.fields();
     let scheduled_at = job.scheduled_at(now);
     conn.prepare_cached(
@@ -842,9 +864,7 @@ fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
         now,
         scheduled_at,
     ])?;
-    let id = conn.last_insert_rowid();
-    event(conn, id, now, "enqueued", 0, f.queue)?;
-    Ok(id)
+    Ok(conn.last_insert_rowid())
 }
 
 /// `AND queue IN (?n, ...)` for a non-empty list of queues, numbering from `first`.

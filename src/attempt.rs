@@ -221,32 +221,34 @@ impl Drop for FileActions {
 }
 
 /// The NULL-terminated pointer array `posix_spawn` takes for argv and envp;
-/// valid while `strings` is.
-fn c_pointers(strings: &[CString]) -> Vec<*mut libc::c_char> {
+/// valid while the strings are.
+fn c_pointers<'a>(strings: impl IntoIterator<Item = &'a CStr>) -> Vec<*mut libc::c_char> {
     strings
-        .iter()
+        .into_iter()
         .map(|s| s.as_ptr().cast_mut())
         .chain(std::iter::once(std::ptr::null_mut()))
         .collect()
 }
 
-/// Starts `path` (exec'ed as is: no PATH search) with `argv` and `envp`, set
-/// up by `actions` and `attr`. Returns the pid; an exec or file-action
-/// failure in the child is returned as its error (glibc reports it and reaps
-/// the failed child before returning).
+/// Starts `path` (exec'ed as is: no PATH search) with `argv` and `envp` (both
+/// NULL-terminated pointer arrays made by [`c_pointers`], whose strings must
+/// outlive the call), set up by `actions` and `attr`. Returns the pid; an
+/// exec or file-action failure in the child is returned as its error (glibc
+/// reports it and reaps the failed child before returning).
 fn posix_spawn(
     path: &CStr,
-    argv: &[CString],
-    envp: &[CString],
+    argv: &[*mut libc::c_char],
+    envp: &[*mut libc::c_char],
     actions: &mut FileActions,
     attr: &mut SpawnAttr,
 ) -> io::Result<i32> {
-    let argv = c_pointers(argv);
-    let envp = c_pointers(envp);
+    debug_assert!(argv.last().is_some_and(|p| p.is_null()));
+    debug_assert!(envp.last().is_some_and(|p| p.is_null()));
     let mut pid: libc::pid_t = 0;
     // SAFETY: every pointer is valid for the whole call: `pid` is ours to
-    // write, `path` and the strings behind the NULL-terminated `argv` and
-    // `envp` arrays are borrowed C strings (glibc reads them, never writes:
+    // write, `path` is a borrowed C string, `argv` and `envp` are
+    // NULL-terminated arrays (made by `c_pointers`) of pointers to C strings
+    // the caller keeps alive across the call (glibc reads them, never writes:
     // the `*mut` is C's historic prototype), and `actions` and `attr` are
     // initialised objects.
     spawn_check(unsafe {
@@ -272,18 +274,105 @@ fn c_string(bytes: impl Into<Vec<u8>>) -> io::Result<CString> {
     })
 }
 
-/// The attempt's environment: the runner's, with the job's variables added
-/// or overriding, plus the job id and run token. Sorted by name, like std's.
-fn child_env(spec: &AttemptSpec) -> BTreeMap<OsString, OsString> {
-    let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
-    env.extend(
-        spec.env
+/// The environment attempts start from: a snapshot of the runner's process
+/// environment, taken once (by [`BaseEnv::current`], when a runner starts)
+/// and kept as ready-made `NAME=VALUE` C strings, so a spawn does not read and
+/// convert the whole environment again. The process environment is not
+/// expected to change while a runner runs; a change made after the snapshot
+/// does not reach its attempts.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct BaseEnv {
+    /// `(name, "NAME=VALUE")`, one per name, sorted by name.
+    vars: Vec<(Vec<u8>, CString)>,
+    /// The value of PATH, if set.
+    path: Option<OsString>,
+}
+
+impl BaseEnv {
+    /// A snapshot of the calling process's environment.
+    pub(crate) fn current() -> Self {
+        // A map, like std's: the last of duplicate names wins, and the order
+        // is by name.
+        let map: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+        let path = map.get(OsStr::new("PATH")).cloned();
+        let vars = map
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let name = k.into_vec();
+                let entry = env_entry(&name, v.as_bytes()).ok()?;
+                Some((name, entry))
+            })
+            .collect();
+        Self { vars, path }
+    }
+}
+
+/// `NAME=VALUE` as a C string.
+fn env_entry(name: &[u8], value: &[u8]) -> io::Result<CString> {
+    let mut entry = Vec::with_capacity(name.len() + 1 + value.len() + 1);
+    entry.extend_from_slice(name);
+    entry.push(b'=');
+    entry.extend_from_slice(value);
+    c_string(entry)
+}
+
+/// The attempt's environment: the runner's (`spec.base_env`), with the job's
+/// variables added or overriding (the last of a name wins), plus the job id
+/// and run token, which override all. The C strings the base does not hold,
+/// and the child's PATH.
+struct ChildEnv<'a> {
+    /// The base's entries that are not overridden.
+    base: Vec<&'a CStr>,
+    /// The job's entries and the two leasehold variables.
+    own: Vec<CString>,
+    /// The PATH the child sees (the program is searched on it).
+    path: Option<&'a OsStr>,
+}
+
+impl<'a> ChildEnv<'a> {
+    fn new(spec: &'a AttemptSpec) -> io::Result<Self> {
+        let job_id = spec.job_id.to_string();
+        // The job's variables, the last of each name winning, then ours.
+        let mut overrides: Vec<(&[u8], &[u8])> = Vec::with_capacity(spec.env.len() + 2);
+        for (k, v) in &spec.env {
+            let k = k.as_bytes();
+            overrides.retain(|(n, _)| *n != k);
+            overrides.push((k, v.as_bytes()));
+        }
+        for (k, v) in [
+            (JOB_ID_VAR.as_bytes(), job_id.as_bytes()),
+            (RUN_TOKEN_VAR.as_bytes(), spec.run_token.as_bytes()),
+        ] {
+            overrides.retain(|(n, _)| *n != k);
+            overrides.push((k, v));
+        }
+        let base = spec
+            .base_env
+            .vars
             .iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-    );
-    env.insert(JOB_ID_VAR.into(), spec.job_id.to_string().into());
-    env.insert(RUN_TOKEN_VAR.into(), spec.run_token.clone().into());
-    env
+            .filter(|(name, _)| !overrides.iter().any(|(n, _)| *n == name.as_slice()))
+            .map(|(_, entry)| entry.as_c_str())
+            .collect();
+        let path = match spec.env.iter().rev().find(|(k, _)| k == "PATH") {
+            Some((_, v)) => Some(OsStr::new(v.as_str())),
+            None => spec.base_env.path.as_deref(),
+        };
+        let own = overrides
+            .iter()
+            .map(|(k, v)| env_entry(k, v))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(Self { base, own, path })
+    }
+
+    /// The NULL-terminated envp array; valid while `self` is.
+    fn pointers(&self) -> Vec<*mut libc::c_char> {
+        c_pointers(
+            self.base
+                .iter()
+                .copied()
+                .chain(self.own.iter().map(CString::as_c_str)),
+        )
+    }
 }
 
 /// Finds the file to exec for `program` as `execvp` would in the child: a
@@ -453,9 +542,8 @@ fn spawn(spec: &AttemptSpec, program: &str) -> Result<Spawned, String> {
     if let Some(dir) = cwd {
         check_cwd(dir).map_err(|e| format!("spawn {program:?}: working directory {dir:?}: {e}"))?;
     }
-    let env = child_env(spec);
-    let search_path = env.get(OsStr::new("PATH")).map(OsString::as_os_str);
-    let path = resolve_program(OsStr::new(program), search_path, cwd).map_err(fail)?;
+    let env = ChildEnv::new(spec).map_err(fail)?;
+    let path = resolve_program(OsStr::new(program), env.path, cwd).map_err(fail)?;
     let path = c_string(path.into_os_string().into_vec()).map_err(fail)?;
     let argv = spec
         .argv
@@ -463,16 +551,7 @@ fn spawn(spec: &AttemptSpec, program: &str) -> Result<Spawned, String> {
         .map(|a| c_string(a.as_bytes()))
         .collect::<io::Result<Vec<_>>>()
         .map_err(fail)?;
-    let envp = env
-        .into_iter()
-        .map(|(k, v)| {
-            let mut entry = k.into_vec();
-            entry.push(b'=');
-            entry.extend(v.into_vec());
-            c_string(entry)
-        })
-        .collect::<io::Result<Vec<_>>>()
-        .map_err(fail)?;
+    let envp = env.pointers();
     let cwd_c = cwd
         .map(|d| c_string(d.as_os_str().as_bytes()))
         .transpose()
@@ -483,11 +562,15 @@ fn spawn(spec: &AttemptSpec, program: &str) -> Result<Spawned, String> {
     let mut attr = SpawnAttr::new().map_err(fail)?;
     let mut actions =
         FileActions::new(stdout_w.as_fd(), stderr_w.as_fd(), cwd_c.as_deref()).map_err(fail)?;
-    let pid = match posix_spawn(&path, &argv, &envp, &mut actions, &mut attr) {
+    let argv_p = c_pointers(argv.iter().map(CString::as_c_str));
+    let pid = match posix_spawn(&path, &argv_p, &envp, &mut actions, &mut attr) {
         Err(e) if e.raw_os_error() == Some(libc::ENOEXEC) => {
             // What execvp does with a file that has no `#!` line.
-            let mut script_argv = vec![SCRIPT_SHELL.to_owned(), path.clone()];
-            script_argv.extend(argv.iter().skip(1).cloned());
+            let script_argv = c_pointers(
+                [SCRIPT_SHELL, path.as_c_str()]
+                    .into_iter()
+                    .chain(argv.iter().skip(1).map(CString::as_c_str)),
+            );
             posix_spawn(SCRIPT_SHELL, &script_argv, &envp, &mut actions, &mut attr)
         }
         other => other,
@@ -510,6 +593,8 @@ pub(crate) struct AttemptSpec {
     pub argv: Vec<String>,
     /// Variables added to the runner's environment.
     pub env: Vec<(String, String)>,
+    /// The runner's environment, which the attempt's starts from.
+    pub base_env: Arc<BaseEnv>,
     /// Working directory; the runner's if `None`.
     pub cwd: Option<PathBuf>,
     /// Exported to the attempt as `LEASEHOLD_JOB_ID`.
@@ -799,9 +884,11 @@ impl Stream {
 }
 
 /// Sets `O_NONBLOCK` on `fd`.
+/// `fd` is the read end of a pipe made by [`output_pipe`], whose file status
+/// flags are otherwise clear (O_CLOEXEC is a descriptor flag), so they are set
+/// without reading them first: one syscall a stream instead of two.
 fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
-    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
     Ok(())
 }
 
@@ -1272,6 +1359,7 @@ mod tests {
         AttemptSpec {
             argv: vec!["sh".into(), "-c".into(), script.into()],
             env: Vec::new(),
+            base_env: Arc::new(BaseEnv::current()),
             cwd: None,
             job_id: 7,
             run_token: unique_token(name),

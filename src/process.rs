@@ -94,8 +94,31 @@ pub(crate) fn proc_info(pid: i32) -> Option<ProcInfo> {
     if pid <= 0 {
         return None;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(pid, &stat)
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    // One read into a stack buffer: the line is generated whole on the first
+    // read and is far shorter than the buffer (a 16-byte name and 50 numbers),
+    // so this costs one read where `read_to_string` takes a statx, a probe
+    // read, the read and the read of the end, plus the allocations.
+    let mut buf = [0u8; 2048];
+    let mut len = 0;
+    while len < buf.len() && !buf[..len].ends_with(b"\n") {
+        match io::Read::read(&mut file, &mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    if len == buf.len() && !buf.ends_with(b"\n") {
+        // Longer than any stat line seen; read it the general way.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        return parse_stat(pid, &stat);
+    }
+    let stat = &buf[..len];
+    // Only the part from the last `)` on is parsed: the command name before it
+    // may be any bytes, not only UTF-8.
+    let rest = &stat[stat.iter().rposition(|&b| b == b')')?..];
+    parse_stat(pid, std::str::from_utf8(rest).ok()?)
 }
 
 /// The start time of process `pid` in clock ticks since boot (field 22 of

@@ -298,6 +298,10 @@ pub(crate) struct Shared {
     /// Bumped whenever an ending is committed or observed; waiters block on it.
     endings: (Mutex<u64>, Condvar),
     pub counters: Mutex<SweepCounters>,
+    /// The environment attempts start from: the process's, taken once when the runner
+    /// starts (it is not expected to change while the runner runs), so that a spawn does not
+    /// read and convert it again.
+    pub base_env: Arc<crate::attempt::BaseEnv>,
 }
 
 impl Shared {
@@ -313,6 +317,7 @@ impl Shared {
             wake: (Mutex::new(false), Condvar::new()),
             endings: (Mutex::new(0), Condvar::new()),
             counters: Mutex::new(SweepCounters::default()),
+            base_env: Arc::new(crate::attempt::BaseEnv::current()),
             config,
         }
     }

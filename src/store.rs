@@ -1172,6 +1172,9 @@ pub(crate) fn backoff_ms(base_ms: i64, max_ms: i64, failures: i64) -> i64 {
 }
 
 pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+    if f.ending == Ending::Succeeded {
+        return finish_succeeded(conn, f, now);
+    }
     let row: Option<(i64, i64, i64, i64, i64, String, i64)> = conn
         .prepare_cached(
             "SELECT failed_attempts, max_attempts, backoff_base_ms, backoff_max_ms,
@@ -1191,37 +1194,14 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
         })
         .optional()?;
     let Some((failed, max_attempts, base, cap, recovery, on_lost, attempt)) = row else {
-        let what = match &f.ending {
-            Ending::Succeeded => "exit 0".to_string(),
-            Ending::Failed { message, .. } => message.clone(),
-            Ending::Lost { message } | Ending::Interrupted { message } => message.clone(),
-        };
-        let mut detail = format!("attempt no longer holds its lease; discarded result: {what}");
-        for (kind, note) in &f.notes {
-            detail.push_str(&format!("; {kind}: {note}"));
-        }
-        event(
-            conn,
-            f.job_id,
-            now,
-            "late_result_discarded",
-            f.attempt,
-            &detail,
-        )?;
-        return Ok(Finished::Fenced);
+        return fenced(conn, f, now);
     };
     // Every UPDATE below repeats the fence, though the IMMEDIATE transaction already holds it.
     const FENCE: &str = "WHERE id = ?1 AND status = 'running' AND run_token = ?2";
     const RELEASE: &str = "lease_expires_at = NULL, heartbeat_at = ?3";
     let (status, kind, detail) = match &f.ending {
-        Ending::Succeeded => {
-            conn.prepare_cached(&format!(
-                "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
-                     signal = NULL, error_kind = NULL, {RELEASE} {FENCE}"
-            ))?
-            .execute(params![f.job_id, f.run_token, now])?;
-            (Status::Succeeded, "succeeded", "exit 0".to_string())
-        }
+        // Taken by the early return above, which needs no SELECT.
+        Ending::Succeeded => return finish_succeeded(conn, f, now),
         Ending::Failed {
             kind,
             exit_code,
@@ -1315,6 +1295,56 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
             (Status::Pending, "interrupted", message.clone())
         }
     };
+    finish_rest(conn, f, now, attempt)?;
+    event(conn, f.job_id, now, kind, attempt, &detail)?;
+    Ok(Finished::Recorded(status))
+}
+
+/// A successful ending: the fenced UPDATE returns the attempt, so the common case needs no
+/// read before it; no row back means the lease is gone, and only the fenced event is written.
+fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+    let attempt: Option<i64> = conn
+        .prepare_cached(
+            "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                 signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2 RETURNING attempt",
+        )?
+        .query_row(params![f.job_id, f.run_token, now], |r| r.get(0))
+        .optional()?;
+    let Some(attempt) = attempt else {
+        return fenced(conn, f, now);
+    };
+    finish_rest(conn, f, now, attempt)?;
+    event(conn, f.job_id, now, "succeeded", attempt, "exit 0")?;
+    Ok(Finished::Recorded(Status::Succeeded))
+}
+
+/// An ending whose attempt no longer holds its lease: nothing changes but the
+/// `late_result_discarded` event.
+fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+    let what = match &f.ending {
+        Ending::Succeeded => "exit 0",
+        Ending::Failed { message, .. } => message,
+        Ending::Lost { message } | Ending::Interrupted { message } => message,
+    };
+    let mut detail = format!("attempt no longer holds its lease; discarded result: {what}");
+    for (kind, note) in &f.notes {
+        detail.push_str(&format!("; {kind}: {note}"));
+    }
+    event(
+        conn,
+        f.job_id,
+        now,
+        "late_result_discarded",
+        f.attempt,
+        &detail,
+    )?;
+    Ok(Finished::Fenced)
+}
+
+/// What every recorded ending writes after its UPDATE and before its own event: the output
+/// (if any) and the notes' events.
+fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<()> {
     // An attempt that wrote nothing leaves no row: `output` then finds none, which reads as
     // empty, and a stream of quiet jobs costs one write less each.
     if let Some(out) = f
@@ -1339,8 +1369,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
     for (kind, note) in &f.notes {
         event(conn, f.job_id, now, kind, attempt, note)?;
     }
-    event(conn, f.job_id, now, kind, attempt, &detail)?;
-    Ok(Finished::Recorded(status))
+    Ok(())
 }
 
 /// Where a lost attempt's job goes: back to pending while the budget lasts and the job asks

@@ -46,6 +46,7 @@ fn run_one(shared: &Shared, job: &Claimed, stop: &attempt::StopHandle, writer: &
     let spec = AttemptSpec {
         argv: job.argv.clone(),
         env: job.env.clone(),
+        base_env: shared.base_env.clone(),
         cwd: job.cwd.as_ref().map(PathBuf::from),
         job_id: job.id,
         run_token: job.run_token.clone(),

@@ -158,25 +158,27 @@ fn commit(store: &Store, shared: &Shared, batch: Vec<Op>) -> Vec<Done> {
     let started = Instant::now();
     let mut warned = false;
     let mut failures = 0;
-    let lease_ttl = shared.config.lease_ttl;
-    let worker_id = shared.worker_id.as_str();
-    let queues = shared.config.queues.as_slice();
     // Plain statements first; savepoints only to retry a batch in which a write failed.
     let mut savepoints = false;
     loop {
-        let now = crate::job::now_ms();
+        let ctx = Ctx {
+            worker_id: shared.worker_id.as_str(),
+            queues: shared.config.queues.as_slice(),
+            lease_ttl: shared.config.lease_ttl,
+            now: crate::job::now_ms(),
+        };
         let commit_started = Instant::now();
         let mut write_failed = false;
         let attempt = store::transaction(store.conn(), &mut |conn| {
             if savepoints {
                 return Ok(batch
                     .iter()
-                    .map(|op| apply(conn, op, worker_id, queues, lease_ttl, now))
+                    .map(|op| apply(conn, op, &ctx))
                     .collect::<Vec<_>>());
             }
             let mut applied = Vec::with_capacity(batch.len());
             for op in &batch {
-                match apply_op(conn, op, worker_id, queues, lease_ttl, now) {
+                match apply_op(conn, op, &ctx) {
                     Ok(a) => applied.push(a),
                     Err(e) => {
                         write_failed = true;
@@ -251,22 +253,25 @@ enum Applied {
     Finished(Result<Finished>),
 }
 
-/// Applies one write as plain statements; a failure may leave part of it applied.
-fn apply_op(
-    conn: &Connection,
-    op: &Op,
-    worker_id: &str,
-    queues: &[String],
+/// What every write of one transaction shares: the runner's identity and settings, and the
+/// transaction's time.
+struct Ctx<'a> {
+    worker_id: &'a str,
+    queues: &'a [String],
     lease_ttl: Duration,
     now: i64,
-) -> Result<Applied> {
+}
+
+/// Applies one write as plain statements; a failure may leave part of it applied.
+fn apply_op(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Result<Applied> {
+    let now = ctx.now;
     Ok(match op {
         Op::Claim { limit, .. } => {
             let req = ClaimRequest {
-                worker_id,
+                worker_id: ctx.worker_id,
                 limit: *limit,
-                queues,
-                lease_ttl,
+                queues: ctx.queues,
+                lease_ttl: ctx.lease_ttl,
             };
             Applied::Claimed(Ok(store::claim(conn, &req, now)?))
         }
@@ -279,30 +284,21 @@ fn apply_op(
 }
 
 /// Applies one write inside a savepoint, so that its failure undoes only itself.
-fn apply(
-    conn: &Connection,
-    op: &Op,
-    worker_id: &str,
-    queues: &[String],
-    lease_ttl: Duration,
-    now: i64,
-) -> Applied {
+fn apply(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Applied {
     // Cached statements: these run for every write, and parsing them each time shows.
     let exec = |sql: &str| -> Result<()> {
         conn.prepare_cached(sql)?.execute([])?;
         Ok(())
     };
-    let result = exec("SAVEPOINT op").and_then(|()| {
-        match apply_op(conn, op, worker_id, queues, lease_ttl, now) {
-            Ok(v) => {
-                exec("RELEASE op")?;
-                Ok(v)
-            }
-            Err(e) => {
-                exec("ROLLBACK TO op")?;
-                exec("RELEASE op")?;
-                Err(e)
-            }
+    let result = exec("SAVEPOINT op").and_then(|()| match apply_op(conn, op, ctx) {
+        Ok(v) => {
+            exec("RELEASE op")?;
+            Ok(v)
+        }
+        Err(e) => {
+            exec("ROLLBACK TO op")?;
+            exec("RELEASE op")?;
+            Err(e)
         }
     });
     match (op, result) {

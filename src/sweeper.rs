@@ -65,6 +65,35 @@ struct Clock {
     settle_until: Option<Instant>,
 }
 
+impl Clock {
+    /// Records the clocks at a sweep and says whether the sweep is settling: within `ttl` of a
+    /// wall-clock step that outran the monotonic clock by more than `heartbeat` (or went back).
+    fn observe(
+        &mut self,
+        wall: SystemTime,
+        mono: Instant,
+        heartbeat: Duration,
+        ttl: Duration,
+    ) -> bool {
+        let wall_step = wall.duration_since(self.wall).unwrap_or(Duration::ZERO);
+        let mono_step = mono.duration_since(self.mono);
+        let backwards = wall < self.wall;
+        if backwards || wall_step > mono_step + heartbeat {
+            log::info!(
+                "wall clock moved {:.1}s while {:.1}s passed (a suspend or a clock change): \
+                 not reclaiming expired leases for {:.0}s while runners renew",
+                wall_step.as_secs_f64(),
+                mono_step.as_secs_f64(),
+                ttl.as_secs_f64()
+            );
+            self.settle_until = Some(mono + ttl);
+        }
+        self.wall = wall;
+        self.mono = mono;
+        self.settle_until.is_some_and(|t| mono < t)
+    }
+}
+
 impl Sweeper {
     pub(crate) fn new(store: Store, shared: Arc<Shared>) -> Result<Sweeper> {
         Ok(Sweeper {
@@ -154,24 +183,12 @@ impl Sweeper {
     /// True while the sweeper distrusts lease expiry after a jump of the wall clock.
     fn settling(&self) -> bool {
         let cfg = &self.shared.config;
-        let mut clock = self.clock.lock();
-        let (wall, mono) = (SystemTime::now(), Instant::now());
-        let wall_step = wall.duration_since(clock.wall).unwrap_or(Duration::ZERO);
-        let mono_step = mono.duration_since(clock.mono);
-        let backwards = wall < clock.wall;
-        if backwards || wall_step > mono_step + cfg.heartbeat_interval {
-            log::info!(
-                "wall clock moved {:.1}s while {:.1}s passed (a suspend or a clock change): \
-                 not reclaiming expired leases for {:.0}s while runners renew",
-                wall_step.as_secs_f64(),
-                mono_step.as_secs_f64(),
-                cfg.lease_ttl.as_secs_f64()
-            );
-            clock.settle_until = Some(mono + cfg.lease_ttl);
-        }
-        clock.wall = wall;
-        clock.mono = mono;
-        clock.settle_until.is_some_and(|t| mono < t)
+        self.clock.lock().observe(
+            SystemTime::now(),
+            Instant::now(),
+            cfg.heartbeat_interval,
+            cfg.lease_ttl,
+        )
     }
 
     /// Runners on this host, other than this one, that are provably dead, with the evidence.
@@ -375,6 +392,33 @@ mod tests {
         // Another runner's sweeper at the same time reclaims it.
         let report = sweeper(&path, "other").sweep_once(later).unwrap();
         assert_eq!(report.reclaimed_pending, 1);
+    }
+
+    #[test]
+    fn a_wall_clock_jump_suspends_expiry_reclaims_for_one_lease_ttl() {
+        let (w0, m0) = (SystemTime::now(), Instant::now());
+        let (beat, ttl) = (Duration::from_secs(5), Duration::from_secs(30));
+        let mut clock = Clock {
+            wall: w0,
+            mono: m0,
+            settle_until: None,
+        };
+        let s = Duration::from_secs;
+        // Both clocks move together: nothing to distrust.
+        assert!(!clock.observe(w0 + s(5), m0 + s(5), beat, ttl));
+        // A suspend: an hour of wall clock in five seconds of monotonic time.
+        assert!(clock.observe(w0 + s(3610), m0 + s(10), beat, ttl));
+        assert!(clock.observe(w0 + s(3630), m0 + s(30), beat, ttl));
+        // One lease TTL after the jump, expiry is trusted again.
+        assert!(!clock.observe(w0 + s(3641), m0 + s(41), beat, ttl));
+        // A step backwards settles too; a step within a heartbeat of drift does not.
+        assert!(clock.observe(w0 + s(3000), m0 + s(46), beat, ttl));
+        let mut steady = Clock {
+            wall: w0,
+            mono: m0,
+            settle_until: None,
+        };
+        assert!(!steady.observe(w0 + s(14), m0 + s(10), beat, ttl));
     }
 
     #[test]

@@ -288,7 +288,7 @@ pub(crate) struct Shared {
     pub idle_workers: AtomicUsize,
     /// Attempts ended by this runner's workers since it started.
     pub endings_total: std::sync::atomic::AtomicU64,
-    /// How long the writer's last commit took, in nanoseconds.
+    /// How long the writer's commits take, in nanoseconds: the slowest recent one, decaying.
     pub commit_nanos: std::sync::atomic::AtomicU64,
     /// The dispatcher refills the work queue once it holds this many jobs or fewer: a worker
     /// that finds more queued need not wake it.
@@ -736,8 +736,8 @@ fn random_hex() -> String {
 /// A claim is durable before its job starts, so with `synchronous = FULL` a worker that
 /// waited for its own claim would wait for the disk on every job. The dispatcher therefore
 /// claims a little ahead: as many jobs as are likely to start while one commit is under way
-/// (the recent rate of endings times the recent claim round trip, twice over, at most four per
-/// worker). Long jobs end rarely, so they are not claimed ahead; a stream of short ones is.
+/// (the recent rate of endings times the recent claim round trip, twice over, at most eight
+/// per worker). Long jobs end rarely, so they are not claimed ahead; a stream of short ones is.
 fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::Claimed>) {
     let workers = shared.config.workers;
     let mut rate = RateMeter::new();
@@ -745,10 +745,10 @@ fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::C
         let idle = shared.idle_workers.load(Ordering::SeqCst);
         let queued = work.len();
         let commit = Duration::from_nanos(shared.commit_nanos.load(Ordering::Relaxed));
-        let per_sec = rate.sample(shared.endings_total.load(Ordering::Relaxed));
+        let per_sec = rate.sample(shared.endings_total.load(Ordering::Relaxed), workers as u64);
         // The claim's round trip is the commit plus the hand-offs between threads.
         let round_trip = commit.as_secs_f64() + HANDOFF.as_secs_f64();
-        let lookahead = ((per_sec * round_trip * 2.0).round() as usize).min(4 * workers);
+        let lookahead = ((per_sec * round_trip * 2.0).round() as usize).min(8 * workers);
         // Refill in chunks: claim once the queue is down to half the lookahead (or a worker
         // would go without), not on every ending, so that one claim (and one wake-up of this
         // thread, see `refill_at`) serves several jobs.
@@ -821,10 +821,13 @@ impl RateMeter {
         }
     }
 
-    fn sample(&mut self, total: u64) -> f64 {
+    /// The rate, measured again once a window has passed, or sooner once `enough` endings
+    /// have come in: a burst of short jobs should not run a whole window unaided.
+    fn sample(&mut self, total: u64, enough: u64) -> f64 {
         let dt = self.at.elapsed().as_secs_f64();
-        if dt >= RATE_WINDOW.as_secs_f64() {
-            self.per_sec = (total - self.count) as f64 / dt;
+        let ended = total - self.count;
+        if dt >= RATE_WINDOW.as_secs_f64() || (ended >= enough && dt >= 0.005) {
+            self.per_sec = ended as f64 / dt;
             self.count = total;
             self.at = Instant::now();
         }

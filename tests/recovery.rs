@@ -218,6 +218,7 @@ fn killed_runner_is_recovered_at_once_by_the_next_one() {
     c.start_runner(&args(&["--lease-ttl", "30"]));
     let done = c.ended(id);
     let took = restart.elapsed();
+    eprintln!("recovered and ran attempt 2 in {took:?} after the restart (lease TTL 30 s)");
     assert_eq!(done.status, Status::Succeeded, "{done:?}");
     assert_eq!(done.recovery_count, 1);
     assert!(took < Duration::from_secs(5), "recovery took {took:?}");

@@ -370,6 +370,10 @@ impl Job {
         Ok(())
     }
 
+    pub(crate) fn queue_name(&self) -> &str {
+        &self.queue
+    }
+
     pub(crate) fn scheduled_at(&self, now: i64) -> i64 {
         match self.schedule {
             Schedule::Now => now,

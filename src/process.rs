@@ -60,7 +60,7 @@ impl ProcInfo {
     /// Whether the process has finished running: a zombie (`Z`) or dead
     /// (`X`) process holds no resources worth killing and cannot be signalled
     /// into doing anything.
-    fn is_dead(&self) -> bool {
+    pub(crate) fn is_dead(&self) -> bool {
         matches!(self.state, 'Z' | 'X')
     }
 }

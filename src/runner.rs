@@ -399,17 +399,21 @@ impl Runner {
         RunnerBuilder::new(path.as_ref().to_path_buf())
     }
 
-    fn open(config: &Config, busy: Duration) -> Result<Store> {
+    /// Opens one of the runner's connections. Only the first (`migrate`) creates and
+    /// migrates the file; the others find it current and need no write transaction.
+    fn open(config: &Config, busy: Duration, migrate: bool) -> Result<Store> {
         Store::open_with(
             &config.path,
             &OpenOptions::new()
+                .create(migrate)
+                .migrate(migrate)
                 .durability(config.durability)
                 .busy_timeout(busy),
         )
     }
 
     fn start(config: Config, callbacks: Vec<Callback>) -> Result<Runner> {
-        let api = Runner::open(&config, crate::store::DEFAULT_BUSY_TIMEOUT)?;
+        let api = Runner::open(&config, crate::store::DEFAULT_BUSY_TIMEOUT, true)?;
         let pid = std::process::id() as i64;
         let worker_id = format!("{}:{}:{}", hostname(), pid, random_hex());
         let now = now_ms();
@@ -430,7 +434,10 @@ impl Runner {
         let shared = Arc::new(Shared::new(config, worker_id));
         let cfg = &shared.config;
         // Recover what dead runners left before taking any work.
-        let sweeper = Sweeper::new(Runner::open(cfg, cfg.lease_ttl)?, Arc::clone(&shared))?;
+        let sweeper = Sweeper::new(
+            Runner::open(cfg, cfg.lease_ttl, false)?,
+            Arc::clone(&shared),
+        );
         sweeper.sweep_and_log(now_ms());
 
         let (stop_tx, stop_rx) = unbounded::<()>();
@@ -441,7 +448,7 @@ impl Runner {
         let last_event = api.last_event_id()?;
         let subscribers: Arc<Mutex<Vec<Sender<Completion>>>> = Arc::default();
         {
-            let store = Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT)?;
+            let store = Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT, false)?;
             let (shared, stop, subs) = (
                 Arc::clone(&shared),
                 stop_rx.clone(),
@@ -454,7 +461,7 @@ impl Runner {
                 })?);
         }
         {
-            let store = Runner::open(cfg, cfg.heartbeat_interval)?;
+            let store = Runner::open(cfg, cfg.heartbeat_interval, false)?;
             let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
             threads
                 .background
@@ -476,7 +483,7 @@ impl Runner {
                 })?);
         }
         let (writer, writer_thread) = Writer::start(
-            Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT)?,
+            Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT, false)?,
             Arc::clone(&shared),
         )?;
         let (work_tx, work_rx) = unbounded();
@@ -549,12 +556,11 @@ impl Runner {
     ///
     /// As [`Store::cancel`].
     pub fn cancel(&self, id: i64) -> Result<JobRecord> {
-        let before = self.api.lock().job(id)?;
         let job = self.api.lock().cancel(id, now_ms())?;
-        if let Some(token) = before
-            .run_token
-            .filter(|_| before.status == Status::Running)
-            && let Some(r) = self.shared.running.lock().get(&token)
+        // A cancelled running job keeps its run token; if this runner holds that token, the
+        // attempt is ours to stop now. A pending job has no token.
+        if let Some(token) = &job.run_token
+            && let Some(r) = self.shared.running.lock().get(token)
         {
             r.stop.stop(StopReason::Cancelled);
         }

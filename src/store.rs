@@ -835,7 +835,7 @@ fn event(
 
 fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
     let id = insert_row(conn, job, now)?;
-    event(conn, id, now, "enqueued", 0, job.fields().queue)?;
+    event(conn, id, now, "enqueued", 0, job.queue_name())?;
     Ok(id)
 }
 

@@ -95,8 +95,8 @@ impl Clock {
 }
 
 impl Sweeper {
-    pub(crate) fn new(store: Store, shared: Arc<Shared>) -> Result<Sweeper> {
-        Ok(Sweeper {
+    pub(crate) fn new(store: Store, shared: Arc<Shared>) -> Sweeper {
+        Sweeper {
             store,
             shared,
             boot_id: process::boot_id().unwrap_or_default(),
@@ -106,7 +106,7 @@ impl Sweeper {
                 mono: Instant::now(),
                 settle_until: None,
             }),
-        })
+        }
     }
 
     /// Sweeps, adds the result to the runner's counters, and logs a line when it did
@@ -198,12 +198,10 @@ impl Sweeper {
             .runners()?
             .into_iter()
             .filter(|r| r.worker_id != self.shared.worker_id)
-            .filter_map(|r| self.death_evidence(&r).map(|why| (r.worker_id, why)))
+            .filter_map(|r| {
+                runner_death_evidence(&r, &self.host, &self.boot_id).map(|why| (r.worker_id, why))
+            })
             .collect())
-    }
-
-    fn death_evidence(&self, r: &RunnerRecord) -> Option<String> {
-        runner_death_evidence(r, &self.host, &self.boot_id)
     }
 }
 
@@ -273,14 +271,13 @@ pub(crate) fn runner_death_evidence(r: &RunnerRecord, host: &str, boot_id: &str)
         ));
     }
     let pid = i32::try_from(r.pid).ok()?;
-    if process::proc_info(pid).is_some_and(|p| p.state == 'Z') {
-        return Some(format!("its process {pid} has exited"));
-    }
-    match process::start_time(pid) {
+    // One read of /proc/PID/stat gives both the state and the start time.
+    match process::proc_info(pid) {
         None => Some(format!("its process {pid} is gone")),
-        Some(t) if t != r.proc_start_time => Some(format!(
-            "its pid {pid} now belongs to another process (start time {t}, not {})",
-            r.proc_start_time
+        Some(p) if p.is_dead() => Some(format!("its process {pid} has exited")),
+        Some(p) if p.start_time != r.proc_start_time => Some(format!(
+            "its pid {pid} now belongs to another process (start time {}, not {})",
+            p.start_time, r.proc_start_time
         )),
         Some(_) => None,
     }
@@ -301,7 +298,7 @@ mod tests {
             .kill_grace(Duration::from_millis(100))
             .config;
         let shared = Arc::new(Shared::new(config, worker.to_string()));
-        Sweeper::new(Store::open(path).unwrap(), shared).unwrap()
+        Sweeper::new(Store::open(path).unwrap(), shared)
     }
 
     fn register(store: &Store, worker: &str, pid: i64, start: u64) {

@@ -152,14 +152,10 @@ impl Drop for Case {
             let _ = r.child.kill();
             let _ = r.child.wait();
         }
-        for pid in marked(&self.marker) {
+        for pid in processes_with_env(&self.marker) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
-}
-
-fn marked(entry: &str) -> Vec<i32> {
-    processes_with_env(entry)
 }
 
 fn group_alive(pgid: i64) -> bool {
@@ -167,7 +163,7 @@ fn group_alive(pgid: i64) -> bool {
 }
 
 fn token_alive(token: &str) -> bool {
-    !marked(&format!("LEASEHOLD_RUN_TOKEN={token}")).is_empty()
+    !processes_with_env(&format!("LEASEHOLD_RUN_TOKEN={token}")).is_empty()
 }
 
 /// The job script of the crash tests: records its pid, notes an overlap when the previous

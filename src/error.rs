@@ -76,6 +76,15 @@ pub enum Error {
     /// The runner has shut down and no longer accepts the request.
     #[error("the runner has shut down")]
     ShutDown,
+    /// One of the runner's threads panicked or failed, and the runner fenced itself: it killed
+    /// its running attempts, recorded them as lost, and refuses every later request.
+    #[error("the runner stopped itself: its {thread} thread failed: {cause}")]
+    RunnerFailed {
+        /// The thread that failed (`heartbeat`, `writer`, `dispatcher`, `sweeper`, `notifier`).
+        thread: &'static str,
+        /// Its panic message or error.
+        cause: String,
+    },
 }
 
 /// A `Result` with leasehold's [`Error`].

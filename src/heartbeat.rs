@@ -17,12 +17,17 @@ const MIN_RENEW_BUDGET: Duration = Duration::from_millis(250);
 /// Margin kept between fencing an attempt and its lease running out, beyond the kill grace.
 const FENCE_MARGIN: Duration = Duration::from_millis(250);
 
-/// Renews leases every heartbeat interval until `stop` is closed.
+/// Renews leases every heartbeat interval until `stop` is closed, or until the runner has
+/// fenced itself after a thread failed: its leases must then run out, so that other runners
+/// can reclaim what it can no longer vouch for.
 pub(crate) fn run(mut store: Store, shared: &Shared, stop: &Receiver<()>) {
     let interval = shared.config.heartbeat_interval;
     loop {
         match stop.recv_timeout(interval) {
-            Err(RecvTimeoutError::Timeout) => beat(&mut store, shared, now_ms()),
+            Err(RecvTimeoutError::Timeout) if !shared.failed() => {
+                shared.test_hook("heartbeat");
+                beat(&mut store, shared, now_ms());
+            }
             _ => return,
         }
     }
@@ -40,10 +45,16 @@ pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
         let earliest = running.values().map(|r| r.lease_expires_at).min();
         (tokens, earliest)
     };
+    // At most the lease TTL, at least MIN_RENEW_BUDGET even when the TTL is shorter (a
+    // `clamp` would panic on those crossed bounds).
     let budget = earliest
-        .map(|e| Duration::from_millis(u64::try_from(e - reserve - now).unwrap_or(0)))
+        .map(|e| {
+            let left = e.saturating_sub(reserve).saturating_sub(now);
+            Duration::from_millis(u64::try_from(left).unwrap_or(0))
+        })
         .unwrap_or(cfg.heartbeat_interval)
-        .clamp(MIN_RENEW_BUDGET, cfg.lease_ttl);
+        .min(cfg.lease_ttl)
+        .max(MIN_RENEW_BUDGET);
     store.set_busy_timeout(budget);
     let at = now_ms();
     match store.renew(&shared.worker_id, &tokens, cfg.lease_ttl, at) {

@@ -14,7 +14,10 @@ use parking_lot::{Condvar, Mutex};
 use crate::attempt::{StopHandle, StopReason};
 use crate::error::{Error, Result};
 use crate::job::{ErrorKind, Job, JobRecord, Outcome, Status, duration_ms, now_ms};
-use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, OpenOptions, RunnerRecord, Store};
+use crate::store::{
+    DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, Finish, MAX_BUSY_TIMEOUT, OpenOptions, RunnerRecord,
+    Store,
+};
 use crate::sweeper::{SweepCounters, Sweeper};
 use crate::writer::Writer;
 use crate::{heartbeat, process, worker};
@@ -39,6 +42,15 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often an idle dispatcher looks for jobs enqueued by other processes.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// The most worker threads a runner starts: each is an OS thread supervising one process
+/// group, and past this many the machine, not the runner, is the limit.
+pub const MAX_WORKERS: usize = 1024;
+/// The longest any of a runner's time settings may be: what SQLite's busy timeout (a C `int`
+/// of milliseconds) can take, about 24.8 days. The lease TTL bounds the busy timeouts of the
+/// runner's connections, and every setting must survive millisecond and `Instant` arithmetic.
+pub const MAX_SETTING_DURATION: Duration = MAX_BUSY_TIMEOUT;
+/// The most bytes of stdout and of stderr a runner keeps per attempt.
+pub const MAX_OUTPUT_TAIL: usize = 64 * 1024 * 1024;
 
 /// A runner's settings; see [`RunnerBuilder`].
 #[derive(Debug, Clone)]
@@ -232,22 +244,54 @@ impl RunnerBuilder {
     }
 }
 
+/// Checks every setting before anything starts: each within what the runner's arithmetic
+/// and SQLite can represent, and the timing ladder in order.
 fn validate(c: &Config) -> Result<()> {
     let secs = |d: Duration| d.as_secs_f64();
-    if c.workers == 0 {
-        return Err(Error::invalid("workers", "must be at least 1"));
+    if c.workers == 0 || c.workers > MAX_WORKERS {
+        return Err(Error::invalid(
+            "workers",
+            format!("{} is out of range: must be 1 to {MAX_WORKERS}", c.workers),
+        ));
     }
-    for (name, d) in [
-        ("lease_ttl", c.lease_ttl),
-        ("heartbeat_interval", c.heartbeat_interval),
-        ("sweep_interval", c.sweep_interval),
-        ("poll_interval", c.poll_interval),
+    if c.output_tail > MAX_OUTPUT_TAIL {
+        return Err(Error::invalid(
+            "output_tail",
+            format!(
+                "{} bytes is more than the most a runner keeps, {MAX_OUTPUT_TAIL}",
+                c.output_tail
+            ),
+        ));
+    }
+    for (name, d, may_be_zero) in [
+        ("lease_ttl", c.lease_ttl, false),
+        ("heartbeat_interval", c.heartbeat_interval, false),
+        ("sweep_interval", c.sweep_interval, false),
+        ("poll_interval", c.poll_interval, false),
+        ("kill_grace", c.kill_grace, true),
+        ("shutdown_grace", c.shutdown_grace, true),
+        ("drain_timeout", c.drain_timeout, true),
     ] {
-        if d.is_zero() {
+        if d.is_zero() && !may_be_zero {
             return Err(Error::invalid(name, "must be greater than 0"));
         }
+        if d > MAX_SETTING_DURATION {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{}s is too long: at most {}s (about 24.8 days)",
+                    secs(d),
+                    secs(MAX_SETTING_DURATION)
+                ),
+            ));
+        }
     }
-    if c.heartbeat_interval * 3 > c.lease_ttl {
+    // Cannot overflow: the heartbeat is at most MAX_SETTING_DURATION, far below a third of
+    // Duration::MAX; checked all the same, so a future bound change cannot make it panic.
+    if c.heartbeat_interval
+        .checked_mul(3)
+        .is_none_or(|d| d > c.lease_ttl)
+    {
         return Err(Error::invalid(
             "heartbeat_interval",
             format!(
@@ -298,6 +342,15 @@ pub(crate) struct Shared {
     /// Bumped whenever an ending is committed or observed; waiters block on it.
     endings: (Mutex<u64>, Condvar),
     pub counters: Mutex<SweepCounters>,
+    /// The first fatal fault of one of the runner's threads: once set, the runner has fenced
+    /// itself and refuses every request.
+    fault: Mutex<Option<(&'static str, String)>>,
+    /// Endings that could not be handed to the writer (it had failed): the runner records
+    /// them itself when it shuts down.
+    pub unwritten: Mutex<Vec<Finish>>,
+    /// A panic to inject into a named thread, for the tests of the fault handling.
+    #[cfg(test)]
+    inject_panic: Mutex<Option<&'static str>>,
     /// The environment attempts start from: the process's, taken once when the runner
     /// starts (it is not expected to change while the runner runs), so that a spawn does not
     /// read and convert it again.
@@ -317,6 +370,10 @@ impl Shared {
             wake: (Mutex::new(false), Condvar::new()),
             endings: (Mutex::new(0), Condvar::new()),
             counters: Mutex::new(SweepCounters::default()),
+            fault: Mutex::new(None),
+            unwritten: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            inject_panic: Mutex::new(None),
             base_env: Arc::new(crate::attempt::BaseEnv::current()),
             config,
         }
@@ -356,6 +413,62 @@ impl Shared {
     fn endings_seen(&self) -> u64 {
         *self.endings.0.lock()
     }
+
+    /// A thread of the runner failed: the runner fences itself. It stops claiming, stops
+    /// renewing leases, and stops every running attempt as a self-fence (its group is killed
+    /// and the attempt recorded as lost, by the writer or, if the writer is what failed, by
+    /// the runner when it shuts down). Only the first fault is kept.
+    pub(crate) fn fail(&self, thread: &'static str, cause: String) {
+        {
+            let mut fault = self.fault.lock();
+            if fault.is_some() {
+                return;
+            }
+            log::error!(
+                "runner {}: the {thread} thread failed: {cause}; fencing the runner: killing \
+                 its running attempts and refusing further work",
+                self.worker_id
+            );
+            *fault = Some((thread, cause));
+        }
+        self.shutting_down.store(true, Ordering::SeqCst);
+        for r in self.running.lock().values() {
+            r.stop.stop(StopReason::SelfFenced);
+        }
+        self.wake_dispatcher();
+        self.endings_changed();
+    }
+
+    /// Whether a thread has failed.
+    pub(crate) fn failed(&self) -> bool {
+        self.fault.lock().is_some()
+    }
+
+    /// `Err` once a thread has failed.
+    pub(crate) fn check(&self) -> Result<()> {
+        match &*self.fault.lock() {
+            None => Ok(()),
+            Some((thread, cause)) => Err(Error::RunnerFailed {
+                thread,
+                cause: cause.clone(),
+            }),
+        }
+    }
+
+    /// Panics in `thread` when a test asked for it (once); nothing in other builds.
+    pub(crate) fn test_hook(&self, thread: &'static str) {
+        #[cfg(test)]
+        {
+            let mut inject = self.inject_panic.lock();
+            if *inject == Some(thread) {
+                *inject = None;
+                drop(inject);
+                panic!("injected panic in the {thread} thread");
+            }
+        }
+        #[cfg(not(test))]
+        let _ = thread;
+    }
 }
 
 /// A running job runner on one database file.
@@ -386,11 +499,44 @@ struct Threads {
     done: bool,
 }
 
-fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+/// Starts one of the runner's threads under supervision: a panic, an error, or an end before
+/// shutdown fences the runner (see [`Shared::fail`]) instead of leaving it half-alive.
+fn spawn_thread(
+    name: &str,
+    role: &'static str,
+    shared: &Arc<Shared>,
+    f: impl FnOnce() -> Result<()> + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    let shared = Arc::clone(shared);
     std::thread::Builder::new()
         .name(name.to_string())
-        .spawn(f)
+        .spawn(move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            let cause = match outcome {
+                Ok(Ok(())) if shared.shutting_down.load(Ordering::SeqCst) => return,
+                Ok(Ok(())) => "it ended before the runner shut down".to_string(),
+                Ok(Err(e)) => format!("{e:#}"),
+                Err(panic) => format!("panicked: {}", panic_message(panic.as_ref())),
+            };
+            shared.fail(role, cause);
+        })
         .map_err(|e| Error::io(format!("cannot start thread {name}"), e))
+}
+
+/// The message a panic carried, when it is text.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
+/// `now + d`, or None when that is past what `Instant` can represent (wait for ever).
+fn deadline_after(d: Duration) -> Option<Instant> {
+    Instant::now().checked_add(d)
 }
 
 impl Runner {
@@ -454,52 +600,85 @@ impl Runner {
                 stop_rx.clone(),
                 Arc::clone(&subscribers),
             );
-            threads
-                .background
-                .push(spawn_thread("leasehold-notifier", move || {
+            threads.background.push(spawn_thread(
+                "leasehold-notifier",
+                "notifier",
+                &Arc::clone(&shared),
+                move || {
                     notify_loop(&store, &shared, &stop, &subs, &callbacks, last_event);
-                })?);
+                    Ok(())
+                },
+            )?);
         }
         {
             let store = Runner::open(cfg, cfg.heartbeat_interval, false)?;
             let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
-            threads
-                .background
-                .push(spawn_thread("leasehold-heartbeat", move || {
+            threads.background.push(spawn_thread(
+                "leasehold-heartbeat",
+                "heartbeat",
+                &Arc::clone(&shared),
+                move || {
                     heartbeat::run(store, &shared, &stop);
-                })?);
+                    Ok(())
+                },
+            )?);
         }
         {
             let (shared, stop) = (Arc::clone(&shared), stop_rx);
-            threads
-                .background
-                .push(spawn_thread("leasehold-sweeper", move || {
+            threads.background.push(spawn_thread(
+                "leasehold-sweeper",
+                "sweeper",
+                &Arc::clone(&shared),
+                move || {
                     let interval = shared.config.sweep_interval;
                     while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
                         stop.recv_timeout(interval)
                     {
+                        shared.test_hook("sweeper");
                         sweeper.sweep_and_log(now_ms());
                     }
-                })?);
+                    Ok(())
+                },
+            )?);
         }
-        let (writer, writer_thread) = Writer::start(
-            Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT, false)?,
-            Arc::clone(&shared),
-        )?;
+        let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
+        let writer_thread = {
+            let store = Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT, false)?;
+            let shared = Arc::clone(&shared);
+            spawn_thread(
+                "leasehold-writer",
+                "writer",
+                &Arc::clone(&shared),
+                move || {
+                    writer_loop.run(&store, &shared);
+                    Ok(())
+                },
+            )?
+        };
         let (work_tx, work_rx) = unbounded();
         for i in 0..cfg.workers {
             let (shared, rx, writer) = (Arc::clone(&shared), work_rx.clone(), writer.clone());
-            threads
-                .workers
-                .push(spawn_thread(&format!("leasehold-worker-{i}"), move || {
+            threads.workers.push(spawn_thread(
+                &format!("leasehold-worker-{i}"),
+                "worker",
+                &Arc::clone(&shared),
+                move || {
                     worker::run(&shared, &rx, &writer);
-                })?);
+                    Ok(())
+                },
+            )?);
         }
         {
             let (shared, writer) = (Arc::clone(&shared), writer.clone());
-            threads.dispatcher = Some(spawn_thread("leasehold-dispatcher", move || {
-                dispatch_loop(&shared, &writer, &work_tx);
-            })?);
+            threads.dispatcher = Some(spawn_thread(
+                "leasehold-dispatcher",
+                "dispatcher",
+                &Arc::clone(&shared),
+                move || {
+                    dispatch_loop(&shared, &writer, &work_tx);
+                    Ok(())
+                },
+            )?);
         }
         threads.writer = Some((writer, writer_thread));
         log::info!(
@@ -532,6 +711,7 @@ impl Runner {
     ///
     /// As [`Store::enqueue`].
     pub fn enqueue(&self, job: &Job) -> Result<i64> {
+        self.shared.check()?;
         let id = self.api.lock().enqueue(job, now_ms())?;
         self.shared.wake_dispatcher();
         Ok(id)
@@ -543,6 +723,7 @@ impl Runner {
     ///
     /// As [`Store::enqueue_many`].
     pub fn enqueue_many(&self, jobs: &[Job]) -> Result<Vec<i64>> {
+        self.shared.check()?;
         let ids = self.api.lock().enqueue_many(jobs, now_ms())?;
         self.shared.wake_dispatcher();
         Ok(ids)
@@ -556,6 +737,7 @@ impl Runner {
     ///
     /// As [`Store::cancel`].
     pub fn cancel(&self, id: i64) -> Result<JobRecord> {
+        self.shared.check()?;
         let job = self.api.lock().cancel(id, now_ms())?;
         // A cancelled running job keeps its run token; if this runner holds that token, the
         // attempt is ours to stop now. A pending job has no token.
@@ -574,6 +756,7 @@ impl Runner {
     ///
     /// As [`Store::retry`].
     pub fn retry(&self, id: i64, reason: Option<&str>) -> Result<JobRecord> {
+        self.shared.check()?;
         let job = self.api.lock().retry(id, reason, now_ms())?;
         self.shared.wake_dispatcher();
         Ok(job)
@@ -585,6 +768,7 @@ impl Runner {
     ///
     /// As [`Store::job`].
     pub fn job(&self, id: i64) -> Result<JobRecord> {
+        self.shared.check()?;
         self.api.lock().job(id)
     }
 
@@ -595,19 +779,23 @@ impl Runner {
     ///
     /// [`Error::NoSuchJob`], or a database error.
     pub fn wait(&self, id: i64, timeout: Duration) -> Result<Option<Outcome>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let mut seen = self.shared.endings_seen();
         loop {
+            self.shared.check()?;
             if let Some(outcome) = self.api.lock().job(id)?.outcome() {
                 return Ok(Some(outcome));
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::MAX,
+            };
+            if left.is_zero() {
                 return Ok(None);
             }
             // This runner's endings (and, with a listener, the notifier's) wake the wait; the
             // poll interval bounds how late another process's ending is seen.
-            let step = (deadline - now).min(self.shared.config.poll_interval);
+            let step = left.min(self.shared.config.poll_interval);
             seen = self.shared.wait_for_endings(seen, step);
         }
     }
@@ -636,7 +824,19 @@ impl Runner {
     ///
     /// A database error.
     pub fn has_unfinished(&self) -> Result<bool> {
+        self.shared.check()?;
         self.api.lock().has_unfinished(&self.shared.config.queues)
+    }
+
+    /// `Ok` while every thread of the runner works. After a thread failed (a panic, an error
+    /// it could not handle), the runner has fenced itself: its attempts were killed and
+    /// recorded as lost, and every request returns the error this returns.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RunnerFailed`] naming the thread and its cause.
+    pub fn health(&self) -> Result<()> {
+        self.shared.check()
     }
 
     /// Shuts down with the configured shutdown grace; see [`Runner::shutdown_within`].
@@ -655,7 +855,9 @@ impl Runner {
     ///
     /// # Errors
     ///
-    /// A database error recording the stop (everything else is done by then).
+    /// A database error recording the stop (everything else is done by then);
+    /// [`Error::RunnerFailed`] when a thread of the runner had failed (its attempts are
+    /// recorded as lost by then).
     pub fn shutdown_within(&self, grace: Duration) -> Result<()> {
         let mut threads = self.threads.lock();
         if threads.done {
@@ -667,12 +869,17 @@ impl Runner {
         if let Some(d) = threads.dispatcher.take() {
             let _ = d.join();
         }
-        let deadline = Instant::now() + grace;
+        let deadline = deadline_after(grace);
         let mut seen = self.shared.endings_seen();
-        while !self.shared.running.lock().is_empty() && Instant::now() < deadline {
-            let step = deadline
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(50));
+        loop {
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::MAX,
+            };
+            if self.shared.running.lock().is_empty() || left.is_zero() {
+                break;
+            }
+            let step = left.min(Duration::from_millis(50));
             seen = self.shared.wait_for_endings(seen, step);
         }
         let left: Vec<i64> = {
@@ -699,9 +906,28 @@ impl Runner {
         for t in threads.background.drain(..) {
             let _ = t.join();
         }
-        self.api
-            .lock()
-            .stop_runner(&self.shared.worker_id, now_ms())?;
+        // Every thread ends through `spawn_thread`, which catches its panic: a join error
+        // cannot happen, so the joins above only wait.
+        let api = self.api.lock();
+        let unwritten = std::mem::take(&mut *self.shared.unwritten.lock());
+        for finish in &unwritten {
+            // The writer had failed: record these endings here (each fenced as usual).
+            match api.finish(finish, now_ms()) {
+                Ok(done) => log::info!(
+                    "job {} attempt {}: ending recorded at shutdown: {done:?}",
+                    finish.job_id,
+                    finish.attempt
+                ),
+                Err(e) => log::error!(
+                    "job {} attempt {}: cannot record its ending ({e:#}); its lease will \
+                     expire and a sweeper will reclaim it",
+                    finish.job_id,
+                    finish.attempt
+                ),
+            }
+        }
+        api.stop_runner(&self.shared.worker_id, now_ms())?;
+        self.shared.check()?;
         log::info!("runner {} stopped", self.shared.worker_id);
         Ok(())
     }
@@ -748,6 +974,7 @@ fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::C
     let workers = shared.config.workers;
     let mut rate = RateMeter::new();
     while !shared.shutting_down.load(Ordering::SeqCst) {
+        shared.test_hook("dispatcher");
         let idle = shared.idle_workers.load(Ordering::SeqCst);
         let queued = work.len();
         let commit = Duration::from_nanos(shared.commit_nanos.load(Ordering::Relaxed));
@@ -852,6 +1079,7 @@ fn notify_loop(
 ) {
     let mut seen = shared.endings_seen();
     loop {
+        shared.test_hook("notifier");
         // With nobody to tell, reading the endings would only cost: this runner's own endings
         // wake its waiters directly, and a wait polls for other processes' endings.
         let listening = !callbacks.is_empty() || !subscribers.lock().is_empty();
@@ -876,7 +1104,18 @@ fn notify_loop(
                     last = e.id;
                     let completion = completion(store, &e);
                     for cb in callbacks {
-                        cb(&completion);
+                        // A caller's callback that panics is the caller's bug, not the
+                        // runner's: log it and go on telling the others.
+                        let told = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            cb(&completion);
+                        }));
+                        if let Err(panic) = told {
+                            log::error!(
+                                "an on_complete callback panicked on job {}: {}",
+                                completion.job_id,
+                                panic_message(panic.as_ref())
+                            );
+                        }
                     }
                     subscribers
                         .lock()
@@ -931,8 +1170,304 @@ fn completion(store: &Store, e: &crate::job::Event) -> Completion {
 }
 
 #[cfg(test)]
+impl Runner {
+    /// Makes `thread` panic the next time it runs its loop (once).
+    fn inject_panic(&self, thread: &'static str) {
+        *self.shared.inject_panic.lock() = Some(thread);
+        self.shared.wake_dispatcher();
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A runner with short timings on a new file in `dir`.
+    fn fast(dir: &Path) -> RunnerBuilder {
+        Runner::builder(dir.join("jobs.db"))
+            .workers(2)
+            .lease_ttl(Duration::from_secs(3))
+            .heartbeat_interval(Duration::from_millis(200))
+            .sweep_interval(Duration::from_millis(200))
+            .kill_grace(Duration::from_millis(300))
+            .drain_timeout(Duration::from_millis(300))
+            .poll_interval(Duration::from_millis(20))
+            .shutdown_grace(Duration::from_millis(200))
+    }
+
+    fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn event_kinds(store: &Store, id: i64) -> Vec<String> {
+        let events = store.events(id).expect("events");
+        events.into_iter().map(|e| e.kind).collect()
+    }
+
+    /// A thread of the runner panics while a job runs: the runner fences itself (kills the
+    /// attempt's group, records the attempt as lost, refuses every later call) instead of
+    /// running on half-alive.
+    fn a_dead_thread_fences_the_runner(thread: &'static str) {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let runner = fast(dir.path()).start().expect("the runner starts");
+        let store = Store::open(dir.path().join("jobs.db")).expect("the store opens");
+        let id = runner.enqueue(&Job::shell("sleep 30")).expect("enqueue");
+        let pgid = wait_until("the job to start", || {
+            let job = store.job(id).expect("job");
+            job.pgid.filter(|_| job.status == Status::Running)
+        });
+        runner.inject_panic(thread);
+        if thread == "writer" {
+            // The writer runs only when there is something to write: a second job's claim.
+            let _ = runner.enqueue(&Job::shell("true"));
+        }
+        let err = wait_until("the runner to fence itself", || runner.health().err());
+        match &err {
+            Error::RunnerFailed { thread: t, cause } => {
+                assert_eq!(*t, thread);
+                assert!(cause.contains("injected panic"), "{cause}");
+            }
+            other => panic!("{other:?}"),
+        }
+        wait_until("the attempt's group to be killed", || {
+            (!crate::process::group_has_live_members(pgid as i32)).then_some(())
+        });
+        assert!(matches!(
+            runner.enqueue(&Job::shell("true")),
+            Err(Error::RunnerFailed { .. })
+        ));
+        assert!(matches!(
+            runner.wait(id, Duration::MAX),
+            Err(Error::RunnerFailed { .. })
+        ));
+        assert!(matches!(runner.shutdown(), Err(Error::RunnerFailed { .. })));
+        // Recorded as a lost attempt (a self-fence), whichever thread was left to write it:
+        // back to pending within the recovery budget, with a `reclaimed` event.
+        let job = store.job(id).expect("job");
+        assert_eq!(job.status, Status::Pending, "{job:?}");
+        assert_eq!(job.recovery_count, 1, "{job:?}");
+        assert_eq!(
+            event_kinds(&store, id),
+            ["enqueued", "claimed", "started", "reclaimed"]
+        );
+    }
+
+    #[test]
+    fn a_panicking_heartbeat_fences_the_runner() {
+        a_dead_thread_fences_the_runner("heartbeat");
+    }
+
+    #[test]
+    fn a_panicking_writer_fences_the_runner_and_its_endings_are_recorded_at_shutdown() {
+        a_dead_thread_fences_the_runner("writer");
+    }
+
+    #[test]
+    fn a_panicking_dispatcher_fences_the_runner() {
+        a_dead_thread_fences_the_runner("dispatcher");
+    }
+
+    #[test]
+    fn a_panicking_sweeper_fences_the_runner() {
+        a_dead_thread_fences_the_runner("sweeper");
+    }
+
+    #[test]
+    fn a_panicking_notifier_fences_the_runner() {
+        a_dead_thread_fences_the_runner("notifier");
+    }
+
+    #[test]
+    fn a_panicking_worker_loses_only_its_attempt_and_goes_on() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let runner = fast(dir.path())
+            .workers(1)
+            .start()
+            .expect("the runner starts");
+        let store = Store::open(dir.path().join("jobs.db")).expect("the store opens");
+        // The panic comes right after the spawn, while the attempt's process lives; the
+        // script leaves a child in its group that the teardown must kill too.
+        let marker = dir.path().join("child.pid");
+        runner.inject_panic("worker");
+        let id = runner
+            .enqueue(&Job::shell(format!(
+                "sleep 30 & echo $! >> {}; sleep 0.3; echo done",
+                marker.display()
+            )))
+            .expect("enqueue");
+        assert_eq!(
+            runner.wait(id, Duration::from_secs(30)).expect("wait"),
+            Some(Outcome::Succeeded)
+        );
+        runner.health().expect("the runner is healthy");
+        let job = store.job(id).expect("job");
+        assert_eq!(job.recovery_count, 1, "{job:?}");
+        let events = store.events(id).expect("events");
+        let lost = events
+            .iter()
+            .find(|e| e.kind == "reclaimed")
+            .expect("a reclaimed event for the lost attempt");
+        assert!(
+            lost.detail.as_deref().unwrap_or("").contains("panicked"),
+            "{lost:?}"
+        );
+        // The first attempt's background child, if it got to start, is gone.
+        if let Ok(pids) = std::fs::read_to_string(&marker) {
+            let first: i32 = pids.lines().next().expect("a pid").parse().expect("a pid");
+            wait_until("the first attempt's child to be killed", || {
+                (!crate::process::is_alive(first)).then_some(())
+            });
+        }
+        runner.shutdown().expect("shutdown");
+    }
+
+    #[test]
+    fn extreme_durations_in_wait_and_shutdown_do_not_panic() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let runner = fast(dir.path()).start().expect("the runner starts");
+        let id = runner.enqueue(&Job::shell("true")).expect("enqueue");
+        assert_eq!(
+            runner.wait(id, Duration::MAX).expect("wait"),
+            Some(Outcome::Succeeded)
+        );
+        runner.shutdown_within(Duration::MAX).expect("shutdown");
+    }
+
+    #[test]
+    fn settings_beyond_what_the_runner_can_represent_are_refused_by_name() {
+        let b = || Runner::builder("/nonexistent/x.db");
+        let cases: Vec<(RunnerBuilder, &str)> = vec![
+            (b().workers(0), "workers"),
+            (b().workers(MAX_WORKERS + 1), "workers"),
+            (b().workers(usize::MAX), "workers"),
+            (b().lease_ttl(Duration::from_secs(10_000_000)), "lease_ttl"),
+            (b().lease_ttl(Duration::MAX), "lease_ttl"),
+            (b().heartbeat_interval(Duration::MAX), "heartbeat_interval"),
+            (b().sweep_interval(Duration::MAX), "sweep_interval"),
+            (b().kill_grace(Duration::MAX), "kill_grace"),
+            (b().shutdown_grace(Duration::MAX), "shutdown_grace"),
+            (b().drain_timeout(Duration::MAX), "drain_timeout"),
+            (b().poll_interval(Duration::MAX), "poll_interval"),
+            (b().poll_interval(Duration::ZERO), "poll_interval"),
+            (b().output_tail(usize::MAX), "output_tail"),
+        ];
+        for (builder, name) in cases {
+            match builder.start() {
+                Err(Error::Invalid { setting, .. }) => assert_eq!(setting, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    /// A duration from a mix of the interesting values (0, 1 ns, around each bound, huge)
+    /// and ordinary ones.
+    fn any_duration() -> impl proptest::strategy::Strategy<Value = Duration> {
+        use proptest::prelude::*;
+        // Weighted so that about a third of the runs start a runner (every setting in range
+        // and the ladder in order); the rest probe the edges.
+        prop_oneof![
+            1 => Just(Duration::ZERO),
+            1 => Just(Duration::from_nanos(1)),
+            1 => Just(MAX_SETTING_DURATION),
+            1 => Just(MAX_SETTING_DURATION + Duration::from_millis(1)),
+            1 => Just(Duration::MAX),
+            1 => (0u64..u64::MAX).prop_map(Duration::from_nanos),
+            1 => (0u64..u64::MAX).prop_map(Duration::from_millis),
+            1 => (0u64..u64::MAX, 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+            80 => (1u64..2_000).prop_map(Duration::from_millis),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 48,
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// Whatever the settings, `start` either refuses them with `Error::Invalid` or starts
+        /// a runner whose threads all keep working and that shuts down cleanly: no panic, in
+        /// this thread or in one of the runner's.
+        #[test]
+        fn any_builder_settings_start_cleanly_or_are_refused_by_name(
+            workers in proptest::prop_oneof![
+                1 => proptest::strategy::Just(0usize),
+                1 => proptest::strategy::Just(usize::MAX),
+                1 => 0usize..5000,
+                20 => 1usize..4,
+            ],
+            lease_ttl in any_duration(),
+            // Mostly a fraction of the lease, as a sane ladder has it; sometimes anything.
+            heartbeat in (any_duration(), proptest::option::weighted(0.75, 3u32..10)),
+            sweep in (any_duration(), proptest::option::weighted(0.75, 1u32..10)),
+            kill_grace in any_duration(),
+            shutdown_grace in any_duration(),
+            drain in any_duration(),
+            poll in any_duration(),
+            output_tail in proptest::prop_oneof![
+                1 => proptest::strategy::Just(usize::MAX),
+                1 => 0usize..(2 * MAX_OUTPUT_TAIL),
+                10 => 0usize..100_000,
+            ],
+            max_recovery in proptest::num::u32::ANY,
+            reclaim_batch in proptest::num::u32::ANY,
+        ) {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            let started = Runner::builder(dir.path().join("jobs.db"))
+                .workers(workers)
+                .lease_ttl(lease_ttl)
+                .heartbeat_interval(heartbeat.1.map_or(heartbeat.0, |k| lease_ttl / k))
+                .sweep_interval(sweep.1.map_or(sweep.0, |k| lease_ttl / k))
+                .kill_grace(kill_grace)
+                .shutdown_grace(shutdown_grace)
+                .drain_timeout(drain)
+                .poll_interval(poll)
+                .output_tail(output_tail)
+                .max_recovery_attempts(max_recovery)
+                .reclaim_batch(reclaim_batch)
+                .start();
+            match started {
+                Ok(runner) => {
+                    runner.health().expect("a started runner is healthy");
+                    runner.shutdown().expect("a started runner shuts down cleanly");
+                }
+                Err(Error::Invalid { setting, reason }) => {
+                    proptest::prop_assert!(!setting.is_empty() && !reason.is_empty());
+                }
+                Err(other) => proptest::prop_assert!(false, "unexpected error: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_lease_shorter_than_the_least_renewal_budget_still_renews() {
+        // 0.2 s lease, 0.05 s heartbeat: the renewal budget's bounds cross (250 ms least,
+        // 200 ms lease); the heartbeat must go on renewing, not panic.
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let runner = Runner::builder(dir.path().join("jobs.db"))
+            .lease_ttl(Duration::from_millis(200))
+            .heartbeat_interval(Duration::from_millis(50))
+            .sweep_interval(Duration::from_millis(100))
+            .poll_interval(Duration::from_millis(20))
+            .start()
+            .expect("the runner starts");
+        let id = runner.enqueue(&Job::shell("sleep 0.6")).expect("enqueue");
+        assert_eq!(
+            runner.wait(id, Duration::from_secs(20)).expect("wait"),
+            Some(Outcome::Succeeded)
+        );
+        runner.health().expect("no thread failed");
+        let job = runner.job(id).expect("job");
+        assert_eq!(job.recovery_count, 0, "{job:?}");
+        runner.shutdown().expect("shutdown");
+    }
 
     #[test]
     fn misordered_timing_ladder_names_the_setting() {

@@ -27,6 +27,8 @@ const MIGRATIONS: [&str; 1] = [include_str!("migrations/0001_initial.sql")];
 
 /// How long a connection waits for another to release the database before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest busy timeout SQLite can take: a C `int` of milliseconds (about 24.8 days).
+pub const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// A lost attempt is reclaimed this many times before its job fails as lost.
 pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 3;
 /// The start of `last_error` for a job whose lease expired (or whose runner is dead).
@@ -99,7 +101,8 @@ impl OpenOptions {
         self
     }
 
-    /// How long to wait for a lock held by another connection. By default, 10 s.
+    /// How long to wait for a lock held by another connection, at most
+    /// [`MAX_BUSY_TIMEOUT`]. By default, 10 s.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
@@ -160,6 +163,7 @@ impl Store {
     /// As [`Store::open`], plus [`Error::Missing`] when the file does not exist and
     /// `create` is off, and [`Error::SchemaTooOld`] when it is older and `migrate` is off.
     pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Store> {
+        check_busy_timeout(options.busy_timeout)?;
         let path = path.as_ref().to_path_buf();
         if !path.exists() {
             if !options.create {
@@ -324,8 +328,10 @@ impl Store {
         }
     }
 
-    /// Changes how long this connection waits for a lock held by another.
+    /// Changes how long this connection waits for a lock held by another; a timeout beyond
+    /// [`MAX_BUSY_TIMEOUT`] waits that long.
     pub(crate) fn set_busy_timeout(&mut self, timeout: Duration) {
+        let timeout = timeout.min(MAX_BUSY_TIMEOUT);
         self.busy_timeout = timeout;
         if let Err(e) = self.conn.busy_timeout(timeout) {
             log::warn!("cannot set the busy timeout: {e}");
@@ -753,6 +759,21 @@ impl Store {
             .conn
             .query_row(&sql, params_from_iter(queues.iter()), |r| r.get(0))?)
     }
+}
+
+/// Refuses a busy timeout that SQLite cannot take (rusqlite would panic on it).
+fn check_busy_timeout(timeout: Duration) -> Result<()> {
+    if timeout > MAX_BUSY_TIMEOUT {
+        return Err(Error::invalid(
+            "busy_timeout",
+            format!(
+                "{}s is more than SQLite can wait: at most {} ms (about 24.8 days)",
+                timeout.as_secs_f64(),
+                MAX_BUSY_TIMEOUT.as_millis()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Retries `f` while SQLite reports busy, until `deadline`.

@@ -26,7 +26,7 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
             Some(_) if shared.shutting_down.load(Ordering::SeqCst) => {
                 interrupted(&job, &shared.config, "the runner is shutting down")
             }
-            Some(stop) => run_one(shared, &job, &stop, writer),
+            Some(stop) => run_guarded(shared, &job, &stop, writer),
             // The heartbeat never saw it; cannot happen, as the dispatcher registers every
             // job before handing it over. Give it back rather than run it unguarded.
             None => interrupted(&job, &shared.config, "not registered with the runner"),
@@ -37,6 +37,54 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
         // Enough work queued: the dispatcher has nothing to do yet, so let it sleep.
         if jobs.len() <= shared.refill_at.load(Ordering::Relaxed) {
             shared.wake_dispatcher();
+        }
+    }
+}
+
+/// Runs one attempt; a panic while it runs loses only this attempt. The attempt's main
+/// process is killed and reaped as the supervisor unwinds; whatever else carries its run
+/// token (its group, escaped descendants) is torn down here, and the attempt is recorded as
+/// lost, so the job is requeued within its recovery budget. The worker then takes the next
+/// job as a fresh one would.
+fn run_guarded(
+    shared: &Shared,
+    job: &Claimed,
+    stop: &attempt::StopHandle,
+    writer: &Writer,
+) -> Finish {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_one(shared, job, stop, writer)
+    }));
+    match outcome {
+        Ok(finish) => finish,
+        Err(panic) => {
+            let cause = crate::runner::panic_message(panic.as_ref());
+            log::error!(
+                "job {} attempt {}: the worker panicked ({cause}); tearing the attempt down and \
+                 recording it as lost",
+                job.id,
+                job.attempt
+            );
+            let teardown = crate::process::teardown(
+                &crate::process::AttemptIdentity {
+                    pgid: None,
+                    start_time: None,
+                    token: job.run_token.clone(),
+                },
+                shared.config.kill_grace,
+            );
+            log::info!("job {}: {}", job.id, teardown.describe());
+            Finish {
+                job_id: job.id,
+                run_token: job.run_token.clone(),
+                attempt: job.attempt,
+                ending: Ending::Lost {
+                    message: format!("the worker running the attempt panicked: {cause}"),
+                },
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: shared.config.max_recovery_attempts,
+            }
         }
     }
 }
@@ -63,6 +111,7 @@ fn run_one(shared: &Shared, job: &Claimed, stop: &attempt::StopHandle, writer: &
         job.argv
     );
     let result = attempt::run(&spec, stop, |s| {
+        shared.test_hook("worker");
         writer.send(Op::Start(AttemptStart {
             job_id: job.id,
             run_token: job.run_token.clone(),

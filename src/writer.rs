@@ -55,21 +55,32 @@ pub(crate) struct Writer {
     urgent: Sender<Op>,
     /// Starts and endings: may linger to share a commit.
     lazy: Sender<Op>,
+    /// Where an ending goes when the writer thread has failed.
+    shared: Arc<Shared>,
+}
+
+/// The writer thread's end of the channels: [`WriterLoop::run`] is the thread's body.
+pub(crate) struct WriterLoop {
+    urgent: Receiver<Op>,
+    lazy: Receiver<Op>,
 }
 
 impl Writer {
-    /// Starts the writer thread on `store`.
-    pub(crate) fn start(
-        store: Store,
-        shared: Arc<Shared>,
-    ) -> Result<(Writer, std::thread::JoinHandle<()>)> {
+    /// The handle and the loop that the writer thread runs.
+    pub(crate) fn new(shared: Arc<Shared>) -> (Writer, WriterLoop) {
         let (urgent, urgent_rx) = unbounded();
         let (lazy, lazy_rx) = unbounded();
-        let handle = std::thread::Builder::new()
-            .name("leasehold-writer".into())
-            .spawn(move || run(&store, &shared, &urgent_rx, &lazy_rx))
-            .map_err(|e| Error::io("cannot start the writer thread", e))?;
-        Ok((Writer { urgent, lazy }, handle))
+        (
+            Writer {
+                urgent,
+                lazy,
+                shared,
+            },
+            WriterLoop {
+                urgent: urgent_rx,
+                lazy: lazy_rx,
+            },
+        )
     }
 
     /// Claims up to `limit` jobs and waits until the claim is committed.
@@ -81,14 +92,24 @@ impl Writer {
         answer.recv().map_err(|_| Error::ShutDown)?
     }
 
-    /// Queues a write without waiting for it.
+    /// Queues a write without waiting for it. When the writer thread has failed, an ending
+    /// is kept for the runner to record at shutdown; a start is dropped (the ending that
+    /// follows it matters, and the runner has fenced itself by then).
     pub(crate) fn send(&self, op: Op) {
         let tx = match op {
             Op::Claim { .. } => &self.urgent,
             Op::Start(_) | Op::Finish(_) => &self.lazy,
         };
-        if tx.send(op).is_err() {
-            log::error!("the writer thread has stopped; a write was dropped");
+        match tx.send(op) {
+            Ok(()) => {}
+            Err(crossbeam_channel::SendError(Op::Finish(f))) => {
+                log::warn!(
+                    "job {}: the writer has stopped; its ending is recorded at shutdown",
+                    f.job_id
+                );
+                self.shared.unwritten.lock().push(*f);
+            }
+            Err(_) => log::warn!("the writer has stopped; the record of a start was dropped"),
         }
     }
 }
@@ -100,12 +121,15 @@ enum Done {
     Finished(Box<Finish>, Result<Finished>),
 }
 
-fn run(store: &Store, shared: &Shared, urgent: &Receiver<Op>, lazy: &Receiver<Op>) {
-    // Ends when every sender is gone: the runner drops its handles only after its workers and
-    // dispatcher are joined, so no write is lost.
-    while let Some(batch) = next_batch(urgent, lazy) {
-        let done = commit(store, shared, batch);
-        after_commit(shared, done);
+impl WriterLoop {
+    /// Commits batches until every handle is gone: the runner drops its handles only after
+    /// its workers and dispatcher are joined, so no write is lost.
+    pub(crate) fn run(self, store: &Store, shared: &Shared) {
+        while let Some(batch) = next_batch(&self.urgent, &self.lazy) {
+            shared.test_hook("writer");
+            let done = commit(store, shared, batch);
+            after_commit(shared, done);
+        }
     }
 }
 
@@ -321,10 +345,12 @@ fn after_commit(shared: &Shared, done: Vec<Done>) {
     for d in done {
         match d {
             Done::Claimed(reply, result) => {
-                // The dispatcher may have gone at shutdown; the claimed jobs then simply
-                // keep their leases until the heartbeat stops and the leases expire, which
-                // cannot happen: the dispatcher always waits for its reply.
-                let _ = reply.send(result);
+                // The dispatcher waits for its reply, so this send fails only when the
+                // dispatcher thread died meanwhile. The runner has then fenced itself: its
+                // heartbeat stops, these claims' leases run out, and a sweeper reclaims them.
+                if reply.send(result).is_err() {
+                    log::warn!("a claim's reply found the dispatcher gone");
+                }
             }
             Done::Started => {}
             Done::Finished(f, result) => {

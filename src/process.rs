@@ -466,6 +466,14 @@ pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
     result
 }
 
+/// This host's name, or "localhost" when it cannot be read.
+pub(crate) fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

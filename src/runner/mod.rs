@@ -1,475 +1,44 @@
 //! The runner: a dispatcher, a pool of workers, a writer, a heartbeat, a sweeper and a
 //! notifier, each a thread, sharing one [`Shared`] state.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod builder;
+mod dispatcher;
+mod heartbeat;
+mod notifier;
+mod operator;
+mod shared;
+mod sweeper;
+mod worker;
+mod writer;
+
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
-use crate::attempt::{StopHandle, StopReason};
+use crate::attempt::StopReason;
 use crate::error::{Error, Result};
-use crate::job::{ErrorKind, Job, JobRecord, Outcome, Status, duration_ms, now_ms};
-use crate::store::{
-    DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, Finish, MAX_BUSY_TIMEOUT, OpenOptions, RunnerRecord,
-    Store,
+use crate::job::{Job, JobRecord, Outcome, duration_ms, now_ms};
+use crate::process;
+use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
+
+pub use builder::{
+    Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
+    DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS, MAX_OUTPUT_TAIL,
+    MAX_SETTING_DURATION, MAX_WORKERS, RunnerBuilder,
 };
-use crate::sweeper::{SweepCounters, Sweeper};
-use crate::writer::Writer;
-use crate::{heartbeat, process, worker};
+pub use operator::{runner_alive, tear_down_lost_attempts};
+pub use shared::SweepCounters;
 
-/// Worker threads, so jobs run at once. By default 4.
-pub const DEFAULT_WORKERS: usize = 4;
-/// How long a lease lasts unless renewed.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-/// How often a runner renews its leases.
-pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
-/// How often the sweeper looks for lost attempts.
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
-/// Between SIGTERM and SIGKILL.
-pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
-/// How many lost attempts one sweep reclaims at most.
-pub const DEFAULT_RECLAIM_BATCH: u32 = 100;
-/// The bytes of stdout and of stderr kept per attempt.
-pub const DEFAULT_OUTPUT_TAIL: usize = 64 * 1024;
-/// How long a runner waits for running jobs when it shuts down.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// After an attempt's main process exits, how long its pipes may stay open.
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often an idle dispatcher looks for jobs enqueued by other processes.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// The most worker threads a runner starts: each is an OS thread supervising one process
-/// group, and past this many the machine, not the runner, is the limit.
-pub const MAX_WORKERS: usize = 1024;
-/// The longest any of a runner's time settings may be: what SQLite's busy timeout (a C `int`
-/// of milliseconds) can take, about 24.8 days. The lease TTL bounds the busy timeouts of the
-/// runner's connections, and every setting must survive millisecond and `Instant` arithmetic.
-pub const MAX_SETTING_DURATION: Duration = MAX_BUSY_TIMEOUT;
-/// The most bytes of stdout and of stderr a runner keeps per attempt.
-pub const MAX_OUTPUT_TAIL: usize = 64 * 1024 * 1024;
-
-/// A runner's settings; see [`RunnerBuilder`].
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub path: PathBuf,
-    pub workers: usize,
-    pub queues: Vec<String>,
-    pub lease_ttl: Duration,
-    pub heartbeat_interval: Duration,
-    pub sweep_interval: Duration,
-    pub kill_grace: Duration,
-    pub max_recovery_attempts: u32,
-    pub reclaim_batch: u32,
-    pub durability: Durability,
-    pub output_tail: usize,
-    pub shutdown_grace: Duration,
-    pub drain_timeout: Duration,
-    pub poll_interval: Duration,
-}
-
-/// What a completion callback or subscriber is told: a job ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Completion {
-    /// The job.
-    pub job_id: i64,
-    /// The attempt that ended it.
-    pub attempt: i64,
-    /// How it ended.
-    pub outcome: Outcome,
-}
-
-type Callback = Box<dyn Fn(&Completion) + Send + Sync>;
-
-/// Builds and starts a [`Runner`].
-///
-/// ```no_run
-/// # fn main() -> leasehold::Result<()> {
-/// use std::time::Duration;
-/// use leasehold::{Job, Runner};
-///
-/// let runner = Runner::builder("jobs.db")
-///     .workers(2)
-///     .lease_ttl(Duration::from_secs(30))
-///     .start()?;
-/// let id = runner.enqueue(&Job::shell("echo hello"))?;
-/// let outcome = runner.wait(id, Duration::from_secs(10))?;
-/// println!("{outcome:?}");
-/// runner.shutdown()?;
-/// # Ok(())
-/// # }
-/// ```
-pub struct RunnerBuilder {
-    pub(crate) config: Config,
-    callbacks: Vec<Callback>,
-}
-
-impl std::fmt::Debug for RunnerBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunnerBuilder")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RunnerBuilder {
-    pub(crate) fn new(path: PathBuf) -> Self {
-        RunnerBuilder {
-            config: Config {
-                path,
-                workers: DEFAULT_WORKERS,
-                queues: Vec::new(),
-                lease_ttl: DEFAULT_LEASE_TTL,
-                heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
-                sweep_interval: DEFAULT_SWEEP_INTERVAL,
-                kill_grace: DEFAULT_KILL_GRACE,
-                max_recovery_attempts: DEFAULT_MAX_RECOVERY_ATTEMPTS,
-                reclaim_batch: DEFAULT_RECLAIM_BATCH,
-                durability: Durability::Full,
-                output_tail: DEFAULT_OUTPUT_TAIL,
-                shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
-                drain_timeout: DEFAULT_DRAIN_TIMEOUT,
-                poll_interval: DEFAULT_POLL_INTERVAL,
-            },
-            callbacks: Vec::new(),
-        }
-    }
-
-    /// How many jobs run at once. By default, 4.
-    pub fn workers(mut self, workers: usize) -> Self {
-        self.config.workers = workers;
-        self
-    }
-
-    /// Takes jobs from this queue (call again to add more). By default, every queue.
-    pub fn queue(mut self, queue: impl Into<String>) -> Self {
-        self.config.queues.push(queue.into());
-        self
-    }
-
-    /// How long a lease lasts unless renewed: a runner that stops renewing loses its jobs
-    /// this long after its last renewal. By default, 30 s.
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.config.lease_ttl = ttl;
-        self
-    }
-
-    /// How often leases are renewed; at most a third of the lease TTL. By default, 5 s.
-    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
-        self.config.heartbeat_interval = interval;
-        self
-    }
-
-    /// How often the sweeper reclaims lost attempts; at most the lease TTL. By default, 5 s.
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.config.sweep_interval = interval;
-        self
-    }
-
-    /// Between SIGTERM and SIGKILL when an attempt's group is killed. By default, 5 s.
-    pub fn kill_grace(mut self, grace: Duration) -> Self {
-        self.config.kill_grace = grace;
-        self
-    }
-
-    /// How often a lost job is run again before it fails as lost. By default, 3.
-    pub fn max_recovery_attempts(mut self, attempts: u32) -> Self {
-        self.config.max_recovery_attempts = attempts;
-        self
-    }
-
-    /// How many lost attempts one sweep reclaims at most; 0 disables reclaiming. By
-    /// default, 100.
-    pub fn reclaim_batch(mut self, batch: u32) -> Self {
-        self.config.reclaim_batch = batch;
-        self
-    }
-
-    /// How hard commits are pushed to disk. By default, [`Durability::Full`].
-    pub fn durability(mut self, durability: Durability) -> Self {
-        self.config.durability = durability;
-        self
-    }
-
-    /// The bytes of stdout and of stderr kept per attempt: the last ones. By default, 64 KiB.
-    pub fn output_tail(mut self, bytes: usize) -> Self {
-        self.config.output_tail = bytes;
-        self
-    }
-
-    /// How long [`Runner::shutdown`] (and drop) lets running jobs finish before killing
-    /// them. By default, 10 s.
-    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.config.shutdown_grace = grace;
-        self
-    }
-
-    /// After an attempt's main process exits, how long its pipes may stay open (held by a
-    /// descendant) before what is left of the attempt is killed. By default, 1 s.
-    pub fn drain_timeout(mut self, drain: Duration) -> Self {
-        self.config.drain_timeout = drain;
-        self
-    }
-
-    /// How often an idle runner looks for jobs that other processes enqueued (its own
-    /// enqueues wake it at once). By default, 100 ms.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.config.poll_interval = interval;
-        self
-    }
-
-    /// Calls `f` once for every ending of every job on the database (succeeded, failed,
-    /// lost, cancelled), including jobs that other processes ran, from the runner's
-    /// notifier thread. Endings written before the runner started are not reported.
-    pub fn on_complete(mut self, f: impl Fn(&Completion) + Send + Sync + 'static) -> Self {
-        self.callbacks.push(Box::new(f));
-        self
-    }
-
-    /// Checks the settings, opens the database, recovers what dead runners left, and starts
-    /// the runner's threads.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Invalid`] naming the setting for a misordered timing ladder (heartbeat × 3
-    /// must not exceed the lease TTL, nor the sweep interval the lease TTL) or a zero
-    /// value; the errors of [`Store::open`]; [`Error::Io`] when a thread cannot start.
-    pub fn start(self) -> Result<Runner> {
-        validate(&self.config)?;
-        Runner::start(self.config, self.callbacks)
-    }
-}
-
-/// Checks every setting before anything starts: each within what the runner's arithmetic
-/// and SQLite can represent, and the timing ladder in order.
-fn validate(c: &Config) -> Result<()> {
-    let secs = |d: Duration| d.as_secs_f64();
-    if c.workers == 0 || c.workers > MAX_WORKERS {
-        return Err(Error::invalid(
-            "workers",
-            format!("{} is out of range: must be 1 to {MAX_WORKERS}", c.workers),
-        ));
-    }
-    if c.output_tail > MAX_OUTPUT_TAIL {
-        return Err(Error::invalid(
-            "output_tail",
-            format!(
-                "{} bytes is more than the most a runner keeps, {MAX_OUTPUT_TAIL}",
-                c.output_tail
-            ),
-        ));
-    }
-    for (name, d, may_be_zero) in [
-        ("lease_ttl", c.lease_ttl, false),
-        ("heartbeat_interval", c.heartbeat_interval, false),
-        ("sweep_interval", c.sweep_interval, false),
-        ("poll_interval", c.poll_interval, false),
-        ("kill_grace", c.kill_grace, true),
-        ("shutdown_grace", c.shutdown_grace, true),
-        ("drain_timeout", c.drain_timeout, true),
-    ] {
-        if d.is_zero() && !may_be_zero {
-            return Err(Error::invalid(name, "must be greater than 0"));
-        }
-        if d > MAX_SETTING_DURATION {
-            return Err(Error::invalid(
-                name,
-                format!(
-                    "{}s is too long: at most {}s (about 24.8 days)",
-                    secs(d),
-                    secs(MAX_SETTING_DURATION)
-                ),
-            ));
-        }
-    }
-    // Cannot overflow: the heartbeat is at most MAX_SETTING_DURATION, far below a third of
-    // Duration::MAX; checked all the same, so a future bound change cannot make it panic.
-    if c.heartbeat_interval
-        .checked_mul(3)
-        .is_none_or(|d| d > c.lease_ttl)
-    {
-        return Err(Error::invalid(
-            "heartbeat_interval",
-            format!(
-                "heartbeat {}s × 3 exceeds the lease TTL of {}s: a lease must survive two missed renewals",
-                secs(c.heartbeat_interval),
-                secs(c.lease_ttl)
-            ),
-        ));
-    }
-    if c.sweep_interval > c.lease_ttl {
-        return Err(Error::invalid(
-            "sweep_interval",
-            format!(
-                "sweep {}s exceeds the lease TTL of {}s",
-                secs(c.sweep_interval),
-                secs(c.lease_ttl)
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// One attempt this runner is running, by its run token.
-pub(crate) struct Running {
-    pub job_id: i64,
-    pub stop: StopHandle,
-    /// When its lease runs out, as last written (wall clock, ms).
-    pub lease_expires_at: i64,
-}
-
-/// The state the runner's threads share.
-pub(crate) struct Shared {
-    pub config: Config,
-    pub worker_id: String,
-    pub running: Mutex<HashMap<String, Running>>,
-    pub shutting_down: AtomicBool,
-    /// Workers not running an attempt.
-    pub idle_workers: AtomicUsize,
-    /// Attempts ended by this runner's workers since it started.
-    pub endings_total: std::sync::atomic::AtomicU64,
-    /// How long the writer's commits take, in nanoseconds: the slowest recent one, decaying.
-    pub commit_nanos: std::sync::atomic::AtomicU64,
-    /// The dispatcher refills the work queue once it holds this many jobs or fewer: a worker
-    /// that finds more queued need not wake it.
-    pub refill_at: AtomicUsize,
-    /// Wakes the dispatcher (an enqueue, a free worker, shutdown).
-    wake: (Mutex<bool>, Condvar),
-    /// Bumped whenever an ending is committed or observed; waiters block on it.
-    endings: (Mutex<u64>, Condvar),
-    pub counters: Mutex<SweepCounters>,
-    /// The first fatal fault of one of the runner's threads: once set, the runner has fenced
-    /// itself and refuses every request.
-    fault: Mutex<Option<(&'static str, String)>>,
-    /// Endings that could not be handed to the writer (it had failed): the runner records
-    /// them itself when it shuts down.
-    pub unwritten: Mutex<Vec<Finish>>,
-    /// A panic to inject into a named thread, for the tests of the fault handling.
-    #[cfg(test)]
-    inject_panic: Mutex<Option<&'static str>>,
-    /// The environment attempts start from: the process's, taken once when the runner
-    /// starts (it is not expected to change while the runner runs), so that a spawn does not
-    /// read and convert it again.
-    pub base_env: Arc<crate::attempt::BaseEnv>,
-}
-
-impl Shared {
-    pub(crate) fn new(config: Config, worker_id: String) -> Shared {
-        Shared {
-            worker_id,
-            running: Mutex::new(HashMap::new()),
-            shutting_down: AtomicBool::new(false),
-            idle_workers: AtomicUsize::new(config.workers),
-            endings_total: std::sync::atomic::AtomicU64::new(0),
-            commit_nanos: std::sync::atomic::AtomicU64::new(0),
-            refill_at: AtomicUsize::new(0),
-            wake: (Mutex::new(false), Condvar::new()),
-            endings: (Mutex::new(0), Condvar::new()),
-            counters: Mutex::new(SweepCounters::default()),
-            fault: Mutex::new(None),
-            unwritten: Mutex::new(Vec::new()),
-            #[cfg(test)]
-            inject_panic: Mutex::new(None),
-            base_env: Arc::new(crate::attempt::BaseEnv::current()),
-            config,
-        }
-    }
-
-    pub(crate) fn wake_dispatcher(&self) {
-        *self.wake.0.lock() = true;
-        self.wake.1.notify_all();
-    }
-
-    fn wait_for_wake(&self, timeout: Duration) {
-        let mut woken = self.wake.0.lock();
-        if !*woken {
-            self.wake.1.wait_for(&mut woken, timeout);
-        }
-        *woken = false;
-    }
-
-    /// The attempt under `token` has ended (its ending is committed, or given up on).
-    pub(crate) fn attempt_done(&self, token: &str) {
-        self.running.lock().remove(token);
-    }
-
-    pub(crate) fn endings_changed(&self) {
-        *self.endings.0.lock() += 1;
-        self.endings.1.notify_all();
-    }
-
-    fn wait_for_endings(&self, seen: u64, timeout: Duration) -> u64 {
-        let mut n = self.endings.0.lock();
-        if *n == seen {
-            self.endings.1.wait_for(&mut n, timeout);
-        }
-        *n
-    }
-
-    fn endings_seen(&self) -> u64 {
-        *self.endings.0.lock()
-    }
-
-    /// A thread of the runner failed: the runner fences itself. It stops claiming, stops
-    /// renewing leases, and stops every running attempt as a self-fence (its group is killed
-    /// and the attempt recorded as lost, by the writer or, if the writer is what failed, by
-    /// the runner when it shuts down). Only the first fault is kept.
-    pub(crate) fn fail(&self, thread: &'static str, cause: String) {
-        {
-            let mut fault = self.fault.lock();
-            if fault.is_some() {
-                return;
-            }
-            log::error!(
-                "runner {}: the {thread} thread failed: {cause}; fencing the runner: killing \
-                 its running attempts and refusing further work",
-                self.worker_id
-            );
-            *fault = Some((thread, cause));
-        }
-        self.shutting_down.store(true, Ordering::SeqCst);
-        for r in self.running.lock().values() {
-            r.stop.stop(StopReason::SelfFenced);
-        }
-        self.wake_dispatcher();
-        self.endings_changed();
-    }
-
-    /// Whether a thread has failed.
-    pub(crate) fn failed(&self) -> bool {
-        self.fault.lock().is_some()
-    }
-
-    /// `Err` once a thread has failed.
-    pub(crate) fn check(&self) -> Result<()> {
-        match &*self.fault.lock() {
-            None => Ok(()),
-            Some((thread, cause)) => Err(Error::RunnerFailed {
-                thread,
-                cause: cause.clone(),
-            }),
-        }
-    }
-
-    /// Panics in `thread` when a test asked for it (once); nothing in other builds.
-    pub(crate) fn test_hook(&self, thread: &'static str) {
-        #[cfg(test)]
-        {
-            let mut inject = self.inject_panic.lock();
-            if *inject == Some(thread) {
-                *inject = None;
-                drop(inject);
-                panic!("injected panic in the {thread} thread");
-            }
-        }
-        #[cfg(not(test))]
-        let _ = thread;
-    }
-}
+use builder::Config;
+use builder::{Callback, validate};
+use shared::{Shared, Writer, panic_message};
+use sweeper::Sweeper;
 
 /// A running job runner on one database file.
 ///
@@ -523,20 +92,24 @@ fn spawn_thread(
         .map_err(|e| Error::io(format!("cannot start thread {name}"), e))
 }
 
-/// The message a panic carried, when it is text.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
-
 /// `now + d`, or None when that is past what `Instant` can represent (wait for ever).
 fn deadline_after(d: Duration) -> Option<Instant> {
     Instant::now().checked_add(d)
+}
+
+impl RunnerBuilder {
+    /// Checks the settings, opens the database, recovers what dead runners left, and starts
+    /// the runner's threads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] naming the setting for a misordered timing ladder (heartbeat × 3
+    /// must not exceed the lease TTL, nor the sweep interval the lease TTL) or a zero
+    /// value; the errors of [`Store::open`]; [`Error::Io`] when a thread cannot start.
+    pub fn start(self) -> Result<Runner> {
+        validate(&self.config)?;
+        Runner::start(self.config, self.callbacks)
+    }
 }
 
 impl Runner {
@@ -559,9 +132,9 @@ impl Runner {
     }
 
     fn start(config: Config, callbacks: Vec<Callback>) -> Result<Runner> {
-        let api = Runner::open(&config, crate::store::DEFAULT_BUSY_TIMEOUT, true)?;
+        let api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
         let pid = std::process::id() as i64;
-        let worker_id = format!("{}:{}:{}", hostname(), pid, random_hex());
+        let worker_id = format!("{}:{}:{}", process::hostname(), pid, random_hex());
         let now = now_ms();
         api.register_runner(&RunnerRecord {
             worker_id: worker_id.clone(),
@@ -569,7 +142,7 @@ impl Runner {
             proc_start_time: process::self_start_time()
                 .map_err(|e| Error::io("cannot read this process's start time", e))?,
             boot_id: process::boot_id().unwrap_or_default(),
-            host: hostname(),
+            host: process::hostname(),
             started_at: now,
             heartbeat_at: now,
             stopped_at: None,
@@ -594,7 +167,7 @@ impl Runner {
         let last_event = api.last_event_id()?;
         let subscribers: Arc<Mutex<Vec<Sender<Completion>>>> = Arc::default();
         {
-            let store = Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT, false)?;
+            let store = Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?;
             let (shared, stop, subs) = (
                 Arc::clone(&shared),
                 stop_rx.clone(),
@@ -605,7 +178,7 @@ impl Runner {
                 "notifier",
                 &Arc::clone(&shared),
                 move || {
-                    notify_loop(&store, &shared, &stop, &subs, &callbacks, last_event);
+                    notifier::notify_loop(&store, &shared, &stop, &subs, &callbacks, last_event);
                     Ok(())
                 },
             )?);
@@ -643,7 +216,7 @@ impl Runner {
         }
         let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
         let writer_thread = {
-            let store = Runner::open(cfg, crate::store::DEFAULT_BUSY_TIMEOUT, false)?;
+            let store = Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?;
             let shared = Arc::clone(&shared);
             spawn_thread(
                 "leasehold-writer",
@@ -675,7 +248,7 @@ impl Runner {
                 "dispatcher",
                 &Arc::clone(&shared),
                 move || {
-                    dispatch_loop(&shared, &writer, &work_tx);
+                    dispatcher::dispatch_loop(&shared, &writer, &work_tx);
                     Ok(())
                 },
             )?);
@@ -941,14 +514,6 @@ impl Drop for Runner {
     }
 }
 
-/// This host's name, or "localhost" when it cannot be read.
-pub(crate) fn hostname() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".to_string())
-}
-
 /// Eight random hex digits, to tell apart runners that reuse a pid.
 fn random_hex() -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -963,212 +528,6 @@ fn random_hex() -> String {
     format!("{:08x}", h.finish() as u32)
 }
 
-/// Claims jobs while workers are free and hands them over.
-///
-/// A claim is durable before its job starts, so with `synchronous = FULL` a worker that
-/// waited for its own claim would wait for the disk on every job. The dispatcher therefore
-/// claims a little ahead: as many jobs as are likely to start while one commit is under way
-/// (the recent rate of endings times the recent claim round trip, twice over, at most eight
-/// per worker). Long jobs end rarely, so they are not claimed ahead; a stream of short ones is.
-fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<crate::store::Claimed>) {
-    let workers = shared.config.workers;
-    let mut rate = RateMeter::new();
-    while !shared.shutting_down.load(Ordering::SeqCst) {
-        shared.test_hook("dispatcher");
-        let idle = shared.idle_workers.load(Ordering::SeqCst);
-        let queued = work.len();
-        let commit = Duration::from_nanos(shared.commit_nanos.load(Ordering::Relaxed));
-        let per_sec = rate.sample(shared.endings_total.load(Ordering::Relaxed), workers as u64);
-        // The claim's round trip is the commit plus the hand-offs between threads.
-        let round_trip = commit.as_secs_f64() + HANDOFF.as_secs_f64();
-        let lookahead = ((per_sec * round_trip * 2.0).round() as usize).min(8 * workers);
-        // Refill in chunks: claim once the queue is down to half the lookahead (or a worker
-        // would go without), not on every ending, so that one claim (and one wake-up of this
-        // thread, see `refill_at`) serves several jobs.
-        let low = lookahead / 2;
-        shared.refill_at.store(low, Ordering::Relaxed);
-        let want = if queued <= low || queued < idle {
-            (idle + lookahead).saturating_sub(queued)
-        } else {
-            0
-        };
-        let mut claimed_all = false;
-        if want > 0 {
-            match writer.claim(u32::try_from(want).unwrap_or(u32::MAX)) {
-                Ok(jobs) => {
-                    claimed_all = jobs.len() == want;
-                    for job in jobs {
-                        let stop = match StopHandle::new() {
-                            Ok(s) => s,
-                            Err(e) => {
-                                // Out of descriptors: give the job back untouched.
-                                log::error!("cannot run job {}: {e}", job.id);
-                                writer.send(crate::writer::Op::Finish(Box::new(
-                                    worker::interrupted(&job, &shared.config, &e.to_string()),
-                                )));
-                                continue;
-                            }
-                        };
-                        shared.running.lock().insert(
-                            job.run_token.clone(),
-                            Running {
-                                job_id: job.id,
-                                stop,
-                                lease_expires_at: job.lease_expires_at,
-                            },
-                        );
-                        if work.send(job).is_err() {
-                            return;
-                        }
-                    }
-                }
-                Err(e) => log::error!("claim failed: {e:#}"),
-            }
-        }
-        if !claimed_all {
-            shared.wait_for_wake(shared.config.poll_interval);
-        }
-    }
-}
-
-/// What a claim's round trip costs beyond its commit: waking the writer and the dispatcher.
-const HANDOFF: Duration = Duration::from_millis(2).saturating_add(crate::writer::LINGER);
-
-/// Over how long the rate of endings is measured: short, as a burst of short jobs that waits
-/// for its first measurement runs without lookahead until then.
-const RATE_WINDOW: Duration = Duration::from_millis(50);
-
-/// Endings per second, over the last [`RATE_WINDOW`] or so.
-struct RateMeter {
-    at: Instant,
-    count: u64,
-    per_sec: f64,
-}
-
-impl RateMeter {
-    fn new() -> Self {
-        RateMeter {
-            at: Instant::now(),
-            count: 0,
-            per_sec: 0.0,
-        }
-    }
-
-    /// The rate, measured again once a window has passed, or sooner once `enough` endings
-    /// have come in: a burst of short jobs should not run a whole window unaided.
-    fn sample(&mut self, total: u64, enough: u64) -> f64 {
-        let dt = self.at.elapsed().as_secs_f64();
-        let ended = total - self.count;
-        if dt >= RATE_WINDOW.as_secs_f64() || (ended >= enough && dt >= 0.005) {
-            self.per_sec = ended as f64 / dt;
-            self.count = total;
-            self.at = Instant::now();
-        }
-        self.per_sec
-    }
-}
-
-/// Tails the endings in the database and tells callbacks, subscribers and waiters.
-fn notify_loop(
-    store: &Store,
-    shared: &Shared,
-    stop: &Receiver<()>,
-    subscribers: &Mutex<Vec<Sender<Completion>>>,
-    callbacks: &[Callback],
-    mut last: i64,
-) {
-    let mut seen = shared.endings_seen();
-    loop {
-        shared.test_hook("notifier");
-        // With nobody to tell, reading the endings would only cost: this runner's own endings
-        // wake its waiters directly, and a wait polls for other processes' endings.
-        let listening = !callbacks.is_empty() || !subscribers.lock().is_empty();
-        if !listening {
-            last = store.last_event_id().unwrap_or(last);
-            if matches!(
-                stop.recv_timeout(shared.config.poll_interval),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected)
-            ) {
-                return;
-            }
-            continue;
-        }
-        let stopping = matches!(
-            stop.try_recv(),
-            Err(crossbeam_channel::TryRecvError::Disconnected)
-        );
-        match store.endings_after(last, 1000) {
-            Ok(events) => {
-                let any = !events.is_empty();
-                for e in events {
-                    last = e.id;
-                    let completion = completion(store, &e);
-                    for cb in callbacks {
-                        // A caller's callback that panics is the caller's bug, not the
-                        // runner's: log it and go on telling the others.
-                        let told = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            cb(&completion);
-                        }));
-                        if let Err(panic) = told {
-                            log::error!(
-                                "an on_complete callback panicked on job {}: {}",
-                                completion.job_id,
-                                panic_message(panic.as_ref())
-                            );
-                        }
-                    }
-                    subscribers
-                        .lock()
-                        .retain(|s| s.send(completion.clone()).is_ok());
-                }
-                if any {
-                    shared.endings_changed();
-                    seen = shared.endings_seen();
-                    continue;
-                }
-            }
-            Err(e) => log::warn!("notifier: cannot read events: {e:#}"),
-        }
-        if stopping {
-            return;
-        }
-        seen = shared.wait_for_endings(seen, shared.config.poll_interval);
-    }
-}
-
-fn completion(store: &Store, e: &crate::job::Event) -> Completion {
-    let job = store.job(e.job_id).ok();
-    let detail = e.detail.clone().unwrap_or_default();
-    let outcome = match e.kind.as_str() {
-        "succeeded" => Outcome::Succeeded,
-        "cancelled" => Outcome::Cancelled,
-        kind => {
-            // The row may have moved on since (an operator retried it): take the columns
-            // only while they still describe this ending.
-            let same = job
-                .as_ref()
-                .filter(|j| j.attempt == e.attempt && j.status == Status::Failed);
-            Outcome::Failed {
-                kind: same
-                    .and_then(|j| j.error_kind)
-                    .unwrap_or(if kind == "lost" {
-                        ErrorKind::Lost
-                    } else {
-                        ErrorKind::Exit
-                    }),
-                exit_code: same.and_then(|j| j.exit_code),
-                signal: same.and_then(|j| j.signal),
-                message: detail,
-            }
-        }
-    };
-    Completion {
-        job_id: e.job_id,
-        attempt: e.attempt,
-        outcome,
-    }
-}
-
 #[cfg(test)]
 impl Runner {
     /// Makes `thread` panic the next time it runs its loop (once).
@@ -1181,6 +540,7 @@ impl Runner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::Status;
 
     /// A runner with short timings on a new file in `dir`.
     fn fast(dir: &Path) -> RunnerBuilder {

@@ -18,101 +18,18 @@
 //! fails does not undo the others; savepoints cost a copy of every page they touch, which the
 //! common case does without.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded, unbounded};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use rusqlite::Connection;
 
 use crate::error::{Error, Result};
-use crate::runner::Shared;
-use crate::store::{self, AttemptStart, ClaimRequest, Claimed, Finish, Finished, Store};
+use crate::store::{self, ClaimRequest, Claimed, Finish, Finished, Store};
+
+use super::shared::{LINGER, Op, Shared, WriterLoop};
 
 /// How many queued writes one transaction takes at most.
 const MAX_BATCH: usize = 256;
-
-/// How long a start or an ending may wait for others to share its commit. A claim cuts the
-/// wait short.
-pub(crate) const LINGER: Duration = Duration::from_millis(2);
-
-/// One write for the writer thread.
-pub(crate) enum Op {
-    /// Claim up to `limit` jobs; the claimed jobs come back on `reply` once committed.
-    Claim {
-        limit: u32,
-        reply: Sender<Result<Vec<Claimed>>>,
-    },
-    /// Record an attempt's process.
-    Start(AttemptStart),
-    /// Record an attempt's ending; once committed, the attempt leaves the runner's registry.
-    Finish(Box<Finish>),
-}
-
-/// The handle workers and the dispatcher send writes through.
-#[derive(Clone)]
-pub(crate) struct Writer {
-    /// Claims: committed at once.
-    urgent: Sender<Op>,
-    /// Starts and endings: may linger to share a commit.
-    lazy: Sender<Op>,
-    /// Where an ending goes when the writer thread has failed.
-    shared: Arc<Shared>,
-}
-
-/// The writer thread's end of the channels: [`WriterLoop::run`] is the thread's body.
-pub(crate) struct WriterLoop {
-    urgent: Receiver<Op>,
-    lazy: Receiver<Op>,
-}
-
-impl Writer {
-    /// The handle and the loop that the writer thread runs.
-    pub(crate) fn new(shared: Arc<Shared>) -> (Writer, WriterLoop) {
-        let (urgent, urgent_rx) = unbounded();
-        let (lazy, lazy_rx) = unbounded();
-        (
-            Writer {
-                urgent,
-                lazy,
-                shared,
-            },
-            WriterLoop {
-                urgent: urgent_rx,
-                lazy: lazy_rx,
-            },
-        )
-    }
-
-    /// Claims up to `limit` jobs and waits until the claim is committed.
-    pub(crate) fn claim(&self, limit: u32) -> Result<Vec<Claimed>> {
-        let (reply, answer) = bounded(1);
-        self.urgent
-            .send(Op::Claim { limit, reply })
-            .map_err(|_| Error::ShutDown)?;
-        answer.recv().map_err(|_| Error::ShutDown)?
-    }
-
-    /// Queues a write without waiting for it. When the writer thread has failed, an ending
-    /// is kept for the runner to record at shutdown; a start is dropped (the ending that
-    /// follows it matters, and the runner has fenced itself by then).
-    pub(crate) fn send(&self, op: Op) {
-        let tx = match op {
-            Op::Claim { .. } => &self.urgent,
-            Op::Start(_) | Op::Finish(_) => &self.lazy,
-        };
-        match tx.send(op) {
-            Ok(()) => {}
-            Err(crossbeam_channel::SendError(Op::Finish(f))) => {
-                log::warn!(
-                    "job {}: the writer has stopped; its ending is recorded at shutdown",
-                    f.job_id
-                );
-                self.shared.unwritten.lock().push(*f);
-            }
-            Err(_) => log::warn!("the writer has stopped; the record of a start was dropped"),
-        }
-    }
-}
 
 /// What one queued write became, to act on after the commit.
 enum Done {

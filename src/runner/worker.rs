@@ -8,9 +8,10 @@ use crossbeam_channel::Receiver;
 
 use crate::attempt::{self, AttemptResult, AttemptSpec, StopReason};
 use crate::job::{ErrorKind, Output};
-use crate::runner::{Config, Shared};
 use crate::store::{AttemptStart, Claimed, Ending, Finish};
-use crate::writer::{Op, Writer};
+
+use super::builder::Config;
+use super::shared::{Op, Shared, Writer, interrupted, panic_message};
 
 /// Runs the attempts the dispatcher hands over until the dispatcher goes away.
 pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
@@ -58,7 +59,7 @@ fn run_guarded(
     match outcome {
         Ok(finish) => finish,
         Err(panic) => {
-            let cause = crate::runner::panic_message(panic.as_ref());
+            let cause = panic_message(panic.as_ref());
             log::error!(
                 "job {} attempt {}: the worker panicked ({cause}); tearing the attempt down and \
                  recording it as lost",
@@ -214,21 +215,6 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
             stderr_truncated: r.stderr.truncated,
         }),
         notes,
-        max_recovery_attempts: cfg.max_recovery_attempts,
-    }
-}
-
-/// The ending that gives a job back untouched: pending, no attempt or budget spent.
-pub(crate) fn interrupted(job: &Claimed, cfg: &Config, why: &str) -> Finish {
-    Finish {
-        job_id: job.id,
-        run_token: job.run_token.clone(),
-        attempt: job.attempt,
-        ending: Ending::Interrupted {
-            message: format!("not run: {why}"),
-        },
-        output: None,
-        notes: Vec::new(),
         max_recovery_attempts: cfg.max_recovery_attempts,
     }
 }

@@ -9,43 +9,11 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 
 use crate::error::Result;
-use crate::process::{self, AttemptIdentity};
-use crate::runner::Shared;
-use crate::store::{ReclaimRequest, RunnerRecord, Store};
+use crate::process;
+use crate::store::{ReclaimRequest, Store};
 
-/// What the sweeper has done since the runner started, or in one sweep.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SweepCounters {
-    /// Sweeps run.
-    pub sweeps: u64,
-    /// Lost jobs moved back to pending.
-    pub reclaimed_pending: u64,
-    /// Lost jobs failed (recovery budget spent, or `on_lost = fail`).
-    pub reclaimed_failed: u64,
-    /// Lost attempts whose processes were dealt with (killed, or found gone).
-    pub torn_down: u64,
-    /// Processes found that could not be verified as the lost attempt's, and so were not
-    /// signalled.
-    pub unverified: u64,
-    /// Runners on this host found provably dead.
-    pub dead_runners: u64,
-}
-
-impl SweepCounters {
-    fn add(&mut self, o: &SweepCounters) {
-        self.sweeps += o.sweeps;
-        self.reclaimed_pending += o.reclaimed_pending;
-        self.reclaimed_failed += o.reclaimed_failed;
-        self.torn_down += o.torn_down;
-        self.unverified += o.unverified;
-        self.dead_runners += o.dead_runners;
-    }
-
-    fn did_something(&self) -> bool {
-        self.reclaimed_pending + self.reclaimed_failed + self.torn_down + self.dead_runners > 0
-    }
-}
+use super::operator::{runner_death_evidence, tear_down_lost_attempts};
+use super::shared::{Shared, SweepCounters};
 
 /// The sweeper's state between sweeps.
 pub(crate) struct Sweeper {
@@ -100,7 +68,7 @@ impl Sweeper {
             store,
             shared,
             boot_id: process::boot_id().unwrap_or_default(),
-            host: crate::runner::hostname(),
+            host: crate::process::hostname(),
             clock: Mutex::new(Clock {
                 wall: SystemTime::now(),
                 mono: Instant::now(),
@@ -205,84 +173,6 @@ impl Sweeper {
     }
 }
 
-/// Tears down the processes of up to `limit` lost attempts still marked in the database
-/// (reclaimed, cancelled while running, or retried by an operator), and records a
-/// `torn_down` event for each, which lets its job be claimed again. A group is signalled only
-/// when its identity is verified (pgid and start time); processes carrying the attempt's run
-/// token are killed wherever they are. Returns how many attempts were torn down, and how
-/// many processes were left alone because they could not be verified.
-///
-/// Runners do this on every sweep; an operator's tool may do it at once after a retry.
-///
-/// # Errors
-///
-/// A database error; the attempts not yet recorded are retried by the next call.
-pub fn tear_down_lost_attempts(
-    store: &Store,
-    limit: u64,
-    kill_grace: Duration,
-) -> Result<(u64, u64)> {
-    let (mut torn, mut unverified) = (0, 0);
-    for lost in store.pending_teardowns(limit)? {
-        let id = AttemptIdentity {
-            pgid: lost.pgid,
-            start_time: lost.start_time,
-            token: lost.run_token.clone(),
-        };
-        let teardown = process::teardown(&id, kill_grace);
-        unverified += teardown.unverified.len() as u64;
-        let detail = teardown.describe();
-        if store.record_teardown(lost.job_id, &lost.run_token, &detail, crate::job::now_ms())? {
-            torn += 1;
-            log::info!(
-                "job {} attempt {} torn down: {detail}",
-                lost.job_id,
-                lost.attempt
-            );
-        }
-    }
-    Ok((torn, unverified))
-}
-
-/// Whether the runner `r` may still be alive, as far as this host can tell: a runner on
-/// another host, or one whose process is still the one that registered, may be; a runner of
-/// this host whose boot id differs, whose pid is gone, or whose pid now belongs to another
-/// process is dead. Stopped runners are not alive.
-pub fn runner_alive(r: &RunnerRecord) -> bool {
-    r.stopped_at.is_none()
-        && runner_death_evidence(
-            r,
-            &crate::runner::hostname(),
-            &process::boot_id().unwrap_or_default(),
-        )
-        .is_none()
-}
-
-/// Why the runner `r` is provably dead, seen from this host in boot `boot_id`; None when it
-/// may be alive (or runs on another host, where nothing can be proven from here).
-pub(crate) fn runner_death_evidence(r: &RunnerRecord, host: &str, boot_id: &str) -> Option<String> {
-    if r.host != host {
-        return None;
-    }
-    if !boot_id.is_empty() && r.boot_id != boot_id {
-        return Some(format!(
-            "it ran in boot {} and this host is now in boot {boot_id}",
-            r.boot_id
-        ));
-    }
-    let pid = i32::try_from(r.pid).ok()?;
-    // One read of /proc/PID/stat gives both the state and the start time.
-    match process::proc_info(pid) {
-        None => Some(format!("its process {pid} is gone")),
-        Some(p) if p.is_dead() => Some(format!("its process {pid} has exited")),
-        Some(p) if p.start_time != r.proc_start_time => Some(format!(
-            "its pid {pid} now belongs to another process (start time {}, not {})",
-            p.start_time, r.proc_start_time
-        )),
-        Some(_) => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -291,6 +181,7 @@ mod tests {
     use crate::job::{Job, Status, now_ms};
     use crate::runner::RunnerBuilder;
     use crate::store::ClaimRequest;
+    use crate::store::RunnerRecord;
 
     fn sweeper(path: &std::path::Path, worker: &str) -> Sweeper {
         let config = RunnerBuilder::new(path.to_path_buf())
@@ -309,7 +200,7 @@ mod tests {
                 pid,
                 proc_start_time: start,
                 boot_id: process::boot_id().unwrap(),
-                host: crate::runner::hostname(),
+                host: crate::process::hostname(),
                 started_at: now,
                 heartbeat_at: now,
                 stopped_at: None,
@@ -435,7 +326,7 @@ mod tests {
             heartbeat_interval_ms: 0,
             max_recovery_attempts: 0,
         };
-        let (host, boot) = (crate::runner::hostname(), process::boot_id().unwrap());
+        let (host, boot) = (crate::process::hostname(), process::boot_id().unwrap());
         assert_eq!(
             runner_death_evidence(&record(me, start, &boot, &host), &host, &boot),
             None

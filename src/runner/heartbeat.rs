@@ -7,8 +7,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use crate::attempt::StopReason;
 use crate::job::{duration_ms, now_ms};
-use crate::runner::Shared;
 use crate::store::Store;
+
+use super::shared::Shared;
 
 /// The least time a renewal is given, even when the runner wakes (from a suspend, a SIGSTOP)
 /// to find its leases already past their expiry: elapsed time alone is no evidence of a lost

@@ -1,0 +1,288 @@
+//! The runner's settings: the builder, its defaults and bounds, and their validation.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::job::Outcome;
+use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, MAX_BUSY_TIMEOUT};
+
+/// Worker threads, so jobs run at once. By default 4.
+pub const DEFAULT_WORKERS: usize = 4;
+/// How long a lease lasts unless renewed.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// How often a runner renews its leases.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the sweeper looks for lost attempts.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Between SIGTERM and SIGKILL.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+/// How many lost attempts one sweep reclaims at most.
+pub const DEFAULT_RECLAIM_BATCH: u32 = 100;
+/// The bytes of stdout and of stderr kept per attempt.
+pub const DEFAULT_OUTPUT_TAIL: usize = 64 * 1024;
+/// How long a runner waits for running jobs when it shuts down.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// After an attempt's main process exits, how long its pipes may stay open.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often an idle dispatcher looks for jobs enqueued by other processes.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// The most worker threads a runner starts: each is an OS thread supervising one process
+/// group, and past this many the machine, not the runner, is the limit.
+pub const MAX_WORKERS: usize = 1024;
+/// The longest any of a runner's time settings may be: what SQLite's busy timeout (a C `int`
+/// of milliseconds) can take, about 24.8 days. The lease TTL bounds the busy timeouts of the
+/// runner's connections, and every setting must survive millisecond and `Instant` arithmetic.
+pub const MAX_SETTING_DURATION: Duration = MAX_BUSY_TIMEOUT;
+/// The most bytes of stdout and of stderr a runner keeps per attempt.
+pub const MAX_OUTPUT_TAIL: usize = 64 * 1024 * 1024;
+
+/// A runner's settings; see [`RunnerBuilder`].
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub path: PathBuf,
+    pub workers: usize,
+    pub queues: Vec<String>,
+    pub lease_ttl: Duration,
+    pub heartbeat_interval: Duration,
+    pub sweep_interval: Duration,
+    pub kill_grace: Duration,
+    pub max_recovery_attempts: u32,
+    pub reclaim_batch: u32,
+    pub durability: Durability,
+    pub output_tail: usize,
+    pub shutdown_grace: Duration,
+    pub drain_timeout: Duration,
+    pub poll_interval: Duration,
+}
+
+/// What a completion callback or subscriber is told: a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Completion {
+    /// The job.
+    pub job_id: i64,
+    /// The attempt that ended it.
+    pub attempt: i64,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// A caller's callback for every ending.
+pub(super) type Callback = Box<dyn Fn(&Completion) + Send + Sync>;
+
+/// Builds and starts a [`Runner`](crate::Runner).
+///
+/// ```no_run
+/// # fn main() -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::{Job, Runner};
+///
+/// let runner = Runner::builder("jobs.db")
+///     .workers(2)
+///     .lease_ttl(Duration::from_secs(30))
+///     .start()?;
+/// let id = runner.enqueue(&Job::shell("echo hello"))?;
+/// let outcome = runner.wait(id, Duration::from_secs(10))?;
+/// println!("{outcome:?}");
+/// runner.shutdown()?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct RunnerBuilder {
+    pub(super) config: Config,
+    pub(super) callbacks: Vec<Callback>,
+}
+
+impl std::fmt::Debug for RunnerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunnerBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunnerBuilder {
+    pub(crate) fn new(path: PathBuf) -> Self {
+        RunnerBuilder {
+            config: Config {
+                path,
+                workers: DEFAULT_WORKERS,
+                queues: Vec::new(),
+                lease_ttl: DEFAULT_LEASE_TTL,
+                heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+                sweep_interval: DEFAULT_SWEEP_INTERVAL,
+                kill_grace: DEFAULT_KILL_GRACE,
+                max_recovery_attempts: DEFAULT_MAX_RECOVERY_ATTEMPTS,
+                reclaim_batch: DEFAULT_RECLAIM_BATCH,
+                durability: Durability::Full,
+                output_tail: DEFAULT_OUTPUT_TAIL,
+                shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+                drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+                poll_interval: DEFAULT_POLL_INTERVAL,
+            },
+            callbacks: Vec::new(),
+        }
+    }
+
+    /// How many jobs run at once. By default, 4.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.config.workers = workers;
+        self
+    }
+
+    /// Takes jobs from this queue (call again to add more). By default, every queue.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.config.queues.push(queue.into());
+        self
+    }
+
+    /// How long a lease lasts unless renewed: a runner that stops renewing loses its jobs
+    /// this long after its last renewal. By default, 30 s.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.config.lease_ttl = ttl;
+        self
+    }
+
+    /// How often leases are renewed; at most a third of the lease TTL. By default, 5 s.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.config.heartbeat_interval = interval;
+        self
+    }
+
+    /// How often the sweeper reclaims lost attempts; at most the lease TTL. By default, 5 s.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.config.sweep_interval = interval;
+        self
+    }
+
+    /// Between SIGTERM and SIGKILL when an attempt's group is killed. By default, 5 s.
+    pub fn kill_grace(mut self, grace: Duration) -> Self {
+        self.config.kill_grace = grace;
+        self
+    }
+
+    /// How often a lost job is run again before it fails as lost. By default, 3.
+    pub fn max_recovery_attempts(mut self, attempts: u32) -> Self {
+        self.config.max_recovery_attempts = attempts;
+        self
+    }
+
+    /// How many lost attempts one sweep reclaims at most; 0 disables reclaiming. By
+    /// default, 100.
+    pub fn reclaim_batch(mut self, batch: u32) -> Self {
+        self.config.reclaim_batch = batch;
+        self
+    }
+
+    /// How hard commits are pushed to disk. By default, [`Durability::Full`].
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.config.durability = durability;
+        self
+    }
+
+    /// The bytes of stdout and of stderr kept per attempt: the last ones. By default, 64 KiB.
+    pub fn output_tail(mut self, bytes: usize) -> Self {
+        self.config.output_tail = bytes;
+        self
+    }
+
+    /// How long [`Runner::shutdown`](crate::Runner::shutdown)(crate::Runner::shutdown) (and drop) lets running jobs finish before killing
+    /// them. By default, 10 s.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.config.shutdown_grace = grace;
+        self
+    }
+
+    /// After an attempt's main process exits, how long its pipes may stay open (held by a
+    /// descendant) before what is left of the attempt is killed. By default, 1 s.
+    pub fn drain_timeout(mut self, drain: Duration) -> Self {
+        self.config.drain_timeout = drain;
+        self
+    }
+
+    /// How often an idle runner looks for jobs that other processes enqueued (its own
+    /// enqueues wake it at once). By default, 100 ms.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.config.poll_interval = interval;
+        self
+    }
+
+    /// Calls `f` once for every ending of every job on the database (succeeded, failed,
+    /// lost, cancelled), including jobs that other processes ran, from the runner's
+    /// notifier thread. Endings written before the runner started are not reported.
+    pub fn on_complete(mut self, f: impl Fn(&Completion) + Send + Sync + 'static) -> Self {
+        self.callbacks.push(Box::new(f));
+        self
+    }
+}
+
+/// Checks every setting before anything starts: each within what the runner's arithmetic
+/// and SQLite can represent, and the timing ladder in order.
+pub(super) fn validate(c: &Config) -> Result<()> {
+    let secs = |d: Duration| d.as_secs_f64();
+    if c.workers == 0 || c.workers > MAX_WORKERS {
+        return Err(Error::invalid(
+            "workers",
+            format!("{} is out of range: must be 1 to {MAX_WORKERS}", c.workers),
+        ));
+    }
+    if c.output_tail > MAX_OUTPUT_TAIL {
+        return Err(Error::invalid(
+            "output_tail",
+            format!(
+                "{} bytes is more than the most a runner keeps, {MAX_OUTPUT_TAIL}",
+                c.output_tail
+            ),
+        ));
+    }
+    for (name, d, may_be_zero) in [
+        ("lease_ttl", c.lease_ttl, false),
+        ("heartbeat_interval", c.heartbeat_interval, false),
+        ("sweep_interval", c.sweep_interval, false),
+        ("poll_interval", c.poll_interval, false),
+        ("kill_grace", c.kill_grace, true),
+        ("shutdown_grace", c.shutdown_grace, true),
+        ("drain_timeout", c.drain_timeout, true),
+    ] {
+        if d.is_zero() && !may_be_zero {
+            return Err(Error::invalid(name, "must be greater than 0"));
+        }
+        if d > MAX_SETTING_DURATION {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{}s is too long: at most {}s (about 24.8 days)",
+                    secs(d),
+                    secs(MAX_SETTING_DURATION)
+                ),
+            ));
+        }
+    }
+    // Cannot overflow: the heartbeat is at most MAX_SETTING_DURATION, far below a third of
+    // Duration::MAX; checked all the same, so a future bound change cannot make it panic.
+    if c.heartbeat_interval
+        .checked_mul(3)
+        .is_none_or(|d| d > c.lease_ttl)
+    {
+        return Err(Error::invalid(
+            "heartbeat_interval",
+            format!(
+                "heartbeat {}s × 3 exceeds the lease TTL of {}s: a lease must survive two missed renewals",
+                secs(c.heartbeat_interval),
+                secs(c.lease_ttl)
+            ),
+        ));
+    }
+    if c.sweep_interval > c.lease_ttl {
+        return Err(Error::invalid(
+            "sweep_interval",
+            format!(
+                "sweep {}s exceeds the lease TTL of {}s",
+                secs(c.sweep_interval),
+                secs(c.lease_ttl)
+            ),
+        ));
+    }
+    Ok(())
+}

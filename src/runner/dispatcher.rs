@@ -1,0 +1,118 @@
+//! The dispatcher thread: claims jobs while workers are free and hands them over.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use crate::attempt::StopHandle;
+use crate::store::Claimed;
+
+use super::shared::{LINGER, Op, Running, Shared, Writer, interrupted};
+
+/// Claims jobs while workers are free and hands them over.
+///
+/// A claim is durable before its job starts, so with `synchronous = FULL` a worker that
+/// waited for its own claim would wait for the disk on every job. The dispatcher therefore
+/// claims a little ahead: as many jobs as are likely to start while one commit is under way
+/// (the recent rate of endings times the recent claim round trip, twice over, at most eight
+/// per worker). Long jobs end rarely, so they are not claimed ahead; a stream of short ones is.
+pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Claimed>) {
+    let workers = shared.config.workers;
+    let mut rate = RateMeter::new();
+    while !shared.shutting_down.load(Ordering::SeqCst) {
+        shared.test_hook("dispatcher");
+        let idle = shared.idle_workers.load(Ordering::SeqCst);
+        let queued = work.len();
+        let commit = Duration::from_nanos(shared.commit_nanos.load(Ordering::Relaxed));
+        let per_sec = rate.sample(shared.endings_total.load(Ordering::Relaxed), workers as u64);
+        // The claim's round trip is the commit plus the hand-offs between threads.
+        let round_trip = commit.as_secs_f64() + HANDOFF.as_secs_f64();
+        let lookahead = ((per_sec * round_trip * 2.0).round() as usize).min(8 * workers);
+        // Refill in chunks: claim once the queue is down to half the lookahead (or a worker
+        // would go without), not on every ending, so that one claim (and one wake-up of this
+        // thread, see `refill_at`) serves several jobs.
+        let low = lookahead / 2;
+        shared.refill_at.store(low, Ordering::Relaxed);
+        let want = if queued <= low || queued < idle {
+            (idle + lookahead).saturating_sub(queued)
+        } else {
+            0
+        };
+        let mut claimed_all = false;
+        if want > 0 {
+            match writer.claim(u32::try_from(want).unwrap_or(u32::MAX)) {
+                Ok(jobs) => {
+                    claimed_all = jobs.len() == want;
+                    for job in jobs {
+                        let stop = match StopHandle::new() {
+                            Ok(s) => s,
+                            Err(e) => {
+                                // Out of descriptors: give the job back untouched.
+                                log::error!("cannot run job {}: {e}", job.id);
+                                writer.send(Op::Finish(Box::new(interrupted(
+                                    &job,
+                                    &shared.config,
+                                    &e.to_string(),
+                                ))));
+                                continue;
+                            }
+                        };
+                        shared.running.lock().insert(
+                            job.run_token.clone(),
+                            Running {
+                                job_id: job.id,
+                                stop,
+                                lease_expires_at: job.lease_expires_at,
+                            },
+                        );
+                        if work.send(job).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => log::error!("claim failed: {e:#}"),
+            }
+        }
+        if !claimed_all {
+            shared.wait_for_wake(shared.config.poll_interval);
+        }
+    }
+}
+
+/// What a claim's round trip costs beyond its commit: waking the writer and the dispatcher.
+const HANDOFF: Duration = Duration::from_millis(2).saturating_add(LINGER);
+
+/// Over how long the rate of endings is measured: short, as a burst of short jobs that waits
+/// for its first measurement runs without lookahead until then.
+const RATE_WINDOW: Duration = Duration::from_millis(50);
+
+/// Endings per second, over the last [`RATE_WINDOW`] or so.
+struct RateMeter {
+    at: Instant,
+    count: u64,
+    per_sec: f64,
+}
+
+impl RateMeter {
+    fn new() -> Self {
+        RateMeter {
+            at: Instant::now(),
+            count: 0,
+            per_sec: 0.0,
+        }
+    }
+
+    /// The rate, measured again once a window has passed, or sooner once `enough` endings
+    /// have come in: a burst of short jobs should not run a whole window unaided.
+    fn sample(&mut self, total: u64, enough: u64) -> f64 {
+        let dt = self.at.elapsed().as_secs_f64();
+        let ended = total - self.count;
+        if dt >= RATE_WINDOW.as_secs_f64() || (ended >= enough && dt >= 0.005) {
+            self.per_sec = ended as f64 / dt;
+            self.count = total;
+            self.at = Instant::now();
+        }
+        self.per_sec
+    }
+}

@@ -1,0 +1,112 @@
+//! The notifier thread: tails the endings in the database and tells callbacks, subscribers
+//! and waiters.
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::job::{ErrorKind, Event, Outcome, Status};
+use crate::store::Store;
+
+use super::builder::{Callback, Completion};
+use super::shared::{Shared, panic_message};
+
+/// Tails the endings in the database and tells callbacks, subscribers and waiters.
+pub(super) fn notify_loop(
+    store: &Store,
+    shared: &Shared,
+    stop: &Receiver<()>,
+    subscribers: &Mutex<Vec<Sender<Completion>>>,
+    callbacks: &[Callback],
+    mut last: i64,
+) {
+    let mut seen = shared.endings_seen();
+    loop {
+        shared.test_hook("notifier");
+        // With nobody to tell, reading the endings would only cost: this runner's own endings
+        // wake its waiters directly, and a wait polls for other processes' endings.
+        let listening = !callbacks.is_empty() || !subscribers.lock().is_empty();
+        if !listening {
+            last = store.last_event_id().unwrap_or(last);
+            if matches!(
+                stop.recv_timeout(shared.config.poll_interval),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+            ) {
+                return;
+            }
+            continue;
+        }
+        let stopping = matches!(
+            stop.try_recv(),
+            Err(crossbeam_channel::TryRecvError::Disconnected)
+        );
+        match store.endings_after(last, 1000) {
+            Ok(events) => {
+                let any = !events.is_empty();
+                for e in events {
+                    last = e.id;
+                    let completion = completion(store, &e);
+                    for cb in callbacks {
+                        // A caller's callback that panics is the caller's bug, not the
+                        // runner's: log it and go on telling the others.
+                        let told = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            cb(&completion);
+                        }));
+                        if let Err(panic) = told {
+                            log::error!(
+                                "an on_complete callback panicked on job {}: {}",
+                                completion.job_id,
+                                panic_message(panic.as_ref())
+                            );
+                        }
+                    }
+                    subscribers
+                        .lock()
+                        .retain(|s| s.send(completion.clone()).is_ok());
+                }
+                if any {
+                    shared.endings_changed();
+                    seen = shared.endings_seen();
+                    continue;
+                }
+            }
+            Err(e) => log::warn!("notifier: cannot read events: {e:#}"),
+        }
+        if stopping {
+            return;
+        }
+        seen = shared.wait_for_endings(seen, shared.config.poll_interval);
+    }
+}
+
+fn completion(store: &Store, e: &Event) -> Completion {
+    let job = store.job(e.job_id).ok();
+    let detail = e.detail.clone().unwrap_or_default();
+    let outcome = match e.kind.as_str() {
+        "succeeded" => Outcome::Succeeded,
+        "cancelled" => Outcome::Cancelled,
+        kind => {
+            // The row may have moved on since (an operator retried it): take the columns
+            // only while they still describe this ending.
+            let same = job
+                .as_ref()
+                .filter(|j| j.attempt == e.attempt && j.status == Status::Failed);
+            Outcome::Failed {
+                kind: same
+                    .and_then(|j| j.error_kind)
+                    .unwrap_or(if kind == "lost" {
+                        ErrorKind::Lost
+                    } else {
+                        ErrorKind::Exit
+                    }),
+                exit_code: same.and_then(|j| j.exit_code),
+                signal: same.and_then(|j| j.signal),
+                message: detail,
+            }
+        }
+    };
+    Completion {
+        job_id: e.job_id,
+        attempt: e.attempt,
+        outcome,
+    }
+}

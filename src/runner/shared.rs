@@ -1,0 +1,315 @@
+//! The state the runner's threads share. The threads import this file and never each other.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use parking_lot::{Condvar, Mutex};
+
+use crate::attempt::{BaseEnv, StopHandle, StopReason};
+use crate::error::{Error, Result};
+use crate::store::{AttemptStart, Claimed, Ending, Finish};
+
+use super::builder::Config;
+
+/// One attempt this runner is running, by its run token.
+pub(crate) struct Running {
+    pub job_id: i64,
+    pub stop: StopHandle,
+    /// When its lease runs out, as last written (wall clock, ms).
+    pub lease_expires_at: i64,
+}
+
+/// The state the runner's threads share.
+pub(crate) struct Shared {
+    pub config: Config,
+    pub worker_id: String,
+    pub running: Mutex<HashMap<String, Running>>,
+    pub shutting_down: AtomicBool,
+    /// Workers not running an attempt.
+    pub idle_workers: AtomicUsize,
+    /// Attempts ended by this runner's workers since it started.
+    pub endings_total: AtomicU64,
+    /// How long the writer's commits take, in nanoseconds: the slowest recent one, decaying.
+    pub commit_nanos: AtomicU64,
+    /// The dispatcher refills the work queue once it holds this many jobs or fewer: a worker
+    /// that finds more queued need not wake it.
+    pub refill_at: AtomicUsize,
+    /// Wakes the dispatcher (an enqueue, a free worker, shutdown).
+    wake: (Mutex<bool>, Condvar),
+    /// Bumped whenever an ending is committed or observed; waiters block on it.
+    endings: (Mutex<u64>, Condvar),
+    pub counters: Mutex<SweepCounters>,
+    /// The first fatal fault of one of the runner's threads: once set, the runner has fenced
+    /// itself and refuses every request.
+    fault: Mutex<Option<(&'static str, String)>>,
+    /// Endings that could not be handed to the writer (it had failed): the runner records
+    /// them itself when it shuts down.
+    pub unwritten: Mutex<Vec<Finish>>,
+    /// A panic to inject into a named thread, for the tests of the fault handling.
+    #[cfg(test)]
+    pub(super) inject_panic: Mutex<Option<&'static str>>,
+    /// The environment attempts start from: the process's, taken once when the runner
+    /// starts (it is not expected to change while the runner runs), so that a spawn does not
+    /// read and convert it again.
+    pub base_env: Arc<BaseEnv>,
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config, worker_id: String) -> Shared {
+        Shared {
+            worker_id,
+            running: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            idle_workers: AtomicUsize::new(config.workers),
+            endings_total: AtomicU64::new(0),
+            commit_nanos: AtomicU64::new(0),
+            refill_at: AtomicUsize::new(0),
+            wake: (Mutex::new(false), Condvar::new()),
+            endings: (Mutex::new(0), Condvar::new()),
+            counters: Mutex::new(SweepCounters::default()),
+            fault: Mutex::new(None),
+            unwritten: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            inject_panic: Mutex::new(None),
+            base_env: Arc::new(BaseEnv::current()),
+            config,
+        }
+    }
+
+    pub(crate) fn wake_dispatcher(&self) {
+        *self.wake.0.lock() = true;
+        self.wake.1.notify_all();
+    }
+
+    pub(crate) fn wait_for_wake(&self, timeout: Duration) {
+        let mut woken = self.wake.0.lock();
+        if !*woken {
+            self.wake.1.wait_for(&mut woken, timeout);
+        }
+        *woken = false;
+    }
+
+    /// The attempt under `token` has ended (its ending is committed, or given up on).
+    pub(crate) fn attempt_done(&self, token: &str) {
+        self.running.lock().remove(token);
+    }
+
+    pub(crate) fn endings_changed(&self) {
+        *self.endings.0.lock() += 1;
+        self.endings.1.notify_all();
+    }
+
+    pub(crate) fn wait_for_endings(&self, seen: u64, timeout: Duration) -> u64 {
+        let mut n = self.endings.0.lock();
+        if *n == seen {
+            self.endings.1.wait_for(&mut n, timeout);
+        }
+        *n
+    }
+
+    pub(crate) fn endings_seen(&self) -> u64 {
+        *self.endings.0.lock()
+    }
+
+    /// A thread of the runner failed: the runner fences itself. It stops claiming, stops
+    /// renewing leases, and stops every running attempt as a self-fence (its group is killed
+    /// and the attempt recorded as lost, by the writer or, if the writer is what failed, by
+    /// the runner when it shuts down). Only the first fault is kept.
+    pub(crate) fn fail(&self, thread: &'static str, cause: String) {
+        {
+            let mut fault = self.fault.lock();
+            if fault.is_some() {
+                return;
+            }
+            log::error!(
+                "runner {}: the {thread} thread failed: {cause}; fencing the runner: killing \
+                 its running attempts and refusing further work",
+                self.worker_id
+            );
+            *fault = Some((thread, cause));
+        }
+        self.shutting_down.store(true, Ordering::SeqCst);
+        for r in self.running.lock().values() {
+            r.stop.stop(StopReason::SelfFenced);
+        }
+        self.wake_dispatcher();
+        self.endings_changed();
+    }
+
+    /// Whether a thread has failed.
+    pub(crate) fn failed(&self) -> bool {
+        self.fault.lock().is_some()
+    }
+
+    /// `Err` once a thread has failed.
+    pub(crate) fn check(&self) -> Result<()> {
+        match &*self.fault.lock() {
+            None => Ok(()),
+            Some((thread, cause)) => Err(Error::RunnerFailed {
+                thread,
+                cause: cause.clone(),
+            }),
+        }
+    }
+
+    /// Panics in `thread` when a test asked for it (once); nothing in other builds.
+    pub(crate) fn test_hook(&self, thread: &'static str) {
+        #[cfg(test)]
+        {
+            let mut inject = self.inject_panic.lock();
+            if *inject == Some(thread) {
+                *inject = None;
+                drop(inject);
+                panic!("injected panic in the {thread} thread");
+            }
+        }
+        #[cfg(not(test))]
+        let _ = thread;
+    }
+}
+
+/// How long a start or an ending may wait for others to share its commit. A claim cuts the
+/// wait short.
+pub(crate) const LINGER: Duration = Duration::from_millis(2);
+
+/// One write for the writer thread.
+pub(crate) enum Op {
+    /// Claim up to `limit` jobs; the claimed jobs come back on `reply` once committed.
+    Claim {
+        limit: u32,
+        reply: Sender<Result<Vec<Claimed>>>,
+    },
+    /// Record an attempt's process.
+    Start(AttemptStart),
+    /// Record an attempt's ending; once committed, the attempt leaves the runner's registry.
+    Finish(Box<Finish>),
+}
+
+/// The handle workers and the dispatcher send writes through.
+#[derive(Clone)]
+pub(crate) struct Writer {
+    /// Claims: committed at once.
+    urgent: Sender<Op>,
+    /// Starts and endings: may linger to share a commit.
+    lazy: Sender<Op>,
+    /// Where an ending goes when the writer thread has failed.
+    shared: Arc<Shared>,
+}
+
+/// The writer thread's end of the channels: [`WriterLoop::run`] is the thread's body.
+pub(crate) struct WriterLoop {
+    pub(super) urgent: Receiver<Op>,
+    pub(super) lazy: Receiver<Op>,
+}
+
+impl Writer {
+    /// The handle and the loop that the writer thread runs.
+    pub(crate) fn new(shared: Arc<Shared>) -> (Writer, WriterLoop) {
+        let (urgent, urgent_rx) = unbounded();
+        let (lazy, lazy_rx) = unbounded();
+        (
+            Writer {
+                urgent,
+                lazy,
+                shared,
+            },
+            WriterLoop {
+                urgent: urgent_rx,
+                lazy: lazy_rx,
+            },
+        )
+    }
+
+    /// Claims up to `limit` jobs and waits until the claim is committed.
+    pub(crate) fn claim(&self, limit: u32) -> Result<Vec<Claimed>> {
+        let (reply, answer) = bounded(1);
+        self.urgent
+            .send(Op::Claim { limit, reply })
+            .map_err(|_| Error::ShutDown)?;
+        answer.recv().map_err(|_| Error::ShutDown)?
+    }
+
+    /// Queues a write without waiting for it. When the writer thread has failed, an ending
+    /// is kept for the runner to record at shutdown; a start is dropped (the ending that
+    /// follows it matters, and the runner has fenced itself by then).
+    pub(crate) fn send(&self, op: Op) {
+        let tx = match op {
+            Op::Claim { .. } => &self.urgent,
+            Op::Start(_) | Op::Finish(_) => &self.lazy,
+        };
+        match tx.send(op) {
+            Ok(()) => {}
+            Err(crossbeam_channel::SendError(Op::Finish(f))) => {
+                log::warn!(
+                    "job {}: the writer has stopped; its ending is recorded at shutdown",
+                    f.job_id
+                );
+                self.shared.unwritten.lock().push(*f);
+            }
+            Err(_) => log::warn!("the writer has stopped; the record of a start was dropped"),
+        }
+    }
+}
+
+/// The ending that gives a job back untouched: pending, no attempt or budget spent.
+pub(crate) fn interrupted(job: &Claimed, cfg: &Config, why: &str) -> Finish {
+    Finish {
+        job_id: job.id,
+        run_token: job.run_token.clone(),
+        attempt: job.attempt,
+        ending: Ending::Interrupted {
+            message: format!("not run: {why}"),
+        },
+        output: None,
+        notes: Vec::new(),
+        max_recovery_attempts: cfg.max_recovery_attempts,
+    }
+}
+
+/// The message a panic carried, when it is text.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
+/// What the sweeper has done since the runner started, or in one sweep.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SweepCounters {
+    /// Sweeps run.
+    pub sweeps: u64,
+    /// Lost jobs moved back to pending.
+    pub reclaimed_pending: u64,
+    /// Lost jobs failed (recovery budget spent, or `on_lost = fail`).
+    pub reclaimed_failed: u64,
+    /// Lost attempts whose processes were dealt with (killed, or found gone).
+    pub torn_down: u64,
+    /// Processes found that could not be verified as the lost attempt's, and so were not
+    /// signalled.
+    pub unverified: u64,
+    /// Runners on this host found provably dead.
+    pub dead_runners: u64,
+}
+
+impl SweepCounters {
+    pub(crate) fn add(&mut self, o: &SweepCounters) {
+        self.sweeps += o.sweeps;
+        self.reclaimed_pending += o.reclaimed_pending;
+        self.reclaimed_failed += o.reclaimed_failed;
+        self.torn_down += o.torn_down;
+        self.unverified += o.unverified;
+        self.dead_runners += o.dead_runners;
+    }
+
+    pub(crate) fn did_something(&self) -> bool {
+        self.reclaimed_pending + self.reclaimed_failed + self.torn_down + self.dead_runners > 0
+    }
+}

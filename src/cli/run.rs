@@ -15,8 +15,10 @@ const IDLE_CHECK: Duration = Duration::from_millis(150);
 
 pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
     // Block the signals before any other thread exists, so that every thread inherits the
-    // mask and only the signal thread receives them (with sigwait). Jobs start with an empty
-    // mask: std clears it when it spawns a child.
+    // mask and only the signal thread receives them (with sigwait). The runner's threads thus
+    // block SIGINT and SIGTERM, but jobs do not inherit that: each attempt is spawned with
+    // posix_spawn and an empty POSIX_SPAWN_SETSIGMASK (and default dispositions), whatever
+    // the spawning thread blocks.
     let signals = watch_signals().context("cannot set up signal handling")?;
 
     let mut builder = Runner::builder(db)

@@ -19,16 +19,30 @@ pub fn now_ms() -> i64 {
     to_ms(SystemTime::now())
 }
 
+/// Milliseconds since the Unix epoch, saturating at `i64::MIN` and `i64::MAX` (some 292
+/// million years away: only a time a caller made up is that far).
 pub(crate) fn to_ms(t: SystemTime) -> i64 {
+    checked_to_ms(t).unwrap_or(if t < UNIX_EPOCH { i64::MIN } else { i64::MAX })
+}
+
+/// Milliseconds since the Unix epoch, or `None` when they do not fit an i64.
+fn checked_to_ms(t: SystemTime) -> Option<i64> {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+        Ok(d) => i64::try_from(d.as_millis()).ok(),
+        Err(e) => i64::try_from(e.duration().as_millis()).ok()?.checked_neg(),
     }
 }
 
-/// Whole milliseconds, rounded up: a timeout of 400 µs must not be stored as none at all.
+/// Whole milliseconds, rounded up, saturating at `i64::MAX`. [`Job::validate`] refuses a
+/// job whose durations would saturate, so a stored job's are exact.
 pub(crate) fn duration_ms(d: Duration) -> i64 {
-    i64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(i64::MAX)
+    checked_duration_ms(d).unwrap_or(i64::MAX)
+}
+
+/// Whole milliseconds, rounded up (a timeout of 400 µs must not be stored as none at all),
+/// or `None` when they do not fit an i64.
+fn checked_duration_ms(d: Duration) -> Option<i64> {
+    i64::try_from(d.as_micros().div_ceil(1000)).ok()
 }
 
 /// Where a job is in its life. The spelling in the database is [`Status::as_str`].
@@ -194,6 +208,11 @@ enum Schedule {
 
 /// A command to enqueue, built with [`Job::command`] or [`Job::shell`] and the setters below.
 ///
+/// Durations are stored as whole milliseconds (rounded up) in a 64-bit integer. Enqueueing
+/// refuses, with [`Error::Invalid`] naming the setting, a duration whose milliseconds do not
+/// fit, and a `delay`, `run_at` or `backoff` that would put the job's ready time (or a
+/// retry's) past what that integer holds.
+///
 /// ```
 /// use std::time::Duration;
 /// use leasehold::{Job, OnLost};
@@ -255,7 +274,9 @@ impl Job {
         self
     }
 
-    /// The folder the command runs in. By default, the runner's.
+    /// The folder the command runs in. It is stored as text, so it must be valid UTF-8:
+    /// enqueueing refuses one that is not with [`Error::Invalid`] naming `cwd`, rather than
+    /// run the job somewhere else. By default, the runner's.
     pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Job {
         self.cwd = Some(dir.into());
         self
@@ -327,8 +348,14 @@ impl Job {
         &self.argv
     }
 
-    /// Checks the job before it is stored.
+    /// Checks the job before it is stored, against the wall clock.
     pub(crate) fn validate(&self) -> Result<()> {
+        self.validate_at(now_ms())
+    }
+
+    /// Checks the job as if enqueued at `now`: every value must be stored as asked, and
+    /// every time computed from it (its `scheduled_at`, a retry's) must fit an i64.
+    fn validate_at(&self, now: i64) -> Result<()> {
         match self.argv.first() {
             None => return Err(Error::invalid("command", "the command is empty")),
             Some(p) if p.is_empty() => {
@@ -338,6 +365,21 @@ impl Job {
         }
         if self.argv.iter().any(|a| a.contains('\0')) {
             return Err(Error::invalid("command", "an argument contains a NUL byte"));
+        }
+        if let Some(dir) = &self.cwd {
+            // Stored as text: a lossy conversion would run the job somewhere else than asked.
+            match dir.to_str() {
+                None => {
+                    return Err(Error::invalid(
+                        "cwd",
+                        format!("{:?} is not valid UTF-8", dir.as_os_str()),
+                    ));
+                }
+                Some(d) if d.contains('\0') => {
+                    return Err(Error::invalid("cwd", "the folder contains a NUL byte"));
+                }
+                Some(_) => {}
+            }
         }
         for (k, v) in &self.env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
@@ -357,8 +399,11 @@ impl Job {
             ("timeout", self.timeout),
             ("idle_timeout", self.idle_timeout),
         ] {
-            if d.is_some_and(|d| d.is_zero()) {
-                return Err(Error::invalid(name, "must be greater than 0"));
+            if let Some(d) = d {
+                if d.is_zero() {
+                    return Err(Error::invalid(name, "must be greater than 0"));
+                }
+                ms(name, d)?;
             }
         }
         if self.backoff_base > self.backoff_max {
@@ -367,13 +412,33 @@ impl Job {
                 "the first wait is longer than the longest",
             ));
         }
+        // A retry is scheduled at now + the longest wait + 20% jitter (the store's backoff).
+        let longest = ms("backoff", self.backoff_max)?;
+        longest
+            .checked_add(longest / 5)
+            .and_then(|wait| now.checked_add(wait))
+            .ok_or_else(|| too_far("backoff"))?;
+        self.checked_scheduled_at(now)?;
         Ok(())
+    }
+
+    /// When the job enqueued at `now` becomes ready, or why that time does not fit an i64.
+    fn checked_scheduled_at(&self, now: i64) -> Result<i64> {
+        match self.schedule {
+            Schedule::Now => Ok(now),
+            Schedule::After(d) => now
+                .checked_add(ms("delay", d)?)
+                .ok_or_else(|| too_far("delay")),
+            Schedule::At(t) => checked_to_ms(t).ok_or_else(|| too_far("run_at")),
+        }
     }
 
     pub(crate) fn queue_name(&self) -> &str {
         &self.queue
     }
 
+    /// When the job enqueued at `now` becomes ready. [`Job::validate`] refused a job for
+    /// which this would not fit; it saturates should a caller pass a `now` far from the clock.
     pub(crate) fn scheduled_at(&self, now: i64) -> i64 {
         match self.schedule {
             Schedule::Now => now,
@@ -386,7 +451,14 @@ impl Job {
         JobFields {
             argv: serde_json::to_string(&self.argv).unwrap_or_default(),
             env: serde_json::to_string(&self.env).unwrap_or_default(),
-            cwd: self.cwd.as_ref().map(|p| p.to_string_lossy().into_owned()),
+            // `validate`, which the store runs before every insert, refused a cwd that is not
+            // UTF-8, so this conversion is exact. Were it ever skipped, a lossy path (which
+            // almost surely does not exist: the spawn fails) is safer than no cwd at all,
+            // which would run the job in the runner's folder.
+            cwd: self.cwd.as_ref().map(|p| match p.to_str() {
+                Some(s) => s.to_owned(),
+                None => p.to_string_lossy().into_owned(),
+            }),
             queue: &self.queue,
             priority: self.priority,
             max_attempts: i64::from(self.max_attempts),
@@ -397,6 +469,25 @@ impl Job {
             idle_timeout_ms: self.idle_timeout.map(duration_ms),
         }
     }
+}
+
+/// A job duration in whole milliseconds, or an error naming `setting` when they do not fit
+/// the database's i64.
+fn ms(setting: &'static str, d: Duration) -> Result<i64> {
+    checked_duration_ms(d).ok_or_else(|| {
+        Error::invalid(
+            setting,
+            format!("{}s is too long: at most {} ms", d.as_secs_f64(), i64::MAX),
+        )
+    })
+}
+
+/// The error for a time past what an i64 of milliseconds holds.
+fn too_far(setting: &'static str) -> Error {
+    Error::invalid(
+        setting,
+        "the time it gives is more than 292 million years from 1970: out of range",
+    )
 }
 
 /// A job's columns as the store writes them.
@@ -602,5 +693,108 @@ mod tests {
             }
         }
         assert!(Job::shell("true").validate().is_ok());
+    }
+
+    /// The setting `job.validate_at(now)` refuses, or a panic saying it was accepted.
+    fn refused(job: &Job, now: i64) -> &'static str {
+        match job.validate_at(now) {
+            Err(Error::Invalid { setting, .. }) => setting,
+            other => panic!("{job:?} at {now}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn durations_whose_milliseconds_do_not_fit_are_refused_not_wrapped() {
+        let now = 1_700_000_000_000;
+        let huge = Duration::from_millis(u64::MAX);
+        let just_over = Duration::from_millis(i64::MAX as u64) + Duration::from_micros(1);
+        for d in [Duration::MAX, huge, just_over] {
+            let job = Job::shell("true");
+            assert_eq!(refused(&job.clone().timeout(d), now), "timeout");
+            assert_eq!(refused(&job.clone().idle_timeout(d), now), "idle_timeout");
+            assert_eq!(refused(&job.clone().delay(d), now), "delay");
+            assert_eq!(refused(&job.clone().backoff(d, d), now), "backoff");
+            assert_eq!(
+                refused(&job.clone().backoff(Duration::from_secs(1), d), now),
+                "backoff"
+            );
+        }
+        // The longest that fits is stored exactly, for the durations that are not added to
+        // a time.
+        let max = Duration::from_millis(i64::MAX as u64);
+        let job = Job::shell("true").timeout(max).idle_timeout(max);
+        assert!(job.validate_at(now).is_ok());
+        assert_eq!(job.fields().timeout_ms, Some(i64::MAX));
+        assert_eq!(job.fields().idle_timeout_ms, Some(i64::MAX));
+    }
+
+    #[test]
+    fn schedules_past_what_an_i64_holds_are_refused() {
+        let now = 1_700_000_000_000;
+        // Fits on its own, but not once added to now.
+        let long = Duration::from_millis(i64::MAX as u64 - 1000);
+        assert_eq!(refused(&Job::shell("true").delay(long), now), "delay");
+        assert_eq!(
+            refused(
+                &Job::shell("true").backoff(Duration::from_secs(1), long),
+                now
+            ),
+            "backoff"
+        );
+        // A retry waits up to 20% longer than the longest wait: that must fit too.
+        let wait = Duration::from_millis(i64::MAX as u64 / 6 * 5 + 10_000);
+        assert_eq!(
+            refused(&Job::shell("true").backoff(Duration::from_secs(1), wait), 0),
+            "backoff"
+        );
+        if let Some(far) = UNIX_EPOCH.checked_add(Duration::from_millis(u64::MAX)) {
+            assert_eq!(refused(&Job::shell("true").run_at(far), now), "run_at");
+        }
+        if let Some(far) = UNIX_EPOCH.checked_sub(Duration::from_millis(u64::MAX)) {
+            assert_eq!(refused(&Job::shell("true").run_at(far), now), "run_at");
+        }
+        // What fits is exact: a day's delay is a day's milliseconds.
+        let job = Job::shell("true").delay(Duration::from_secs(86_400));
+        assert!(job.validate_at(now).is_ok());
+        assert_eq!(job.scheduled_at(now), now + 86_400_000);
+        let at = UNIX_EPOCH + Duration::from_millis(1_800_000_000_123);
+        assert_eq!(
+            Job::shell("true").run_at(at).scheduled_at(now),
+            1_800_000_000_123
+        );
+        let before = UNIX_EPOCH - Duration::from_millis(5);
+        assert_eq!(Job::shell("true").run_at(before).scheduled_at(now), -5);
+    }
+
+    #[test]
+    fn a_cwd_that_is_not_utf8_is_refused_not_changed() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        let job = Job::shell("true").cwd(OsStr::from_bytes(b"/tmp/\xff\xfeout"));
+        assert_eq!(refused(&job, 0), "cwd");
+        match job.validate() {
+            Err(e) => assert!(e.to_string().contains("not valid UTF-8"), "{e}"),
+            Ok(()) => panic!("accepted"),
+        }
+        let job = Job::shell("true").cwd(OsStr::from_bytes(b"/tmp/a\0b"));
+        assert_eq!(refused(&job, 0), "cwd");
+        let job = Job::shell("true").cwd("/tmp/caf\u{e9}");
+        assert!(job.validate().is_ok());
+        assert_eq!(job.fields().cwd.as_deref(), Some("/tmp/caf\u{e9}"));
+    }
+
+    #[test]
+    fn times_convert_to_milliseconds_without_wrapping() {
+        assert_eq!(to_ms(UNIX_EPOCH), 0);
+        assert_eq!(duration_ms(Duration::from_micros(400)), 1);
+        assert_eq!(duration_ms(Duration::MAX), i64::MAX);
+        assert_eq!(checked_duration_ms(Duration::MAX), None);
+        if let Some(far) = UNIX_EPOCH.checked_add(Duration::from_millis(u64::MAX)) {
+            assert_eq!(to_ms(far), i64::MAX);
+            assert_eq!(checked_to_ms(far), None);
+        }
+        if let Some(far) = UNIX_EPOCH.checked_sub(Duration::from_millis(u64::MAX)) {
+            assert_eq!(to_ms(far), i64::MIN);
+        }
     }
 }

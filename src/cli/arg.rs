@@ -1,12 +1,18 @@
 //! Values the command line takes that clap does not parse by itself.
 
+use std::ffi::OsString;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
 use leasehold::{OnLost, Status};
 
 /// A number of seconds greater than 0, decimals allowed (`0.2`).
+///
+/// Parsed with checked conversions only: NaN, infinities, negatives, an empty value, less
+/// than a millisecond (the database keeps milliseconds: it would be stored as 0), and more
+/// milliseconds than an i64 holds (the database's integers) are all refused.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Secs(pub Duration);
 
@@ -19,15 +25,28 @@ impl FromStr for Secs {
         if !value.is_finite() || value <= 0.0 {
             return Err(bad());
         }
-        let d =
-            Duration::try_from_secs_f64(value).map_err(|_| format!("{s} seconds is too long"))?;
-        // The database keeps milliseconds: less than one would be stored as 0.
+        let too_long = || {
+            format!(
+                "{s} seconds is too long (at most {}.{:03}: the database keeps milliseconds \
+                 in a 64-bit integer)",
+                i64::MAX / 1000,
+                i64::MAX % 1000
+            )
+        };
+        let d = Duration::try_from_secs_f64(value).map_err(|_| too_long())?;
+        if d > MAX_SECS {
+            return Err(too_long());
+        }
         if d < Duration::from_millis(1) {
             return Err(format!("{s:?} seconds is less than a millisecond"));
         }
         Ok(Secs(d))
     }
 }
+
+/// The longest duration a flag takes: whole milliseconds that fit an i64, as the database
+/// stores them (about 292 million years; the library may refuse less for some settings).
+const MAX_SECS: Duration = Duration::from_millis(i64::MAX as u64);
 
 impl fmt::Display for Secs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -52,11 +71,43 @@ impl FromStr for EnvPair {
     }
 }
 
-/// A count of at least 1 (`--workers`).
-pub fn at_least_one(s: &str) -> Result<usize, String> {
+/// `--env NAME=VALUE`, taken as bytes so that a value that is not UTF-8 is refused with a
+/// reason instead of being changed.
+pub fn env_pair(s: OsString) -> Result<EnvPair, String> {
+    utf8(s)?.parse()
+}
+
+/// A word of the command (or any text that is stored), taken as bytes for the same reason
+/// as [`env_pair`].
+pub fn text(s: OsString) -> Result<String, String> {
+    utf8(s)
+}
+
+/// A queue name: text, not empty.
+pub fn queue(s: OsString) -> Result<String, String> {
+    match utf8(s)? {
+        q if q.is_empty() => Err("a queue name cannot be empty".into()),
+        q => Ok(q),
+    }
+}
+
+/// A path that the job will use (`--cwd`): stored as text, so it must be UTF-8; a lossy
+/// conversion would make the job run somewhere else than asked.
+pub fn utf8_path(s: OsString) -> Result<PathBuf, String> {
+    utf8(s).map(PathBuf::from)
+}
+
+/// The text of an argument, or why it cannot be stored as text.
+fn utf8(s: OsString) -> Result<String, String> {
+    s.into_string()
+        .map_err(|s| format!("{s:?} is not valid UTF-8 (jobs are stored as text)"))
+}
+
+/// A number of workers: 1 to `max`.
+pub fn workers(s: &str, max: usize) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("{s:?} is not a whole number of at least 1")),
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number from 1 to {max}")),
     }
 }
 
@@ -82,10 +133,54 @@ mod tests {
         assert_eq!("30".parse::<Secs>(), Ok(Secs(Duration::from_secs(30))));
         assert_eq!("0.001".parse::<Secs>(), Ok(Secs(Duration::from_millis(1))));
         for bad in [
-            "0", "-1", "abc", "inf", "nan", "", "0.0", "-0", "1e400", "0.0004",
+            "0", "-1", "abc", "inf", "-inf", "nan", "NaN", "", " ", "0.0", "-0", "1e400", "0.0004",
+            "1e-9",
         ] {
             assert!(bad.parse::<Secs>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn seconds_whose_milliseconds_do_not_fit_an_i64_are_refused() {
+        // About 292 million years, just below the limit (and exact as an f64) is taken.
+        assert_eq!(
+            "9223372036854774".parse::<Secs>(),
+            Ok(Secs(Duration::from_secs(9_223_372_036_854_774)))
+        );
+        for bad in [
+            "1e19",
+            "9223372036854775807",
+            "18446744073709551616",
+            "9223372036854776",
+            "1e300",
+        ] {
+            let e = bad.parse::<Secs>().unwrap_err();
+            assert!(e.contains("too long"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn workers_are_bounded_both_ways() {
+        assert_eq!(workers("1", 1024), Ok(1));
+        assert_eq!(workers("1024", 1024), Ok(1024));
+        for bad in ["0", "-1", "1025", "9223372036854775808", "", "1e3", "NaN"] {
+            let e = workers(bad, 1024).unwrap_err();
+            assert!(e.contains("1 to 1024"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_refused_not_changed() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = || OsString::from_vec(b"caf\xe9".to_vec());
+        assert!(text(bad()).unwrap_err().contains("not valid UTF-8"));
+        assert!(queue(bad()).unwrap_err().contains("not valid UTF-8"));
+        assert!(queue("".into()).is_err());
+        assert!(utf8_path(bad()).unwrap_err().contains("not valid UTF-8"));
+        let pair = OsString::from_vec(b"A=\xff".to_vec());
+        assert!(env_pair(pair).unwrap_err().contains("not valid UTF-8"));
+        assert_eq!(text("caf\u{e9}".into()), Ok("caf\u{e9}".to_string()));
+        assert_eq!(env_pair("A=b".into()), Ok(EnvPair("A".into(), "b".into())));
     }
 
     #[test]

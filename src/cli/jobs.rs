@@ -109,7 +109,12 @@ fn read_lines(file: &Path) -> anyhow::Result<Vec<String>> {
             .filter(|&&b| b == b'\n')
             .count()
             + 1;
-        anyhow::anyhow!("line {line} of {} is not valid UTF-8", file.display())
+        let name = if file.as_os_str() == "-" {
+            "stdin".into()
+        } else {
+            file.display().to_string()
+        };
+        anyhow::anyhow!("line {line} of {name} is not valid UTF-8: nothing was enqueued")
     })?;
     Ok(text
         .lines()

@@ -11,6 +11,7 @@ mod status;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use leasehold::{
     DEFAULT_MAX_RECOVERY_ATTEMPTS, DEFAULT_RECLAIM_BATCH, DEFAULT_WORKERS, OnLost, OpenOptions,
@@ -18,6 +19,9 @@ use leasehold::{
 };
 
 use self::arg::{EnvPair, Secs};
+
+// Numbers are taken with `allow_hyphen_values`, so that `--timeout -1` or `--limit -inf` is
+// refused by the number's parser, naming the flag, and not as an unknown option `-1`.
 
 /// An embedded, durable job runner on SQLite: run jobs in the foreground, and operate on the
 /// database that an application owns.
@@ -97,7 +101,7 @@ enum JobsCommand {
 struct AddArgs {
     /// The queue.
     #[arg(long, value_name = "Q", default_value = leasehold::DEFAULT_QUEUE,
-          value_parser = clap::builder::NonEmptyStringValueParser::new())]
+          value_parser = OsStringValueParser::new().try_map(arg::queue))]
     queue: String,
     /// Higher runs first.
     #[arg(
@@ -108,26 +112,28 @@ struct AddArgs {
     )]
     priority: i64,
     /// Kill an attempt that runs longer than this.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     timeout: Option<Secs>,
     /// Kill an attempt that writes no output for this long.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     idle_timeout: Option<Secs>,
     /// Make the job ready only after this long.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     delay: Option<Secs>,
     /// How many attempts may fail before the job fails.
-    #[arg(long, value_name = "N", default_value_t = leasehold::DEFAULT_MAX_ATTEMPTS,
+    #[arg(long, value_name = "N", allow_hyphen_values = true, default_value_t = leasehold::DEFAULT_MAX_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_attempts: u32,
     /// What to do when an attempt is lost: requeue (within the recovery budget) or fail.
     #[arg(long, value_name = "POLICY", default_value = "requeue", value_parser = arg::on_lost)]
     on_lost: OnLost,
     /// An environment variable for the command (repeatable).
-    #[arg(long = "env", value_name = "K=V")]
+    #[arg(long = "env", value_name = "K=V",
+          value_parser = OsStringValueParser::new().try_map(arg::env_pair))]
     env: Vec<EnvPair>,
     /// The folder the command runs in.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR",
+          value_parser = OsStringValueParser::new().try_map(arg::utf8_path))]
     cwd: Option<PathBuf>,
     /// One `sh -c` job per non-empty line of FILE (`-` for stdin), in one transaction.
     #[arg(long, value_name = "FILE")]
@@ -135,12 +141,12 @@ struct AddArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// The command and its arguments.
-    #[arg(
-        value_name = "CMD",
-        trailing_var_arg = true,
-        allow_hyphen_values = true
-    )]
+    /// The command and its arguments: after `--`, or from the first word that is not an
+    /// option.
+    // Not `allow_hyphen_values`: with it, a mistyped `--flag` would start the command and be
+    // enqueued. `trailing_var_arg` alone starts it at the first value, or at `--`.
+    #[arg(value_name = "CMD", trailing_var_arg = true,
+          value_parser = OsStringValueParser::new().try_map(arg::text))]
     command: Vec<String>,
 }
 
@@ -150,13 +156,13 @@ struct LsArgs {
     #[arg(long, value_name = "S", value_parser = arg::status)]
     status: Option<Status>,
     /// Only jobs of this queue.
-    #[arg(long, value_name = "Q", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    #[arg(long, value_name = "Q", value_parser = OsStringValueParser::new().try_map(arg::queue))]
     queue: Option<String>,
     /// Only failed jobs that exhausted the recovery budget.
     #[arg(long, conflicts_with = "status")]
     failed_stale: bool,
     /// At most N jobs.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     limit: Option<u64>,
     /// Print a JSON array of job objects.
     #[arg(long)]
@@ -180,7 +186,7 @@ struct LogsArgs {
     #[arg(long)]
     stderr: bool,
     /// This attempt instead of the latest.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(1..))]
     attempt: Option<i64>,
 }
 
@@ -195,14 +201,14 @@ struct RetryArgs {
     #[arg(long)]
     failed_stale: bool,
     /// With --failed-stale: at most N jobs, most recently failed first.
-    #[arg(long, value_name = "N", conflicts_with = "all",
+    #[arg(long, value_name = "N", allow_hyphen_values = true, conflicts_with = "all",
           value_parser = clap::value_parser!(u64).range(1..))]
     limit: Option<u64>,
     /// With --failed-stale: all of them.
     #[arg(long)]
     all: bool,
     /// Why, recorded in the job's history and last_error.
-    #[arg(long, value_name = "R")]
+    #[arg(long, value_name = "R", value_parser = OsStringValueParser::new().try_map(arg::text))]
     reason: Option<String>,
     /// Print JSON.
     #[arg(long)]
@@ -228,42 +234,42 @@ struct StatusArgs {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Jobs run at once.
-    #[arg(long, value_name = "N", env = "LEASEHOLD_WORKERS", default_value_t = DEFAULT_WORKERS,
-          value_parser = arg::at_least_one)]
+    #[arg(long, value_name = "N", allow_hyphen_values = true, env = "LEASEHOLD_WORKERS", default_value_t = DEFAULT_WORKERS,
+          value_parser = |s: &str| arg::workers(s, run::MAX_WORKERS))]
     workers: usize,
     /// Take jobs from this queue only (repeatable; by default, every queue).
-    #[arg(long, value_name = "Q", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    #[arg(long, value_name = "Q", value_parser = OsStringValueParser::new().try_map(arg::queue))]
     queue: Vec<String>,
     /// Exit 0 once no job of its queues is pending or running, on any runner.
     #[arg(long)]
     until_idle: bool,
     /// How long a lease lasts unless renewed.
-    #[arg(long, value_name = "SECS", env = "LEASEHOLD_LEASE_TTL",
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_LEASE_TTL",
           default_value_t = Secs(leasehold::DEFAULT_LEASE_TTL))]
     lease_ttl: Secs,
     /// How often leases are renewed (× 3 must not exceed the lease TTL).
-    #[arg(long, value_name = "SECS", env = "LEASEHOLD_HEARTBEAT",
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_HEARTBEAT",
           default_value_t = Secs(leasehold::DEFAULT_HEARTBEAT_INTERVAL))]
     heartbeat: Secs,
     /// How often lost attempts are looked for (must not exceed the lease TTL).
-    #[arg(long, value_name = "SECS", env = "LEASEHOLD_SWEEP",
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_SWEEP",
           default_value_t = Secs(leasehold::DEFAULT_SWEEP_INTERVAL))]
     sweep: Secs,
     /// Between SIGTERM and SIGKILL when a job's processes are killed.
-    #[arg(long, value_name = "SECS", env = "LEASEHOLD_KILL_GRACE",
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_KILL_GRACE",
           default_value_t = Secs(leasehold::DEFAULT_KILL_GRACE))]
     kill_grace: Secs,
     /// On SIGINT or SIGTERM, how long running jobs get to finish before they are killed and
     /// requeued.
-    #[arg(long, value_name = "SECS", env = "LEASEHOLD_SHUTDOWN_GRACE",
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_SHUTDOWN_GRACE",
           default_value_t = Secs(leasehold::DEFAULT_SHUTDOWN_GRACE))]
     shutdown_grace: Secs,
     /// How many times a lost attempt is requeued before its job fails.
-    #[arg(long, value_name = "N", env = "LEASEHOLD_MAX_RECOVERY",
+    #[arg(long, value_name = "N", allow_hyphen_values = true, env = "LEASEHOLD_MAX_RECOVERY",
           default_value_t = DEFAULT_MAX_RECOVERY_ATTEMPTS)]
     max_recovery: u32,
     /// How many lost attempts one sweep reclaims at most (0 disables reclaiming).
-    #[arg(long, value_name = "N", env = "LEASEHOLD_RECLAIM_BATCH",
+    #[arg(long, value_name = "N", allow_hyphen_values = true, env = "LEASEHOLD_RECLAIM_BATCH",
           default_value_t = DEFAULT_RECLAIM_BATCH)]
     reclaim_batch: u32,
 }

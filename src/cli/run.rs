@@ -13,10 +13,18 @@ use super::{RunArgs, Usage};
 /// How often `--until-idle` looks whether any job is left.
 const IDLE_CHECK: Duration = Duration::from_millis(150);
 
+/// The most `--workers` the command takes. Each worker is a thread that runs one attempt, so
+/// a mistyped count (`--workers 9223372036854775808`) must be refused rather than start that
+/// many threads. 1024 is far above what one SQLite file serves well; the library may add its
+/// own bound, and this one can then follow it.
+pub const MAX_WORKERS: usize = 1024;
+
 pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
     // Block the signals before any other thread exists, so that every thread inherits the
-    // mask and only the signal thread receives them (with sigwait). Jobs start with an empty
-    // mask: std clears it when it spawns a child.
+    // mask and only the signal thread receives them (with sigwait). The runner's threads thus
+    // block SIGINT and SIGTERM, but jobs do not inherit that: each attempt is spawned with
+    // posix_spawn and an empty POSIX_SPAWN_SETSIGMASK (and default dispositions), whatever
+    // the spawning thread blocks.
     let signals = watch_signals().context("cannot set up signal handling")?;
 
     let mut builder = Runner::builder(db)

@@ -315,6 +315,33 @@ fn usage_errors_exit_two_with_one_line_and_create_nothing() {
 }
 
 #[test]
+fn a_lease_shorter_than_the_least_renewal_budget_runs_jobs_without_losing_them() {
+    // Once made the heartbeat thread panic on a clamp whose bounds crossed, after which the
+    // runner went on without renewing and exited 0.
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &[], &["sleep", "0.5"]);
+    ok(&mut cli(
+        db,
+        &[
+            "run",
+            "--until-idle",
+            "--lease-ttl",
+            "0.2",
+            "--heartbeat",
+            "0.05",
+            "--sweep",
+            "0.1",
+            "--kill-grace",
+            "0.05",
+        ],
+    ));
+    let job = inspect(db, id);
+    assert_eq!(job["status"], "succeeded", "{job}");
+    assert_eq!(job["recovery_count"], 0, "{job}");
+}
+
+#[test]
 fn misordered_timing_ladder_is_a_usage_error_naming_the_setting() {
     let t = TestDb::new();
     let db = t.path.as_path();
@@ -1691,8 +1718,10 @@ fn run_env(flag: &str) -> Option<&'static str> {
 
 #[test]
 fn every_numeric_input_takes_extreme_values_without_a_panic() {
-    const EXTREMES: [&str; 14] = [
+    const EXTREMES: [&str; 16] = [
         "0",
+        "0.05",
+        "1e7",
         "-1",
         "1e-9",
         "1e19",

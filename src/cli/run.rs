@@ -13,11 +13,9 @@ use super::{RunArgs, Usage};
 /// How often `--until-idle` looks whether any job is left.
 const IDLE_CHECK: Duration = Duration::from_millis(150);
 
-/// The most `--workers` the command takes. Each worker is a thread that runs one attempt, so
-/// a mistyped count (`--workers 9223372036854775808`) must be refused rather than start that
-/// many threads. 1024 is far above what one SQLite file serves well; the library may add its
-/// own bound, and this one can then follow it.
-pub const MAX_WORKERS: usize = 1024;
+/// The most `--workers` the command takes: the library's bound, so that a mistyped count
+/// (`--workers 9223372036854775808`) is a usage error naming it, before anything starts.
+pub const MAX_WORKERS: usize = leasehold::MAX_WORKERS;
 
 pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
     // Block the signals before any other thread exists, so that every thread inherits the
@@ -68,6 +66,11 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
                 signals = None;
             }
             Err(RecvTimeoutError::Timeout) => {}
+        }
+        // A runner thread that failed has fenced the runner: stop, and exit 1 with the cause
+        // (the shutdown below returns it).
+        if runner.health().is_err() {
+            break;
         }
         if args.until_idle {
             match runner.has_unfinished() {

@@ -42,8 +42,7 @@ pub use runner::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
     DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,
     DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS, MAX_OUTPUT_TAIL,
-    MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters, runner_alive,
-    tear_down_lost_attempts,
+    MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters, operator,
 };
 pub use store::{
     AttemptStart, ClaimRequest, Claimed, Counts, DEFAULT_BUSY_TIMEOUT,

@@ -2,10 +2,9 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
-use leasehold::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Job, ListFilter, Store, now_ms};
+use leasehold::{Job, ListFilter, Store, now_ms, operator};
 use serde_json::{Value, json};
 
 use super::render::{self, print_json};
@@ -13,11 +12,6 @@ use super::{
     AddArgs, CancelArgs, InspectArgs, LogsArgs, LsArgs, RetryArgs, Usage, open_existing,
     open_read_only,
 };
-
-/// How many lost attempts an operator's retry tears down at once.
-const TEARDOWN_BATCH: u64 = 100;
-/// Between SIGTERM and SIGKILL when the tool tears down a retried or cancelled attempt.
-const TEARDOWN_KILL_GRACE: Duration = leasehold::DEFAULT_KILL_GRACE;
 
 pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
     let lines = match (&args.from_file, args.command.is_empty()) {
@@ -130,7 +124,7 @@ pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
         queue: args.queue.clone(),
         failed_stale: args
             .failed_stale
-            .then(|| max_recovery(&store))
+            .then(|| operator::lease_settings(&store).map(|s| s.max_recovery_attempts))
             .transpose()?,
         limit: args.limit,
     };
@@ -309,19 +303,11 @@ pub fn retry(db: &Path, args: &RetryArgs) -> anyhow::Result<()> {
     let store = open_existing(db)?;
     let reason = args.reason.as_deref();
     let retried = match target {
-        RetryTarget::One(id) => vec![store.retry(id, reason, now_ms())?.id],
-        RetryTarget::FailedStale { limit } => {
-            store.retry_failed_stale(limit, max_recovery(&store)?, reason, now_ms())?
-        }
+        // A retried job that was running without a live lease may still have processes:
+        // the library kills them now rather than at the next sweep of some runner.
+        RetryTarget::One(id) => vec![operator::retry(&store, id, reason)?.id],
+        RetryTarget::FailedStale { limit } => operator::retry_failed_stale(&store, limit, reason)?,
     };
-    // A retried job that was running without a live lease may still have processes: kill
-    // them now rather than at the next sweep of some runner.
-    if let Err(e) = leasehold::tear_down_lost_attempts(&store, TEARDOWN_BATCH, TEARDOWN_KILL_GRACE)
-    {
-        log::warn!(
-            "retried, but the lost attempts' processes are not torn down yet (a runner's sweep will): {e:#}"
-        );
-    }
     let mut out = std::io::stdout().lock();
     if args.json {
         print_json(&mut out, &json!({"retried": retried}))?;
@@ -374,13 +360,9 @@ impl RetryTarget {
 
 pub fn cancel(db: &Path, args: &CancelArgs) -> anyhow::Result<()> {
     let store = open_existing(db)?;
-    let job = store.cancel(args.id, now_ms())?;
-    // A job cancelled while running: kill its processes now (its runner also will, at its
-    // next renewal; if that runner is gone, nobody else would until a sweep).
-    if let Err(e) = leasehold::tear_down_lost_attempts(&store, TEARDOWN_BATCH, TEARDOWN_KILL_GRACE)
-    {
-        log::warn!("cancelled, but the attempt's processes are not torn down yet: {e:#}");
-    }
+    // A job cancelled while running has its processes killed now (its runner also would, at
+    // its next renewal; if that runner is gone, nobody else would until a sweep).
+    let job = operator::cancel(&store, args.id)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         print_json(
@@ -391,13 +373,4 @@ pub fn cancel(db: &Path, args: &CancelArgs) -> anyhow::Result<()> {
         writeln!(out, "job {} is {}", job.id, job.status)?;
     }
     Ok(())
-}
-
-/// The recovery budget that defines a "failed stale" job: the most recently started
-/// runner's, or the default when none has run.
-pub fn max_recovery(store: &Store) -> anyhow::Result<u32> {
-    Ok(store
-        .latest_runner()?
-        .and_then(|r| u32::try_from(r.max_recovery_attempts).ok())
-        .unwrap_or(DEFAULT_MAX_RECOVERY_ATTEMPTS))
 }

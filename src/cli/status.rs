@@ -3,10 +3,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use leasehold::{
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_TTL, DEFAULT_MAX_RECOVERY_ATTEMPTS, now_ms,
-    runner_alive,
-};
+use leasehold::{now_ms, operator};
 use serde_json::{Value, json};
 
 use super::open_read_only;
@@ -17,24 +14,16 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
     let version = store.schema_version()?;
     let counts = store.counts()?;
     // The settings are those of the most recently started runner, or the defaults.
-    let (lease_ttl, heartbeat, max_recovery) = match store.latest_runner()? {
-        Some(r) => (
-            r.lease_ttl_ms as f64 / 1000.0,
-            r.heartbeat_interval_ms as f64 / 1000.0,
-            u32::try_from(r.max_recovery_attempts).unwrap_or(DEFAULT_MAX_RECOVERY_ATTEMPTS),
-        ),
-        None => (
-            DEFAULT_LEASE_TTL.as_secs_f64(),
-            DEFAULT_HEARTBEAT_INTERVAL.as_secs_f64(),
-            DEFAULT_MAX_RECOVERY_ATTEMPTS,
-        ),
-    };
+    let settings = operator::lease_settings(&store)?;
+    let lease_ttl = settings.lease_ttl.as_secs_f64();
+    let heartbeat = settings.heartbeat_interval.as_secs_f64();
+    let max_recovery = settings.max_recovery_attempts;
     let leases = store.lease_counts(max_recovery, now_ms())?;
     let runners: Vec<(leasehold::RunnerRecord, bool)> = store
         .runners()?
         .into_iter()
         .map(|r| {
-            let alive = runner_alive(&r);
+            let alive = operator::runner_alive(&r);
             (r, alive)
         })
         .collect();

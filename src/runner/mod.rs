@@ -5,7 +5,7 @@ mod builder;
 mod dispatcher;
 mod heartbeat;
 mod notifier;
-mod operator;
+pub mod operator;
 mod shared;
 mod sweeper;
 mod worker;
@@ -32,7 +32,6 @@ pub use builder::{
     DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS, MAX_OUTPUT_TAIL,
     MAX_SETTING_DURATION, MAX_WORKERS, RunnerBuilder,
 };
-pub use operator::{runner_alive, tear_down_lost_attempts};
 pub use shared::SweepCounters;
 
 use builder::Config;

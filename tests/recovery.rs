@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 mod util;
 
-use util::{alive, group_members, processes_with_env};
+use util::{Watchdog, alive, group_members, processes_with_env};
 
 use leasehold::{ErrorKind, Job, JobRecord, OnLost, Status, Store, now_ms};
 use nix::sys::signal::{Signal, kill};
@@ -22,6 +22,7 @@ struct Case {
     path: PathBuf,
     marker: String,
     runners: Vec<Runner>,
+    _watchdog: Watchdog,
 }
 
 struct Runner {
@@ -31,6 +32,7 @@ struct Runner {
 
 impl Case {
     fn new() -> Case {
+        let watchdog = Watchdog::new();
         let dir = tempfile::tempdir().expect("a temp dir");
         let path = dir.path().join("jobs.db");
         let marker = format!(
@@ -43,6 +45,7 @@ impl Case {
             path,
             marker,
             runners: Vec::new(),
+            _watchdog: watchdog,
         }
     }
 

@@ -1652,6 +1652,7 @@ fn child_process() {
     let Ok(path) = std::env::var(CHILD_DB) else {
         return;
     };
+    let _watchdog = util::Watchdog::new();
     let path = PathBuf::from(path);
     match std::env::var(CHILD_MODE).as_deref() {
         Ok("enqueue") => {

@@ -938,34 +938,43 @@ pub struct Claimed {
     scheduled_at: i64,
 }
 
+/// The claim, with `{index}` and `{queues}` to fill: see [`claim_sql`]. Parameters: worker id,
+/// now, lease expiry, limit, then the queues from `?5`.
+///
+/// Limits go through a subquery here and below: a bare parameter in LIMIT makes SQLite (built
+/// with STAT4) prepare the statement again on every run.
+const CLAIM_SQL: &str = "UPDATE jobs SET status = 'running', attempt = attempt + 1,
+         run_token = lower(hex(randomblob(16))), worker_id = ?1, started_at = ?2,
+         heartbeat_at = ?2, lease_expires_at = ?3, completed_at = NULL, pid = NULL,
+         pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
+         error_kind = NULL
+     WHERE id IN (SELECT id FROM jobs INDEXED BY {index}
+                  WHERE status = 'pending' AND teardown_token IS NULL AND scheduled_at <= ?2
+                  {queues}
+                  ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?4))
+     RETURNING id, attempt, run_token, argv, env, cwd, timeout_ms, idle_timeout_ms,
+               priority, scheduled_at";
+
+/// The claim statement for `queues` (all queues when empty).
+fn claim_sql(queues: &[String]) -> String {
+    // Without statistics the planner prefers jobs_status (an equality on status) and then
+    // sorts every pending row: a claim costs O(pending) instead of reading an index head.
+    let index = if queues.is_empty() {
+        "jobs_claim"
+    } else {
+        "jobs_claim_queue"
+    };
+    CLAIM_SQL
+        .replace("{index}", index)
+        .replace("{queues}", &queue_filter(queues, 5))
+}
+
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
     if req.limit == 0 {
         return Ok(Vec::new());
     }
     let expires = now.saturating_add(duration_ms(req.lease_ttl));
-    // Limits go through a subquery here and below: a bare parameter in LIMIT makes SQLite
-    // (built with STAT4) prepare the statement again on every run.
-    let sql = format!(
-        "UPDATE jobs SET status = 'running', attempt = attempt + 1,
-             run_token = lower(hex(randomblob(16))), worker_id = ?1, started_at = ?2,
-             heartbeat_at = ?2, lease_expires_at = ?3, completed_at = NULL, pid = NULL,
-             pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
-             error_kind = NULL
-         WHERE id IN (SELECT id FROM jobs INDEXED BY {}
-                      WHERE status = 'pending' AND teardown_token IS NULL AND scheduled_at <= ?2
-                      {}
-                      ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?4))
-         RETURNING id, attempt, run_token, argv, env, cwd, timeout_ms, idle_timeout_ms,
-                   priority, scheduled_at",
-        // Without statistics the planner prefers jobs_status (an equality on status) and then
-        // sorts every pending row: a claim costs O(pending) instead of reading an index head.
-        if req.queues.is_empty() {
-            "jobs_claim"
-        } else {
-            "jobs_claim_queue"
-        },
-        queue_filter(req.queues, 5)
-    );
+    let sql = claim_sql(req.queues);
     let mut values: Vec<rusqlite::types::Value> = vec![
         req.worker_id.to_string().into(),
         now.into(),
@@ -1085,6 +1094,12 @@ pub struct Renewal {
     pub lost: Vec<String>,
 }
 
+/// A runner's renewal of its leases. Parameters: worker id, now, new expiry, tokens (JSON).
+const RENEW_SQL: &str = "UPDATE jobs SET heartbeat_at = ?2, lease_expires_at = ?3
+     WHERE status = 'running' AND worker_id = ?1
+       AND run_token IN (SELECT value FROM json_each(?4))
+     RETURNING run_token";
+
 fn renew(
     conn: &Connection,
     worker_id: &str,
@@ -1099,12 +1114,7 @@ fn renew(
     let list = serde_json::to_string(tokens).unwrap_or_default();
     let expires = now.saturating_add(duration_ms(lease_ttl));
     let renewed: HashSet<String> = {
-        let mut stmt = conn.prepare_cached(
-            "UPDATE jobs SET heartbeat_at = ?2, lease_expires_at = ?3
-             WHERE status = 'running' AND worker_id = ?1
-               AND run_token IN (SELECT value FROM json_each(?4))
-             RETURNING run_token",
-        )?;
+        let mut stmt = conn.prepare_cached(RENEW_SQL)?;
         let rows = stmt.query_map(params![worker_id, now, expires, list], |r| r.get(0))?;
         rows.collect::<rusqlite::Result<_>>()?
     };
@@ -1484,6 +1494,19 @@ impl ReclaimReport {
     }
 }
 
+/// The running rows a sweep may reclaim. Parameters: the excluded worker (or NULL), whether
+/// expired leases count, now, dead workers (JSON), batch size.
+const RECLAIM_CANDIDATES_SQL: &str =
+    "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
+            on_lost, recovery_count
+     FROM jobs
+     WHERE status = 'running'
+       AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1)
+       AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
+            OR (?2 AND lease_expires_at < ?3)
+            OR worker_id IN (SELECT value FROM json_each(?4)))
+     ORDER BY lease_expires_at, id LIMIT (SELECT ?5)";
+
 fn reclaim(conn: &Connection, req: &ReclaimRequest<'_>, now: i64) -> Result<ReclaimReport> {
     let mut report = ReclaimReport::default();
     if req.batch == 0 {
@@ -1505,17 +1528,7 @@ fn reclaim(conn: &Connection, req: &ReclaimRequest<'_>, now: i64) -> Result<Recl
         i64,
     );
     let candidates: Vec<Candidate> = {
-        let mut stmt = conn.prepare_cached(
-            "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
-                    on_lost, recovery_count
-             FROM jobs
-             WHERE status = 'running'
-               AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1)
-               AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
-                    OR (?2 AND lease_expires_at < ?3)
-                    OR worker_id IN (SELECT value FROM json_each(?4)))
-             ORDER BY lease_expires_at, id LIMIT (SELECT ?5)",
-        )?;
+        let mut stmt = conn.prepare_cached(RECLAIM_CANDIDATES_SQL)?;
         let rows = stmt.query_map(
             params![req.exclude_worker, req.expired, now, dead_json, req.batch],
             |r| {
@@ -1929,4 +1942,157 @@ fn runner_row(r: &Row<'_>) -> rusqlite::Result<RunnerRecord> {
         heartbeat_interval_ms: r.get(9)?,
         max_recovery_attempts: r.get(10)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wait before jitter, as `backoff_ms` computes it.
+    fn unjittered(base: i64, cap: i64, failures: i64) -> i64 {
+        let doublings = failures.saturating_sub(1).clamp(0, 40);
+        base.saturating_mul(1i64 << doublings).min(cap).max(0)
+    }
+
+    fn samples(base: i64, cap: i64, failures: i64) -> Vec<i64> {
+        (0..200).map(|_| backoff_ms(base, cap, failures)).collect()
+    }
+
+    #[test]
+    fn backoff_never_overflows_and_stays_within_the_jittered_cap() {
+        let counts = [
+            i64::MIN,
+            -1,
+            0,
+            1,
+            2,
+            10,
+            40,
+            41,
+            62,
+            63,
+            64,
+            1000,
+            i64::MAX,
+        ];
+        for (base, cap) in [
+            (1_000, 3_600_000),
+            (250, 4_000),
+            (1, 1),
+            (0, 0),
+            (i64::MAX, i64::MAX),
+            (i64::MAX / 2, i64::MAX),
+        ] {
+            for failures in counts {
+                let wait = unjittered(base, cap, failures);
+                // ±20% of the wait, and never more than 120% of the cap.
+                let low = (wait as f64 * 0.8).floor() as i64;
+                let high = ((wait as f64 * 1.2).ceil() as i64).min(cap.saturating_add(cap / 5));
+                for got in samples(base, cap, failures) {
+                    assert!(
+                        (low..=high).contains(&got),
+                        "backoff_ms({base}, {cap}, {failures}) = {got}, not in {low}..={high}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn backoff_is_jittered_at_every_failure_count() {
+        for failures in [1, 2, 5] {
+            let s = samples(1_000, 3_600_000, failures);
+            assert!(
+                s.iter().any(|&w| w != s[0]),
+                "no jitter at {failures}: {s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn backoff_past_the_cap_is_jittered_around_the_cap_not_pinned_above_it() {
+        let cap = 4_000;
+        for failures in [6, 10, 63, 64, 1000, i64::MAX] {
+            let s = samples(250, cap, failures);
+            assert!(
+                s.iter().all(|w| (cap * 8 / 10..=cap * 12 / 10).contains(w)),
+                "{failures}: {s:?}"
+            );
+            // The cap is the centre of the jitter: some waits fall below it, some above.
+            assert!(s.iter().any(|&w| w < cap), "{failures}: {s:?}");
+            assert!(s.iter().any(|&w| w > cap), "{failures}: {s:?}");
+        }
+    }
+
+    /// The rendered query plan of `sql` with `values` bound.
+    fn plan(conn: &Connection, sql: &str, values: Vec<rusqlite::types::Value>) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let mut rows = stmt.query(params_from_iter(values)).unwrap();
+        let mut lines = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            lines.push(row.get::<_, String>(3).unwrap());
+        }
+        lines.join("\n")
+    }
+
+    /// Whether a line of `plan` reads the index `name`.
+    fn uses_index(plan: &str, name: &str) -> bool {
+        plan.lines().any(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words.windows(2).any(|w| w == ["INDEX", name])
+        })
+    }
+
+    #[test]
+    fn claim_reclaim_and_renew_statements_read_their_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        // No ANALYZE: a user's file has no statistics, and the planner's choice is what it is
+        // then.
+        let conn = store.conn();
+        let now = 1_700_000_000_000i64;
+        let v = |x: &str| rusqlite::types::Value::from(x.to_string());
+        // The claim names its index; the index must serve the claim's order without a sort,
+        // for all queues or one queue. (For several queues SQLite reads the index once per
+        // queue and sorts what it read: only the index use is checked then.)
+        for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+            let mut values = vec![v("w"), now.into(), (now + 30_000).into(), 8i64.into()];
+            values.extend(queues.iter().map(|q| v(q)));
+            let p = plan(conn, &claim_sql(&queues), values);
+            let index = if queues.is_empty() {
+                "jobs_claim"
+            } else {
+                "jobs_claim_queue"
+            };
+            assert!(uses_index(&p, index), "{queues:?}: {p}");
+            if queues.len() <= 1 {
+                assert!(!p.contains("TEMP B-TREE"), "{queues:?}: {p}");
+            }
+        }
+        // The sweeper's query reads the running rows only (through either index on them):
+        // their number is bounded by the runners' workers, whatever the size of the table.
+        for (exclude, expired) in [(Some("me"), true), (None, false)] {
+            let values = vec![
+                exclude.map(v).unwrap_or(rusqlite::types::Value::Null),
+                i64::from(expired).into(),
+                now.into(),
+                v(r#"["dead"]"#),
+                100i64.into(),
+            ];
+            let p = plan(conn, RECLAIM_CANDIDATES_SQL, values);
+            let running_only = uses_index(&p, "jobs_running_lease")
+                || uses_index(&p, "jobs_running_worker")
+                || p.contains("INDEX jobs_status (status=?)");
+            let full_scan = p.lines().any(|l| l.trim() == "SCAN jobs");
+            assert!(running_only && !full_scan, "{p}");
+        }
+        let values = vec![
+            v("w"),
+            now.into(),
+            (now + 30_000).into(),
+            v(r#"["t1","t2"]"#),
+        ];
+        let p = plan(conn, RENEW_SQL, values);
+        assert!(uses_index(&p, "jobs_running_worker"), "{p}");
+    }
 }

@@ -6,6 +6,10 @@ use std::time::{Duration, Instant};
 use leasehold::{Job, Outcome, Runner};
 use nix::sys::resource::{UsageWho, getrusage};
 
+mod util;
+
+use util::Watchdog;
+
 fn cpu_seconds() -> f64 {
     let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
     let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
@@ -14,6 +18,7 @@ fn cpu_seconds() -> f64 {
 
 #[test]
 fn two_hundred_sleeping_jobs_cost_the_runner_almost_no_cpu() {
+    let _watchdog = Watchdog::new();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.db");
     let runner = Runner::builder(&path)

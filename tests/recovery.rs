@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 mod util;
 
-use util::{alive, group_members, processes_with_env};
+use util::{Watchdog, alive, group_members, processes_with_env};
 
 use leasehold::{ErrorKind, Job, JobRecord, OnLost, Status, Store, now_ms};
 use nix::sys::signal::{Signal, kill};
@@ -22,6 +22,7 @@ struct Case {
     path: PathBuf,
     marker: String,
     runners: Vec<Runner>,
+    _watchdog: Watchdog,
 }
 
 struct Runner {
@@ -31,6 +32,7 @@ struct Runner {
 
 impl Case {
     fn new() -> Case {
+        let watchdog = Watchdog::new();
         let dir = tempfile::tempdir().expect("a temp dir");
         let path = dir.path().join("jobs.db");
         let marker = format!(
@@ -43,6 +45,7 @@ impl Case {
             path,
             marker,
             runners: Vec::new(),
+            _watchdog: watchdog,
         }
     }
 
@@ -492,4 +495,127 @@ fn sigterm_shuts_down_gracefully_and_requeues_running_jobs() {
         assert_eq!(j.status, Status::Pending);
         assert_eq!(j.recovery_count, 0);
     }
+}
+
+#[test]
+fn late_result_of_an_attempt_that_ended_while_its_runner_was_frozen_is_fenced() {
+    let mut c = Case::new();
+    // Attempt 1 notes its token, then exits with `code` when the test says so; attempt 2
+    // (the note exists) notes its token and runs on. One job whose late result is a success,
+    // one whose late result is a failure: they are recorded by different statements.
+    let script = |code: i32| {
+        format!(
+            r#"
+if [ -e first-$LEASEHOLD_JOB_ID ]; then
+  echo "$LEASEHOLD_RUN_TOKEN" > second-$LEASEHOLD_JOB_ID; exec sleep 300
+fi
+echo "$LEASEHOLD_RUN_TOKEN" > first-$LEASEHOLD_JOB_ID
+while [ ! -e go ]; do sleep 0.05; done
+exit {code}
+"#
+        )
+    };
+    let ids = [
+        c.enqueue(Job::shell(script(0))),
+        c.enqueue(Job::shell(script(3)).max_attempts(3)),
+    ];
+    let ttl = ["--lease-ttl", "2"];
+    let frozen = c.start_runner(&args(&ttl));
+    let firsts: Vec<JobRecord> = ids.iter().map(|&id| c.running(id, 1)).collect();
+    for id in ids {
+        c.wait_for("attempt 1's note", |c| {
+            (!c.file(&format!("first-{id}")).is_empty()).then_some(())
+        });
+    }
+    c.signal(frozen, Signal::SIGSTOP);
+    // The attempts run in their own groups, so they are not frozen: they end on their own,
+    // and wait as zombies for their frozen runner to reap them.
+    std::fs::write(c.dir.path().join("go"), b"").unwrap();
+    for first in &firsts {
+        let pid = first.pid.unwrap() as i32;
+        c.wait_for("attempt 1 to exit", |_| (!alive(pid)).then_some(()));
+    }
+
+    c.start_runner(&args(&ttl));
+    let seconds: Vec<JobRecord> = ids.iter().map(|&id| c.running(id, 2)).collect();
+    for (id, second) in ids.iter().zip(&seconds) {
+        let note = format!("second-{id}");
+        c.wait_for("attempt 2's note", |c| {
+            (!c.file(&note).is_empty()).then_some(())
+        });
+        assert_eq!(c.file(&note).trim(), second.run_token.as_deref().unwrap());
+        assert_ne!(second.worker_id, firsts[0].worker_id);
+    }
+
+    c.signal(frozen, Signal::SIGCONT);
+    for (&id, second) in ids.iter().zip(&seconds) {
+        let discarded = c.wait_for("the late result to be discarded", |c| {
+            c.store()
+                .events(id)
+                .unwrap()
+                .into_iter()
+                .find(|e| e.kind == "late_result_discarded")
+        });
+        assert_eq!(discarded.attempt, 1);
+        let after = c.job(id);
+        assert_eq!(after.status, Status::Running, "{after:?}");
+        assert_eq!(after.attempt, 2);
+        assert_eq!(after.run_token, second.run_token);
+        assert_eq!(after.worker_id, second.worker_id);
+        assert_eq!(after.pid, second.pid);
+        assert_eq!((after.exit_code, after.failed_attempts), (None, 0));
+        assert!(alive(second.pid.unwrap() as i32), "attempt 2 runs on");
+    }
+}
+
+#[test]
+fn runner_whose_renewal_is_late_never_reaps_its_own_job() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell("sleep 300"));
+    // Renewals every 3 s, sweeps every 0.2 s: many of the runner's own sweeps fall between a
+    // lease that looks expired and the renewal that fixes it.
+    c.start_runner(&[
+        "--workers",
+        "1",
+        "--lease-ttl",
+        "9",
+        "--heartbeat",
+        "3",
+        "--sweep",
+        "0.2",
+        "--kill-grace",
+        "0.5",
+        "--shutdown-grace",
+        "0.5",
+    ]);
+    let first = c.running(id, 1);
+    // Just after a renewal, make the lease look expired, as a renewal that comes late would
+    // leave it.
+    let renewed = c.wait_for("a renewal", |c| {
+        let j = c.job(id);
+        (j.heartbeat_at != first.heartbeat_at).then_some(j.heartbeat_at)
+    });
+    let expired_at = now_ms();
+    rusqlite::Connection::open(&c.path)
+        .unwrap()
+        .execute(
+            "UPDATE jobs SET lease_expires_at = ?2 WHERE id = ?1",
+            rusqlite::params![id, expired_at - 1_000],
+        )
+        .unwrap();
+    let renewal = c.wait_for("the next renewal", |c| {
+        let j = c.job(id);
+        (j.heartbeat_at != renewed).then_some(j)
+    });
+    eprintln!(
+        "the lease looked expired for {} ms of sweeps every 200 ms",
+        now_ms() - expired_at
+    );
+    assert_eq!(renewal.status, Status::Running, "{renewal:?}");
+    assert_eq!(renewal.attempt, 1);
+    assert_eq!(renewal.run_token, first.run_token);
+    assert_eq!(renewal.recovery_count, 0);
+    assert!(renewal.lease_expires_at.unwrap() > expired_at);
+    assert!(!c.kinds(id).iter().any(|k| k == "reclaimed"));
+    assert!(group_alive(first.pgid.unwrap()), "the attempt runs on");
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod util;
 
-use util::{group_members, processes_with_env};
+use util::{Watchdog, group_members, processes_with_env};
 
 use leasehold::{
     Completion, ErrorKind, Job, JobRecord, OnLost, Outcome, Runner, RunnerBuilder, Status, Store,
@@ -20,12 +20,18 @@ const WAIT: Duration = Duration::from_secs(20);
 struct Db {
     _dir: tempfile::TempDir,
     path: PathBuf,
+    _watchdog: Watchdog,
 }
 
 fn db() -> Db {
+    let watchdog = Watchdog::new();
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("jobs.db");
-    Db { _dir: dir, path }
+    Db {
+        _dir: dir,
+        path,
+        _watchdog: watchdog,
+    }
 }
 
 /// A runner with short timings, for tests.

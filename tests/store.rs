@@ -358,6 +358,52 @@ fn a_stale_tokens_finish_changes_nothing_but_logs_the_late_result() {
 }
 
 #[test]
+fn a_late_ending_of_a_lost_attempt_leaves_the_next_running_attempt_untouched() {
+    let endings = [
+        Ending::Succeeded,
+        exit(1),
+        Ending::Lost {
+            message: "late".into(),
+        },
+    ];
+    for ending in endings {
+        let db = TestDb::new();
+        let store = db.store();
+        let bare = db.bare();
+        let id = enqueue(&store, &Job::shell("true").max_attempts(3));
+        // Attempt 1 (token A) loses its lease; attempt 2 (token B) runs on another worker.
+        let a = claim_and_lose(&store, T0, 3);
+        assert!(
+            store
+                .record_teardown(id, &a.run_token, "gone", EXPIRED)
+                .unwrap()
+        );
+        let b = claim_one(&store, "w2", EXPIRED + 1);
+        assert_ne!(a.run_token, b.run_token);
+        let row_before = raw_job_row(&bare, id);
+
+        assert_eq!(
+            finish(&store, &a, ending.clone(), EXPIRED + 2),
+            Finished::Fenced,
+            "{ending:?}"
+        );
+        let job = store.job(id).unwrap();
+        assert_eq!(job.status, Status::Running, "{ending:?}");
+        assert_eq!(job.run_token.as_deref(), Some(b.run_token.as_str()));
+        assert_eq!(job.worker_id.as_deref(), Some("w2"));
+        assert_eq!(job.attempt, 2);
+        assert_eq!(job.lease_expires_at, Some(b.lease_expires_at));
+        assert_eq!(raw_job_row(&bare, id), row_before, "{ending:?}");
+        assert_eq!(last_event(&store, id).kind, "late_result_discarded");
+        // Attempt 2 still holds its lease: its own ending is recorded.
+        assert_eq!(
+            finish(&store, &b, Ending::Succeeded, EXPIRED + 3),
+            Finished::Recorded(Status::Succeeded)
+        );
+    }
+}
+
+#[test]
 fn a_cancel_that_lands_before_a_late_finish_wins() {
     let db = TestDb::new();
     let store = db.store();
@@ -464,6 +510,44 @@ fn a_failure_with_attempts_left_is_retried_after_a_doubling_backoff() {
         Finished::Recorded(Status::Failed)
     );
     assert_eq!(store.job(id).unwrap().failed_attempts, 3);
+}
+
+#[test]
+fn a_failure_past_the_backoff_cap_waits_about_the_cap_and_never_beyond_its_jitter() {
+    let db = TestDb::new();
+    let store = db.store();
+    let (base, cap) = (100, 400);
+    let id = enqueue(
+        &store,
+        &Job::shell("false")
+            .max_attempts(12)
+            .backoff(Duration::from_millis(100), Duration::from_millis(400)),
+    );
+    let mut now = T0;
+    let mut past_cap = Vec::new();
+    for failures in 1..=10i64 {
+        let c = claim_one(&store, "w", now);
+        now += 10;
+        assert_eq!(
+            finish(&store, &c, exit(1), now),
+            Finished::Recorded(Status::Pending)
+        );
+        let wait = store.job(id).unwrap().scheduled_at - now;
+        let unjittered = (base << (failures - 1)).min(cap);
+        let (low, high) = (unjittered * 8 / 10, unjittered * 12 / 10);
+        assert!(
+            (low..=high).contains(&wait),
+            "retry {failures} waits {wait} ms, not within {low}..={high}"
+        );
+        if base << (failures - 1) > cap {
+            past_cap.push(wait);
+        }
+        now += wait;
+    }
+    // Seven retries past the cap: jittered around the cap, not pinned to one value (such as
+    // the upper bound of the jitter).
+    assert_eq!(past_cap.len(), 7);
+    assert!(past_cap.iter().any(|&w| w != past_cap[0]), "{past_cap:?}");
 }
 
 #[test]
@@ -1554,59 +1638,6 @@ fn a_claim_costs_the_same_from_a_thousand_or_a_hundred_thousand_pending_jobs() {
     }
 }
 
-#[test]
-fn claim_and_reclaim_queries_read_the_partial_indexes() {
-    let db = TestDb::new();
-    drop(db.store());
-    // No ANALYZE: a user's file has no statistics, and the planner's choice is what it is then.
-    let conn = db.bare();
-    let plan = |sql: &str| -> String {
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        // Unbound parameters are NULL: the plan does not depend on their values.
-        let mut rows = stmt.raw_query();
-        let mut lines = Vec::new();
-        while let Some(row) = rows.next().unwrap() {
-            lines.push(row.get::<_, String>(3).unwrap());
-        }
-        lines.join("\n")
-    };
-    // The claim names its index (the planner alone picks jobs_status and sorts every pending
-    // row); the index must serve the claim's order without a sort, for one queue or several.
-    let claim = "SELECT id FROM jobs INDEXED BY {index}
-                 WHERE status = 'pending' AND teardown_token IS NULL AND scheduled_at <= ?1 {queues}
-                 ORDER BY priority DESC, scheduled_at, id LIMIT ?2";
-    for (index, queues) in [
-        ("jobs_claim", ""),
-        ("jobs_claim_queue", "AND queue IN (?3)"),
-    ] {
-        let sql = claim.replace("{index}", index).replace("{queues}", queues);
-        let p = plan(&sql);
-        assert!(!p.contains("TEMP B-TREE"), "{p}");
-    }
-    // The sweeper's query reads the running rows only (through either index on them): their
-    // number is bounded by the runners' workers, whatever the size of the table.
-    let reclaim = plan(
-        "SELECT id FROM jobs
-         WHERE status = 'running' AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1)
-           AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
-                OR (?2 AND lease_expires_at < ?3)
-                OR worker_id IN (SELECT value FROM json_each(?4)))
-         ORDER BY lease_expires_at, id LIMIT ?5",
-    );
-    let reads_running_only = reclaim.contains("INDEX jobs_running_lease")
-        || reclaim.contains("INDEX jobs_status (status=?)");
-    assert!(
-        reads_running_only && !reclaim.contains("SCAN jobs\n"),
-        "{reclaim}"
-    );
-    let renew = plan(
-        "SELECT id FROM jobs
-         WHERE status = 'running' AND worker_id = ?1
-           AND run_token IN (SELECT value FROM json_each(?2))",
-    );
-    assert!(renew.contains("INDEX jobs_running_worker"), "{renew}");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Processes sharing one file
 
@@ -1621,6 +1652,7 @@ fn child_process() {
     let Ok(path) = std::env::var(CHILD_DB) else {
         return;
     };
+    let _watchdog = util::Watchdog::new();
     let path = PathBuf::from(path);
     match std::env::var(CHILD_MODE).as_deref() {
         Ok("enqueue") => {

@@ -283,6 +283,53 @@ mod tests {
     }
 
     #[test]
+    fn a_sweep_after_a_wall_clock_jump_spares_live_leases_but_reclaims_on_evidence() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let store = Store::open(&path).unwrap();
+        // A live runner (this process) whose lease looks expired after the jump.
+        let me = std::process::id() as i64;
+        register(&store, "alive", me, process::start_time(me as i32).unwrap());
+        let live_job = claim_one(&store, "alive");
+        // A dead runner: its pid is gone once reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i64;
+        let start = process::start_time(pid as i32).unwrap_or(1);
+        child.wait().unwrap();
+        register(&store, "dead", pid, start);
+        let dead_job = claim_one(&store, "dead");
+        // A running row without lease metadata.
+        let bare_job = claim_one(&store, "alive");
+        store
+            .conn()
+            .execute(
+                "UPDATE jobs SET lease_expires_at = NULL WHERE id = ?1",
+                [bare_job],
+            )
+            .unwrap();
+
+        // The wall clock jumps an hour ahead between two sweeps (or the machine slept): the
+        // last sweep's wall time is an hour behind, its monotonic time is now.
+        let jumped = sweeper(&path, "sweeper");
+        jumped.clock.lock().wall = SystemTime::now() - Duration::from_secs(3600);
+        let after_jump = now_ms() + 3_600_000;
+        let report = jumped.sweep_once(after_jump).unwrap();
+        assert_eq!(report.dead_runners, 1);
+        assert_eq!(report.reclaimed_pending, 2, "{report:?}");
+        assert_eq!(store.job(live_job).unwrap().status, Status::Running);
+        assert_eq!(store.job(dead_job).unwrap().status, Status::Pending);
+        assert_eq!(store.job(bare_job).unwrap().status, Status::Pending);
+        // The next sweep within the lease TTL still settles.
+        let report = jumped.sweep_once(after_jump + 1_000).unwrap();
+        assert_eq!(report.reclaimed_pending + report.reclaimed_failed, 0);
+        assert_eq!(store.job(live_job).unwrap().status, Status::Running);
+        // Without the jump the same lease counts as expired: settling is what spared it.
+        let report = sweeper(&path, "other").sweep_once(after_jump).unwrap();
+        assert_eq!(report.reclaimed_pending, 1);
+        assert_eq!(store.job(live_job).unwrap().status, Status::Pending);
+    }
+
+    #[test]
     fn a_wall_clock_jump_suspends_expiry_reclaims_for_one_lease_ttl() {
         let (w0, m0) = (SystemTime::now(), Instant::now());
         let (beat, ttl) = (Duration::from_secs(5), Duration::from_secs(30));

@@ -45,6 +45,101 @@ fn checked_duration_ms(d: Duration) -> Option<i64> {
     i64::try_from(d.as_micros().div_ceil(1000)).ok()
 }
 
+/// What happened to a job: one row of its history in `job_events`. The spelling in the
+/// database is [`EventKind::as_str`]. Each is written in the transaction of the transition it
+/// records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// The job was written (the detail names its queue).
+    Enqueued,
+    /// A runner claimed it (the detail names the runner).
+    Claimed,
+    /// The attempt's process started (the detail gives pid and pgid).
+    Started,
+    /// The attempt exited 0.
+    Succeeded,
+    /// The attempt failed with no attempts left, could not start, or was lost beyond the
+    /// recovery budget.
+    Failed,
+    /// The attempt failed and a retry is scheduled after a backoff.
+    RetryScheduled,
+    /// The attempt was lost (its lease expired, its runner died or fenced itself) and the job
+    /// went back to pending within the recovery budget.
+    Reclaimed,
+    /// The attempt was lost and the job failed as lost: budget spent or `on_lost = fail`.
+    Lost,
+    /// A lost attempt's processes were dealt with; the job may be claimed again.
+    TornDown,
+    /// A process of the attempt outlived it and was killed.
+    Leaked,
+    /// A runner shut down during the attempt and gave the job back without spending a try.
+    Interrupted,
+    /// A caller cancelled the job.
+    Cancelled,
+    /// An operator retried the job.
+    ManualRetry,
+    /// A result arrived for an attempt that no longer held the lease, and changed nothing.
+    LateResultDiscarded,
+}
+
+impl EventKind {
+    /// Every kind.
+    pub const ALL: [EventKind; 14] = [
+        EventKind::Enqueued,
+        EventKind::Claimed,
+        EventKind::Started,
+        EventKind::Succeeded,
+        EventKind::Failed,
+        EventKind::RetryScheduled,
+        EventKind::Reclaimed,
+        EventKind::Lost,
+        EventKind::TornDown,
+        EventKind::Leaked,
+        EventKind::Interrupted,
+        EventKind::Cancelled,
+        EventKind::ManualRetry,
+        EventKind::LateResultDiscarded,
+    ];
+
+    /// The kind as stored in the `kind` column of `job_events`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Enqueued => "enqueued",
+            EventKind::Claimed => "claimed",
+            EventKind::Started => "started",
+            EventKind::Succeeded => "succeeded",
+            EventKind::Failed => "failed",
+            EventKind::RetryScheduled => "retry_scheduled",
+            EventKind::Reclaimed => "reclaimed",
+            EventKind::Lost => "lost",
+            EventKind::TornDown => "torn_down",
+            EventKind::Leaked => "leaked",
+            EventKind::Interrupted => "interrupted",
+            EventKind::Cancelled => "cancelled",
+            EventKind::ManualRetry => "manual_retry",
+            EventKind::LateResultDiscarded => "late_result_discarded",
+        }
+    }
+
+    /// The kind spelled `s` in the database, if any.
+    pub(crate) fn parse(s: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for EventKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// Where a job is in its life. The spelling in the database is [`Status::as_str`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
@@ -580,10 +675,8 @@ pub struct Event {
     pub job_id: i64,
     /// When it happened.
     pub at: i64,
-    /// What happened: `enqueued`, `claimed`, `started`, `succeeded`, `failed`,
-    /// `retry_scheduled`, `reclaimed`, `lost`, `torn_down`, `leaked`, `interrupted`,
-    /// `cancelled`, `manual_retry`, `late_result_discarded`.
-    pub kind: String,
+    /// What happened.
+    pub kind: EventKind,
     /// The attempt it concerns.
     pub attempt: i64,
     /// The reason, in words.
@@ -673,6 +766,16 @@ mod tests {
             assert_eq!(s.as_str().parse::<Status>().unwrap(), s);
         }
         assert!("done".parse::<Status>().is_err());
+    }
+
+    #[test]
+    fn event_kinds_round_trip_through_their_spelling_and_are_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for k in EventKind::ALL {
+            assert_eq!(EventKind::parse(k.as_str()), Some(k));
+            assert!(seen.insert(k.as_str()), "{k} is spelled twice");
+        }
+        assert_eq!(EventKind::parse("finished"), None);
     }
 
     #[test]

@@ -36,7 +36,7 @@ mod store;
 pub use error::{Error, Result};
 pub use job::{
     DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ErrorKind,
-    Event, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,
+    Event, EventKind, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,
 };
 pub use runner::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,

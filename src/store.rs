@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params, params_from_iter};
 
 use crate::error::{Error, Result, is_busy};
-use crate::job::{ErrorKind, Event, Job, JobRecord, OnLost, Output, Status, duration_ms};
+use crate::job::{
+    ErrorKind, Event, EventKind, Job, JobRecord, OnLost, Output, Status, duration_ms,
+};
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -843,20 +845,20 @@ fn event(
     conn: &Connection,
     job_id: i64,
     at: i64,
-    kind: &str,
+    kind: EventKind,
     attempt: i64,
     detail: &str,
 ) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO job_events (job_id, at, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![job_id, at, kind, attempt, detail])?;
+    .execute(params![job_id, at, kind.as_str(), attempt, detail])?;
     Ok(())
 }
 
 fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
     let id = insert_row(conn, job, now)?;
-    event(conn, id, now, "enqueued", 0, job.queue_name())?;
+    event(conn, id, now, EventKind::Enqueued, 0, job.queue_name())?;
     Ok(id)
 }
 
@@ -1007,7 +1009,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
             conn,
             c.id,
             now,
-            "claimed",
+            EventKind::Claimed,
             c.attempt,
             &format!("worker {}", req.worker_id),
         )?;
@@ -1075,7 +1077,7 @@ pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Res
                 conn,
                 s.job_id,
                 now,
-                "started",
+                EventKind::Started,
                 attempt,
                 &format!("pid {} pgid {}", s.pid, s.pgid),
             )?;
@@ -1175,7 +1177,7 @@ pub struct Finish {
     /// The captured output, if any.
     pub output: Option<Output>,
     /// Extra events to record with the ending (kind, detail), such as leaked processes.
-    pub notes: Vec<(String, String)>,
+    pub notes: Vec<(EventKind, String)>,
     /// The recovery budget to apply to a [`Ending::Lost`].
     pub max_recovery_attempts: u32,
 }
@@ -1265,7 +1267,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
                     "{message}; retry in {:.1}s (failed {failed} of {max_attempts} attempts)",
                     wait as f64 / 1000.0
                 );
-                (Status::Pending, "retry_scheduled", detail)
+                (Status::Pending, EventKind::RetryScheduled, detail)
             } else {
                 conn.prepare_cached(&format!(
                     "UPDATE jobs SET status = 'failed', failed_attempts = ?4, completed_at = ?3,
@@ -1282,7 +1284,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
                     kind.as_str(),
                     message
                 ])?;
-                (Status::Failed, "failed", message.clone())
+                (Status::Failed, EventKind::Failed, message.clone())
             }
         }
         Ending::Lost { message } => {
@@ -1310,9 +1312,9 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
                 message
             ])?;
             let kind = if status == Status::Failed {
-                "lost"
+                EventKind::Lost
             } else {
-                "reclaimed"
+                EventKind::Reclaimed
             };
             (status, kind, message)
         }
@@ -1323,7 +1325,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
                      lease_expires_at = NULL, run_token = NULL, worker_id = NULL {FENCE}"
             ))?
             .execute(params![f.job_id, f.run_token, now, message])?;
-            (Status::Pending, "interrupted", message.clone())
+            (Status::Pending, EventKind::Interrupted, message.clone())
         }
     };
     finish_rest(conn, f, now, attempt)?;
@@ -1346,7 +1348,7 @@ fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished>
         return fenced(conn, f, now);
     };
     finish_rest(conn, f, now, attempt)?;
-    event(conn, f.job_id, now, "succeeded", attempt, "exit 0")?;
+    event(conn, f.job_id, now, EventKind::Succeeded, attempt, "exit 0")?;
     Ok(Finished::Recorded(Status::Succeeded))
 }
 
@@ -1366,7 +1368,7 @@ fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
         conn,
         f.job_id,
         now,
-        "late_result_discarded",
+        EventKind::LateResultDiscarded,
         f.attempt,
         &detail,
     )?;
@@ -1398,7 +1400,7 @@ fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<
         ])?;
     }
     for (kind, note) in &f.notes {
-        event(conn, f.job_id, now, kind, attempt, note)?;
+        event(conn, f.job_id, now, *kind, attempt, note)?;
     }
     Ok(())
 }
@@ -1606,9 +1608,9 @@ fn reclaim(conn: &Connection, req: &ReclaimRequest<'_>, now: i64) -> Result<Recl
             continue;
         }
         let kind = if status == Status::Failed {
-            "lost"
+            EventKind::Lost
         } else {
-            "reclaimed"
+            EventKind::Reclaimed
         };
         event(conn, id, now, kind, attempt, &message)?;
         report.reclaimed.push(Reclaimed {
@@ -1661,7 +1663,7 @@ fn record_teardown(
         .optional()?;
     match attempt {
         Some(attempt) => {
-            event(conn, id, now, "torn_down", attempt, detail)?;
+            event(conn, id, now, EventKind::TornDown, attempt, detail)?;
             Ok(true)
         }
         None => Ok(false),
@@ -1702,7 +1704,14 @@ fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> {
             });
         }
     };
-    event(conn, id, now, "cancelled", current.attempt, &detail)?;
+    event(
+        conn,
+        id,
+        now,
+        EventKind::Cancelled,
+        current.attempt,
+        &detail,
+    )?;
     job(conn, id)
 }
 
@@ -1751,7 +1760,14 @@ fn retry(conn: &Connection, id: i64, reason: Option<&str>, now: i64) -> Result<J
          WHERE id = ?1 AND status = ?4",
         params![id, now, message, current.status.as_str()],
     )?;
-    event(conn, id, now, "manual_retry", current.attempt, &message)?;
+    event(
+        conn,
+        id,
+        now,
+        EventKind::ManualRetry,
+        current.attempt,
+        &message,
+    )?;
     job(conn, id)
 }
 
@@ -1864,7 +1880,16 @@ fn event_row(r: &Row<'_>) -> rusqlite::Result<Event> {
         id: r.get(0)?,
         job_id: r.get(1)?,
         at: r.get(2)?,
-        kind: r.get(3)?,
+        kind: {
+            let text: String = r.get(3)?;
+            EventKind::parse(&text).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    3,
+                    rusqlite::types::Type::Text,
+                    format!("unknown event kind {text:?}").into(),
+                )
+            })?
+        },
         attempt: r.get(4)?,
         detail: r.get(5)?,
     })

@@ -234,6 +234,7 @@ fn wait_running(db: &Path, id: i64) -> Value {
 
 #[test]
 fn help_and_version_exit_zero() {
+    let _watchdog = util::Watchdog::new();
     for args in [
         vec!["--help"],
         vec!["--version"],

@@ -68,7 +68,7 @@ impl Case {
             .events(id)
             .expect("events")
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.to_string())
             .collect()
     }
 

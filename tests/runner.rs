@@ -71,7 +71,7 @@ fn events(path: &Path, id: i64) -> Vec<(String, i64, String)> {
         .events(id)
         .expect("events")
         .into_iter()
-        .map(|e| (e.kind, e.attempt, e.detail.unwrap_or_default()))
+        .map(|e| (e.kind.to_string(), e.attempt, e.detail.unwrap_or_default()))
         .collect()
 }
 

@@ -91,7 +91,7 @@ fn sweep(budget: u32, batch: u32) -> ReclaimRequest<'static> {
 
 fn kinds(store: &Store, id: i64) -> Vec<String> {
     let events = store.events(id).expect("events");
-    events.into_iter().map(|e| e.kind).collect()
+    events.into_iter().map(|e| e.kind.to_string()).collect()
 }
 
 fn last_event(store: &Store, id: i64) -> leasehold::Event {
@@ -679,7 +679,7 @@ fn finish_stores_the_output_tail_with_its_truncated_flags() {
             attempt,
             ending,
             output: Some(Output::new(attempt, out, b"err".to_vec(), true, false)),
-            notes: vec![("leaked".into(), "1 process".into())],
+            notes: vec![(leasehold::EventKind::Leaked, "1 process".into())],
             max_recovery_attempts: 3,
         };
         assert!(matches!(

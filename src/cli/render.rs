@@ -48,7 +48,7 @@ pub fn job_json(j: &JobRecord) -> Value {
 
 /// One entry of a job's history.
 pub fn event_json(e: &Event) -> Value {
-    json!({"at": e.at, "kind": e.kind, "attempt": e.attempt, "detail": e.detail})
+    json!({"at": e.at, "kind": e.kind.as_str(), "attempt": e.attempt, "detail": e.detail})
 }
 
 /// The output tails of one attempt, as text with invalid UTF-8 replaced.

@@ -567,7 +567,7 @@ mod tests {
 
     fn event_kinds(store: &Store, id: i64) -> Vec<String> {
         let events = store.events(id).expect("events");
-        events.into_iter().map(|e| e.kind).collect()
+        events.into_iter().map(|e| e.kind.to_string()).collect()
     }
 
     /// A thread of the runner panics while a job runs: the runner fences itself (kills the

@@ -4,7 +4,7 @@
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::job::{ErrorKind, Event, Outcome, Status};
+use crate::job::{ErrorKind, Event, EventKind, Outcome, Status};
 use crate::store::Store;
 
 use super::builder::{Callback, Completion};
@@ -81,9 +81,9 @@ pub(super) fn notify_loop(
 fn completion(store: &Store, e: &Event) -> Completion {
     let job = store.job(e.job_id).ok();
     let detail = e.detail.clone().unwrap_or_default();
-    let outcome = match e.kind.as_str() {
-        "succeeded" => Outcome::Succeeded,
-        "cancelled" => Outcome::Cancelled,
+    let outcome = match e.kind {
+        EventKind::Succeeded => Outcome::Succeeded,
+        EventKind::Cancelled => Outcome::Cancelled,
         kind => {
             // The row may have moved on since (an operator retried it): take the columns
             // only while they still describe this ending.
@@ -93,7 +93,7 @@ fn completion(store: &Store, e: &Event) -> Completion {
             Outcome::Failed {
                 kind: same
                     .and_then(|j| j.error_kind)
-                    .unwrap_or(if kind == "lost" {
+                    .unwrap_or(if kind == EventKind::Lost {
                         ErrorKind::Lost
                     } else {
                         ErrorKind::Exit

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 
 use crate::attempt::{self, AttemptResult, AttemptSpec, StopReason};
-use crate::job::{ErrorKind, Output};
+use crate::job::{ErrorKind, EventKind, Output};
 use crate::store::{AttemptStart, Claimed, Ending, Finish};
 
 use super::builder::Config;
@@ -189,7 +189,7 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
         .iter()
         .map(|l| {
             (
-                "leaked".to_string(),
+                EventKind::Leaked,
                 format!(
                     "pid {} was still alive after the attempt ended{} and was killed",
                     l.pid,

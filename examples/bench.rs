@@ -12,9 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold::{
-    ClaimRequest, Durability, Ending, Finish, Finished, Job, OpenOptions, Store, now_ms,
-};
+use leasehold::protocol::{ClaimRequest, Ending, Finish, Finished};
+use leasehold::{Durability, Job, OpenOptions, Store, now_ms};
 use rusqlite::{Connection, params};
 use tempfile::TempDir;
 
@@ -120,7 +119,7 @@ fn bare_claim(conn: &Connection, now: i64) -> Option<(i64, String)> {
     claimed
 }
 
-fn claim_one(store: &Store, now: i64) -> Option<leasehold::Claimed> {
+fn claim_one(store: &Store, now: i64) -> Option<leasehold::protocol::Claimed> {
     let req = ClaimRequest {
         worker_id: "bench",
         limit: 1,

@@ -700,7 +700,7 @@ pub struct Output {
 }
 
 impl Output {
-    /// The captured tail of one attempt, as [`Finish::output`](crate::Finish) takes it (the
+    /// The captured tail of one attempt, as [`Finish::output`](crate::protocol::Finish) takes it (the
     /// struct is `#[non_exhaustive]`, so callers outside the crate build it here).
     pub fn new(
         attempt: i64,

@@ -30,6 +30,7 @@ mod attempt;
 mod error;
 mod job;
 mod process;
+pub mod protocol;
 mod runner;
 mod store;
 
@@ -45,9 +46,7 @@ pub use runner::{
     MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters, operator,
 };
 pub use store::{
-    AttemptStart, ClaimRequest, Claimed, Counts, DEFAULT_BUSY_TIMEOUT,
-    DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, Ending, Finish, Finished, LEASE_EXPIRED_PREFIX,
-    LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, LostAttempt, MAX_BUSY_TIMEOUT, Migration,
-    OpenOptions, ReclaimReport, ReclaimRequest, Reclaimed, Renewal, RunnerRecord, SCHEMA_VERSION,
-    Store,
+    Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, LEASE_EXPIRED_PREFIX,
+    LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT, Migration, OpenOptions,
+    RunnerRecord, SCHEMA_VERSION, Store,
 };

@@ -12,10 +12,12 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use leasehold::protocol::{
+    AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, ReclaimRequest,
+};
 use leasehold::{
-    AttemptStart, ClaimRequest, Claimed, Ending, Error, ErrorKind, Finish, Finished, Job,
-    LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, ListFilter, Migration, OnLost, OpenOptions, Output,
-    ReclaimRequest, SCHEMA_VERSION, Status, Store, now_ms,
+    Error, ErrorKind, Job, LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, ListFilter, Migration,
+    OnLost, OpenOptions, Output, SCHEMA_VERSION, Status, Store, now_ms,
 };
 use rusqlite::params;
 

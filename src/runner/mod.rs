@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use parking_lot::Mutex;
 
-use crate::attempt::StopReason;
 use crate::error::{Error, Result};
 use crate::job::{Job, JobRecord, Outcome, duration_ms, now_ms};
 use crate::process;
+use crate::process::StopReason;
 use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
 
 pub use builder::{

@@ -38,7 +38,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 use nix::unistd::AccessFlags;
 
-use crate::process::{self, ProcInfo, RUN_TOKEN_VAR};
+use super::proc::{self as process, ProcInfo, RUN_TOKEN_VAR};
 
 /// The environment variable carrying the job id into the attempt.
 pub(crate) const JOB_ID_VAR: &str = "LEASEHOLD_JOB_ID";

@@ -25,19 +25,11 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
 use super::child::{ChildProc, pidfd_open};
-use super::kill;
+use super::kill::{self, POLL_INTERVAL};
 use super::output::{Stream, Tail, keep_read_buffer, read_buffer};
 use super::proc::{self, ProcInfo};
 use super::spawn::{BaseEnv, Command, Spawned, spawn};
 use super::stop::{StopHandle, StopReason};
-
-/// While waiting for killed processes to die we must poll `/proc`, since
-/// only the main process has a pidfd; this is the interval.
-const KILL_POLL_INTERVAL: Duration = Duration::from_millis(20);
-
-/// After SIGKILL, how long to wait for the kernel to finish the kill before
-/// giving up on waiting (only a process in uninterruptible sleep is slower).
-const AFTER_KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// If a pidfd cannot be had, the loop falls back to checking the child this
 /// often, which is the only periodic wake-up in that (unexpected) case.
@@ -246,7 +238,7 @@ impl Supervisor<'_> {
                 // poll only fails for EINVAL/ENOMEM/EFAULT; sleep rather than
                 // spin, and let the callers' deadlines move things on.
                 log::error!("poll failed: {e}");
-                std::thread::sleep(wait.unwrap_or(KILL_POLL_INTERVAL).min(KILL_POLL_INTERVAL));
+                std::thread::sleep(wait.unwrap_or(POLL_INTERVAL).min(POLL_INTERVAL));
             }
         }
         let n = fds.len();
@@ -366,18 +358,6 @@ impl Supervisor<'_> {
             && escaped.iter().all(|&p| !proc::is_alive(p))
     }
 
-    /// Keeps reading output and reaping until [`Self::all_gone`] or `deadline`.
-    fn wait_gone(&mut self, deadline: Option<Instant>, escaped: &[i32]) {
-        while !self.all_gone(escaped) {
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return;
-            }
-            let step = deadline.map_or(KILL_POLL_INTERVAL, |d| (d - now).min(KILL_POLL_INTERVAL));
-            self.pump(Some(step), false);
-        }
-    }
-
     /// Signals the group and, with `scan_token`, every process carrying the
     /// run token outside it; returns those outside the group as leaks (all of
     /// them with `record_group`, used once the main process has exited).
@@ -418,24 +398,23 @@ impl Supervisor<'_> {
         escaped
     }
 
-    /// Kills what is left of the attempt: SIGTERM to the group (and escaped
-    /// token carriers with `scan_token`), SIGKILL after `kill_grace` while
-    /// anything is still alive, then a bounded wait until it is all gone and
-    /// the main process is reaped. Output is read throughout. Closes the
-    /// pipes. Returns the leaks (see [`Self::signal_all`]).
+    /// Kills what is left of the attempt with the kill sequence: SIGTERM to
+    /// the group (and escaped token carriers with `scan_token`), SIGKILL after
+    /// `kill_grace` while anything is still alive, then a bounded wait until
+    /// it is all gone and the main process is reaped. Output is read
+    /// throughout. Closes the pipes. Returns the leaks (see
+    /// [`Self::signal_all`]).
     fn terminate(&mut self, record_group: bool, scan_token: bool) -> Vec<Leak> {
-        let mut leaks = BTreeMap::new();
-        let escaped = self.signal_all(Signal::SIGTERM, record_group, scan_token, &mut leaks);
-        let grace_end = Instant::now().checked_add(self.spec.kill_grace);
-        self.wait_gone(grace_end, &escaped);
-        if !self.all_gone(&escaped) {
-            let escaped = self.signal_all(Signal::SIGKILL, record_group, scan_token, &mut leaks);
-            if let Some(child) = &self.child {
-                // The main process may have moved itself out of the group.
-                child.kill();
-            }
-            self.wait_gone(Instant::now().checked_add(AFTER_KILL_WAIT), &escaped);
-        }
+        let grace = self.spec.kill_grace;
+        let mut termination = Termination {
+            sup: self,
+            record_group,
+            scan_token,
+            leaks: BTreeMap::new(),
+            escaped: Vec::new(),
+        };
+        kill::kill_all(&mut termination, grace);
+        let leaks = termination.leaks;
         if let Some(child) = self.child.take() {
             // Stuck in uninterruptible sleep even after SIGKILL: dropping it
             // lets a thread reap it whenever it dies rather than leave a
@@ -461,6 +440,45 @@ impl Supervisor<'_> {
             .into_iter()
             .map(|(pid, escaped_group)| Leak { pid, escaped_group })
             .collect()
+    }
+}
+
+/// The supervisor's side of the kill sequence: the attempt's group, the
+/// token carriers that escaped it and the main process, with output read and
+/// the main process reaped while the sequence waits.
+struct Termination<'s, 'a> {
+    /// The attempt's supervisor.
+    sup: &'s mut Supervisor<'a>,
+    /// Whether the group's members are recorded as leaks too (escaped token
+    /// carriers always are).
+    record_group: bool,
+    /// Whether token carriers outside the group are looked for.
+    scan_token: bool,
+    /// Every process found, and whether it had left the group.
+    leaks: BTreeMap<i32, bool>,
+    /// The token carriers outside the group that the last signal found.
+    escaped: Vec<i32>,
+}
+
+impl kill::Targets for Termination<'_, '_> {
+    fn signal(&mut self, sig: Signal) {
+        self.escaped =
+            self.sup
+                .signal_all(sig, self.record_group, self.scan_token, &mut self.leaks);
+        if sig == Signal::SIGKILL
+            && let Some(child) = &self.sup.child
+        {
+            // The main process may have moved itself out of the group.
+            child.kill();
+        }
+    }
+
+    fn gone(&mut self) -> bool {
+        self.sup.all_gone(&self.escaped)
+    }
+
+    fn pause(&mut self, step: Duration) {
+        self.sup.pump(Some(step), false);
     }
 }
 

@@ -6,24 +6,14 @@
 //! carrying the attempt's token is the attempt's whatever its group.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::kill::{signal_group, signal_pid};
+use super::kill::{Targets, kill_all, signal_group, signal_pid};
 use super::proc::{
     ProcInfo, group_has_live_members, group_members, is_alive, proc_info, processes_with_token,
 };
-
-/// How often teardown re-checks whether its targets have died. Short enough
-/// that a cooperative process is noticed promptly, long enough that waiting
-/// costs next to no CPU.
-const POLL_INTERVAL: Duration = Duration::from_millis(20);
-
-/// How long to wait, after SIGKILL, for the kernel to finish killing the
-/// targets before calling them survivors. SIGKILL cannot be caught, so only a
-/// process stuck in uninterruptible sleep takes longer than this.
-const AFTER_KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// What was recorded about an attempt, used to recognise its processes after
 /// the runner that spawned it is gone.
@@ -157,27 +147,102 @@ fn send(group: Option<i32>, pids: &BTreeSet<i32>, sig: Signal) {
     }
 }
 
+/// A lost attempt's processes, as the targets of the kill sequence.
+struct Lost<'a> {
+    /// What was recorded about the attempt.
+    id: &'a AttemptIdentity,
+    /// The recorded process group, once verified; an unverified group is
+    /// never signalled.
+    group: Option<i32>,
+    /// The processes signalled one by one (see [`Lost::individuals`]).
+    targets: BTreeSet<i32>,
+    /// Every process signalled: `targets` and the group's members.
+    killed: BTreeSet<i32>,
+}
+
+impl Lost<'_> {
+    /// The processes carrying the attempt's token.
+    fn carriers(&self) -> Vec<ProcInfo> {
+        if self.id.token.is_empty() {
+            // An empty token would match every process with an empty
+            // LEASEHOLD_RUN_TOKEN; never treat that as proof.
+            return Vec::new();
+        }
+        processes_with_token(&self.id.token)
+    }
+
+    /// The processes to signal one by one: token carriers outside the
+    /// verified group (those inside get the group's signal; signalling them
+    /// twice could read as "terminate now" to a process handling SIGTERM), and
+    /// the verified leader if it moved itself out of its group.
+    fn individuals(&self, found: Vec<ProcInfo>) -> BTreeSet<i32> {
+        let group = self.group;
+        let mut pids: BTreeSet<i32> = found
+            .iter()
+            .filter(|p| Some(p.pgid) != group)
+            .map(|p| p.pid)
+            .collect();
+        if let Some(g) = group
+            && let Some(leader) = proc_info(g)
+            && Some(leader.start_time) == self.id.start_time
+            && leader.pgid != g
+            && !leader.is_dead()
+        {
+            pids.insert(g);
+        }
+        pids
+    }
+
+    /// Adds the verified group's live members to `killed`.
+    fn add_members(&mut self) {
+        if let Some(g) = self.group {
+            self.killed.extend(group_members(g).iter().map(|p| p.pid));
+        }
+    }
+}
+
+impl Targets for Lost<'_> {
+    fn signal(&mut self, sig: Signal) {
+        if sig == Signal::SIGKILL {
+            // Members forked and carriers started during the grace are ours too.
+            self.add_members();
+            let found = self.individuals(self.carriers());
+            self.targets.extend(found);
+            self.killed.extend(&self.targets);
+        }
+        send(self.group, &self.targets, sig);
+    }
+
+    fn gone(&mut self) -> bool {
+        self.group.is_none_or(|g| !group_has_live_members(g))
+            && self.killed.iter().all(|&p| !is_alive(p))
+    }
+
+    fn pause(&mut self, step: Duration) {
+        std::thread::sleep(step);
+    }
+}
+
 /// Kills whatever is left of a LOST attempt: a process group left behind by a
 /// runner that crashed or froze. The caller need not be the process that
 /// spawned the attempt.
 ///
 /// The recorded group is signalled only if its identity is verified (see
 /// `verify_group`); every process carrying the attempt's token is signalled
-/// regardless, since the token itself proves identity. Targets get SIGTERM,
-/// then SIGKILL once `grace` has passed if any is still alive.
+/// regardless, since the token itself proves identity. Targets go through
+/// the kill sequence ([`kill_all`]): SIGTERM, then SIGKILL once `grace` has
+/// passed if any is still alive.
 pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
     let mut result = Teardown::default();
-    let carriers = || -> Vec<ProcInfo> {
-        if id.token.is_empty() {
-            // An empty token would match every process with an empty
-            // LEASEHOLD_RUN_TOKEN; never treat that as proof.
-            return Vec::new();
-        }
-        processes_with_token(&id.token)
+    let mut lost = Lost {
+        id,
+        group: None,
+        targets: BTreeSet::new(),
+        killed: BTreeSet::new(),
     };
 
-    let first_carriers = carriers();
-    let group = match id.pgid.filter(|&p| p > 1) {
+    let first_carriers = lost.carriers();
+    lost.group = match id.pgid.filter(|&p| p > 1) {
         None => None,
         Some(p) => match verify_group(p, id.start_time) {
             Ok(()) => Some(p),
@@ -195,66 +260,16 @@ pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
             }
         },
     };
-    // The processes to signal one by one: token carriers outside the
-    // verified group (those inside get the group's signal; signalling them
-    // twice could read as "terminate now" to a process handling SIGTERM), and
-    // the verified leader if it moved itself out of its group.
-    let individuals = |found: Vec<ProcInfo>| -> BTreeSet<i32> {
-        let mut pids: BTreeSet<i32> = found
-            .iter()
-            .filter(|p| Some(p.pgid) != group)
-            .map(|p| p.pid)
-            .collect();
-        if let Some(g) = group
-            && let Some(leader) = proc_info(g)
-            && Some(leader.start_time) == id.start_time
-            && leader.pgid != g
-            && !leader.is_dead()
-        {
-            pids.insert(g);
-        }
-        pids
-    };
-    let add_members = |killed: &mut BTreeSet<i32>| {
-        if let Some(g) = group {
-            killed.extend(group_members(g).iter().map(|p| p.pid));
-        }
-    };
 
-    let mut targets = individuals(first_carriers);
-    let mut killed = targets.clone();
-    add_members(&mut killed);
-    if killed.is_empty() {
+    lost.targets = lost.individuals(first_carriers);
+    lost.killed = lost.targets.clone();
+    lost.add_members();
+    if lost.killed.is_empty() {
         return result;
     }
-    send(group, &targets, Signal::SIGTERM);
+    kill_all(&mut lost, grace);
 
-    let all_gone = |killed: &BTreeSet<i32>| {
-        group.is_none_or(|g| !group_has_live_members(g)) && killed.iter().all(|&p| !is_alive(p))
-    };
-    let wait = |killed: &BTreeSet<i32>, limit: Duration| {
-        let deadline = Instant::now().checked_add(limit);
-        while !all_gone(killed) {
-            let left = deadline.map_or(POLL_INTERVAL, |d| {
-                d.saturating_duration_since(Instant::now())
-            });
-            if left.is_zero() {
-                return;
-            }
-            std::thread::sleep(POLL_INTERVAL.min(left));
-        }
-    };
-    wait(&killed, grace);
-
-    if !all_gone(&killed) {
-        // Members forked and carriers started during the grace are ours too.
-        add_members(&mut killed);
-        targets.extend(individuals(carriers()));
-        killed.extend(&targets);
-        send(group, &targets, Signal::SIGKILL);
-        wait(&killed, AFTER_KILL_WAIT);
-    }
-
+    let killed = lost.killed;
     result.survivors = killed.iter().copied().filter(|&p| is_alive(p)).collect();
     result.killed = killed.into_iter().collect();
     result
@@ -263,6 +278,8 @@ pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
     use crate::process::proc::start_time;
     use crate::process::proc::tests::{spawn_group, token, wait_until};
 

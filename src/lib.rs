@@ -26,7 +26,6 @@
 //! and needs no runner: a runner on the same file picks the jobs up.
 #![deny(missing_docs)]
 
-mod attempt;
 mod error;
 mod job;
 mod process;

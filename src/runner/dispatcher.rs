@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::attempt::StopHandle;
+use crate::process::StopHandle;
 use crate::store::Claimed;
 
 use super::shared::{LINGER, Op, Running, Shared, Writer, interrupted};

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use crate::attempt::StopReason;
 use crate::job::{duration_ms, now_ms};
+use crate::process::StopReason;
 use crate::store::Store;
 
 use super::shared::Shared;

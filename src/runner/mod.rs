@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use parking_lot::Mutex;
 
-use crate::attempt::StopReason;
 use crate::error::{Error, Result};
 use crate::job::{Job, JobRecord, Outcome, duration_ms, now_ms};
 use crate::process;
+use crate::process::StopReason;
 use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
 
 pub use builder::{
@@ -82,6 +82,10 @@ fn spawn_thread(
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             let cause = match outcome {
                 Ok(Ok(())) if shared.shutting_down.load(Ordering::SeqCst) => return,
+                // A worker ends when the dispatcher's channel closes: at shutdown, or when the
+                // dispatcher died, which the dispatcher's own supervision reports (its channel
+                // closes as it unwinds, before that report is made).
+                Ok(Ok(())) if role == "worker" => return,
                 Ok(Ok(())) => "it ended before the runner shut down".to_string(),
                 Ok(Err(e)) => format!("{e:#}"),
                 Err(panic) => format!("panicked: {}", panic_message(panic.as_ref())),

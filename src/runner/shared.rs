@@ -8,8 +8,8 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use parking_lot::{Condvar, Mutex};
 
-use crate::attempt::{BaseEnv, StopHandle, StopReason};
 use crate::error::{Error, Result};
+use crate::process::{BaseEnv, StopHandle, StopReason};
 use crate::store::{AttemptStart, Claimed, Ending, Finish};
 
 use super::builder::Config;

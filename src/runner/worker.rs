@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use crate::attempt::{self, AttemptResult, AttemptSpec, StopReason};
 use crate::job::{ErrorKind, EventKind, Output};
+use crate::process::{self, AttemptResult, AttemptSpec, StopReason};
 use crate::store::{AttemptStart, Claimed, Ending, Finish};
 
 use super::builder::Config;
@@ -50,7 +50,7 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
 fn run_guarded(
     shared: &Shared,
     job: &Claimed,
-    stop: &attempt::StopHandle,
+    stop: &process::StopHandle,
     writer: &Writer,
 ) -> Finish {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -90,7 +90,7 @@ fn run_guarded(
     }
 }
 
-fn run_one(shared: &Shared, job: &Claimed, stop: &attempt::StopHandle, writer: &Writer) -> Finish {
+fn run_one(shared: &Shared, job: &Claimed, stop: &process::StopHandle, writer: &Writer) -> Finish {
     let cfg = &shared.config;
     let spec = AttemptSpec {
         argv: job.argv.clone(),
@@ -111,7 +111,7 @@ fn run_one(shared: &Shared, job: &Claimed, stop: &attempt::StopHandle, writer: &
         job.attempt,
         job.argv
     );
-    let result = attempt::run(&spec, stop, |s| {
+    let result = process::run(&spec, stop, |s| {
         shared.test_hook("worker");
         writer.send(Op::Start(AttemptStart {
             job_id: job.id,
@@ -144,43 +144,43 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
         }
     };
     let ending = match r.ending {
-        attempt::Ending::Exited(0) => Ending::Succeeded,
-        attempt::Ending::Exited(code) => failed(
+        process::Ending::Exited(0) => Ending::Succeeded,
+        process::Ending::Exited(code) => failed(
             ErrorKind::Exit,
             Some(code),
             None,
             format!("exited with code {code}"),
         ),
-        attempt::Ending::Signaled(sig) => failed(
+        process::Ending::Signaled(sig) => failed(
             ErrorKind::Signal,
             None,
             Some(sig),
             format!("killed by signal {}", signal_name(sig)),
         ),
-        attempt::Ending::TimedOut(d) => failed(
+        process::Ending::TimedOut(d) => failed(
             ErrorKind::Timeout,
             None,
             None,
             format!("timed out after {}", secs(d)),
         ),
-        attempt::Ending::IdleTimedOut(d) => failed(
+        process::Ending::IdleTimedOut(d) => failed(
             ErrorKind::IdleTimeout,
             None,
             None,
             format!("idle timeout: no output for {}", secs(d)),
         ),
-        attempt::Ending::SpawnFailed(reason) => failed(ErrorKind::Spawn, None, None, reason),
-        attempt::Ending::Stopped(StopReason::SelfFenced) => Ending::Lost {
+        process::Ending::SpawnFailed(reason) => failed(ErrorKind::Spawn, None, None, reason),
+        process::Ending::Stopped(StopReason::SelfFenced) => Ending::Lost {
             message: "the runner could not renew the lease before it ran out (database busy \
                       or stalled) and killed the attempt itself"
                 .into(),
         },
-        attempt::Ending::Stopped(StopReason::Shutdown) => Ending::Interrupted {
+        process::Ending::Stopped(StopReason::Shutdown) => Ending::Interrupted {
             message: "runner shut down: attempt killed and requeued".into(),
         },
         // The lease is already gone (cancelled, reclaimed, retried): this write is fenced
         // and leaves only the late_result_discarded event.
-        attempt::Ending::Stopped(reason) => Ending::Lost {
+        process::Ending::Stopped(reason) => Ending::Lost {
             message: format!("attempt stopped: {reason:?}"),
         },
     };

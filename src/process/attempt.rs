@@ -1,0 +1,956 @@
+//! Supervises one attempt of a job: spawn it in its own process group, collect
+//! the tails of its output, enforce its time limits, honour stop requests, and
+//! make sure nothing of it is left running when [`run`] returns.
+//!
+//! Supervision is a single `poll(2)` loop in the calling thread over the
+//! stdout and stderr pipes, a pidfd for the main process and the stop
+//! handle's wake-up eventfd, with the nearest deadline as the timeout: a job
+//! that sleeps costs its supervisor no CPU.
+//!
+//! The main process is started by [`spawn`](super::spawn), its output kept
+//! by [`output`](super::output), and what is left of the attempt when it must
+//! end is killed by the one kill sequence.
+
+use std::collections::BTreeMap;
+use std::mem;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::Signal;
+
+use super::child::{ChildProc, pidfd_open};
+use super::kill::{self, POLL_INTERVAL};
+use super::output::{Stream, Tail, keep_read_buffer, read_buffer};
+use super::proc::{self, ProcInfo};
+use super::spawn::{BaseEnv, Command, Spawned, spawn};
+use super::stop::{StopHandle, StopReason};
+
+/// If a pidfd cannot be had, the loop falls back to checking the child this
+/// often, which is the only periodic wake-up in that (unexpected) case.
+const NO_PIDFD_INTERVAL: Duration = Duration::from_millis(50);
+
+/// What to run for one attempt and the limits to enforce on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptSpec {
+    /// The command; `argv[0]` is the program. Must not be empty.
+    pub argv: Vec<String>,
+    /// Variables added to the runner's environment.
+    pub env: Vec<(String, String)>,
+    /// The runner's environment, which the attempt's starts from.
+    pub base_env: Arc<BaseEnv>,
+    /// Working directory; the runner's if `None`.
+    pub cwd: Option<PathBuf>,
+    /// Exported to the attempt as `LEASEHOLD_JOB_ID`.
+    pub job_id: i64,
+    /// Exported to the attempt as `LEASEHOLD_RUN_TOKEN`; it is how processes
+    /// that leave the attempt's process group are still found.
+    pub run_token: String,
+    /// Wall-clock bound on the attempt.
+    pub timeout: Option<Duration>,
+    /// Kill the attempt when neither stdout nor stderr produced output for
+    /// this long.
+    pub idle_timeout: Option<Duration>,
+    /// Time between SIGTERM to the group and SIGKILL.
+    pub kill_grace: Duration,
+    /// How long to keep reading the pipes after the main process exits.
+    pub drain: Duration,
+    /// How many trailing bytes of each stream to keep.
+    pub tail_bytes: usize,
+}
+
+impl AttemptSpec {
+    /// What [`spawn`] starts: the command part of the spec.
+    fn command(&self) -> Command<'_> {
+        Command {
+            argv: &self.argv,
+            env: &self.env,
+            base_env: &self.base_env,
+            cwd: self.cwd.as_deref(),
+            job_id: self.job_id,
+            run_token: &self.run_token,
+        }
+    }
+}
+
+/// Identifies a spawned attempt; passed to `on_started` so the caller can
+/// record it (it is what a later [`teardown`](super::teardown::teardown)
+/// verifies against).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Started {
+    /// The main process's pid.
+    pub pid: i32,
+    /// The attempt's process group; equal to `pid`.
+    pub pgid: i32,
+    /// The main process's start time, in clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The main process exited with this code (-1 in the should-not-happen
+    /// case that its status was lost: reaped by someone else).
+    Exited(i32),
+    /// The main process was killed by this signal (not sent by us).
+    Signaled(i32),
+    /// Killed because it ran longer than this timeout.
+    TimedOut(Duration),
+    /// Killed because it produced no output for this long.
+    IdleTimedOut(Duration),
+    /// Killed because [`StopHandle::stop`] was called.
+    Stopped(StopReason),
+    /// Could not be started; the OS reason and what failed.
+    SpawnFailed(String),
+}
+
+/// A process of the attempt still alive after the main process exited (or
+/// outside its group), which was killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Leak {
+    /// The leaked process.
+    pub pid: i32,
+    /// Whether it had left the attempt's process group (found by run token).
+    pub escaped_group: bool,
+}
+
+/// Everything [`run`] learned about an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptResult {
+    /// How it ended.
+    pub ending: Ending,
+    /// The tail of its stdout.
+    pub stdout: Tail,
+    /// The tail of its stderr.
+    pub stderr: Tail,
+    /// Processes that outlived the main process, or escaped its group, and
+    /// were killed.
+    pub leaked: Vec<Leak>,
+    /// Wall time from spawn to the end of supervision.
+    pub duration: Duration,
+}
+
+/// Converts a wait into a poll timeout, rounding up so that poll does not
+/// return just before a deadline and make the loop spin until it passes.
+fn poll_timeout(wait: Option<Duration>) -> PollTimeout {
+    match wait {
+        None => PollTimeout::NONE,
+        Some(d) => {
+            let ms = d.as_nanos().div_ceil(1_000_000);
+            i32::try_from(ms)
+                .ok()
+                .and_then(|ms| PollTimeout::try_from(ms).ok())
+                .unwrap_or(PollTimeout::MAX)
+        }
+    }
+}
+
+/// The earliest of some optional deadlines.
+fn earliest(deadlines: &[Option<Instant>]) -> Option<Instant> {
+    deadlines.iter().flatten().min().copied()
+}
+
+/// What one `poll` wake-up slot watches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// The stdout pipe.
+    Stdout,
+    /// The stderr pipe.
+    Stderr,
+    /// The main process's pidfd.
+    Exit,
+    /// The stop handle's wake-up eventfd.
+    Stop,
+}
+
+/// The state of one running attempt.
+struct Supervisor<'a> {
+    /// What is being run.
+    spec: &'a AttemptSpec,
+    /// Stop requests.
+    stop: &'a StopHandle,
+    /// The main process; `None` once reaped.
+    child: Option<ChildProc>,
+    /// The main process's exit status, once reaped.
+    status: Option<ExitStatus>,
+    /// The main process's pid, which is also the attempt's process group.
+    pgid: i32,
+    /// Readable when the main process exits; `None` once reaped (or if the
+    /// kernel refused one).
+    pidfd: Option<OwnedFd>,
+    /// The stdout pipe and tail.
+    out: Stream,
+    /// The stderr pipe and tail.
+    err: Stream,
+    /// When output was last seen (or the spawn), for the idle timeout.
+    last_output: Instant,
+    /// When the attempt was spawned.
+    spawned: Instant,
+    /// Scratch buffer for reads.
+    buf: Vec<u8>,
+}
+
+impl Supervisor<'_> {
+    /// Whether either pipe is still open.
+    fn pipes_open(&self) -> bool {
+        self.out.pipe.is_some() || self.err.pipe.is_some()
+    }
+
+    /// Waits (at most `wait`, or forever if `None`) for output, the main
+    /// process's exit or, with `watch_stop`, a stop request; then reads the
+    /// output and reaps the main process if it exited. Callers check the
+    /// stop handle and their deadlines themselves.
+    fn pump(&mut self, wait: Option<Duration>, watch_stop: bool) {
+        let mut wait = wait;
+        if self.child.is_some() && self.pidfd.is_none() {
+            wait = Some(wait.map_or(NO_PIDFD_INTERVAL, |w| w.min(NO_PIDFD_INTERVAL)));
+        }
+        let mut ready = [false; 4];
+        let mut slots = [Slot::Stop; 4];
+        let mut fds = Vec::with_capacity(4);
+        let candidates = [
+            (Slot::Stdout, self.out.pipe.as_ref().map(AsFd::as_fd)),
+            (Slot::Stderr, self.err.pipe.as_ref().map(AsFd::as_fd)),
+            (Slot::Exit, self.pidfd.as_ref().map(AsFd::as_fd)),
+            (Slot::Stop, watch_stop.then(|| self.stop.wake())),
+        ];
+        for (slot, fd) in candidates {
+            if let Some(fd) = fd {
+                slots[fds.len()] = slot;
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            }
+        }
+        match poll(&mut fds, poll_timeout(wait)) {
+            Ok(_) => {
+                let wake = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+                for (i, fd) in fds.iter().enumerate() {
+                    // POLLNVAL cannot happen: every fd is owned by us and open.
+                    ready[i] = fd.revents().is_some_and(|r| r.intersects(wake));
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(e) => {
+                // poll only fails for EINVAL/ENOMEM/EFAULT; sleep rather than
+                // spin, and let the callers' deadlines move things on.
+                log::error!("poll failed: {e}");
+                std::thread::sleep(wait.unwrap_or(POLL_INTERVAL).min(POLL_INTERVAL));
+            }
+        }
+        let n = fds.len();
+        drop(fds);
+        for (slot, _) in slots.iter().zip(ready).take(n).filter(|(_, r)| *r) {
+            match slot {
+                Slot::Stdout => {
+                    if self.out.read_available(&mut self.buf) {
+                        self.last_output = Instant::now();
+                    }
+                }
+                Slot::Stderr => {
+                    if self.err.read_available(&mut self.buf) {
+                        self.last_output = Instant::now();
+                    }
+                }
+                Slot::Exit => self.reap(),
+                Slot::Stop => {}
+            }
+        }
+        if self.pidfd.is_none() {
+            self.reap();
+        }
+    }
+
+    /// Collects the main process's exit status if it has exited.
+    fn reap(&mut self) {
+        let Some(child) = &mut self.child else {
+            return;
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => self.status = Some(status),
+            Ok(None) => return,
+            Err(e) => {
+                // Only ECHILD is possible: someone else reaped it (e.g.
+                // SIGCHLD set to SIG_IGN elsewhere in the process). It is gone,
+                // its status is lost. (Were it anything else, dropping the
+                // child below would still kill and reap it.)
+                log::error!("waiting for attempt pid {}: {e}", self.pgid);
+            }
+        }
+        self.child = None;
+        self.pidfd = None;
+    }
+
+    /// The ending for a main process that exited by itself.
+    fn exit_ending(&self) -> Ending {
+        match self.status {
+            Some(s) => match (s.code(), s.signal()) {
+                (Some(code), _) => Ending::Exited(code),
+                (None, Some(sig)) => Ending::Signaled(sig),
+                // A reaped (not stopped/continued) status is always one of the
+                // two; keep something recognisable if it is not.
+                (None, None) => Ending::Exited(-1),
+            },
+            // The status was lost (see `reap`).
+            None => Ending::Exited(-1),
+        }
+    }
+
+    /// Runs the attempt until it ends by itself or must be killed.
+    fn supervise(&mut self) -> (Ending, Vec<Leak>) {
+        let spec = self.spec;
+        let deadline = spec.timeout.and_then(|t| self.spawned.checked_add(t));
+        while self.child.is_some() {
+            if let Some(reason) = self.stop.reason() {
+                return (Ending::Stopped(reason), self.terminate(false, true));
+            }
+            let now = Instant::now();
+            if let (Some(d), Some(t)) = (deadline, spec.timeout)
+                && now >= d
+            {
+                return (Ending::TimedOut(t), self.terminate(false, true));
+            }
+            let idle_deadline = spec
+                .idle_timeout
+                .and_then(|i| self.last_output.checked_add(i));
+            if let (Some(d), Some(i)) = (idle_deadline, spec.idle_timeout)
+                && now >= d
+            {
+                return (Ending::IdleTimedOut(i), self.terminate(false, true));
+            }
+            let wait = earliest(&[deadline, idle_deadline]).map(|d| d - now);
+            self.pump(wait, true);
+        }
+        let ending = self.exit_ending();
+        (ending, self.drain())
+    }
+
+    /// After the main process exited by itself: read the pipes until EOF for
+    /// at most `drain`, then kill whatever of the attempt is left.
+    fn drain(&mut self) -> Vec<Leak> {
+        let deadline = Instant::now().checked_add(self.spec.drain);
+        while self.pipes_open() && self.stop.reason().is_none() {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            self.pump(deadline.map(|d| d - now), true);
+        }
+        if self.pipes_open() {
+            // Someone still holds the pipes: descendants, possibly outside
+            // the group, so the (costly) token scan is warranted.
+            self.terminate(true, true)
+        } else if proc::group_has_live_members(self.pgid) {
+            self.terminate(true, false)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Whether the main process is reaped, the group has no live member and
+    /// none of `escaped` is alive.
+    fn all_gone(&self, escaped: &[i32]) -> bool {
+        self.child.is_none()
+            && !proc::group_has_live_members(self.pgid)
+            && escaped.iter().all(|&p| !proc::is_alive(p))
+    }
+
+    /// Signals the group and, with `scan_token`, every process carrying the
+    /// run token outside it; returns those outside the group as leaks (all of
+    /// them with `record_group`, used once the main process has exited).
+    fn signal_all(
+        &self,
+        sig: Signal,
+        record_group: bool,
+        scan_token: bool,
+        leaks: &mut BTreeMap<i32, bool>,
+    ) -> Vec<i32> {
+        let pgid = self.pgid;
+        if record_group {
+            for m in proc::group_members(pgid) {
+                leaks.insert(m.pid, false);
+            }
+        }
+        if let Err(e) = kill::signal_group(pgid, sig) {
+            log::error!("{sig} to process group {pgid}: {e}");
+        }
+        let mut escaped = Vec::new();
+        if scan_token {
+            let carriers: Vec<ProcInfo> = proc::processes_with_token(&self.spec.run_token);
+            for p in carriers {
+                if p.pgid == pgid {
+                    // Already signalled with the group.
+                    if record_group {
+                        leaks.insert(p.pid, false);
+                    }
+                    continue;
+                }
+                if let Err(e) = kill::signal_pid(p.pid, sig) {
+                    log::error!("{sig} to escaped pid {}: {e}", p.pid);
+                }
+                leaks.insert(p.pid, true);
+                escaped.push(p.pid);
+            }
+        }
+        escaped
+    }
+
+    /// Kills what is left of the attempt with the kill sequence: SIGTERM to
+    /// the group (and escaped token carriers with `scan_token`), SIGKILL after
+    /// `kill_grace` while anything is still alive, then a bounded wait until
+    /// it is all gone and the main process is reaped. Output is read
+    /// throughout. Closes the pipes. Returns the leaks (see
+    /// [`Self::signal_all`]).
+    fn terminate(&mut self, record_group: bool, scan_token: bool) -> Vec<Leak> {
+        let grace = self.spec.kill_grace;
+        let mut termination = Termination {
+            sup: self,
+            record_group,
+            scan_token,
+            leaks: BTreeMap::new(),
+            escaped: Vec::new(),
+        };
+        kill::kill_all(&mut termination, grace);
+        let leaks = termination.leaks;
+        if let Some(child) = self.child.take() {
+            // Stuck in uninterruptible sleep even after SIGKILL: dropping it
+            // lets a thread reap it whenever it dies rather than leave a
+            // zombie.
+            log::error!(
+                "attempt pid {} did not die after SIGKILL; reaping it in the background",
+                child.pid
+            );
+            drop(child);
+            self.pidfd = None;
+        }
+        // Whatever the dead writers left in the pipes; a pipe still held by a
+        // survivor reports EAGAIN and is closed anyway. (A blocking pipe could
+        // block here, so it is read only after poll says it is ready.)
+        for stream in [&mut self.out, &mut self.err] {
+            if stream.nonblocking {
+                stream.read_available(&mut self.buf);
+            }
+        }
+        self.out.pipe = None;
+        self.err.pipe = None;
+        leaks
+            .into_iter()
+            .map(|(pid, escaped_group)| Leak { pid, escaped_group })
+            .collect()
+    }
+}
+
+/// The supervisor's side of the kill sequence: the attempt's group, the
+/// token carriers that escaped it and the main process, with output read and
+/// the main process reaped while the sequence waits.
+struct Termination<'s, 'a> {
+    /// The attempt's supervisor.
+    sup: &'s mut Supervisor<'a>,
+    /// Whether the group's members are recorded as leaks too (escaped token
+    /// carriers always are).
+    record_group: bool,
+    /// Whether token carriers outside the group are looked for.
+    scan_token: bool,
+    /// Every process found, and whether it had left the group.
+    leaks: BTreeMap<i32, bool>,
+    /// The token carriers outside the group that the last signal found.
+    escaped: Vec<i32>,
+}
+
+impl kill::Targets for Termination<'_, '_> {
+    fn signal(&mut self, sig: Signal) {
+        self.escaped =
+            self.sup
+                .signal_all(sig, self.record_group, self.scan_token, &mut self.leaks);
+        if sig == Signal::SIGKILL
+            && let Some(child) = &self.sup.child
+        {
+            // The main process may have moved itself out of the group.
+            child.kill();
+        }
+    }
+
+    fn gone(&mut self) -> bool {
+        self.sup.all_gone(&self.escaped)
+    }
+
+    fn pause(&mut self, step: Duration) {
+        self.sup.pump(Some(step), false);
+    }
+}
+
+/// Runs one attempt of `spec` to its end; see the module documentation.
+///
+/// `on_started` is called right after a successful spawn, before any waiting,
+/// so the caller can record the attempt's identity. When this returns, no
+/// process of the attempt is alive (barring one stuck in uninterruptible
+/// sleep, which is logged) and the main process has been reaped.
+pub(crate) fn run(
+    spec: &AttemptSpec,
+    stop: &StopHandle,
+    on_started: impl FnOnce(&Started),
+) -> AttemptResult {
+    let spawned = Instant::now();
+    let unstarted = |ending| AttemptResult {
+        ending,
+        stdout: Tail::default(),
+        stderr: Tail::default(),
+        leaked: Vec::new(),
+        duration: spawned.elapsed(),
+    };
+    let Some(program) = spec.argv.first() else {
+        return unstarted(Ending::SpawnFailed(
+            "spawn: empty command line (no program to run)".to_owned(),
+        ));
+    };
+    if let Some(reason) = stop.reason() {
+        return unstarted(Ending::Stopped(reason));
+    }
+
+    let Spawned {
+        child,
+        stdout,
+        stderr,
+    } = match spawn(&spec.command(), program) {
+        Ok(spawned) => spawned,
+        Err(message) => return unstarted(Ending::SpawnFailed(message)),
+    };
+    let pid = child.pid;
+    let pidfd = pidfd_open(pid)
+        .inspect_err(|e| log::warn!("pidfd_open({pid}): {e}; falling back to periodic checks"))
+        .ok();
+    // The child is not reaped yet, so /proc/PID exists (possibly as a
+    // zombie); only an unreadable /proc could leave this unknown.
+    let start_time = proc::start_time(pid).unwrap_or_else(|| {
+        log::error!("cannot read the start time of attempt pid {pid}");
+        0
+    });
+    on_started(&Started {
+        pid,
+        pgid: pid,
+        start_time,
+    });
+
+    let mut sup = Supervisor {
+        spec,
+        stop,
+        child: Some(child),
+        status: None,
+        pgid: pid,
+        pidfd,
+        out: Stream::new(stdout, spec.tail_bytes),
+        err: Stream::new(stderr, spec.tail_bytes),
+        last_output: spawned,
+        spawned,
+        buf: read_buffer(),
+    };
+    let (ending, leaked) = sup.supervise();
+    keep_read_buffer(mem::take(&mut sup.buf));
+    AttemptResult {
+        ending,
+        stdout: sup.out.tail.finish(),
+        stderr: sup.err.tail.finish(),
+        leaked,
+        duration: spawned.elapsed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use nix::libc;
+
+    /// A run token unique to one test run of one test.
+    fn unique_token(name: &str) -> String {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        format!("test-attempt-{}-{name}-{n}", std::process::id())
+    }
+
+    /// A spec running `sh -c script` with generous limits, adjusted per test.
+    fn sh(script: &str, name: &str) -> AttemptSpec {
+        AttemptSpec {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            env: Vec::new(),
+            base_env: Arc::new(BaseEnv::current()),
+            cwd: None,
+            job_id: 7,
+            run_token: unique_token(name),
+            timeout: Some(Duration::from_secs(20)),
+            idle_timeout: None,
+            kill_grace: Duration::from_secs(1),
+            drain: Duration::from_millis(500),
+            tail_bytes: 64 * 1024,
+        }
+    }
+
+    /// Kills, on drop, whatever of an attempt might survive a failed test:
+    /// its process group and every process carrying its token (by pid).
+    struct Cleanup {
+        started: Option<Started>,
+        token: String,
+    }
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(s) = self.started {
+                let _ = kill::signal_group(s.pgid, Signal::SIGKILL);
+            }
+            for p in proc::processes_with_token(&self.token) {
+                let _ = kill::signal_pid(p.pid, Signal::SIGKILL);
+            }
+        }
+    }
+
+    /// Runs `spec` with a fresh stop handle; returns the result and a guard
+    /// that cleans up after the test.
+    fn run_spec(spec: &AttemptSpec) -> (AttemptResult, Cleanup) {
+        let stop = StopHandle::new().expect("stop handle");
+        run_with(spec, &stop)
+    }
+
+    /// Runs `spec` with `stop`; see [`run_spec`].
+    fn run_with(spec: &AttemptSpec, stop: &StopHandle) -> (AttemptResult, Cleanup) {
+        let started = Cell::new(None);
+        let result = run(spec, stop, |s| started.set(Some(*s)));
+        let cleanup = Cleanup {
+            started: started.get(),
+            token: spec.run_token.clone(),
+        };
+        (result, cleanup)
+    }
+
+    /// Asserts that nothing of the attempt is alive.
+    fn assert_all_gone(c: &Cleanup) {
+        let s = c.started.expect("attempt was started");
+        assert!(proc::group_members(s.pgid).is_empty(), "group alive");
+        assert!(
+            proc::processes_with_token(&c.token).is_empty(),
+            "token carriers alive"
+        );
+        assert!(!proc::is_alive(s.pid));
+    }
+
+    fn text(t: &Tail) -> String {
+        String::from_utf8_lossy(&t.bytes).into_owned()
+    }
+
+    #[test]
+    fn exit_zero_is_exited_0_with_output_captured() {
+        let (r, c) = run_spec(&sh("echo out; echo err >&2", "exit0"));
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(text(&r.stdout), "out\n");
+        assert_eq!(text(&r.stderr), "err\n");
+        assert!(!r.stdout.truncated && r.leaked.is_empty());
+        let s = c.started.expect("started");
+        assert_eq!((s.pid, s.pgid), (s.pgid, s.pid));
+        assert!(s.start_time > 0);
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn exit_code_3_is_exited_3() {
+        let (r, _c) = run_spec(&sh("exit 3", "exit3"));
+        assert_eq!(r.ending, Ending::Exited(3));
+    }
+
+    #[test]
+    fn death_by_signal_is_signaled() {
+        let (r, _c) = run_spec(&sh("kill -9 $$", "signaled"));
+        assert_eq!(r.ending, Ending::Signaled(9));
+    }
+
+    #[test]
+    fn timeout_kills_the_whole_group() {
+        let mut spec = sh("sleep 300 & sleep 300", "timeout");
+        spec.timeout = Some(Duration::from_secs(1));
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::TimedOut(Duration::from_secs(1)));
+        assert!(r.duration >= Duration::from_secs(1));
+        // Both sleeps die of SIGTERM; no need to wait out the grace.
+        assert!(r.duration < Duration::from_millis(1900), "{:?}", r.duration);
+        assert!(r.leaked.is_empty());
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn timeout_kills_a_job_that_ignores_sigterm() {
+        let mut spec = sh("trap '' TERM; sleep 300", "ignoreterm");
+        spec.timeout = Some(Duration::from_millis(300));
+        spec.kill_grace = Duration::from_millis(300);
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(300)));
+        assert!(r.duration >= Duration::from_millis(600));
+        assert!(r.duration < Duration::from_secs(3), "{:?}", r.duration);
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn timeout_kills_a_member_ignoring_sigterm_after_the_leader_died() {
+        // SIGTERM kills the shell and its foreground sleep; the background
+        // sleep ignores it and must still be SIGKILLed after the grace.
+        let mut spec = sh("(trap '' TERM; exec sleep 300) & sleep 300", "bgterm");
+        spec.timeout = Some(Duration::from_millis(300));
+        spec.kill_grace = Duration::from_millis(300);
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(300)));
+        assert!(r.duration >= Duration::from_millis(600));
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn group_member_left_after_a_clean_exit_is_killed_as_a_leak() {
+        let mut spec = sh(
+            "(trap '' TERM; exec sleep 300) >/dev/null 2>&1 & echo $!; exit 0",
+            "leftover",
+        );
+        spec.kill_grace = Duration::from_millis(300);
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0));
+        let bg: i32 = text(&r.stdout).trim().parse().expect("background pid");
+        assert_eq!(
+            r.leaked,
+            vec![Leak {
+                pid: bg,
+                escaped_group: false
+            }]
+        );
+        // The pipes closed at once, so no drain was waited for.
+        assert!(
+            r.duration < Duration::from_millis(300 + 1000),
+            "{:?}",
+            r.duration
+        );
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn setsid_escapee_holding_stdout_is_killed_after_the_drain() {
+        let mut spec = sh("setsid sleep 300 & exit 0", "setsid");
+        spec.drain = Duration::from_millis(300);
+        spec.kill_grace = Duration::from_millis(500);
+        let begun = Instant::now();
+        let (r, c) = run_spec(&spec);
+        assert!(begun.elapsed() < Duration::from_millis(300 + 500 + 1000));
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.leaked.len(), 1, "{:?}", r.leaked);
+        assert!(r.leaked[0].escaped_group);
+        assert!(!proc::is_alive(r.leaked[0].pid));
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn output_beyond_tail_bytes_keeps_the_end() {
+        let mut spec = sh("head -c 100000 /dev/zero | tr '\\0' a; printf END", "tail");
+        spec.tail_bytes = 1000;
+        let (r, _c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.stdout.bytes.len(), 1000);
+        assert!(r.stdout.bytes.ends_with(b"aaaEND"));
+        assert!(r.stdout.truncated);
+        assert_eq!(r.stderr, Tail::default());
+    }
+
+    #[test]
+    fn large_output_on_both_streams_at_once_does_not_deadlock() {
+        let mut spec = sh(
+            "head -c 2000000 /dev/zero | tr '\\0' e >&2 & \
+             head -c 2000000 /dev/zero | tr '\\0' o; wait; printf END; printf END >&2",
+            "both",
+        );
+        spec.tail_bytes = 10;
+        spec.timeout = Some(Duration::from_secs(10));
+        let (r, _c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(text(&r.stdout), "oooooooEND");
+        assert_eq!(text(&r.stderr), "eeeeeeeEND");
+        assert!(r.stdout.truncated && r.stderr.truncated);
+    }
+
+    #[test]
+    fn idle_timeout_kills_a_silent_job() {
+        let mut spec = sh("echo hi; sleep 300", "idle");
+        spec.idle_timeout = Some(Duration::from_millis(300));
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::IdleTimedOut(Duration::from_millis(300)));
+        assert_eq!(text(&r.stdout), "hi\n");
+        assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn stop_from_another_thread_kills_promptly_and_first_reason_wins() {
+        let mut spec = sh("sleep 300", "stop");
+        spec.kill_grace = Duration::from_secs(5);
+        let stop = StopHandle::new().expect("stop handle");
+        let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+        let stopper = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                rx.recv().expect("started");
+                let at = Instant::now();
+                stop.stop(StopReason::Cancelled);
+                stop.stop(StopReason::LeaseLost);
+                at
+            })
+        };
+        let started = Cell::new(None);
+        let r = run(&spec, &stop, |s| {
+            started.set(Some(*s));
+            tx.send(()).expect("stopper waits");
+        });
+        let returned = Instant::now();
+        let c = Cleanup {
+            started: started.get(),
+            token: spec.run_token.clone(),
+        };
+        let stopped_at = stopper.join().expect("stopper");
+        assert_eq!(r.ending, Ending::Stopped(StopReason::Cancelled));
+        assert_eq!(stop.reason(), Some(StopReason::Cancelled));
+        // Far below the 5 s grace: the stop woke the poll and SIGTERM did it.
+        assert!(returned - stopped_at < Duration::from_millis(500));
+        assert_all_gone(&c);
+    }
+
+    #[test]
+    fn stop_before_spawn_does_not_start_the_attempt() {
+        let stop = StopHandle::new().expect("stop handle");
+        stop.stop(StopReason::Shutdown);
+        let called = Cell::new(false);
+        let r = run(&sh("exit 0", "prestop"), &stop, |_| called.set(true));
+        assert_eq!(r.ending, Ending::Stopped(StopReason::Shutdown));
+        assert!(!called.get());
+    }
+
+    #[test]
+    fn empty_argv_fails_to_spawn() {
+        let mut spec = sh("", "empty");
+        spec.argv.clear();
+        let (r, c) = run_spec(&spec);
+        assert!(matches!(r.ending, Ending::SpawnFailed(_)));
+        assert!(c.started.is_none());
+    }
+
+    #[test]
+    fn death_by_a_real_time_signal_is_signaled() {
+        let (r, _c) = run_spec(&sh("kill -40 $$", "rtsignal"));
+        assert_eq!(r.ending, Ending::Signaled(40));
+    }
+
+    /// Whether the process `s` describes is gone, not even a zombie (its pid
+    /// may belong to a newer process by now).
+    fn reaped(s: &Started) -> bool {
+        proc::proc_info(s.pid).is_none_or(|p| p.start_time != s.start_time)
+    }
+
+    #[test]
+    fn main_process_is_reaped_when_run_returns() {
+        let (r, c) = run_spec(&sh("exit 0", "reaped"));
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert!(reaped(&c.started.expect("started")));
+        let mut spec = sh("sleep 300", "reapedkill");
+        spec.timeout = Some(Duration::from_millis(100));
+        let (r, c) = run_spec(&spec);
+        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(100)));
+        assert!(reaped(&c.started.expect("started")));
+    }
+
+    #[test]
+    fn main_process_is_killed_and_reaped_if_on_started_panics() {
+        let mut spec = sh("", "panic");
+        spec.argv = vec!["sleep".into(), "300".into()];
+        let stop = StopHandle::new().expect("stop handle");
+        let started = Cell::new(None);
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(&spec, &stop, |s| {
+                started.set(Some(*s));
+                panic!("on_started fails");
+            })
+        }));
+        let c = Cleanup {
+            started: started.get(),
+            token: spec.run_token.clone(),
+        };
+        assert!(unwound.is_err());
+        let s = c.started.expect("started");
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !reaped(&s) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(reaped(&s));
+    }
+
+    /// CPU used so far by the calling thread (`RUSAGE_THREAD`) or the whole
+    /// process (`RUSAGE_SELF`).
+    fn cpu(who: libc::c_int) -> Duration {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+        // SAFETY: getrusage writes a whole rusage through the pointer, which
+        // points to space for one; it is read only when the call succeeded.
+        let usage = unsafe {
+            if libc::getrusage(who, usage.as_mut_ptr()) != 0 {
+                return Duration::ZERO;
+            }
+            usage.assume_init()
+        };
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec.unsigned_abs())
+                + Duration::from_micros(t.tv_usec.unsigned_abs())
+        };
+        tv(usage.ru_utime) + tv(usage.ru_stime)
+    }
+
+    /// Measures the CPU of 50 supervisors while 50 attempts of `sleep 1` run
+    /// at once, one per thread: per thread, in total and after the spawn
+    /// (i.e. the waiting itself), and bounds the waiting. Run it alone with
+    /// `--nocapture` to see the figures; RUSAGE_SELF then has no other test
+    /// mixed in.
+    #[test]
+    fn fifty_sleeping_attempts_cost_their_supervisors_almost_no_cpu() {
+        let process_before = cpu(libc::RUSAGE_SELF);
+        let threads: Vec<_> = (0..50)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let mut spec = sh("", &format!("cpu{i}"));
+                    spec.argv = vec!["sleep".into(), "1".into()];
+                    let stop = StopHandle::new().expect("stop handle");
+                    let before = cpu(libc::RUSAGE_THREAD);
+                    let after_spawn = Cell::new(before);
+                    let r = run(&spec, &stop, |_| after_spawn.set(cpu(libc::RUSAGE_THREAD)));
+                    let end = cpu(libc::RUSAGE_THREAD);
+                    (r.ending, end - before, end - after_spawn.get())
+                })
+            })
+            .collect();
+        let (mut total, mut waiting) = (Duration::ZERO, Duration::ZERO);
+        for t in threads {
+            let (ending, all, after_spawn) = t.join().expect("thread");
+            assert_eq!(ending, Ending::Exited(0));
+            total += all;
+            waiting += after_spawn;
+        }
+        eprintln!(
+            "50 x `sleep 1`: supervising threads used {total:?} CPU in total ({:?} each), \
+             of which {waiting:?} after the spawn; RUSAGE_SELF delta {:?}",
+            total / 50,
+            cpu(libc::RUSAGE_SELF) - process_before
+        );
+        // Each supervisor waits about a second (its `sleep 1`), so a supervisor that
+        // polled in a loop would spend close to a second of CPU on it, and the fifty about
+        // fifty. Blocked in poll and waitid, they wake a few times each and spend
+        // microseconds (about a millisecond in all, measured here). The bound is the wall
+        // time of one wait shared by all fifty, 20 ms each: hundreds of times what they
+        // need, and still a fiftieth of what busy waiting would cost. RUSAGE_THREAD counts
+        // only each supervisor's own thread, so other tests and other builds sharing the
+        // machine do not add to it; a loaded machine makes the wait longer, not costlier.
+        assert!(
+            waiting < Duration::from_secs(1),
+            "50 supervisors spent {waiting:?} of CPU waiting for `sleep 1`"
+        );
+    }
+}

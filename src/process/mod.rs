@@ -1,0 +1,40 @@
+//! The process layer: the crate's only `unsafe` and raw operating-system calls.
+//!
+//! An attempt of a job is a command spawned with glibc's `posix_spawn` in a
+//! process group of its own, carrying its run token in its environment, and
+//! supervised by a `poll(2)` loop in the worker's thread until nothing of it
+//! is left running ([`run`]). A lost attempt, one whose runner died or gave
+//! up its lease, is torn down by whoever reclaims it ([`teardown()`]). Both end
+//! processes with the one kill sequence: SIGTERM, a grace, SIGKILL while any
+//! member of the group is still alive, then a bounded wait.
+//!
+//! Pids are recycled, so a pid (or a process group id) is trusted only
+//! together with the start time recorded when it was spawned, or when the
+//! process carries the attempt's run token. A process whose identity cannot
+//! be verified is never signalled.
+//!
+//! - `attempt`: the supervisor: poll loop, deadlines, [`run`];
+//! - `spawn`: `posix_spawn`, the child's environment and program;
+//! - `child`: the main process until it is reaped (`waitpid`, pidfd);
+//! - `output`: the pipes and the tail kept of each stream;
+//! - `stop`: [`StopHandle`], which stops an attempt from another thread;
+//! - `kill`: signals and the kill sequence;
+//! - `teardown`: finding and killing a lost attempt's processes;
+//! - `proc`: facts read from `/proc`: start times, groups, token carriers.
+
+mod attempt;
+mod child;
+mod kill;
+mod output;
+mod proc;
+mod spawn;
+mod stop;
+mod teardown;
+
+pub(crate) use attempt::{AttemptResult, AttemptSpec, Ending, run};
+pub(crate) use proc::{boot_id, hostname, proc_info, self_start_time};
+#[cfg(test)]
+pub(crate) use proc::{group_has_live_members, is_alive, start_time};
+pub(crate) use spawn::BaseEnv;
+pub(crate) use stop::{StopHandle, StopReason};
+pub(crate) use teardown::{AttemptIdentity, teardown};

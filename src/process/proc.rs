@@ -1,0 +1,310 @@
+//! Raw operating-system facts about processes, read from Linux `/proc`.
+//!
+//! Everything here is a thin, allocation-light reader of `/proc`. The
+//! identity checks exist because pids are recycled: a pid or process-group id
+//! recorded by a runner that later crashed may, by the time anyone looks,
+//! belong to an unrelated process.
+//! A pid is therefore only trusted together with the process start time
+//! recorded at spawn (pid + start time is unique for the life of a boot), or
+//! when the process carries the attempt's run token in its environment.
+
+use std::io;
+
+use nix::errno::Errno;
+use nix::sys::signal::killpg;
+use nix::unistd::Pid;
+
+/// The environment variable through which every attempt's processes carry
+/// their run token; descendants inherit it, which is what lets us find them
+/// even after they leave the attempt's process group.
+pub(crate) const RUN_TOKEN_VAR: &str = "LEASEHOLD_RUN_TOKEN";
+
+/// The current boot's id (`/proc/sys/kernel/random/boot_id`), trimmed.
+///
+/// Start times are counted from boot, so a recorded (pid, start time) pair is
+/// only meaningful if the boot id is still the same.
+pub(crate) fn boot_id() -> io::Result<String> {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    Ok(raw.trim().to_owned())
+}
+
+/// A process as described by `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcInfo {
+    /// The process id.
+    pub pid: i32,
+    /// The parent's process id.
+    pub ppid: i32,
+    /// The process group id.
+    pub pgid: i32,
+    /// The one-letter state (`R`, `S`, `D`, `Z`, `T`, ...).
+    pub state: char,
+    /// Start time, in clock ticks since boot.
+    pub start_time: u64,
+}
+
+impl ProcInfo {
+    /// Whether the process has finished running: a zombie (`Z`) or dead
+    /// (`X`) process holds no resources worth killing and cannot be signalled
+    /// into doing anything.
+    pub(crate) fn is_dead(&self) -> bool {
+        matches!(self.state, 'Z' | 'X')
+    }
+}
+
+/// Parses the contents of `/proc/PID/stat`.
+///
+/// The second field (the command name) is in parentheses and may itself
+/// contain spaces and parentheses, so the fixed-position fields are taken
+/// after the LAST `)`.
+fn parse_stat(pid: i32, stat: &str) -> Option<ProcInfo> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the command name, fields are numbered from 3 (state); the start
+    // time is field 22, i.e. the 20th field here.
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next()?.parse().ok()?;
+    let start_time = fields.nth(16)?.parse().ok()?;
+    Some(ProcInfo {
+        pid,
+        ppid,
+        pgid,
+        state,
+        start_time,
+    })
+}
+
+/// Facts about process `pid`, or `None` if it does not exist (or `/proc`
+/// cannot be read for it).
+pub(crate) fn proc_info(pid: i32) -> Option<ProcInfo> {
+    if pid <= 0 {
+        return None;
+    }
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    // One read into a stack buffer: the line is generated whole on the first
+    // read and is far shorter than the buffer (a 16-byte name and 50 numbers),
+    // so this costs one read where `read_to_string` takes a statx, a probe
+    // read, the read and the read of the end, plus the allocations.
+    let mut buf = [0u8; 2048];
+    let mut len = 0;
+    while len < buf.len() && !buf[..len].ends_with(b"\n") {
+        match io::Read::read(&mut file, &mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    if len == buf.len() && !buf.ends_with(b"\n") {
+        // Longer than any stat line seen; read it the general way.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        return parse_stat(pid, &stat);
+    }
+    let stat = &buf[..len];
+    // Only the part from the last `)` on is parsed: the command name before it
+    // may be any bytes, not only UTF-8.
+    let rest = &stat[stat.iter().rposition(|&b| b == b')')?..];
+    parse_stat(pid, std::str::from_utf8(rest).ok()?)
+}
+
+/// The start time of process `pid` in clock ticks since boot (field 22 of
+/// `/proc/PID/stat`), or `None` if the process does not exist.
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    proc_info(pid).map(|p| p.start_time)
+}
+
+/// The start time of the calling process, in clock ticks since boot.
+pub(crate) fn self_start_time() -> io::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let pid = i32::try_from(std::process::id()).map_err(io::Error::other)?;
+    parse_stat(pid, &stat)
+        .map(|p| p.start_time)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/self/stat"))
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub(crate) fn is_alive(pid: i32) -> bool {
+    proc_info(pid).is_some_and(|p| !p.is_dead())
+}
+
+/// Every process listed in `/proc` (only thread-group leaders are listed,
+/// so each process appears once). Processes that vanish while we read are
+/// skipped.
+fn all_processes() -> impl Iterator<Item = ProcInfo> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            proc_info(pid)
+        })
+}
+
+/// Every non-zombie process whose process group is `pgid`.
+pub(crate) fn group_members(pgid: i32) -> Vec<ProcInfo> {
+    if pgid <= 0 {
+        return Vec::new();
+    }
+    all_processes()
+        .filter(|p| p.pgid == pgid && !p.is_dead())
+        .collect()
+}
+
+/// Whether the process group `pgid` has any non-zombie member.
+///
+/// A `killpg(pgid, 0)` probe answers the common "group is gone" case without
+/// scanning `/proc`; only when the group still exists do we scan, because the
+/// probe also counts zombies that are waiting to be reaped.
+pub(crate) fn group_has_live_members(pgid: i32) -> bool {
+    if pgid <= 1 {
+        return false;
+    }
+    match killpg(Pid::from_raw(pgid), None) {
+        Err(Errno::ESRCH) => false,
+        _ => !group_members(pgid).is_empty(),
+    }
+}
+
+/// Whether a NUL-separated environment block contains exactly `entry`.
+fn environ_contains(environ: &[u8], entry: &[u8]) -> bool {
+    environ.split(|b| *b == 0).any(|e| e == entry)
+}
+
+/// Every non-zombie process (other than the caller) whose environment holds
+/// exactly `LEASEHOLD_RUN_TOKEN=<token>`. Processes whose environment cannot
+/// be read (gone, or not ours) are skipped.
+pub(crate) fn processes_with_token(token: &str) -> Vec<ProcInfo> {
+    let entry = format!("{RUN_TOKEN_VAR}={token}");
+    let me = i32::try_from(std::process::id()).unwrap_or(-1);
+    all_processes()
+        .filter(|p| p.pid != me && !p.is_dead())
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/environ", p.pid))
+                .is_ok_and(|env| environ_contains(&env, entry.as_bytes()))
+        })
+        .collect()
+}
+
+/// This host's name, or "localhost" when it cannot be read.
+pub(crate) fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use nix::sys::signal::Signal;
+
+    use crate::process::kill::{signal_group, signal_pid};
+
+    /// Polls `cond` every 10 ms until it holds or `limit` passes.
+    pub(in crate::process) fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if cond() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A unique run token for one test.
+    pub(in crate::process) fn token(name: &str) -> String {
+        format!("test-process-{}-{name}", std::process::id())
+    }
+
+    /// Kills, on drop, the test's process group and every process carrying
+    /// its token, then reaps the child, so a failing assertion leaks nothing.
+    pub(in crate::process) struct Cleanup {
+        pub(in crate::process) child: Child,
+        token: String,
+    }
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let pid = self.child.id() as i32;
+            let _ = signal_group(pid, Signal::SIGKILL);
+            for p in processes_with_token(&self.token) {
+                let _ = signal_pid(p.pid, Signal::SIGKILL);
+            }
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Spawns `sh -c script` as the leader of a new process group, carrying
+    /// `token` in its environment.
+    pub(in crate::process) fn spawn_group(script: &str, token: &str) -> Cleanup {
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .env(RUN_TOKEN_VAR, token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn sh");
+        Cleanup {
+            child,
+            token: token.to_owned(),
+        }
+    }
+
+    #[test]
+    fn parses_stat_after_last_paren_even_with_odd_command_names() {
+        let line = "42 (a) b (c) d) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 98765 1 2";
+        let info = parse_stat(42, line).expect("parses");
+        assert_eq!(
+            info,
+            ProcInfo {
+                pid: 42,
+                ppid: 7,
+                pgid: 42,
+                state: 'S',
+                start_time: 98765
+            }
+        );
+    }
+
+    #[test]
+    fn start_time_of_self_is_known_and_matches() {
+        let me = std::process::id() as i32;
+        let st = start_time(me).expect("own start time");
+        assert_eq!(self_start_time().expect("self start time"), st);
+        assert!(is_alive(me));
+        assert_eq!(boot_id().expect("boot id").len(), 36);
+    }
+
+    #[test]
+    fn missing_process_has_no_start_time() {
+        // pid_max is at most 2^22, so this pid cannot exist.
+        assert_eq!(start_time(i32::MAX), None);
+        assert!(!is_alive(i32::MAX));
+    }
+
+    #[test]
+    fn finds_group_members_and_token_carriers() {
+        let tok = token("members");
+        let g = spawn_group("sleep 300 & sleep 300", &tok);
+        let pgid = g.child.id() as i32;
+        assert!(wait_until(Duration::from_secs(3), || group_members(pgid)
+            .len()
+            == 3));
+        assert!(group_has_live_members(pgid));
+        let carriers = processes_with_token(&tok);
+        assert_eq!(carriers.len(), 3, "{carriers:?}");
+        assert!(carriers.iter().all(|p| p.pgid == pgid));
+        drop(g);
+    }
+}

@@ -1,0 +1,414 @@
+//! Tearing down a lost attempt: its processes, found from what was recorded
+//! about it, possibly by another process than the one that spawned it.
+//!
+//! A pid is trusted only with its start time or the run token: the recorded
+//! group is signalled only once its identity is verified, and a process
+//! carrying the attempt's token is the attempt's whatever its group.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use super::kill::{Targets, kill_all, signal_group, signal_pid};
+use super::proc::{
+    ProcInfo, group_has_live_members, group_members, is_alive, proc_info, processes_with_token,
+};
+
+/// What was recorded about an attempt, used to recognise its processes after
+/// the runner that spawned it is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptIdentity {
+    /// The attempt's process group (== the main process's pid), if it was
+    /// recorded before the runner died.
+    pub pgid: Option<i32>,
+    /// The main process's start time in clock ticks since boot, if recorded.
+    pub start_time: Option<u64>,
+    /// The run token every process of the attempt carries in its environment.
+    pub token: String,
+}
+
+/// What [`teardown`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Teardown {
+    /// Pids that were signalled, deduplicated and sorted.
+    pub killed: Vec<i32>,
+    /// Pids of a group whose identity could not be verified; never signalled.
+    pub unverified: Vec<i32>,
+    /// Why `unverified` could not be verified, when it is not empty.
+    pub unverified_reason: Option<&'static str>,
+    /// Signalled pids still alive after SIGKILL and a short wait (expected to
+    /// be empty; a process in uninterruptible sleep can linger).
+    pub survivors: Vec<i32>,
+}
+
+/// Formats pids as `pid 5` or `pids 5, 6`.
+fn pid_list(pids: &[i32]) -> String {
+    let joined = pids
+        .iter()
+        .map(i32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if pids.len() == 1 {
+        format!("pid {joined}")
+    } else {
+        format!("pids {joined}")
+    }
+}
+
+impl Teardown {
+    /// A one-line human description for an event log, e.g.
+    /// `killed 2 processes (pids 123, 124); not signalled: pid 99 (start time
+    /// does not match the attempt)`.
+    pub(crate) fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.killed.is_empty() {
+            parts.push("no process of the attempt was found alive".to_owned());
+        } else {
+            let n = self.killed.len();
+            let noun = if n == 1 { "process" } else { "processes" };
+            parts.push(format!("killed {n} {noun} ({})", pid_list(&self.killed)));
+        }
+        if !self.unverified.is_empty() {
+            let reason = self.unverified_reason.unwrap_or("identity not verified");
+            parts.push(format!(
+                "not signalled: {} ({reason})",
+                pid_list(&self.unverified)
+            ));
+        }
+        if !self.survivors.is_empty() {
+            parts.push(format!(
+                "still alive after SIGKILL: {}",
+                pid_list(&self.survivors)
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
+/// Why a recorded group could not be trusted.
+const LEADER_MISMATCH: &str = "start time does not match the attempt";
+/// Why a recorded group without a leader could not be trusted.
+const MEMBERS_TOO_OLD: &str = "all members started before the attempt";
+/// Why a recorded group without a start time could not be trusted.
+const NO_START_TIME: &str = "no start time was recorded for the attempt";
+
+/// Decides whether process group `pgid` is the attempt's. Returns `Ok(())`
+/// when it is (or when there is nothing to decide: the group is empty), or
+/// the pids that must not be touched and why.
+fn verify_group(pgid: i32, start: Option<u64>) -> Result<(), (Vec<i32>, &'static str)> {
+    let members = group_members(pgid);
+    let member_pids = || members.iter().map(|p| p.pid).collect::<Vec<_>>();
+    let Some(start) = start else {
+        return if members.is_empty() {
+            Ok(())
+        } else {
+            Err((member_pids(), NO_START_TIME))
+        };
+    };
+    match proc_info(pgid) {
+        // The leader still exists: pid + start time identify it exactly.
+        Some(leader) if leader.start_time == start => Ok(()),
+        Some(leader) => {
+            // The pid was recycled. The group members (if any) belong to the
+            // newcomer; report the leader even if it is in another group.
+            let mut pids = member_pids();
+            if !leader.is_dead() && !pids.contains(&leader.pid) {
+                pids.push(leader.pid);
+            }
+            pids.sort_unstable();
+            if pids.is_empty() {
+                Ok(())
+            } else {
+                Err((pids, LEADER_MISMATCH))
+            }
+        }
+        // The leader has exited. A pgid cannot be reused while its group has
+        // members, so a member that started no earlier than the attempt is
+        // one of the attempt's descendants.
+        None if members.is_empty() || members.iter().any(|m| m.start_time >= start) => Ok(()),
+        None => Err((member_pids(), MEMBERS_TOO_OLD)),
+    }
+}
+
+/// Sends `sig` to the group (when verified) and to each pid in `pids`.
+/// Errors other than "already gone" (only EPERM is possible) are logged:
+/// teardown is best effort and reports what is left in `survivors`.
+fn send(group: Option<i32>, pids: &BTreeSet<i32>, sig: Signal) {
+    if let Some(pgid) = group
+        && let Err(e) = signal_group(pgid, sig)
+    {
+        log::warn!("teardown: {sig} to process group {pgid}: {e}");
+    }
+    for &pid in pids {
+        if let Err(e) = signal_pid(pid, sig) {
+            log::warn!("teardown: {sig} to pid {pid}: {e}");
+        }
+    }
+}
+
+/// A lost attempt's processes, as the targets of the kill sequence.
+struct Lost<'a> {
+    /// What was recorded about the attempt.
+    id: &'a AttemptIdentity,
+    /// The recorded process group, once verified; an unverified group is
+    /// never signalled.
+    group: Option<i32>,
+    /// The processes signalled one by one (see [`Lost::individuals`]).
+    targets: BTreeSet<i32>,
+    /// Every process signalled: `targets` and the group's members.
+    killed: BTreeSet<i32>,
+}
+
+impl Lost<'_> {
+    /// The processes carrying the attempt's token.
+    fn carriers(&self) -> Vec<ProcInfo> {
+        if self.id.token.is_empty() {
+            // An empty token would match every process with an empty
+            // LEASEHOLD_RUN_TOKEN; never treat that as proof.
+            return Vec::new();
+        }
+        processes_with_token(&self.id.token)
+    }
+
+    /// The processes to signal one by one: token carriers outside the
+    /// verified group (those inside get the group's signal; signalling them
+    /// twice could read as "terminate now" to a process handling SIGTERM), and
+    /// the verified leader if it moved itself out of its group.
+    fn individuals(&self, found: Vec<ProcInfo>) -> BTreeSet<i32> {
+        let group = self.group;
+        let mut pids: BTreeSet<i32> = found
+            .iter()
+            .filter(|p| Some(p.pgid) != group)
+            .map(|p| p.pid)
+            .collect();
+        if let Some(g) = group
+            && let Some(leader) = proc_info(g)
+            && Some(leader.start_time) == self.id.start_time
+            && leader.pgid != g
+            && !leader.is_dead()
+        {
+            pids.insert(g);
+        }
+        pids
+    }
+
+    /// Adds the verified group's live members to `killed`.
+    fn add_members(&mut self) {
+        if let Some(g) = self.group {
+            self.killed.extend(group_members(g).iter().map(|p| p.pid));
+        }
+    }
+}
+
+impl Targets for Lost<'_> {
+    fn signal(&mut self, sig: Signal) {
+        if sig == Signal::SIGKILL {
+            // Members forked and carriers started during the grace are ours too.
+            self.add_members();
+            let found = self.individuals(self.carriers());
+            self.targets.extend(found);
+            self.killed.extend(&self.targets);
+        }
+        send(self.group, &self.targets, sig);
+    }
+
+    fn gone(&mut self) -> bool {
+        self.group.is_none_or(|g| !group_has_live_members(g))
+            && self.killed.iter().all(|&p| !is_alive(p))
+    }
+
+    fn pause(&mut self, step: Duration) {
+        std::thread::sleep(step);
+    }
+}
+
+/// Kills whatever is left of a LOST attempt: a process group left behind by a
+/// runner that crashed or froze. The caller need not be the process that
+/// spawned the attempt.
+///
+/// The recorded group is signalled only if its identity is verified (see
+/// `verify_group`); every process carrying the attempt's token is signalled
+/// regardless, since the token itself proves identity. Targets go through
+/// the kill sequence ([`kill_all`]): SIGTERM, then SIGKILL once `grace` has
+/// passed if any is still alive.
+pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
+    let mut result = Teardown::default();
+    let mut lost = Lost {
+        id,
+        group: None,
+        targets: BTreeSet::new(),
+        killed: BTreeSet::new(),
+    };
+
+    let first_carriers = lost.carriers();
+    lost.group = match id.pgid.filter(|&p| p > 1) {
+        None => None,
+        Some(p) => match verify_group(p, id.start_time) {
+            Ok(()) => Some(p),
+            Err((pids, reason)) => {
+                // Token carriers are proven ours even inside an unverified
+                // group; only the others are left alone.
+                result.unverified = pids
+                    .into_iter()
+                    .filter(|pid| !first_carriers.iter().any(|c| c.pid == *pid))
+                    .collect();
+                if !result.unverified.is_empty() {
+                    result.unverified_reason = Some(reason);
+                }
+                None
+            }
+        },
+    };
+
+    lost.targets = lost.individuals(first_carriers);
+    lost.killed = lost.targets.clone();
+    lost.add_members();
+    if lost.killed.is_empty() {
+        return result;
+    }
+    kill_all(&mut lost, grace);
+
+    let killed = lost.killed;
+    result.survivors = killed.iter().copied().filter(|&p| is_alive(p)).collect();
+    result.killed = killed.into_iter().collect();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    use crate::process::proc::start_time;
+    use crate::process::proc::tests::{spawn_group, token, wait_until};
+
+    #[test]
+    fn teardown_kills_a_verified_group() {
+        let tok = token("verified");
+        let mut g = spawn_group("sleep 300 & sleep 300", &tok);
+        let pgid = g.child.id() as i32;
+        let st = start_time(pgid).expect("leader start time");
+        assert!(wait_until(Duration::from_secs(3), || group_members(pgid)
+            .len()
+            == 3));
+        let id = AttemptIdentity {
+            pgid: Some(pgid),
+            start_time: Some(st),
+            token: "some-other-token".to_owned(),
+        };
+        let t = teardown(&id, Duration::from_millis(300));
+        assert_eq!(t.killed.len(), 3, "{t:?}");
+        assert!(t.killed.contains(&pgid));
+        assert!(t.unverified.is_empty() && t.survivors.is_empty(), "{t:?}");
+        assert!(!group_has_live_members(pgid));
+        assert!(
+            t.describe().starts_with("killed 3 processes (pids "),
+            "{}",
+            t.describe()
+        );
+        let status = g.child.wait().expect("reap");
+        assert!(!status.success());
+    }
+
+    #[test]
+    fn teardown_kills_a_group_whose_leader_exited_when_members_are_younger() {
+        let tok = token("leaderless");
+        // The background sleep has its own stdio so the leader can exit.
+        let mut g = spawn_group("sleep 300 & exit 0", &tok);
+        let pgid = g.child.id() as i32;
+        let st = start_time(pgid).expect("leader start time");
+        g.child.wait().expect("leader exits");
+        assert!(wait_until(Duration::from_secs(3), || group_members(pgid)
+            .len()
+            == 1));
+        let id = AttemptIdentity {
+            pgid: Some(pgid),
+            start_time: Some(st),
+            token: String::new(),
+        };
+        let t = teardown(&id, Duration::from_millis(300));
+        assert_eq!(t.killed.len(), 1, "{t:?}");
+        assert!(!group_has_live_members(pgid));
+    }
+
+    #[test]
+    fn teardown_escalates_to_sigkill_after_grace() {
+        let tok = token("stubborn");
+        let g = spawn_group("trap '' TERM; sleep 300", &tok);
+        let pgid = g.child.id() as i32;
+        let st = start_time(pgid).expect("leader start time");
+        assert!(wait_until(Duration::from_secs(3), || group_members(pgid)
+            .len()
+            == 2));
+        let begun = Instant::now();
+        let id = AttemptIdentity {
+            pgid: Some(pgid),
+            start_time: Some(st),
+            token: tok.clone(),
+        };
+        let t = teardown(&id, Duration::from_millis(200));
+        assert!(begun.elapsed() >= Duration::from_millis(200));
+        assert_eq!(t.killed.len(), 2, "{t:?}");
+        assert!(t.survivors.is_empty(), "{t:?}");
+        assert!(!group_has_live_members(pgid));
+        drop(g);
+    }
+
+    #[test]
+    fn teardown_never_signals_a_group_with_the_wrong_start_time() {
+        let tok = token("unverified");
+        let mut g = spawn_group("sleep 300", &tok);
+        let pgid = g.child.id() as i32;
+        let st = start_time(pgid).expect("leader start time");
+        let id = AttemptIdentity {
+            pgid: Some(pgid),
+            start_time: Some(st + 1),
+            token: "not-the-token".to_owned(),
+        };
+        let t = teardown(&id, Duration::from_millis(100));
+        assert!(t.killed.is_empty(), "{t:?}");
+        assert!(t.unverified.contains(&pgid), "{t:?}");
+        assert_eq!(t.unverified_reason, Some(LEADER_MISMATCH));
+        assert!(
+            t.describe()
+                .contains("(start time does not match the attempt)"),
+            "{}",
+            t.describe()
+        );
+        assert!(is_alive(pgid));
+        assert!(g.child.try_wait().expect("try_wait").is_none());
+        drop(g);
+    }
+
+    #[test]
+    fn teardown_finds_a_setsid_escapee_by_token_without_a_pgid() {
+        let tok = token("escapee");
+        let mut g = spawn_group("setsid sleep 300 & exit 0", &tok);
+        let pgid = g.child.id() as i32;
+        g.child.wait().expect("leader exits");
+        let mut escapee = None;
+        assert!(wait_until(Duration::from_secs(3), || {
+            escapee = processes_with_token(&tok)
+                .into_iter()
+                .find(|p| p.pgid != pgid && p.pgid == p.pid);
+            escapee.is_some()
+        }));
+        let escapee = escapee.map(|p| p.pid).unwrap_or_default();
+        let id = AttemptIdentity {
+            pgid: None,
+            start_time: None,
+            token: tok.clone(),
+        };
+        let t = teardown(&id, Duration::from_millis(300));
+        assert_eq!(t.killed, vec![escapee], "{t:?}");
+        assert!(processes_with_token(&tok).is_empty());
+        assert_eq!(t.describe(), format!("killed 1 process (pid {escapee})"));
+    }
+
+    #[test]
+    fn describe_reports_nothing_found() {
+        let t = Teardown::default();
+        assert_eq!(t.describe(), "no process of the attempt was found alive");
+    }
+}

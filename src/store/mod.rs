@@ -25,7 +25,7 @@ use crate::job::{
 pub const SCHEMA_VERSION: i64 = 1;
 
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 1] = [include_str!("migrations/0001_initial.sql")];
+const MIGRATIONS: [&str; 1] = [include_str!("../migrations/0001_initial.sql")];
 
 /// How long a connection waits for another to release the database before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -14,8 +14,8 @@
 //! refusing and migrating a file), `enqueue`, `lease` (claim, start, renew and the ending),
 //! `reclaim` (lost attempts and their teardown markers), `operator` (cancel and retry), `read`,
 //! and `runners`; `row` turns rows into records. This file holds [`Store`], whose methods open a
-//! transaction and call into those files, and what they share: the transaction and the event
-//! every transition appends.
+//! transaction and call into those files, and what they share: the transaction, the savepoint
+//! (one write of a shared transaction) and the event every transition appends.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -529,6 +529,32 @@ pub(crate) fn transaction<T>(
     result
 }
 
+/// Runs `f` in a savepoint of the open transaction: what `f` wrote stays when it succeeds and
+/// is undone when it fails, and the transaction's other writes stay either way. The runner's
+/// writer applies each write of a batch in one, so that a write that fails undoes only itself.
+pub(crate) fn savepoint<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T>,
+) -> Result<T> {
+    // Cached statements: these run for every write, and parsing them each time shows.
+    let exec = |sql: &str| -> Result<()> {
+        conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    };
+    exec("SAVEPOINT op")?;
+    match f(conn) {
+        Ok(v) => {
+            exec("RELEASE op")?;
+            Ok(v)
+        }
+        Err(e) => {
+            exec("ROLLBACK TO op")?;
+            exec("RELEASE op")?;
+            Err(e)
+        }
+    }
+}
+
 /// Appends one event to a job's history.
 pub(super) fn event(
     conn: &Connection,
@@ -634,5 +660,34 @@ mod tests {
         ];
         let p = plan(conn, RENEW_SQL, values);
         assert!(uses_index(&p, "jobs_running_worker"), "{p}");
+    }
+
+    #[test]
+    fn a_failed_savepoint_undoes_only_its_own_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let job = Job::shell("true");
+        let (kept, undone) = transaction(store.conn(), &mut |conn| {
+            let kept = savepoint(conn, |c| enqueue::insert_job(c, &job, 1));
+            let undone = savepoint(conn, |c| {
+                let id = enqueue::insert_job(c, &job, 1)?;
+                Err::<i64, _>(crate::Error::NoSuchJob(id))
+            });
+            Ok((kept, undone))
+        })
+        .unwrap();
+        let kept = kept.unwrap();
+        assert!(
+            matches!(undone, Err(crate::Error::NoSuchJob(_))),
+            "{undone:?}"
+        );
+        let ids: Vec<i64> = store
+            .list(&ListFilter::default())
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(ids, [kept]);
+        assert_eq!(store.events(kept).unwrap().len(), 1);
     }
 }

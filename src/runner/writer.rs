@@ -230,22 +230,7 @@ fn apply_op(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Result<Applied> {
 
 /// Applies one write inside a savepoint, so that its failure undoes only itself.
 fn apply(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Applied {
-    // Cached statements: these run for every write, and parsing them each time shows.
-    let exec = |sql: &str| -> Result<()> {
-        conn.prepare_cached(sql)?.execute([])?;
-        Ok(())
-    };
-    let result = exec("SAVEPOINT op").and_then(|()| match apply_op(conn, op, ctx) {
-        Ok(v) => {
-            exec("RELEASE op")?;
-            Ok(v)
-        }
-        Err(e) => {
-            exec("ROLLBACK TO op")?;
-            exec("RELEASE op")?;
-            Err(e)
-        }
-    });
+    let result = store::savepoint(conn, |conn| apply_op(conn, op, ctx));
     match (op, result) {
         (_, Ok(a)) => a,
         (Op::Claim { .. }, Err(e)) => Applied::Claimed(Err(e)),

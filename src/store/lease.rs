@@ -1,0 +1,569 @@
+//! Leases: claiming jobs, recording the process an attempt started, renewing the leases a
+//! runner holds, and recording how an attempt ended (with the backoff before a retry).
+
+use std::collections::HashSet;
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+
+use crate::error::Result;
+use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
+
+#[cfg(doc)]
+use super::Store;
+use super::reclaim::lost_verdict;
+use super::row::{json_column, ms_duration};
+use super::runners::runner_heartbeat;
+use super::{LEASE_EXPIRED_PREFIX, event, queue_filter};
+
+/// What a runner asks of [`Store::claim`].
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The runner that will hold the leases.
+    pub worker_id: &'a str,
+    /// Claim at most this many.
+    pub limit: u32,
+    /// Only from these queues; all when empty.
+    pub queues: &'a [String],
+    /// The lease each claim takes.
+    pub lease_ttl: Duration,
+}
+
+/// A job a runner claimed: what it needs to run the attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Claimed {
+    /// The job.
+    pub id: i64,
+    /// The attempt number this claim started.
+    pub attempt: i64,
+    /// The lease's token, which fences every later write of this attempt.
+    pub run_token: String,
+    /// The command.
+    pub argv: Vec<String>,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// The folder to run in.
+    pub cwd: Option<String>,
+    /// The attempt's timeout.
+    pub timeout: Option<Duration>,
+    /// The attempt's idle timeout.
+    pub idle_timeout: Option<Duration>,
+    /// When the lease runs out unless renewed.
+    pub lease_expires_at: i64,
+    priority: i64,
+    scheduled_at: i64,
+}
+
+/// The claim, with `{index}` and `{queues}` to fill: see [`claim_sql`]. Parameters: worker id,
+/// now, lease expiry, limit, then the queues from `?5`.
+///
+/// Limits go through a subquery here and below: a bare parameter in LIMIT makes SQLite (built
+/// with STAT4) prepare the statement again on every run.
+pub(super) const CLAIM_SQL: &str = "UPDATE jobs SET status = 'running', attempt = attempt + 1,
+         run_token = lower(hex(randomblob(16))), worker_id = ?1, started_at = ?2,
+         heartbeat_at = ?2, lease_expires_at = ?3, completed_at = NULL, pid = NULL,
+         pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
+         error_kind = NULL
+     WHERE id IN (SELECT id FROM jobs INDEXED BY {index}
+                  WHERE status = 'pending' AND teardown_token IS NULL AND scheduled_at <= ?2
+                  {queues}
+                  ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?4))
+     RETURNING id, attempt, run_token, argv, env, cwd, timeout_ms, idle_timeout_ms,
+               priority, scheduled_at";
+
+/// The claim statement for `queues` (all queues when empty).
+pub(super) fn claim_sql(queues: &[String]) -> String {
+    // Without statistics the planner prefers jobs_status (an equality on status) and then
+    // sorts every pending row: a claim costs O(pending) instead of reading an index head.
+    let index = if queues.is_empty() {
+        "jobs_claim"
+    } else {
+        "jobs_claim_queue"
+    };
+    CLAIM_SQL
+        .replace("{index}", index)
+        .replace("{queues}", &queue_filter(queues, 5))
+}
+
+pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
+    if req.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let expires = now.saturating_add(duration_ms(req.lease_ttl));
+    let sql = claim_sql(req.queues);
+    let mut values: Vec<rusqlite::types::Value> = vec![
+        req.worker_id.to_string().into(),
+        now.into(),
+        expires.into(),
+        i64::from(req.limit).into(),
+    ];
+    values.extend(req.queues.iter().map(|q| q.clone().into()));
+    let mut claimed = {
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map(params_from_iter(values), |r| {
+            Ok(Claimed {
+                id: r.get(0)?,
+                attempt: r.get(1)?,
+                run_token: r.get(2)?,
+                argv: json_column(r, 3)?,
+                env: json_column(r, 4)?,
+                cwd: r.get(5)?,
+                timeout: r.get::<_, Option<i64>>(6)?.map(ms_duration),
+                idle_timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
+                lease_expires_at: expires,
+                priority: r.get(8)?,
+                scheduled_at: r.get(9)?,
+            })
+        })?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    claimed.sort_by_key(|c| (-c.priority, c.scheduled_at, c.id));
+    for c in &claimed {
+        event(
+            conn,
+            c.id,
+            now,
+            EventKind::Claimed,
+            c.attempt,
+            &format!("worker {}", req.worker_id),
+        )?;
+    }
+    Ok(claimed)
+}
+
+/// The process an attempt started, to record under its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptStart {
+    /// The job.
+    pub job_id: i64,
+    /// The attempt's run token.
+    pub run_token: String,
+    /// The main process.
+    pub pid: i32,
+    /// Its process group.
+    pub pgid: i32,
+    /// Its start time, in clock ticks since boot.
+    pub start_time: u64,
+}
+
+pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Result<bool> {
+    let attempt: Option<i64> = conn
+        .prepare_cached(
+            "UPDATE jobs SET pid = ?3, pgid = ?4, proc_start_time = ?5
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2 RETURNING attempt",
+        )?
+        .query_row(
+            params![s.job_id, s.run_token, s.pid, s.pgid, s.start_time as i64],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match attempt {
+        Some(attempt) => {
+            event(
+                conn,
+                s.job_id,
+                now,
+                EventKind::Started,
+                attempt,
+                &format!("pid {} pgid {}", s.pid, s.pgid),
+            )?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// What [`Store::renew`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Renewal {
+    /// Tokens whose leases were renewed.
+    pub renewed: Vec<String>,
+    /// Tokens that no longer hold a lease: reclaimed, cancelled or retried under the runner.
+    pub lost: Vec<String>,
+}
+
+/// A runner's renewal of its leases. Parameters: worker id, now, new expiry, tokens (JSON).
+pub(super) const RENEW_SQL: &str = "UPDATE jobs SET heartbeat_at = ?2, lease_expires_at = ?3
+     WHERE status = 'running' AND worker_id = ?1
+       AND run_token IN (SELECT value FROM json_each(?4))
+     RETURNING run_token";
+
+pub(super) fn renew(
+    conn: &Connection,
+    worker_id: &str,
+    tokens: &[String],
+    lease_ttl: Duration,
+    now: i64,
+) -> Result<Renewal> {
+    runner_heartbeat(conn, worker_id, now)?;
+    if tokens.is_empty() {
+        return Ok(Renewal::default());
+    }
+    let list = serde_json::to_string(tokens).unwrap_or_default();
+    let expires = now.saturating_add(duration_ms(lease_ttl));
+    let renewed: HashSet<String> = {
+        let mut stmt = conn.prepare_cached(RENEW_SQL)?;
+        let rows = stmt.query_map(params![worker_id, now, expires, list], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let (renewed, lost) = tokens
+        .iter()
+        .cloned()
+        .partition(|t| renewed.contains(t.as_str()));
+    Ok(Renewal { renewed, lost })
+}
+
+/// How an attempt ended, as its worker reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// Exit code 0.
+    Succeeded,
+    /// The command failed; retried while attempts are left, unless it could not start.
+    Failed {
+        /// Why.
+        kind: ErrorKind,
+        /// The exit code, when it exited.
+        exit_code: Option<i32>,
+        /// The signal, when one killed it.
+        signal: Option<i32>,
+        /// In words.
+        message: String,
+    },
+    /// The runner fenced itself: it could not renew the lease in time and killed the
+    /// attempt. Follows the recovery budget and `on_lost`, like a reclaim.
+    Lost {
+        /// Why, after the lease-expired prefix.
+        message: String,
+    },
+    /// The runner shut down and killed the attempt: back to pending, without spending the
+    /// recovery budget or an attempt.
+    Interrupted {
+        /// Why.
+        message: String,
+    },
+}
+
+/// An attempt's ending with what it left behind, for [`Store::finish`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    /// The job.
+    pub job_id: i64,
+    /// The attempt's run token: the fence.
+    pub run_token: String,
+    /// The attempt number.
+    pub attempt: i64,
+    /// How it ended.
+    pub ending: Ending,
+    /// The captured output, if any.
+    pub output: Option<Output>,
+    /// Extra events to record with the ending (kind, detail), such as leaked processes.
+    pub notes: Vec<(EventKind, String)>,
+    /// The recovery budget to apply to a [`Ending::Lost`].
+    pub max_recovery_attempts: u32,
+}
+
+/// What [`Store::finish`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// The ending was recorded; the job is now in this status.
+    Recorded(Status),
+    /// The attempt no longer held its lease: nothing changed but a `late_result_discarded`
+    /// event.
+    Fenced,
+}
+
+/// The wait before retry number `failures` (1 for the first retry), with ±20% jitter.
+pub(crate) fn backoff_ms(base_ms: i64, max_ms: i64, failures: i64) -> i64 {
+    let shift = u32::try_from(failures.saturating_sub(1).clamp(0, 40)).unwrap_or(40);
+    let wait = base_ms.saturating_mul(1i64 << shift).min(max_ms).max(0);
+    // A fresh random key per call: std's hasher seeds are random, which is all jitter needs.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(wait);
+    let unit = (h.finish() % 10_001) as f64 / 10_000.0; // 0.0..=1.0
+    let jittered = wait as f64 * (0.8 + 0.4 * unit);
+    (jittered.round() as i64).min(max_ms.saturating_add(max_ms / 5))
+}
+
+pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+    if f.ending == Ending::Succeeded {
+        return finish_succeeded(conn, f, now);
+    }
+    let row: Option<(i64, i64, i64, i64, i64, String, i64)> = conn
+        .prepare_cached(
+            "SELECT failed_attempts, max_attempts, backoff_base_ms, backoff_max_ms,
+                    recovery_count, on_lost, attempt
+             FROM jobs WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+        )?
+        .query_row(params![f.job_id, f.run_token], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+            ))
+        })
+        .optional()?;
+    let Some((failed, max_attempts, base, cap, recovery, on_lost, attempt)) = row else {
+        return fenced(conn, f, now);
+    };
+    // Every UPDATE below repeats the fence, though the IMMEDIATE transaction already holds it.
+    const FENCE: &str = "WHERE id = ?1 AND status = 'running' AND run_token = ?2";
+    const RELEASE: &str = "lease_expires_at = NULL, heartbeat_at = ?3";
+    let (status, kind, detail) = match &f.ending {
+        // Taken by the early return above, which needs no SELECT.
+        Ending::Succeeded => return finish_succeeded(conn, f, now),
+        Ending::Failed {
+            kind,
+            exit_code,
+            signal,
+            message,
+        } => {
+            let failed = failed + 1;
+            let retry = *kind != ErrorKind::Spawn && failed < max_attempts;
+            if retry {
+                let wait = backoff_ms(base, cap, failed);
+                conn.prepare_cached(&format!(
+                    "UPDATE jobs SET status = 'pending', failed_attempts = ?4,
+                         scheduled_at = ?3 + ?5, exit_code = ?6, signal = ?7, error_kind = ?8,
+                         last_error = ?9, started_at = NULL, completed_at = NULL,
+                         heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL,
+                         worker_id = NULL {FENCE}"
+                ))?
+                .execute(params![
+                    f.job_id,
+                    f.run_token,
+                    now,
+                    failed,
+                    wait,
+                    exit_code,
+                    signal,
+                    kind.as_str(),
+                    message
+                ])?;
+                let detail = format!(
+                    "{message}; retry in {:.1}s (failed {failed} of {max_attempts} attempts)",
+                    wait as f64 / 1000.0
+                );
+                (Status::Pending, EventKind::RetryScheduled, detail)
+            } else {
+                conn.prepare_cached(&format!(
+                    "UPDATE jobs SET status = 'failed', failed_attempts = ?4, completed_at = ?3,
+                         exit_code = ?5, signal = ?6, error_kind = ?7, last_error = ?8,
+                         {RELEASE} {FENCE}"
+                ))?
+                .execute(params![
+                    f.job_id,
+                    f.run_token,
+                    now,
+                    failed,
+                    exit_code,
+                    signal,
+                    kind.as_str(),
+                    message
+                ])?;
+                (Status::Failed, EventKind::Failed, message.clone())
+            }
+        }
+        Ending::Lost { message } => {
+            let recovery = recovery + 1;
+            let message = format!("{LEASE_EXPIRED_PREFIX}{message}");
+            let (status, message) =
+                lost_verdict(&on_lost, recovery, f.max_recovery_attempts, message);
+            conn.prepare_cached(&format!(
+                "UPDATE jobs SET status = ?4, recovery_count = ?5, last_error = ?6,
+                     scheduled_at = CASE WHEN ?4 = 'pending' THEN ?3 ELSE scheduled_at END,
+                     completed_at = CASE WHEN ?4 = 'failed' THEN ?3 END,
+                     error_kind = CASE WHEN ?4 = 'failed' THEN 'lost' END,
+                     run_token = CASE WHEN ?4 = 'pending' THEN NULL ELSE run_token END,
+                     worker_id = CASE WHEN ?4 = 'pending' THEN NULL ELSE worker_id END,
+                     started_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE started_at END,
+                     lease_expires_at = NULL,
+                     heartbeat_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE ?3 END {FENCE}"
+            ))?
+            .execute(params![
+                f.job_id,
+                f.run_token,
+                now,
+                status.as_str(),
+                recovery,
+                message
+            ])?;
+            let kind = if status == Status::Failed {
+                EventKind::Lost
+            } else {
+                EventKind::Reclaimed
+            };
+            (status, kind, message)
+        }
+        Ending::Interrupted { message } => {
+            conn.prepare_cached(&format!(
+                "UPDATE jobs SET status = 'pending', scheduled_at = ?3, last_error = ?4,
+                     started_at = NULL, completed_at = NULL, heartbeat_at = NULL,
+                     lease_expires_at = NULL, run_token = NULL, worker_id = NULL {FENCE}"
+            ))?
+            .execute(params![f.job_id, f.run_token, now, message])?;
+            (Status::Pending, EventKind::Interrupted, message.clone())
+        }
+    };
+    finish_rest(conn, f, now, attempt)?;
+    event(conn, f.job_id, now, kind, attempt, &detail)?;
+    Ok(Finished::Recorded(status))
+}
+
+/// A successful ending: the fenced UPDATE returns the attempt, so the common case needs no
+/// read before it; no row back means the lease is gone, and only the fenced event is written.
+fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+    let attempt: Option<i64> = conn
+        .prepare_cached(
+            "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                 signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2 RETURNING attempt",
+        )?
+        .query_row(params![f.job_id, f.run_token, now], |r| r.get(0))
+        .optional()?;
+    let Some(attempt) = attempt else {
+        return fenced(conn, f, now);
+    };
+    finish_rest(conn, f, now, attempt)?;
+    event(conn, f.job_id, now, EventKind::Succeeded, attempt, "exit 0")?;
+    Ok(Finished::Recorded(Status::Succeeded))
+}
+
+/// An ending whose attempt no longer holds its lease: nothing changes but the
+/// `late_result_discarded` event.
+fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+    let what = match &f.ending {
+        Ending::Succeeded => "exit 0",
+        Ending::Failed { message, .. } => message,
+        Ending::Lost { message } | Ending::Interrupted { message } => message,
+    };
+    let mut detail = format!("attempt no longer holds its lease; discarded result: {what}");
+    for (kind, note) in &f.notes {
+        detail.push_str(&format!("; {kind}: {note}"));
+    }
+    event(
+        conn,
+        f.job_id,
+        now,
+        EventKind::LateResultDiscarded,
+        f.attempt,
+        &detail,
+    )?;
+    Ok(Finished::Fenced)
+}
+
+/// What every recorded ending writes after its UPDATE and before its own event: the output
+/// (if any) and the notes' events.
+fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<()> {
+    // An attempt that wrote nothing leaves no row: `output` then finds none, which reads as
+    // empty, and a stream of quiet jobs costs one write less each.
+    if let Some(out) = f
+        .output
+        .as_ref()
+        .filter(|o| !o.stdout.is_empty() || !o.stderr.is_empty())
+    {
+        conn.prepare_cached(
+            "INSERT INTO job_output
+                 (job_id, attempt, stdout, stderr, stdout_truncated, stderr_truncated)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?
+        .execute(params![
+            f.job_id,
+            attempt,
+            out.stdout,
+            out.stderr,
+            out.stdout_truncated,
+            out.stderr_truncated
+        ])?;
+    }
+    for (kind, note) in &f.notes {
+        event(conn, f.job_id, now, *kind, attempt, note)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wait before jitter, as `backoff_ms` computes it.
+    fn unjittered(base: i64, cap: i64, failures: i64) -> i64 {
+        let doublings = failures.saturating_sub(1).clamp(0, 40);
+        base.saturating_mul(1i64 << doublings).min(cap).max(0)
+    }
+
+    fn samples(base: i64, cap: i64, failures: i64) -> Vec<i64> {
+        (0..200).map(|_| backoff_ms(base, cap, failures)).collect()
+    }
+
+    #[test]
+    fn backoff_never_overflows_and_stays_within_the_jittered_cap() {
+        let counts = [
+            i64::MIN,
+            -1,
+            0,
+            1,
+            2,
+            10,
+            40,
+            41,
+            62,
+            63,
+            64,
+            1000,
+            i64::MAX,
+        ];
+        for (base, cap) in [
+            (1_000, 3_600_000),
+            (250, 4_000),
+            (1, 1),
+            (0, 0),
+            (i64::MAX, i64::MAX),
+            (i64::MAX / 2, i64::MAX),
+        ] {
+            for failures in counts {
+                let wait = unjittered(base, cap, failures);
+                // ±20% of the wait, and never more than 120% of the cap.
+                let low = (wait as f64 * 0.8).floor() as i64;
+                let high = ((wait as f64 * 1.2).ceil() as i64).min(cap.saturating_add(cap / 5));
+                for got in samples(base, cap, failures) {
+                    assert!(
+                        (low..=high).contains(&got),
+                        "backoff_ms({base}, {cap}, {failures}) = {got}, not in {low}..={high}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn backoff_is_jittered_at_every_failure_count() {
+        for failures in [1, 2, 5] {
+            let s = samples(1_000, 3_600_000, failures);
+            assert!(
+                s.iter().any(|&w| w != s[0]),
+                "no jitter at {failures}: {s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn backoff_past_the_cap_is_jittered_around_the_cap_not_pinned_above_it() {
+        let cap = 4_000;
+        for failures in [6, 10, 63, 64, 1000, i64::MAX] {
+            let s = samples(250, cap, failures);
+            assert!(
+                s.iter().all(|w| (cap * 8 / 10..=cap * 12 / 10).contains(w)),
+                "{failures}: {s:?}"
+            );
+            // The cap is the centre of the jitter: some waits fall below it, some above.
+            assert!(s.iter().any(|&w| w < cap), "{failures}: {s:?}");
+            assert!(s.iter().any(|&w| w > cap), "{failures}: {s:?}");
+        }
+    }
+}

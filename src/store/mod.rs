@@ -1,0 +1,693 @@
+//! The store: the only code that speaks SQL.
+//!
+//! Every transition of a job is one conditional UPDATE guarded by what the writer believes (the
+//! job's id, its status and, for a running job, its run token), in one IMMEDIATE transaction
+//! that also appends the job's event. A write whose guard no longer holds changes nothing: that
+//! is the fence. The functions that do the work take a `&Connection`, so the runner's writer
+//! thread can run many of them in one transaction (group commit); [`Store`]'s methods wrap each
+//! in a transaction of its own.
+//!
+//! The caller of a guarded statement checks how many rows it changed (or what its RETURNING
+//! gave back) and decides from that: nothing changed means the guard no longer held.
+//!
+//! One file per concern, each with its SQL beside the code that runs it: `open` (creating,
+//! refusing and migrating a file), `enqueue`, `lease` (claim, start, renew and the ending),
+//! `reclaim` (lost attempts and their teardown markers), `operator` (cancel and retry), `read`,
+//! and `runners`; `row` turns rows into records. This file holds [`Store`], whose methods open a
+//! transaction and call into those files, and what they share: the transaction, the savepoint
+//! (one write of a shared transaction) and the event every transition appends.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, params};
+
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::Result;
+use crate::job::{Event, EventKind, Job, JobRecord, Output};
+
+mod enqueue;
+mod lease;
+mod open;
+mod operator;
+mod read;
+mod reclaim;
+mod row;
+mod runners;
+
+pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
+pub(crate) use lease::{claim, finish_attempt, record_start};
+pub use read::{Counts, LeaseCounts, ListFilter};
+pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
+pub use runners::RunnerRecord;
+
+/// The schema version this build writes and reads: `PRAGMA user_version`.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for another to release the database before giving up.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest busy timeout SQLite can take: a C `int` of milliseconds (about 24.8 days).
+pub const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// A lost attempt is reclaimed this many times before its job fails as lost.
+pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 3;
+/// The start of `last_error` for a job whose lease expired (or whose runner is dead).
+pub const LEASE_EXPIRED_PREFIX: &str = "lease expired after missing heartbeat; ";
+/// The start of `last_error` for a running job with no lease metadata.
+pub const LEASE_MISSING_PREFIX: &str = "lease metadata missing for running job; ";
+
+/// How hard SQLite pushes each commit to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous = FULL`: a committed transition survives a power cut. The default.
+    #[default]
+    Full,
+    /// `synchronous = NORMAL`: in WAL mode, a power cut may lose the last transitions, never
+    /// corrupt the file. Faster.
+    Normal,
+}
+
+/// How to open a database: see [`Store::open_with`].
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    create: bool,
+    migrate: bool,
+    durability: Durability,
+    busy_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            create: true,
+            migrate: true,
+            durability: Durability::Full,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Options that create and migrate: the library's default.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Options for a reader that must not change the file: no creation, no migration.
+    pub fn read_only() -> Self {
+        OpenOptions {
+            create: false,
+            migrate: false,
+            ..Self::default()
+        }
+    }
+
+    /// Creates the file (owner-only permissions) when it does not exist. By default, true.
+    pub fn create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+
+    /// Migrates an older schema to this build's. When false, an older file is refused with
+    /// [`Error::SchemaTooOld`]. By default, true.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// How hard commits are pushed to disk. By default, [`Durability::Full`].
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// How long to wait for a lock held by another connection, at most
+    /// [`MAX_BUSY_TIMEOUT`]. By default, 10 s.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+}
+
+/// What [`Store::open_with`] found and did to the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// The version before opening (0 for a new file).
+    pub from: i64,
+    /// The version after.
+    pub to: i64,
+}
+
+/// A connection to a leasehold database, with its typed operations.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// use leasehold::{Job, Status, Store, now_ms};
+///
+/// let store = Store::open(dir.path().join("jobs.db"))?;
+/// let id = store.enqueue(&Job::shell("echo hello"), now_ms())?;
+/// assert_eq!(store.job(id)?.status, Status::Pending);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+    busy_timeout: Duration,
+    migration: Migration,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+impl Store {
+    /// Opens (creating and migrating as needed) the database at `path`, with durability FULL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotADatabase`] for a file that is not a leasehold database (it is left
+    /// untouched), [`Error::SchemaTooNew`] for a file from a newer build, and
+    /// [`Error::Sqlite`] or [`Error::Io`] when the file cannot be opened.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(path, &OpenOptions::default())
+    }
+
+    /// Opens the database at `path` with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::open`], plus [`Error::Missing`] when the file does not exist and
+    /// `create` is off, and [`Error::SchemaTooOld`] when it is older and `migrate` is off.
+    pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Store> {
+        open::open(path, options)
+    }
+
+    /// The schema version of the database at `path`, read without creating, migrating or
+    /// refusing it for its version: what `leasehold db version` reports.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Missing`], [`Error::NotADatabase`] (the file is left untouched), or
+    /// [`Error::Sqlite`].
+    pub fn probe_version(path: impl AsRef<Path>) -> Result<i64> {
+        open::probe_version(path)
+    }
+
+    /// The file this store opened.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What opening did to the schema.
+    pub fn migration(&self) -> Migration {
+        self.migration
+    }
+
+    /// The schema version of the file.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the file cannot be read.
+    pub fn schema_version(&self) -> Result<i64> {
+        open::schema_version(&self.conn)
+    }
+
+    /// Runs `f` in one IMMEDIATE transaction, retrying while another connection holds the
+    /// database, up to the busy timeout.
+    pub(crate) fn write<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        let deadline = Instant::now() + self.busy_timeout;
+        loop {
+            match transaction(&self.conn, &mut f) {
+                Err(e) if e.is_busy() && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Changes how long this connection waits for a lock held by another; a timeout beyond
+    /// [`MAX_BUSY_TIMEOUT`] waits that long.
+    pub(crate) fn set_busy_timeout(&mut self, timeout: Duration) {
+        let timeout = timeout.min(MAX_BUSY_TIMEOUT);
+        self.busy_timeout = timeout;
+        if let Err(e) = self.conn.busy_timeout(timeout) {
+            log::warn!("cannot set the busy timeout: {e}");
+        }
+    }
+
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Enqueues one job; returns its id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for a job that cannot run (an empty command, zero attempts, a bad
+    /// variable name), and [`Error::Sqlite`] when the database cannot be written.
+    pub fn enqueue(&self, job: &Job, now: i64) -> Result<i64> {
+        job.validate()?;
+        self.write(|c| enqueue::insert_job(c, job, now))
+    }
+
+    /// Enqueues many jobs in one transaction: all or none. Returns their ids in order.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`]; nothing is stored when any job is invalid.
+    pub fn enqueue_many(&self, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
+        for job in jobs {
+            job.validate()?;
+        }
+        self.write(|c| enqueue::insert_many(c, jobs, now))
+    }
+
+    /// Claims up to `limit` ready jobs for `worker_id`, taking a lease of `lease_ttl` on each.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn claim(&self, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
+        self.write(|c| lease::claim(c, req, now))
+    }
+
+    /// Records the process an attempt started, if the caller still holds the attempt's lease.
+    /// Returns false (and changes nothing) when it does not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn record_start(&self, start: &AttemptStart, now: i64) -> Result<bool> {
+        self.write(|c| lease::record_start(c, start, now))
+    }
+
+    /// Renews, in one statement, the leases that `worker_id` holds under `tokens`, and reports
+    /// the tokens that no longer hold one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn renew(
+        &self,
+        worker_id: &str,
+        tokens: &[String],
+        lease_ttl: Duration,
+        now: i64,
+    ) -> Result<Renewal> {
+        self.write(|c| lease::renew(c, worker_id, tokens, lease_ttl, now))
+    }
+
+    /// Records how an attempt ended, fenced by its run token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn finish(&self, finish: &Finish, now: i64) -> Result<Finished> {
+        self.write(|c| lease::finish_attempt(c, finish, now))
+    }
+
+    /// Reclaims lost attempts: expired leases, running jobs without lease metadata, and the
+    /// running jobs of runners known to be dead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn reclaim(&self, req: &ReclaimRequest<'_>, now: i64) -> Result<ReclaimReport> {
+        self.write(|c| reclaim::reclaim(c, req, now))
+    }
+
+    /// Cancels a job: a pending one at once; a running one by revoking its lease, so that its
+    /// runner stops the attempt. Returns the job as it now is.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a job that already ended.
+    pub fn cancel(&self, id: i64, now: i64) -> Result<JobRecord> {
+        self.write(|c| operator::cancel(c, id, now))
+    }
+
+    /// An operator's retry of one job: failed and cancelled jobs, and running jobs whose lease
+    /// is missing or expired, go back to pending with their counters reset.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a pending, succeeded or live
+    /// running job, with the reason.
+    pub fn retry(&self, id: i64, reason: Option<&str>, now: i64) -> Result<JobRecord> {
+        self.write(|c| operator::retry(c, id, reason, now))
+    }
+
+    /// An operator's retry of the failed jobs that exhausted the recovery budget: `limit` of
+    /// them, most recently failed first, or all when `limit` is None. Returns their ids.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn retry_failed_stale(
+        &self,
+        limit: Option<u64>,
+        max_recovery_attempts: u32,
+        reason: Option<&str>,
+        now: i64,
+    ) -> Result<Vec<i64>> {
+        self.write(|c| operator::retry_failed_stale(c, limit, max_recovery_attempts, reason, now))
+    }
+
+    /// Lost attempts whose processes still have to be torn down.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn pending_teardowns(&self, limit: u64) -> Result<Vec<LostAttempt>> {
+        reclaim::pending_teardowns(&self.conn, limit)
+    }
+
+    /// Records that a lost attempt's processes were dealt with (`detail` says how), which
+    /// lets its job be claimed again. Returns false when another caller recorded it first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn record_teardown(
+        &self,
+        job_id: i64,
+        token: &str,
+        detail: &str,
+        now: i64,
+    ) -> Result<bool> {
+        self.write(|c| reclaim::record_teardown(c, job_id, token, detail, now))
+    }
+
+    /// One job.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`].
+    pub fn job(&self, id: i64) -> Result<JobRecord> {
+        read::job(&self.conn, id)
+    }
+
+    /// Jobs matching `filter`, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<JobRecord>> {
+        read::list(&self.conn, filter)
+    }
+
+    /// A job's history, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn events(&self, id: i64) -> Result<Vec<Event>> {
+        read::events(&self.conn, id)
+    }
+
+    /// Events after `after_id` whose kind ends a job (succeeded, failed, lost, cancelled),
+    /// oldest first, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn endings_after(&self, after_id: i64, limit: u64) -> Result<Vec<Event>> {
+        read::endings_after(&self.conn, after_id, limit)
+    }
+
+    /// The id of the newest event, or 0.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn last_event_id(&self) -> Result<i64> {
+        read::last_event_id(&self.conn)
+    }
+
+    /// The captured output of one attempt of a job, or of its latest attempt.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn output(&self, id: i64, attempt: Option<i64>) -> Result<Option<Output>> {
+        read::output(&self.conn, id, attempt)
+    }
+
+    /// How many jobs are in each status.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn counts(&self) -> Result<Counts> {
+        read::counts(&self.conn)
+    }
+
+    /// The runbook's lease counters at `now`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn lease_counts(&self, max_recovery_attempts: u32, now: i64) -> Result<LeaseCounts> {
+        read::lease_counts(&self.conn, max_recovery_attempts, now)
+    }
+
+    /// Registers a runner process.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub(crate) fn register_runner(&self, runner: &RunnerRecord) -> Result<()> {
+        self.write(|c| runners::register(c, runner))
+    }
+
+    /// Records a runner's clean shutdown.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub(crate) fn stop_runner(&self, worker_id: &str, now: i64) -> Result<()> {
+        self.write(|c| runners::stop(c, worker_id, now))
+    }
+
+    /// The runners that have not shut down cleanly, oldest first, and the most recently
+    /// started runner of all (whose settings `status` reports).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn runners(&self) -> Result<Vec<RunnerRecord>> {
+        runners::unstopped(&self.conn)
+    }
+
+    /// The most recently started runner, stopped or not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn latest_runner(&self) -> Result<Option<RunnerRecord>> {
+        runners::latest(&self.conn)
+    }
+
+    /// Marks a runner that is provably dead as stopped, so it is not examined again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub(crate) fn mark_runner_dead(&self, worker_id: &str, now: i64) -> Result<()> {
+        self.write(|c| runners::mark_dead(c, worker_id, now))
+    }
+
+    /// Whether any job of `queues` (all queues when empty) is pending (due or not) or running.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn has_unfinished(&self, queues: &[String]) -> Result<bool> {
+        read::has_unfinished(&self.conn, queues)
+    }
+}
+
+/// Runs `f` in one IMMEDIATE transaction, rolled back when `f` fails.
+pub(crate) fn transaction<T>(
+    conn: &Connection,
+    f: &mut impl FnMut(&Connection) -> Result<T>,
+) -> Result<T> {
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    let result = f(conn).and_then(|v| {
+        conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(v)
+    });
+    if result.is_err() && !conn.is_autocommit() {
+        // The rollback's own failure adds nothing to the error already returned.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    result
+}
+
+/// Runs `f` in a savepoint of the open transaction: what `f` wrote stays when it succeeds and
+/// is undone when it fails, and the transaction's other writes stay either way. The runner's
+/// writer applies each write of a batch in one, so that a write that fails undoes only itself.
+pub(crate) fn savepoint<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T>,
+) -> Result<T> {
+    // Cached statements: these run for every write, and parsing them each time shows.
+    let exec = |sql: &str| -> Result<()> {
+        conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    };
+    exec("SAVEPOINT op")?;
+    match f(conn) {
+        Ok(v) => {
+            exec("RELEASE op")?;
+            Ok(v)
+        }
+        Err(e) => {
+            exec("ROLLBACK TO op")?;
+            exec("RELEASE op")?;
+            Err(e)
+        }
+    }
+}
+
+/// Appends one event to a job's history.
+pub(super) fn event(
+    conn: &Connection,
+    job_id: i64,
+    at: i64,
+    kind: EventKind,
+    attempt: i64,
+    detail: &str,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO job_events (job_id, at, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![job_id, at, kind.as_str(), attempt, detail])?;
+    Ok(())
+}
+
+/// `AND queue IN (?n, ...)` for a non-empty list of queues, numbering from `first`.
+pub(super) fn queue_filter(queues: &[String], first: usize) -> String {
+    if queues.is_empty() {
+        return String::new();
+    }
+    let marks: Vec<String> = (0..queues.len())
+        .map(|i| format!("?{}", first + i))
+        .collect();
+    format!("AND queue IN ({})", marks.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::params_from_iter;
+
+    use super::lease::{RENEW_SQL, claim_sql};
+    use super::reclaim::RECLAIM_CANDIDATES_SQL;
+    use super::*;
+
+    /// The rendered query plan of `sql` with `values` bound.
+    fn plan(conn: &Connection, sql: &str, values: Vec<rusqlite::types::Value>) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let mut rows = stmt.query(params_from_iter(values)).unwrap();
+        let mut lines = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            lines.push(row.get::<_, String>(3).unwrap());
+        }
+        lines.join("\n")
+    }
+
+    /// Whether a line of `plan` reads the index `name`.
+    fn uses_index(plan: &str, name: &str) -> bool {
+        plan.lines().any(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words.windows(2).any(|w| w == ["INDEX", name])
+        })
+    }
+
+    #[test]
+    fn claim_reclaim_and_renew_statements_read_their_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        // No ANALYZE: a user's file has no statistics, and the planner's choice is what it is
+        // then.
+        let conn = store.conn();
+        let now = 1_700_000_000_000i64;
+        let v = |x: &str| rusqlite::types::Value::from(x.to_string());
+        // The claim names its index; the index must serve the claim's order without a sort,
+        // for all queues or one queue. (For several queues SQLite reads the index once per
+        // queue and sorts what it read: only the index use is checked then.)
+        for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+            let mut values = vec![v("w"), now.into(), (now + 30_000).into(), 8i64.into()];
+            values.extend(queues.iter().map(|q| v(q)));
+            let p = plan(conn, &claim_sql(&queues), values);
+            let index = if queues.is_empty() {
+                "jobs_claim"
+            } else {
+                "jobs_claim_queue"
+            };
+            assert!(uses_index(&p, index), "{queues:?}: {p}");
+            if queues.len() <= 1 {
+                assert!(!p.contains("TEMP B-TREE"), "{queues:?}: {p}");
+            }
+        }
+        // The sweeper's query reads the running rows only (through either index on them):
+        // their number is bounded by the runners' workers, whatever the size of the table.
+        for (exclude, expired) in [(Some("me"), true), (None, false)] {
+            let values = vec![
+                exclude.map(v).unwrap_or(rusqlite::types::Value::Null),
+                i64::from(expired).into(),
+                now.into(),
+                v(r#"["dead"]"#),
+                100i64.into(),
+            ];
+            let p = plan(conn, RECLAIM_CANDIDATES_SQL, values);
+            let running_only = uses_index(&p, "jobs_running_lease")
+                || uses_index(&p, "jobs_running_worker")
+                || p.contains("INDEX jobs_status (status=?)");
+            let full_scan = p.lines().any(|l| l.trim() == "SCAN jobs");
+            assert!(running_only && !full_scan, "{p}");
+        }
+        let values = vec![
+            v("w"),
+            now.into(),
+            (now + 30_000).into(),
+            v(r#"["t1","t2"]"#),
+        ];
+        let p = plan(conn, RENEW_SQL, values);
+        assert!(uses_index(&p, "jobs_running_worker"), "{p}");
+    }
+
+    #[test]
+    fn a_failed_savepoint_undoes_only_its_own_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let job = Job::shell("true");
+        let (kept, undone) = transaction(store.conn(), &mut |conn| {
+            let kept = savepoint(conn, |c| enqueue::insert_job(c, &job, 1));
+            let undone = savepoint(conn, |c| {
+                let id = enqueue::insert_job(c, &job, 1)?;
+                Err::<i64, _>(crate::Error::NoSuchJob(id))
+            });
+            Ok((kept, undone))
+        })
+        .unwrap();
+        let kept = kept.unwrap();
+        assert!(
+            matches!(undone, Err(crate::Error::NoSuchJob(_))),
+            "{undone:?}"
+        );
+        let ids: Vec<i64> = store
+            .list(&ListFilter::default())
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(ids, [kept]);
+        assert_eq!(store.events(kept).unwrap().len(), 1);
+    }
+}

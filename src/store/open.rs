@@ -1,0 +1,207 @@
+//! Opening a database: creating the file owner-only, refusing what is not ours or too new, and
+//! migrating older schemas.
+
+use std::fs::OpenOptions as FileOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::error::{Error, Result, is_busy};
+
+use super::{
+    DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
+    Store,
+};
+
+/// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
+const MIGRATIONS: [&str; 1] = [include_str!("../migrations/0001_initial.sql")];
+
+pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Store> {
+    check_busy_timeout(options.busy_timeout)?;
+    let path = path.as_ref().to_path_buf();
+    if !path.exists() {
+        if !options.create {
+            return Err(Error::Missing(path));
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(Error::io(
+                format!("cannot create database {}", path.display()),
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("folder {} does not exist", dir.display()),
+                ),
+            ));
+        }
+        // Create the file owner-only before SQLite opens it (no connection is open yet,
+        // so this cannot disturb SQLite's locks); SQLite gives the -wal and -shm files
+        // the same permissions. Losing the race to another creator is fine.
+        match FileOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(Error::io(
+                    format!("cannot create database {}", path.display()),
+                    e,
+                ));
+            }
+        }
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(&path, flags)?;
+    conn.busy_timeout(options.busy_timeout)?;
+    let deadline = Instant::now() + options.busy_timeout;
+    let not_a_db = |e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
+            path: path.clone(),
+            reason: e.to_string(),
+        },
+        _ => Error::Sqlite(e),
+    };
+    // Read before anything writes: a file that is not a database fails here, untouched.
+    // One statement, so one snapshot: between two reads another process could migrate the
+    // file, and version 0 with tables would look like someone else's database.
+    let (version, tables): (i64, i64) = retry_busy(deadline, || {
+        conn.query_row(
+            "SELECT (SELECT user_version FROM pragma_user_version),
+                        (SELECT count(*) FROM sqlite_master WHERE type = 'table')",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+    })
+    .map_err(not_a_db)?;
+    if version > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version == 0 && tables > 0 {
+        return Err(Error::NotADatabase {
+            path,
+            reason: "it holds other tables and no leasehold schema version".into(),
+        });
+    }
+    if version < SCHEMA_VERSION && !options.migrate {
+        return Err(Error::SchemaTooOld {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let sync = match options.durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    let mut migration = Migration {
+        from: version,
+        to: version,
+    };
+    if options.migrate {
+        // Both report busy at once, without the busy handler, when another process is
+        // doing the same to a new file: retry them until the deadline.
+        retry_busy(deadline, || {
+            conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
+        })?;
+        migration = retry_busy(deadline, || migrate(&conn))?;
+    }
+    Ok(Store {
+        conn,
+        path,
+        busy_timeout: options.busy_timeout,
+        migration,
+    })
+}
+
+pub(super) fn probe_version(path: impl AsRef<Path>) -> Result<i64> {
+    let path = path.as_ref();
+    if !path.exists() {
+        return Err(Error::Missing(path.to_path_buf()));
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)?;
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            },
+            _ => Error::Sqlite(e),
+        })
+}
+
+pub(super) fn schema_version(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+}
+
+/// Refuses a busy timeout that SQLite cannot take (rusqlite would panic on it).
+fn check_busy_timeout(timeout: Duration) -> Result<()> {
+    if timeout > MAX_BUSY_TIMEOUT {
+        return Err(Error::invalid(
+            "busy_timeout",
+            format!(
+                "{}s is more than SQLite can wait: at most {} ms (about 24.8 days)",
+                timeout.as_secs_f64(),
+                MAX_BUSY_TIMEOUT.as_millis()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Retries `f` while SQLite reports busy, until `deadline`.
+fn retry_busy<T>(
+    deadline: Instant,
+    mut f: impl FnMut() -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    loop {
+        match f() {
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Creates or migrates the schema in one transaction; reads the version inside it, so two
+/// processes migrating one new file at once do the work once.
+fn migrate(conn: &Connection) -> rusqlite::Result<Migration> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let run = || -> rusqlite::Result<Migration> {
+        let from: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        for (i, sql) in MIGRATIONS.iter().enumerate() {
+            let to = i as i64 + 1;
+            if from < to {
+                conn.execute_batch(sql)?;
+                conn.pragma_update(None, "user_version", to)?;
+            }
+        }
+        Ok(Migration {
+            from,
+            to: SCHEMA_VERSION.max(from),
+        })
+    };
+    match run() {
+        Ok(m) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(m)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}

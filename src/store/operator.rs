@@ -1,0 +1,135 @@
+//! An operator's actions: cancelling a job, and retrying one or the failed jobs that exhausted
+//! the recovery budget.
+
+use rusqlite::{Connection, params};
+
+use crate::error::{Error, Result};
+use crate::job::{EventKind, JobRecord, Status};
+
+use super::event;
+use super::read::{ListFilter, job, list};
+
+pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> {
+    let current = job(conn, id)?;
+    let detail = match current.status {
+        Status::Pending => {
+            conn.execute(
+                "UPDATE jobs SET status = 'cancelled', completed_at = ?2
+                 WHERE id = ?1 AND status = 'pending'",
+                params![id, now],
+            )?;
+            "cancelled while pending".to_string()
+        }
+        Status::Running => {
+            // Revoke the lease: the runner's next renewal reports it lost and it kills the
+            // attempt; the teardown marker lets any runner kill it if that runner is gone.
+            conn.execute(
+                "UPDATE jobs SET status = 'cancelled', completed_at = ?2, lease_expires_at = NULL,
+                     teardown_token = coalesce(run_token, ''), teardown_pgid = pgid,
+                     teardown_start_time = proc_start_time
+                 WHERE id = ?1 AND status = 'running'",
+                params![id, now],
+            )?;
+            format!(
+                "cancelled while running attempt {}; lease revoked",
+                current.attempt
+            )
+        }
+        s => {
+            return Err(Error::WrongState {
+                id,
+                status: s.to_string(),
+                reason: "it has already finished and cannot be cancelled".into(),
+            });
+        }
+    };
+    event(
+        conn,
+        id,
+        now,
+        EventKind::Cancelled,
+        current.attempt,
+        &detail,
+    )?;
+    job(conn, id)
+}
+
+pub(super) fn retry(
+    conn: &Connection,
+    id: i64,
+    reason: Option<&str>,
+    now: i64,
+) -> Result<JobRecord> {
+    let current = job(conn, id)?;
+    let refuse = |reason: String| Error::WrongState {
+        id,
+        status: current.status.to_string(),
+        reason,
+    };
+    let lease_gone = current.run_token.is_none()
+        || current.worker_id.is_none()
+        || current.lease_expires_at.is_none_or(|t| t < now);
+    match current.status {
+        Status::Failed | Status::Cancelled => {}
+        Status::Running if lease_gone => {}
+        Status::Running => {
+            return Err(refuse(format!(
+                "its lease is live (worker {}, expires in {:.1}s): a runner is executing it; cancel it instead",
+                current.worker_id.as_deref().unwrap_or("?"),
+                (current.lease_expires_at.unwrap_or(now) - now) as f64 / 1000.0
+            )));
+        }
+        Status::Pending => return Err(refuse("it is already waiting to run".into())),
+        Status::Succeeded => {
+            return Err(refuse(
+                "succeeded jobs are not run again; enqueue a new job".into(),
+            ));
+        }
+    }
+    let message = match reason {
+        Some(r) if !r.trim().is_empty() => format!("manual retry: {}", r.trim()),
+        _ => "manual retry after lease recovery".to_string(),
+    };
+    conn.execute(
+        "UPDATE jobs SET
+             teardown_token = CASE WHEN status = 'running' THEN coalesce(run_token, '')
+                                   ELSE teardown_token END,
+             teardown_pgid = CASE WHEN status = 'running' THEN pgid ELSE teardown_pgid END,
+             teardown_start_time = CASE WHEN status = 'running' THEN proc_start_time
+                                        ELSE teardown_start_time END,
+             status = 'pending', scheduled_at = ?2, started_at = NULL, completed_at = NULL,
+             heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL, worker_id = NULL,
+             recovery_count = 0, attempt = 0, failed_attempts = 0, exit_code = NULL,
+             signal = NULL, error_kind = NULL, last_error = ?3
+         WHERE id = ?1 AND status = ?4",
+        params![id, now, message, current.status.as_str()],
+    )?;
+    event(
+        conn,
+        id,
+        now,
+        EventKind::ManualRetry,
+        current.attempt,
+        &message,
+    )?;
+    job(conn, id)
+}
+
+pub(super) fn retry_failed_stale(
+    conn: &Connection,
+    limit: Option<u64>,
+    max_recovery_attempts: u32,
+    reason: Option<&str>,
+    now: i64,
+) -> Result<Vec<i64>> {
+    let filter = ListFilter {
+        failed_stale: Some(max_recovery_attempts),
+        limit,
+        ..ListFilter::default()
+    };
+    let ids: Vec<i64> = list(conn, &filter)?.into_iter().map(|j| j.id).collect();
+    for &id in &ids {
+        retry(conn, id, reason, now)?;
+    }
+    Ok(ids)
+}

@@ -1,0 +1,204 @@
+//! Reads: jobs, their history and output, and the counters `status` reports.
+
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+
+use crate::error::{Error, Result};
+use crate::job::{Event, JobRecord, Output, Status};
+
+#[cfg(doc)]
+use super::Store;
+use super::queue_filter;
+use super::row::{JOB_COLUMNS, event_row, job_row};
+
+/// Filters for [`Store::list`].
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only jobs in this status.
+    pub status: Option<Status>,
+    /// Only jobs of this queue.
+    pub queue: Option<String>,
+    /// Only failed jobs that exhausted this recovery budget (the runbook's `--failed-stale`).
+    pub failed_stale: Option<u32>,
+    /// At most this many.
+    pub limit: Option<u64>,
+}
+
+/// The runbook's definition of a job that exhausted the recovery budget.
+const FAILED_STALE_WHERE: &str = "status = 'failed' AND recovery_count > ?max
+    AND (lower(coalesce(last_error, '')) LIKE 'lease expired after missing heartbeat;%'
+         OR lower(coalesce(last_error, '')) LIKE 'lease metadata missing for running job;%')";
+
+pub(super) fn job(conn: &Connection, id: i64) -> Result<JobRecord> {
+    conn.prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"))?
+        .query_row([id], job_row)
+        .optional()?
+        .ok_or(Error::NoSuchJob(id))
+}
+
+pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<JobRecord>> {
+    let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE 1");
+    let mut values: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(s) = filter.status {
+        values.push(s.as_str().to_string().into());
+        sql.push_str(&format!(" AND status = ?{}", values.len()));
+    }
+    if let Some(q) = &filter.queue {
+        values.push(q.clone().into());
+        sql.push_str(&format!(" AND queue = ?{}", values.len()));
+    }
+    if let Some(max) = filter.failed_stale {
+        values.push(i64::from(max).into());
+        sql.push_str(&format!(
+            " AND {}",
+            FAILED_STALE_WHERE.replace("?max", &format!("?{}", values.len()))
+        ));
+        sql.push_str(" ORDER BY completed_at DESC NULLS LAST, created_at DESC, id DESC");
+    } else {
+        sql.push_str(" ORDER BY id DESC");
+    }
+    if let Some(limit) = filter.limit {
+        values.push((limit.min(i64::MAX as u64) as i64).into());
+        sql.push_str(&format!(" LIMIT ?{}", values.len()));
+    }
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(params_from_iter(values), job_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn events(conn: &Connection, id: i64) -> Result<Vec<Event>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, job_id, at, kind, attempt, detail FROM job_events
+             WHERE job_id = ?1 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([id], event_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn endings_after(conn: &Connection, after_id: i64, limit: u64) -> Result<Vec<Event>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, job_id, at, kind, attempt, detail FROM job_events
+             WHERE id > ?1 AND kind IN ('succeeded', 'failed', 'lost', 'cancelled')
+             ORDER BY id LIMIT (SELECT ?2)",
+    )?;
+    let rows = stmt.query_map(params![after_id, limit as i64], event_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn last_event_id(conn: &Connection) -> Result<i64> {
+    Ok(
+        conn.query_row("SELECT coalesce(max(id), 0) FROM job_events", [], |r| {
+            r.get(0)
+        })?,
+    )
+}
+
+pub(super) fn output(conn: &Connection, id: i64, attempt: Option<i64>) -> Result<Option<Output>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT attempt, stdout, stderr, stdout_truncated, stderr_truncated
+             FROM job_output WHERE job_id = ?1 AND (?2 IS NULL OR attempt = ?2)
+             ORDER BY id DESC LIMIT 1",
+    )?;
+    Ok(stmt
+        .query_row(params![id, attempt], |r| {
+            Ok(Output {
+                attempt: r.get(0)?,
+                stdout: r.get(1)?,
+                stderr: r.get(2)?,
+                stdout_truncated: r.get(3)?,
+                stderr_truncated: r.get(4)?,
+            })
+        })
+        .optional()?)
+}
+
+pub(super) fn counts(conn: &Connection) -> Result<Counts> {
+    let mut counts = Counts::default();
+    let mut stmt = conn.prepare_cached("SELECT status, count(*) FROM jobs GROUP BY status")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let status: String = row.get(0)?;
+        let n = row.get::<_, i64>(1)? as u64;
+        match status.parse::<Status>()? {
+            Status::Pending => counts.pending = n,
+            Status::Running => counts.running = n,
+            Status::Succeeded => counts.succeeded = n,
+            Status::Failed => counts.failed = n,
+            Status::Cancelled => counts.cancelled = n,
+        }
+    }
+    Ok(counts)
+}
+
+pub(super) fn lease_counts(
+    conn: &Connection,
+    max_recovery_attempts: u32,
+    now: i64,
+) -> Result<LeaseCounts> {
+    let (running, stale_running, running_without_lease) = conn.query_row(
+        "SELECT count(*),
+                    coalesce(sum(lease_expires_at IS NOT NULL AND lease_expires_at < ?1), 0),
+                    coalesce(sum(run_token IS NULL OR worker_id IS NULL
+                                 OR lease_expires_at IS NULL), 0)
+             FROM jobs WHERE status = 'running'",
+        [now],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u64,
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)? as u64,
+            ))
+        },
+    )?;
+    let recovery_exhausted_failed = conn.query_row(
+        &format!(
+            "SELECT count(*) FROM jobs WHERE {}",
+            FAILED_STALE_WHERE.replace("?max", "?1")
+        ),
+        [i64::from(max_recovery_attempts)],
+        |r| r.get::<_, i64>(0),
+    )?;
+    Ok(LeaseCounts {
+        running,
+        stale_running,
+        running_without_lease,
+        recovery_exhausted_failed: recovery_exhausted_failed as u64,
+    })
+}
+
+pub(super) fn has_unfinished(conn: &Connection, queues: &[String]) -> Result<bool> {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'running') {})",
+        queue_filter(queues, 1)
+    );
+    Ok(conn.query_row(&sql, params_from_iter(queues.iter()), |r| r.get(0))?)
+}
+
+/// How many jobs are in each status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counts {
+    /// Waiting to run.
+    pub pending: u64,
+    /// Being run.
+    pub running: u64,
+    /// Exited 0.
+    pub succeeded: u64,
+    /// Failed for good.
+    pub failed: u64,
+    /// Cancelled.
+    pub cancelled: u64,
+}
+
+/// The runbook's lease counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseCounts {
+    /// Running jobs.
+    pub running: u64,
+    /// Running jobs whose lease has expired.
+    pub stale_running: u64,
+    /// Running jobs missing run_token, worker_id or lease_expires_at.
+    pub running_without_lease: u64,
+    /// Failed jobs that exhausted the recovery budget.
+    pub recovery_exhausted_failed: u64,
+}

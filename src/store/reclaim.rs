@@ -1,0 +1,286 @@
+//! Reclaiming lost attempts (expired leases, missing lease metadata, dead runners) and the
+//! teardown markers that keep a reclaimed job from running again before its lost attempt's
+//! processes are gone.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::Result;
+use crate::job::{EventKind, OnLost, Status};
+
+#[cfg(doc)]
+use super::Store;
+use super::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, event};
+
+/// What a sweeper asks of [`Store::reclaim`].
+#[derive(Debug, Clone)]
+pub struct ReclaimRequest<'a> {
+    /// The recovery budget.
+    pub max_recovery_attempts: u32,
+    /// At most this many reclaims; 0 disables reclaiming.
+    pub batch: u32,
+    /// Never reclaim this runner's jobs: the caller's own, which it renews itself.
+    pub exclude_worker: Option<&'a str>,
+    /// Runners known to be dead, with the evidence: their running jobs are reclaimed at once.
+    pub dead_workers: &'a [(String, String)],
+    /// Reclaim expired leases (false while a runner settles after a clock jump: only dead
+    /// runners' jobs and lease-less rows are reclaimed then).
+    pub expired: bool,
+}
+
+/// A lost attempt: what is needed to find and tear down its processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LostAttempt {
+    /// The job.
+    pub job_id: i64,
+    /// The attempt that was lost.
+    pub attempt: i64,
+    /// Its run token ("" when the row had none).
+    pub run_token: String,
+    /// Its recorded process group.
+    pub pgid: Option<i32>,
+    /// Its recorded start time.
+    pub start_time: Option<u64>,
+}
+
+/// One reclaimed job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reclaimed {
+    /// The lost attempt.
+    pub lost: LostAttempt,
+    /// The runner that held it.
+    pub worker_id: Option<String>,
+    /// Where the job went: pending or failed.
+    pub status: Status,
+    /// The `last_error` written.
+    pub message: String,
+}
+
+/// What [`Store::reclaim`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    /// Every reclaimed job.
+    pub reclaimed: Vec<Reclaimed>,
+}
+
+impl ReclaimReport {
+    /// Jobs moved back to pending.
+    pub fn pending(&self) -> usize {
+        self.reclaimed
+            .iter()
+            .filter(|r| r.status == Status::Pending)
+            .count()
+    }
+
+    /// Jobs failed as lost.
+    pub fn failed(&self) -> usize {
+        self.reclaimed
+            .iter()
+            .filter(|r| r.status == Status::Failed)
+            .count()
+    }
+}
+
+/// The running rows a sweep may reclaim. Parameters: the excluded worker (or NULL), whether
+/// expired leases count, now, dead workers (JSON), batch size.
+pub(super) const RECLAIM_CANDIDATES_SQL: &str =
+    "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
+            on_lost, recovery_count
+     FROM jobs
+     WHERE status = 'running'
+       AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1)
+       AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
+            OR (?2 AND lease_expires_at < ?3)
+            OR worker_id IN (SELECT value FROM json_each(?4)))
+     ORDER BY lease_expires_at, id LIMIT (SELECT ?5)";
+
+pub(super) fn reclaim(
+    conn: &Connection,
+    req: &ReclaimRequest<'_>,
+    now: i64,
+) -> Result<ReclaimReport> {
+    let mut report = ReclaimReport::default();
+    if req.batch == 0 {
+        return Ok(report);
+    }
+    let dead: Vec<&str> = req.dead_workers.iter().map(|(w, _)| w.as_str()).collect();
+    let dead_json = serde_json::to_string(&dead).unwrap_or_default();
+    /// A running row that may be reclaimed: id, attempt, run_token, worker_id, pgid,
+    /// proc_start_time, lease_expires_at, on_lost, recovery_count.
+    type Candidate = (
+        i64,
+        i64,
+        Option<String>,
+        Option<String>,
+        Option<i32>,
+        Option<i64>,
+        Option<i64>,
+        String,
+        i64,
+    );
+    let candidates: Vec<Candidate> = {
+        let mut stmt = conn.prepare_cached(RECLAIM_CANDIDATES_SQL)?;
+        let rows = stmt.query_map(
+            params![req.exclude_worker, req.expired, now, dead_json, req.batch],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                    r.get(8)?,
+                ))
+            },
+        )?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (id, attempt, token, worker, pgid, start, expires, on_lost, recovery) in candidates {
+        let missing = token.is_none() || worker.is_none() || expires.is_none();
+        let message = if missing {
+            let absent: Vec<&str> = [
+                ("run_token", token.is_none()),
+                ("worker_id", worker.is_none()),
+                ("lease_expires_at", expires.is_none()),
+            ]
+            .into_iter()
+            .filter_map(|(n, a)| a.then_some(n))
+            .collect();
+            format!("{LEASE_MISSING_PREFIX}no {}", absent.join(", "))
+        } else if let Some((w, why)) = req
+            .dead_workers
+            .iter()
+            .find(|(w, _)| Some(w.as_str()) == worker.as_deref())
+        {
+            format!("{LEASE_EXPIRED_PREFIX}runner {w} is dead: {why}")
+        } else {
+            let late = now - expires.unwrap_or(now);
+            format!(
+                "{LEASE_EXPIRED_PREFIX}worker {} held it until {} ({:.1}s ago)",
+                worker.as_deref().unwrap_or("?"),
+                expires.unwrap_or(0),
+                late as f64 / 1000.0
+            )
+        };
+        let recovery = recovery + 1;
+        let (status, message) =
+            lost_verdict(&on_lost, recovery, req.max_recovery_attempts, message);
+        let token_text = token.clone().unwrap_or_default();
+        let changed = conn
+            .prepare_cached(
+                "UPDATE jobs SET status = ?3, recovery_count = ?4, last_error = ?5,
+                     scheduled_at = CASE WHEN ?3 = 'pending' THEN ?6 ELSE scheduled_at END,
+                     completed_at = CASE WHEN ?3 = 'failed' THEN ?6 END,
+                     error_kind = CASE WHEN ?3 = 'failed' THEN 'lost' END,
+                     started_at = CASE WHEN ?3 = 'pending' THEN NULL ELSE started_at END,
+                     heartbeat_at = CASE WHEN ?3 = 'pending' THEN NULL ELSE heartbeat_at END,
+                     lease_expires_at = NULL,
+                     run_token = CASE WHEN ?3 = 'pending' THEN NULL ELSE run_token END,
+                     worker_id = CASE WHEN ?3 = 'pending' THEN NULL ELSE worker_id END,
+                     teardown_token = ?7, teardown_pgid = pgid,
+                     teardown_start_time = proc_start_time
+                 WHERE id = ?1 AND status = 'running' AND run_token IS ?2",
+            )?
+            .execute(params![
+                id,
+                token,
+                status.as_str(),
+                recovery,
+                message,
+                now,
+                token_text
+            ])?;
+        if changed == 0 {
+            continue;
+        }
+        let kind = if status == Status::Failed {
+            EventKind::Lost
+        } else {
+            EventKind::Reclaimed
+        };
+        event(conn, id, now, kind, attempt, &message)?;
+        report.reclaimed.push(Reclaimed {
+            lost: LostAttempt {
+                job_id: id,
+                attempt,
+                run_token: token_text,
+                pgid,
+                start_time: start.map(|s| s as u64),
+            },
+            worker_id: worker,
+            status,
+            message,
+        });
+    }
+    Ok(report)
+}
+
+/// Where a lost attempt's job goes: back to pending while the budget lasts and the job asks
+/// for it, failed otherwise, with the message saying which.
+pub(super) fn lost_verdict(
+    on_lost: &str,
+    recovery: i64,
+    max: u32,
+    message: String,
+) -> (Status, String) {
+    if on_lost == OnLost::Fail.as_str() {
+        (
+            Status::Failed,
+            format!(
+                "{message}; on_lost=fail: not executed again, and its side effects may already have happened"
+            ),
+        )
+    } else if recovery > i64::from(max) {
+        (
+            Status::Failed,
+            format!("{message}; recovery budget of {max} exhausted (reclaimed {recovery} times)"),
+        )
+    } else {
+        (Status::Pending, message)
+    }
+}
+
+pub(super) fn pending_teardowns(conn: &Connection, limit: u64) -> Result<Vec<LostAttempt>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, attempt, teardown_token, teardown_pgid, teardown_start_time FROM jobs
+         WHERE teardown_token IS NOT NULL ORDER BY id LIMIT (SELECT ?1)",
+    )?;
+    let rows = stmt.query_map([limit as i64], |r| {
+        Ok(LostAttempt {
+            job_id: r.get(0)?,
+            attempt: r.get(1)?,
+            run_token: r.get(2)?,
+            pgid: r.get(3)?,
+            start_time: r.get::<_, Option<i64>>(4)?.map(|s| s as u64),
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn record_teardown(
+    conn: &Connection,
+    id: i64,
+    token: &str,
+    detail: &str,
+    now: i64,
+) -> Result<bool> {
+    let attempt: Option<i64> = conn
+        .prepare_cached(
+            "UPDATE jobs SET teardown_token = NULL, teardown_pgid = NULL,
+                 teardown_start_time = NULL
+             WHERE id = ?1 AND teardown_token = ?2 RETURNING attempt",
+        )?
+        .query_row(params![id, token], |r| r.get(0))
+        .optional()?;
+    match attempt {
+        Some(attempt) => {
+            event(conn, id, now, EventKind::TornDown, attempt, detail)?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}

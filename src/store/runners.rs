@@ -1,0 +1,114 @@
+//! The `runners` table: one row per runner process, its heartbeat and how it ended.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::error::Result;
+
+/// One runner process, as registered in the `runners` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunnerRecord {
+    /// Its worker id, written on every lease it takes.
+    pub worker_id: String,
+    /// Its process id.
+    pub pid: i64,
+    /// Its start time, in clock ticks since boot.
+    pub proc_start_time: u64,
+    /// The boot it ran in (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id: String,
+    /// Its host name.
+    pub host: String,
+    /// When it started.
+    pub started_at: i64,
+    /// Its last sign of life.
+    pub heartbeat_at: i64,
+    /// When it shut down cleanly.
+    pub stopped_at: Option<i64>,
+    /// Its lease TTL.
+    pub lease_ttl_ms: i64,
+    /// Its heartbeat interval.
+    pub heartbeat_interval_ms: i64,
+    /// Its recovery budget.
+    pub max_recovery_attempts: i64,
+}
+
+fn runner_row(r: &Row<'_>) -> rusqlite::Result<RunnerRecord> {
+    Ok(RunnerRecord {
+        worker_id: r.get(0)?,
+        pid: r.get(1)?,
+        proc_start_time: r.get::<_, i64>(2)? as u64,
+        boot_id: r.get(3)?,
+        host: r.get(4)?,
+        started_at: r.get(5)?,
+        heartbeat_at: r.get(6)?,
+        stopped_at: r.get(7)?,
+        lease_ttl_ms: r.get(8)?,
+        heartbeat_interval_ms: r.get(9)?,
+        max_recovery_attempts: r.get(10)?,
+    })
+}
+
+pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
+    conn.execute(
+        "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
+                     heartbeat_at, stopped_at, lease_ttl_ms, heartbeat_interval_ms,
+                     max_recovery_attempts)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        params![
+            runner.worker_id,
+            runner.pid,
+            runner.proc_start_time as i64,
+            runner.boot_id,
+            runner.host,
+            runner.started_at,
+            runner.heartbeat_at,
+            runner.stopped_at,
+            runner.lease_ttl_ms,
+            runner.heartbeat_interval_ms,
+            runner.max_recovery_attempts,
+        ],
+    )?;
+    Ok(())
+}
+
+pub(super) fn stop(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
+    conn.execute(
+        "UPDATE runners SET stopped_at = ?2, heartbeat_at = ?2 WHERE worker_id = ?1",
+        params![worker_id, now],
+    )?;
+    Ok(())
+}
+
+pub(super) fn mark_dead(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
+    conn.execute(
+        "UPDATE runners SET stopped_at = ?2 WHERE worker_id = ?1 AND stopped_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'running' AND worker_id = ?1)",
+        params![worker_id, now],
+    )?;
+    Ok(())
+}
+
+pub(super) fn runner_heartbeat(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
+    conn.prepare_cached("UPDATE runners SET heartbeat_at = ?2 WHERE worker_id = ?1")?
+        .execute(params![worker_id, now])?;
+    Ok(())
+}
+
+pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts
+             FROM runners WHERE stopped_at IS NULL ORDER BY started_at, worker_id",
+    )?;
+    let rows = stmt.query_map([], runner_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn latest(conn: &Connection) -> Result<Option<RunnerRecord>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts
+             FROM runners ORDER BY started_at DESC, rowid DESC LIMIT 1",
+    )?;
+    Ok(stmt.query_row([], runner_row).optional()?)
+}

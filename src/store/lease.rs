@@ -274,16 +274,20 @@ pub enum Finished {
     Fenced,
 }
 
-/// The wait before retry number `failures` (1 for the first retry), with ±20% jitter.
+/// The wait before retry number `failures` (1 for the first retry), with ±20% jitter: within
+/// `wait - wait/5 ..= wait + wait/5` exactly (integer arithmetic: f64 loses the last bits of
+/// waits near `i64::MAX`), saturating at `i64::MAX`.
 pub(crate) fn backoff_ms(base_ms: i64, max_ms: i64, failures: i64) -> i64 {
     let shift = u32::try_from(failures.saturating_sub(1).clamp(0, 40)).unwrap_or(40);
     let wait = base_ms.saturating_mul(1i64 << shift).min(max_ms).max(0);
     // A fresh random key per call: std's hasher seeds are random, which is all jitter needs.
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_i64(wait);
-    let unit = (h.finish() % 10_001) as f64 / 10_000.0; // 0.0..=1.0
-    let jittered = wait as f64 * (0.8 + 0.4 * unit);
-    (jittered.round() as i64).min(max_ms.saturating_add(max_ms / 5))
+    let fifth = i128::from(wait / 5);
+    // 0..=10_000 parts of the jitter's span of two fifths.
+    let parts = i128::from(h.finish() % 10_001);
+    let jittered = i128::from(wait) - fifth + 2 * fifth * parts / 10_000;
+    i64::try_from(jittered).unwrap_or(i64::MAX)
 }
 
 pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
@@ -529,8 +533,8 @@ mod tests {
             for failures in counts {
                 let wait = unjittered(base, cap, failures);
                 // ±20% of the wait, and never more than 120% of the cap.
-                let low = (wait as f64 * 0.8).floor() as i64;
-                let high = ((wait as f64 * 1.2).ceil() as i64).min(cap.saturating_add(cap / 5));
+                let low = wait - wait / 5;
+                let high = wait.saturating_add(wait / 5);
                 for got in samples(base, cap, failures) {
                     assert!(
                         (low..=high).contains(&got),

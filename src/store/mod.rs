@@ -609,6 +609,50 @@ mod tests {
         })
     }
 
+    /// The virtual-machine steps one claim of one job takes on a file of `pending` jobs, half
+    /// in queue `a` and half in `b`: a count of work, the same on any machine, where a timing
+    /// would be noise.
+    fn claim_steps(pending: usize, queues: &[String]) -> i32 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let now = 1_700_000_000_000i64;
+        let jobs: Vec<crate::Job> = (0..pending)
+            .map(|i| crate::Job::shell("true").queue(if i % 2 == 0 { "a" } else { "b" }))
+            .collect();
+        store.enqueue_many(&jobs, now).unwrap();
+        let conn = store.conn();
+        let mut values: Vec<rusqlite::types::Value> = vec![
+            "w".to_string().into(),
+            now.into(),
+            (now + 30_000).into(),
+            1i64.into(),
+        ];
+        values.extend(queues.iter().map(|q| q.clone().into()));
+        let mut stmt = conn.prepare(&claim_sql(queues)).unwrap();
+        let mut rows = stmt.query(params_from_iter(values)).unwrap();
+        let mut claimed = 0;
+        while rows.next().unwrap().is_some() {
+            claimed += 1;
+        }
+        drop(rows);
+        assert_eq!(claimed, 1);
+        stmt.get_status(rusqlite::StatementStatus::VmStep)
+    }
+
+    #[test]
+    fn a_claim_does_the_same_work_from_a_thousand_or_a_hundred_thousand_pending_jobs() {
+        for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+            let (few, many) = (claim_steps(1_000, &queues), claim_steps(100_000, &queues));
+            // Measured: 261, 264 and 312 steps at both sizes. A claim that scanned or sorted
+            // the pending rows of its queues would take at least one step per row read:
+            // 50,000 and more here.
+            assert!(
+                many <= few * 2,
+                "queues {queues:?}: {many} steps from 100,000 jobs, {few} from 1,000"
+            );
+        }
+    }
+
     #[test]
     fn claim_reclaim_and_renew_statements_read_their_indexes() {
         let dir = tempfile::tempdir().unwrap();

@@ -326,7 +326,7 @@ fn runner_that_cannot_renew_kills_its_attempt_before_the_lease_runs_out() {
     c.wait_for("the first pid", |c| {
         (!c.file("pids").is_empty()).then_some(())
     });
-    let pid = first.pid.unwrap() as i32;
+    let pid = first.pid.unwrap();
 
     let lock = rusqlite::Connection::open(&c.path).unwrap();
     lock.busy_timeout(Duration::from_secs(10)).unwrap();
@@ -532,7 +532,7 @@ exit {code}
     // and wait as zombies for their frozen runner to reap them.
     std::fs::write(c.dir.path().join("go"), b"").unwrap();
     for first in &firsts {
-        let pid = first.pid.unwrap() as i32;
+        let pid = first.pid.unwrap();
         c.wait_for("attempt 1 to exit", |_| (!alive(pid)).then_some(()));
     }
 
@@ -564,7 +564,7 @@ exit {code}
         assert_eq!(after.worker_id, second.worker_id);
         assert_eq!(after.pid, second.pid);
         assert_eq!((after.exit_code, after.failed_attempts), (None, 0));
-        assert!(alive(second.pid.unwrap() as i32), "attempt 2 runs on");
+        assert!(alive(second.pid.unwrap()), "attempt 2 runs on");
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use assert_cmd::Command;
 use serde_json::Value;
 
-use crate::util::{LEASEHOLD_VARS, wait_until};
+use crate::util::{leasehold_vars, wait_until};
 
 /// The runner settings that make a test fast: a short lease, quick heartbeats and sweeps.
 pub const FAST: [&str; 8] = [
@@ -27,7 +27,7 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 /// The binary, with none of the caller's leasehold settings or log filter.
 pub fn bin() -> Command {
     let mut cmd = Command::cargo_bin("leasehold").expect("the leasehold binary is built");
-    for var in LEASEHOLD_VARS {
+    for var in leasehold_vars() {
         cmd.env_remove(var);
     }
     cmd.timeout(COMMAND_TIMEOUT);

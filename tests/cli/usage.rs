@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::helper::{add, bin, cli, fails, inspect, json, ok, run_until_idle};
-use crate::util::{self, TestDb, bare};
+use crate::util::{self, RUN_VARS, TestDb, bare};
 
 #[test]
 fn help_and_version_exit_zero() {
@@ -23,17 +23,7 @@ fn help_and_version_exit_zero() {
         assert!(stdout.contains("leasehold"), "{args:?}: {stdout}");
     }
     let help = ok(bin().args(["run", "--help"]));
-    for flag in [
-        "LEASEHOLD_WORKERS",
-        "LEASEHOLD_LEASE_TTL",
-        "LEASEHOLD_HEARTBEAT",
-        "LEASEHOLD_SWEEP",
-        "LEASEHOLD_KILL_GRACE",
-        "LEASEHOLD_SHUTDOWN_GRACE",
-        "LEASEHOLD_MAX_RECOVERY",
-        "LEASEHOLD_RECLAIM_BATCH",
-        "--until-idle",
-    ] {
+    for flag in RUN_VARS.into_iter().chain(["--until-idle"]) {
         assert!(help.contains(flag), "run --help does not mention {flag}");
     }
 }
@@ -197,38 +187,22 @@ fn arguments_that_are_not_utf8_are_refused_and_nothing_is_written() {
     cwd.extend_from_slice(b"/");
     cwd.extend_from_slice(bad.as_bytes());
     std::fs::create_dir(OsStr::from_bytes(&cwd)).unwrap();
+    // `jobs add OPTION VALUE -- true`.
+    let option = |name: &str, value: &[u8]| {
+        with(
+            &["jobs", "add", name],
+            OsStr::from_bytes(value),
+            &["--", "true"],
+        )
+    };
     let cases = [
         (with(&["jobs", "add", "--"], bad, &[]), "CMD"),
         (with(&["jobs", "add"], bad, &["x"]), "CMD"),
         (with(&["jobs", "add", "--", "echo"], bad, &["x"]), "CMD"),
-        (
-            with(
-                &["jobs", "add", "--env"],
-                OsStr::from_bytes(&env_value),
-                &["--", "true"],
-            ),
-            "--env",
-        ),
-        (
-            with(
-                &["jobs", "add", "--env"],
-                OsStr::from_bytes(&env_name),
-                &["--", "true"],
-            ),
-            "--env",
-        ),
-        (
-            with(
-                &["jobs", "add", "--cwd"],
-                OsStr::from_bytes(&cwd),
-                &["--", "true"],
-            ),
-            "--cwd",
-        ),
-        (
-            with(&["jobs", "add", "--queue"], bad, &["--", "true"]),
-            "--queue",
-        ),
+        (option("--env", &env_value), "--env"),
+        (option("--env", &env_name), "--env"),
+        (option("--cwd", &cwd), "--cwd"),
+        (option("--queue", bad.as_bytes()), "--queue"),
     ];
     for (mut cmd, name) in cases {
         let line = fails(&mut cmd, 2);

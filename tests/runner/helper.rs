@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use leasehold::{JobRecord, Outcome, Runner, RunnerBuilder, Status, Store};
+use leasehold::{Job, JobRecord, Outcome, Runner, RunnerBuilder, Status, Store};
 
 use crate::util::{TestDb, wait_for};
 
@@ -49,6 +49,17 @@ pub fn stdout(path: &Path, id: i64) -> String {
         .expect("output")
         .expect("an output row");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A runner running one job that ignores SIGTERM: the runner, the job's id and its process
+/// group.
+pub fn stubborn_job(db: &TestDb) -> (Runner, i64, i64) {
+    let runner = fast(&db.path).start().expect("start");
+    let id = runner
+        .enqueue(&Job::shell("trap '' TERM; sleep 300"))
+        .expect("enqueue");
+    let pgid = running(db, id).pgid.unwrap();
+    (runner, id, pgid)
 }
 
 /// Waits until the job is running with its process recorded.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::{Job, Outcome, Status, Store, now_ms};
 
-use crate::helper::{WAIT, events, fast, outcome, running};
+use crate::helper::{WAIT, events, fast, outcome, running, stubborn_job};
 use crate::util::{TestDb, group_members, kinds, wait_for};
 
 #[test]
@@ -38,11 +38,7 @@ fn cancel_from_another_process_revokes_the_lease_and_kills_the_attempt() {
 #[test]
 fn cancel_through_the_runner_kills_within_kill_grace() {
     let db = TestDb::new();
-    let runner = fast(&db.path).start().expect("start");
-    let id = runner
-        .enqueue(&Job::shell("trap '' TERM; sleep 300"))
-        .expect("enqueue");
-    let pgid = running(&db, id).pgid.unwrap();
+    let (runner, id, pgid) = stubborn_job(&db);
     let started = Instant::now();
     runner.cancel(id).unwrap();
     wait_for("the group to die", WAIT, || {

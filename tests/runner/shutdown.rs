@@ -2,19 +2,15 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold::{Job, Status, Store};
+use leasehold::{Status, Store};
 
-use crate::helper::{fast, running};
+use crate::helper::stubborn_job;
 use crate::util::{TestDb, group_members, kinds};
 
 #[test]
 fn shutdown_kills_running_jobs_and_requeues_them_without_spending_budget() {
     let db = TestDb::new();
-    let runner = fast(&db.path).start().expect("start");
-    let id = runner
-        .enqueue(&Job::shell("trap '' TERM; sleep 300"))
-        .expect("enqueue");
-    let pgid = running(&db, id).pgid.unwrap();
+    let (runner, id, pgid) = stubborn_job(&db);
     let started = Instant::now();
     runner
         .shutdown_within(Duration::from_millis(200))

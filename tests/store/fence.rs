@@ -5,6 +5,17 @@ use leasehold::{AttemptStart, Ending, Finish, Finished, Job, Output, Status};
 use crate::helper::{EXPIRED, claim_and_lose, claim_one, enqueue, exit, finish, last_event};
 use crate::util::{T0, TestDb, kinds, raw_job_row};
 
+/// Endings that a lost attempt may report late.
+fn late_endings() -> [Ending; 3] {
+    [
+        Ending::Succeeded,
+        exit(1),
+        Ending::Lost {
+            message: "late".into(),
+        },
+    ]
+}
+
 #[test]
 fn a_stale_tokens_finish_changes_nothing_but_logs_the_late_result() {
     let db = TestDb::new();
@@ -20,17 +31,10 @@ fn a_stale_tokens_finish_changes_nothing_but_logs_the_late_result() {
     let current = claim_one(&store, "w2", EXPIRED + 1);
     assert_ne!(current.run_token, stale.run_token);
 
-    let endings = [
-        Ending::Succeeded,
-        exit(1),
-        Ending::Lost {
-            message: "late".into(),
-        },
-        Ending::Interrupted {
-            message: "late".into(),
-        },
-    ];
-    for ending in endings {
+    let interrupted = Ending::Interrupted {
+        message: "late".into(),
+    };
+    for ending in late_endings().into_iter().chain([interrupted]) {
         let record_before = store.job(id).unwrap();
         let row_before = raw_job_row(&bare, id);
         let events_before = store.events(id).unwrap();
@@ -63,14 +67,7 @@ fn a_stale_tokens_finish_changes_nothing_but_logs_the_late_result() {
 
 #[test]
 fn a_late_ending_of_a_lost_attempt_leaves_the_next_running_attempt_untouched() {
-    let endings = [
-        Ending::Succeeded,
-        exit(1),
-        Ending::Lost {
-            message: "late".into(),
-        },
-    ];
-    for ending in endings {
+    for ending in late_endings() {
         let db = TestDb::new();
         let store = db.store();
         let bare = db.bare();

@@ -10,6 +10,12 @@ use leasehold::{Error, Job, ListFilter, Migration, OpenOptions, SCHEMA_VERSION, 
 use crate::helper::files_in;
 use crate::util::{T0, TestDb, bare};
 
+/// What opening a file of version 0 (empty, or new) does.
+const FROM_EMPTY: Migration = Migration {
+    from: 0,
+    to: SCHEMA_VERSION,
+};
+
 /// `sql` with `--` comments stripped and runs of whitespace collapsed.
 fn normalise_sql(sql: &str) -> String {
     let stripped: Vec<&str> = sql
@@ -49,13 +55,7 @@ fn schema_of(conn: &rusqlite::Connection) -> (Vec<[String; 4]>, i64) {
 fn schema_sql_equals_what_migrating_an_empty_file_gives() {
     let db = TestDb::new();
     let store = db.store();
-    assert_eq!(
-        store.migration(),
-        Migration {
-            from: 0,
-            to: SCHEMA_VERSION
-        }
-    );
+    assert_eq!(store.migration(), FROM_EMPTY);
     drop(store);
     let migrated = schema_of(&db.bare());
 
@@ -101,13 +101,7 @@ fn an_empty_file_of_version_zero_is_migrated() {
     assert!(std::fs::metadata(&no_tables).unwrap().len() > 0);
     for path in [zero_bytes, no_tables] {
         let store = Store::open(&path).unwrap();
-        assert_eq!(
-            store.migration(),
-            Migration {
-                from: 0,
-                to: SCHEMA_VERSION
-            }
-        );
+        assert_eq!(store.migration(), FROM_EMPTY);
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
         store.enqueue(&Job::shell("true"), T0).unwrap();
         drop(store);

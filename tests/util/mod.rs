@@ -3,7 +3,9 @@
 //!
 //! Each test binary includes this module with `#[path = "../util/mod.rs"] mod util;`.
 
-// Each test binary uses its own part of this module.
+// Each test binary uses its own part of this module, so what one binary leaves unused (an
+// item, or its re-export below) is no mistake: `allow`, because `expect` would be unfulfilled
+// in the binaries that happen to use all of one kind.
 #![allow(dead_code, unused_imports)]
 
 mod proc;
@@ -21,7 +23,7 @@ pub use proc::{
     Proc, alive, group_alive, group_members, live_processes, processes_with_env, token_alive,
     token_holders,
 };
-pub use runner::{LEASEHOLD_VARS, RunnerProcess};
+pub use runner::{RUN_VARS, RunnerProcess, leasehold_vars};
 pub use watchdog::{WATCHDOG_DEFAULT_SECS, WATCHDOG_ENV, Watchdog};
 
 /// A fixed "now" for tests that pass time as a parameter: 2023-11-14T22:13:20Z.

@@ -11,10 +11,8 @@ use nix::unistd::Pid;
 
 use super::poll;
 
-/// The environment variables that configure `leasehold`: a test sets the ones it means to,
-/// and none of the caller's reach the command.
-pub const LEASEHOLD_VARS: [&str; 10] = [
-    "LEASEHOLD_DB",
+/// The environment variables that set `leasehold run`'s options.
+pub const RUN_VARS: [&str; 8] = [
     "LEASEHOLD_WORKERS",
     "LEASEHOLD_LEASE_TTL",
     "LEASEHOLD_HEARTBEAT",
@@ -23,8 +21,14 @@ pub const LEASEHOLD_VARS: [&str; 10] = [
     "LEASEHOLD_SHUTDOWN_GRACE",
     "LEASEHOLD_MAX_RECOVERY",
     "LEASEHOLD_RECLAIM_BATCH",
-    "RUST_LOG",
 ];
+
+/// Every variable that configures `leasehold`: the database, the run options, the log filter.
+/// A test removes them all from a command and sets the ones it means to, so that none of the
+/// caller's reach it.
+pub fn leasehold_vars() -> impl Iterator<Item = &'static str> {
+    ["LEASEHOLD_DB", "RUST_LOG"].into_iter().chain(RUN_VARS)
+}
 
 /// A `leasehold run` in the background, its log (stderr) in a file next to the database.
 /// Dropping it kills the process by pid if it still runs.
@@ -48,7 +52,7 @@ impl RunnerProcess {
         let log = folder.join(format!("runner-{n}.log"));
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
         cmd.arg("--db").arg(db).arg("run").args(args);
-        for var in LEASEHOLD_VARS {
+        for var in leasehold_vars() {
             cmd.env_remove(var);
         }
         let child = cmd

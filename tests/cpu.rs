@@ -8,7 +8,7 @@ use nix::sys::resource::{UsageWho, getrusage};
 
 mod util;
 
-use util::Watchdog;
+use util::TestDb;
 
 fn cpu_seconds() -> f64 {
     let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
@@ -18,10 +18,8 @@ fn cpu_seconds() -> f64 {
 
 #[test]
 fn two_hundred_sleeping_jobs_cost_the_runner_almost_no_cpu() {
-    let _watchdog = Watchdog::new();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("jobs.db");
-    let runner = Runner::builder(&path)
+    let db = TestDb::new();
+    let runner = Runner::builder(&db.path)
         .workers(200)
         .lease_ttl(Duration::from_secs(6))
         .heartbeat_interval(Duration::from_secs(1))

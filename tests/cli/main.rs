@@ -1,0 +1,15 @@
+//! The `leasehold` binary, run as an operator or a script would run it: every command, every
+//! JSON shape, every error with its exit code, and the runbook's plain SQL.
+
+#[path = "../util/mod.rs"]
+mod util;
+
+mod helper;
+
+mod db;
+mod jobs;
+mod numeric;
+mod run;
+mod runbook;
+mod status;
+mod usage;

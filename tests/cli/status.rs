@@ -1,0 +1,58 @@
+//! `status`: job counts, lease health, the last runner's settings, and live runners.
+
+use crate::helper::{add, cli, json, ok};
+use crate::util::TestDb;
+
+#[test]
+fn status_reports_counts_leases_settings_and_runners() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    add(db, &[], &["true"]);
+    let v = json(&mut cli(db, &["status", "--json"]));
+    assert_eq!(v["schema_version"], leasehold::SCHEMA_VERSION);
+    assert_eq!(
+        v["jobs"],
+        serde_json::json!({"pending": 1, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0})
+    );
+    assert_eq!(
+        v["job_leases"],
+        serde_json::json!({
+            "running": 0, "stale_running": 0, "running_without_lease": 0,
+            "recovery_exhausted_failed": 0,
+            "lease_ttl_seconds": leasehold::DEFAULT_LEASE_TTL.as_secs_f64(),
+            "heartbeat_interval_seconds": leasehold::DEFAULT_HEARTBEAT_INTERVAL.as_secs_f64(),
+            "max_recovery_attempts": leasehold::DEFAULT_MAX_RECOVERY_ATTEMPTS,
+        })
+    );
+    assert_eq!(v["runners"], serde_json::json!([]));
+
+    // The settings of the most recently started runner, read from the environment here.
+    ok(cli(db, &["run", "--until-idle"])
+        .env("LEASEHOLD_LEASE_TTL", "3")
+        .env("LEASEHOLD_HEARTBEAT", "0.5")
+        .env("LEASEHOLD_SWEEP", "1")
+        .env("LEASEHOLD_MAX_RECOVERY", "2")
+        .env("LEASEHOLD_WORKERS", "1"));
+    let v = json(&mut cli(db, &["status", "--json"]));
+    assert_eq!(v["jobs"]["succeeded"], 1);
+    assert_eq!(v["job_leases"]["lease_ttl_seconds"], 3.0);
+    assert_eq!(v["job_leases"]["heartbeat_interval_seconds"], 0.5);
+    assert_eq!(v["job_leases"]["max_recovery_attempts"], 2);
+    assert_eq!(
+        v["runners"],
+        serde_json::json!([]),
+        "a stopped runner is not listed"
+    );
+    let human = ok(&mut cli(db, &["status"]));
+    for word in [
+        "succeeded=1",
+        "stale_running=0",
+        "running_without_lease=0",
+        "recovery_exhausted_failed=0",
+        "lease_ttl_seconds=3",
+        "heartbeat_interval_seconds=0.5",
+        "max_recovery_attempts=2",
+    ] {
+        assert!(human.contains(word), "no {word} in {human}");
+    }
+}

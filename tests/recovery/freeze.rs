@@ -1,0 +1,127 @@
+//! Frozen runners (SIGSTOP): another runner takes over expired leases, a runner that wakes in
+//! time keeps its jobs, and a frozen runner's late results are fenced.
+
+use std::time::Duration;
+
+use leasehold::{Job, JobRecord, Status};
+use nix::sys::signal::Signal;
+
+use crate::helper::{Case, PID_SCRIPT, args};
+use crate::util::{alive, group_alive};
+
+#[test]
+fn frozen_runner_loses_its_job_to_another_and_its_late_result_is_discarded() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell(PID_SCRIPT));
+    let ttl = ["--lease-ttl", "2"];
+    let frozen = c.start_runner(&args(&ttl));
+    let first = c.running(id, 1);
+    c.start_runner(&args(&ttl));
+    c.signal(frozen, Signal::SIGSTOP);
+    let done = c.ended(id);
+    assert_eq!(done.status, Status::Succeeded, "{done:?}");
+    assert_eq!(done.attempt, 2);
+    assert_ne!(done.worker_id, first.worker_id);
+    assert!(!group_alive(first.pgid.unwrap()));
+    assert_eq!(c.file("overlap"), "");
+    c.signal(frozen, Signal::SIGCONT);
+    c.wait_for("the late result to be discarded", |c| {
+        c.kinds(id)
+            .contains(&"late_result_discarded".to_string())
+            .then_some(())
+    });
+    let after = c.job(id);
+    assert_eq!(after.status, Status::Succeeded);
+    assert_eq!(after.run_token, done.run_token);
+    assert_eq!(after.exit_code, Some(0));
+}
+
+#[test]
+fn runner_frozen_past_its_lease_keeps_its_jobs_when_it_wakes() {
+    let mut c = Case::new();
+    let ids: Vec<i64> = (0..2).map(|_| c.enqueue(Job::shell("sleep 2"))).collect();
+    let r = c.start_runner(&args(&["--lease-ttl", "1.5"]));
+    for &id in &ids {
+        c.running(id, 1);
+    }
+    c.signal(r, Signal::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(3)); // Twice the lease TTL, frozen: the point of the test.
+    c.signal(r, Signal::SIGCONT);
+    for &id in &ids {
+        let done = c.ended(id);
+        assert_eq!(done.status, Status::Succeeded, "{done:?}");
+        assert_eq!(done.recovery_count, 0);
+        assert_eq!(done.attempt, 1);
+    }
+}
+
+#[test]
+fn late_result_of_an_attempt_that_ended_while_its_runner_was_frozen_is_fenced() {
+    let mut c = Case::new();
+    // Attempt 1 notes its token, then exits with `code` when the test says so; attempt 2
+    // (the note exists) notes its token and runs on. One job whose late result is a success,
+    // one whose late result is a failure: they are recorded by different statements.
+    let script = |code: i32| {
+        format!(
+            r#"
+if [ -e first-$LEASEHOLD_JOB_ID ]; then
+  echo "$LEASEHOLD_RUN_TOKEN" > second-$LEASEHOLD_JOB_ID; exec sleep 300
+fi
+echo "$LEASEHOLD_RUN_TOKEN" > first-$LEASEHOLD_JOB_ID
+while [ ! -e go ]; do sleep 0.05; done
+exit {code}
+"#
+        )
+    };
+    let ids = [
+        c.enqueue(Job::shell(script(0))),
+        c.enqueue(Job::shell(script(3)).max_attempts(3)),
+    ];
+    let ttl = ["--lease-ttl", "2"];
+    let frozen = c.start_runner(&args(&ttl));
+    let firsts: Vec<JobRecord> = ids.iter().map(|&id| c.running(id, 1)).collect();
+    for id in ids {
+        c.wait_for("attempt 1's note", |c| {
+            (!c.file(&format!("first-{id}")).is_empty()).then_some(())
+        });
+    }
+    c.signal(frozen, Signal::SIGSTOP);
+    // The attempts run in their own groups, so they are not frozen: they end on their own,
+    // and wait as zombies for their frozen runner to reap them.
+    std::fs::write(c.db.dir.path().join("go"), b"").unwrap();
+    for first in &firsts {
+        let pid = first.pid.unwrap();
+        c.wait_for("attempt 1 to exit", |_| (!alive(pid)).then_some(()));
+    }
+
+    c.start_runner(&args(&ttl));
+    let seconds: Vec<JobRecord> = ids.iter().map(|&id| c.running(id, 2)).collect();
+    for (id, second) in ids.iter().zip(&seconds) {
+        let note = format!("second-{id}");
+        c.wait_for("attempt 2's note", |c| {
+            (!c.file(&note).is_empty()).then_some(())
+        });
+        assert_eq!(c.file(&note).trim(), second.run_token.as_deref().unwrap());
+        assert_ne!(second.worker_id, firsts[0].worker_id);
+    }
+
+    c.signal(frozen, Signal::SIGCONT);
+    for (&id, second) in ids.iter().zip(&seconds) {
+        let discarded = c.wait_for("the late result to be discarded", |c| {
+            c.store()
+                .events(id)
+                .unwrap()
+                .into_iter()
+                .find(|e| e.kind == "late_result_discarded")
+        });
+        assert_eq!(discarded.attempt, 1);
+        let after = c.job(id);
+        assert_eq!(after.status, Status::Running, "{after:?}");
+        assert_eq!(after.attempt, 2);
+        assert_eq!(after.run_token, second.run_token);
+        assert_eq!(after.worker_id, second.worker_id);
+        assert_eq!(after.pid, second.pid);
+        assert_eq!((after.exit_code, after.failed_attempts), (None, 0));
+        assert!(alive(second.pid.unwrap()), "attempt 2 runs on");
+    }
+}

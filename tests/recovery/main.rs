@@ -1,0 +1,12 @@
+//! Crash recovery with real crashes: each test starts `leasehold run` processes, kills,
+//! freezes or starves them, and checks that no job is lost, run twice at once, or wedged.
+
+#[path = "../util/mod.rs"]
+mod util;
+
+mod helper;
+
+mod crash;
+mod freeze;
+mod renewal;
+mod shutdown;

@@ -1,0 +1,34 @@
+//! Shutdown: running jobs are killed and requeued without spending their budget.
+
+use std::time::{Duration, Instant};
+
+use leasehold::{Status, Store};
+
+use crate::helper::stubborn_job;
+use crate::util::{TestDb, group_members, kinds};
+
+#[test]
+fn shutdown_kills_running_jobs_and_requeues_them_without_spending_budget() {
+    let db = TestDb::new();
+    let (runner, id, pgid) = stubborn_job(&db);
+    let started = Instant::now();
+    runner
+        .shutdown_within(Duration::from_millis(200))
+        .expect("shutdown");
+    // Grace, then TERM and KILL after the kill grace, with room for a slow machine.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(group_members(pgid).is_empty());
+    let rec = db.job(id);
+    assert_eq!(rec.status, Status::Pending);
+    assert_eq!(rec.recovery_count, 0);
+    assert!(kinds(&db.store(), id).contains(&"interrupted".to_string()));
+    let runners = Store::open(&db.path).unwrap().runners().unwrap();
+    assert!(
+        runners.is_empty(),
+        "the runner is recorded as stopped: {runners:?}"
+    );
+}

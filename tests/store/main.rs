@@ -1,0 +1,16 @@
+//! The store on real database files: claims, fences, endings, reclaims, operator actions,
+//! migrations and concurrent connections. Time is a parameter: no test waits for a lease.
+
+#[path = "../util/mod.rs"]
+mod util;
+
+mod helper;
+
+mod claim;
+mod ending;
+mod fence;
+mod migration;
+mod multiprocess;
+mod operator;
+mod reclaim;
+mod renewal;

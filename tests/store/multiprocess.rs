@@ -1,0 +1,163 @@
+//! Processes sharing one file: children of this test binary create, write and lock the same
+//! database at once.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use leasehold::{Job, SCHEMA_VERSION, Store, now_ms};
+
+use crate::helper::files_in;
+use crate::util::{self, T0, TestDb, bare, wait_until};
+
+const CHILD_DB: &str = "LEASEHOLD_TEST_CHILD_DB";
+const CHILD_MODE: &str = "LEASEHOLD_TEST_CHILD_MODE";
+const CHILD_JOBS: usize = 50;
+
+/// Not a test: what the tests below run in child processes of this test binary.
+#[test]
+#[ignore = "a helper that other tests run in a child process"]
+fn child_process() {
+    let Ok(path) = std::env::var(CHILD_DB) else {
+        return;
+    };
+    let _watchdog = util::Watchdog::new();
+    let path = PathBuf::from(path);
+    match std::env::var(CHILD_MODE).as_deref() {
+        Ok("enqueue") => {
+            // Say we are ready, then start when the parent says go: all children at once.
+            let ready = format!("{}.ready.{}", path.display(), std::process::id());
+            std::fs::write(ready, b"").unwrap();
+            let go = PathBuf::from(format!("{}.go", path.display()));
+            assert!(wait_until(Duration::from_secs(30), || go.exists()));
+            let store = Store::open(&path).unwrap_or_else(|e| panic!("open: {e:?}"));
+            for i in 0..CHILD_JOBS {
+                store
+                    .enqueue(&Job::shell(format!("echo {i}")), now_ms())
+                    .unwrap_or_else(|e| panic!("enqueue: {e:?}"));
+            }
+            println!("CHILD-DONE");
+        }
+        Ok("hold") => {
+            let conn = bare(&path);
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            conn.execute("UPDATE jobs SET priority = priority WHERE id = 1", [])
+                .unwrap();
+            println!("LOCKED");
+            thread::sleep(Duration::from_millis(300));
+            conn.execute_batch("COMMIT").unwrap();
+            println!("CHILD-DONE");
+        }
+        other => panic!("unknown {CHILD_MODE}: {other:?}"),
+    }
+}
+
+fn spawn_child(path: &Path, mode: &str) -> Child {
+    // libtest names a test by its path in the test binary: `multiprocess::child_process`.
+    let (_crate, module) = module_path!()
+        .split_once("::")
+        .expect("this module is inside the test binary");
+    let name = format!("{module}::child_process");
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &name, "--ignored", "--nocapture"])
+        .env(CHILD_DB, path)
+        .env(CHILD_MODE, mode)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the test binary can run itself")
+}
+
+/// Ends the children still running, by pid, when a test fails half-way.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn expect_child_done(child: Child) {
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("CHILD-DONE"),
+        "the helper did not run:\n{stdout}"
+    );
+    assert!(!format!("{stdout}{stderr}").contains("locked"));
+}
+
+#[test]
+fn processes_creating_one_new_file_at_once_all_succeed() {
+    const PROCESSES: usize = 4;
+    for round in 0..3 {
+        let db = TestDb::new();
+        let mut children = Children(
+            (0..PROCESSES)
+                .map(|_| spawn_child(&db.path, "enqueue"))
+                .collect(),
+        );
+        let ready = wait_until(Duration::from_secs(30), || {
+            files_in(db.dir.path())
+                .iter()
+                .filter(|n| n.contains(".ready."))
+                .count()
+                == PROCESSES
+        });
+        assert!(ready, "round {round}: the children did not start");
+        assert!(!db.path.exists(), "nobody created the file before go");
+        std::fs::write(format!("{}.go", db.path.display()), b"").unwrap();
+        for child in children.0.drain(..) {
+            expect_child_done(child);
+        }
+        let conn = db.bare();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let jobs: i64 = conn
+            .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(jobs as usize, PROCESSES * CHILD_JOBS, "round {round}");
+    }
+}
+
+#[test]
+fn an_enqueue_waits_for_another_processes_write_transaction() {
+    let db = TestDb::new();
+    let store = db.store();
+    store.enqueue(&Job::shell("first"), T0).unwrap();
+    let mut children = Children(vec![spawn_child(&db.path, "hold")]);
+    let stdout = children.0[0].stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let locked = lines.any(|l| l.map(|l| l.contains("LOCKED")).unwrap_or(false));
+    assert!(locked, "the child took the write lock");
+
+    let started = Instant::now();
+    store
+        .enqueue(&Job::shell("second"), T0)
+        .expect("the enqueue waits for the lock");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(150),
+        "waited only {waited:?}"
+    );
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let child = children.0.pop().unwrap();
+    let status = {
+        let mut child = child;
+        child.wait().unwrap()
+    };
+    assert!(status.success());
+    assert!(rest.iter().any(|l| l.contains("CHILD-DONE")));
+    assert_eq!(store.counts().unwrap().pending, 2);
+}

@@ -211,6 +211,15 @@ mod tests {
             .unwrap();
     }
 
+    /// Registers `worker` as a runner whose process has exited: its pid is gone once reaped.
+    fn register_dead(store: &Store, worker: &str) {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i64;
+        let start = process::start_time(pid as i32).unwrap_or(1);
+        child.wait().unwrap();
+        register(store, worker, pid, start);
+    }
+
     fn claim_one(store: &Store, worker: &str) -> i64 {
         let id = store.enqueue(&Job::shell("true"), now_ms()).unwrap();
         let claimed = store
@@ -233,12 +242,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.db");
         let store = Store::open(&path).unwrap();
-        // A runner whose process has exited: its pid is gone once reaped.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as i64;
-        let start = process::start_time(pid as i32).unwrap_or(1);
-        child.wait().unwrap();
-        register(&store, "dead", pid, start);
+        register_dead(&store, "dead");
         let dead_job = claim_one(&store, "dead");
         // A live runner (this process) keeps its job until its lease expires.
         let me = std::process::id() as i64;
@@ -291,12 +295,7 @@ mod tests {
         let me = std::process::id() as i64;
         register(&store, "alive", me, process::start_time(me as i32).unwrap());
         let live_job = claim_one(&store, "alive");
-        // A dead runner: its pid is gone once reaped.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as i64;
-        let start = process::start_time(pid as i32).unwrap_or(1);
-        child.wait().unwrap();
-        register(&store, "dead", pid, start);
+        register_dead(&store, "dead");
         let dead_job = claim_one(&store, "dead");
         // A running row without lease metadata.
         let bare_job = claim_one(&store, "alive");

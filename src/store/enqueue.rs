@@ -5,7 +5,7 @@ use rusqlite::{Connection, params};
 use crate::error::Result;
 use crate::job::{EventKind, Job};
 
-use super::event;
+use super::tx::event;
 
 pub(super) fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
     let id = insert_row(conn, job, now)?;

@@ -12,10 +12,11 @@ use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
 
 #[cfg(doc)]
 use super::Store;
+use super::reclaim::LEASE_EXPIRED_PREFIX;
 use super::reclaim::lost_verdict;
 use super::row::{json_column, ms_duration};
 use super::runners::runner_heartbeat;
-use super::{LEASE_EXPIRED_PREFIX, event, queue_filter};
+use super::tx::{event, queue_filter};
 
 /// What a runner asks of [`Store::claim`].
 #[derive(Debug, Clone)]

@@ -13,19 +13,21 @@
 //! One file per concern, each with its SQL beside the code that runs it: `open` (creating,
 //! refusing and migrating a file), `enqueue`, `lease` (claim, start, renew and the ending),
 //! `reclaim` (lost attempts and their teardown markers), `operator` (cancel and retry), `read`,
-//! and `runners`; `row` turns rows into records. This file holds [`Store`], whose methods open a
-//! transaction and call into those files, and what they share: the transaction, the savepoint
-//! (one write of a shared transaction) and the event every transition appends.
+//! and `runners`; `row` turns rows into records, and `tx` holds what every write shares (the
+//! transaction, the savepoint that lets one write of a shared transaction fail alone, the
+//! event every transition appends). This file holds [`Store`], whose methods open a
+//! transaction and call into those files; the files import `tx` and `row` and each other
+//! downward, never this file, so there is no import circle.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::Result;
-use crate::job::{Event, EventKind, Job, JobRecord, Output};
+use crate::job::{Event, Job, JobRecord, Output};
 
 mod enqueue;
 mod lease;
@@ -35,109 +37,21 @@ mod read;
 mod reclaim;
 mod row;
 mod runners;
+mod tx;
 
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
 pub(crate) use lease::{claim, finish_attempt, record_start};
+pub use open::{
+    DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
+};
 pub use read::{Counts, LeaseCounts, ListFilter};
+pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
 pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
 pub use runners::RunnerRecord;
+pub(crate) use tx::{savepoint, transaction};
 
-/// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 1;
-
-/// How long a connection waits for another to release the database before giving up.
-pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest busy timeout SQLite can take: a C `int` of milliseconds (about 24.8 days).
-pub const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// A lost attempt is reclaimed this many times before its job fails as lost.
 pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 3;
-/// The start of `last_error` for a job whose lease expired (or whose runner is dead).
-pub const LEASE_EXPIRED_PREFIX: &str = "lease expired after missing heartbeat; ";
-/// The start of `last_error` for a running job with no lease metadata.
-pub const LEASE_MISSING_PREFIX: &str = "lease metadata missing for running job; ";
-
-/// How hard SQLite pushes each commit to disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Durability {
-    /// `synchronous = FULL`: a committed transition survives a power cut. The default.
-    #[default]
-    Full,
-    /// `synchronous = NORMAL`: in WAL mode, a power cut may lose the last transitions, never
-    /// corrupt the file. Faster.
-    Normal,
-}
-
-/// How to open a database: see [`Store::open_with`].
-#[derive(Debug, Clone)]
-pub struct OpenOptions {
-    create: bool,
-    migrate: bool,
-    durability: Durability,
-    busy_timeout: Duration,
-}
-
-impl Default for OpenOptions {
-    fn default() -> Self {
-        OpenOptions {
-            create: true,
-            migrate: true,
-            durability: Durability::Full,
-            busy_timeout: DEFAULT_BUSY_TIMEOUT,
-        }
-    }
-}
-
-impl OpenOptions {
-    /// Options that create and migrate: the library's default.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Options for a reader that must not change the file: no creation, no migration.
-    pub fn read_only() -> Self {
-        OpenOptions {
-            create: false,
-            migrate: false,
-            ..Self::default()
-        }
-    }
-
-    /// Creates the file (owner-only permissions) when it does not exist. By default, true.
-    pub fn create(mut self, create: bool) -> Self {
-        self.create = create;
-        self
-    }
-
-    /// Migrates an older schema to this build's. When false, an older file is refused with
-    /// [`Error::SchemaTooOld`]. By default, true.
-    pub fn migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
-        self
-    }
-
-    /// How hard commits are pushed to disk. By default, [`Durability::Full`].
-    pub fn durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
-        self
-    }
-
-    /// How long to wait for a lock held by another connection, at most
-    /// [`MAX_BUSY_TIMEOUT`]. By default, 10 s.
-    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
-        self
-    }
-}
-
-/// What [`Store::open_with`] found and did to the schema.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Migration {
-    /// The version before opening (0 for a new file).
-    pub from: i64,
-    /// The version after.
-    pub to: i64,
-}
-
 /// A connection to a leasehold database, with its typed operations.
 ///
 /// ```
@@ -183,7 +97,13 @@ impl Store {
     /// As [`Store::open`], plus [`Error::Missing`] when the file does not exist and
     /// `create` is off, and [`Error::SchemaTooOld`] when it is older and `migrate` is off.
     pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Store> {
-        open::open(path, options)
+        let opened = open::open(path, options)?;
+        Ok(Store {
+            conn: opened.conn,
+            path: opened.path,
+            busy_timeout: opened.busy_timeout,
+            migration: opened.migration,
+        })
     }
 
     /// The schema version of the database at `path`, read without creating, migrating or
@@ -510,76 +430,6 @@ impl Store {
     pub fn has_unfinished(&self, queues: &[String]) -> Result<bool> {
         read::has_unfinished(&self.conn, queues)
     }
-}
-
-/// Runs `f` in one IMMEDIATE transaction, rolled back when `f` fails.
-pub(crate) fn transaction<T>(
-    conn: &Connection,
-    f: &mut impl FnMut(&Connection) -> Result<T>,
-) -> Result<T> {
-    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-    let result = f(conn).and_then(|v| {
-        conn.prepare_cached("COMMIT")?.execute([])?;
-        Ok(v)
-    });
-    if result.is_err() && !conn.is_autocommit() {
-        // The rollback's own failure adds nothing to the error already returned.
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    result
-}
-
-/// Runs `f` in a savepoint of the open transaction: what `f` wrote stays when it succeeds and
-/// is undone when it fails, and the transaction's other writes stay either way. The runner's
-/// writer applies each write of a batch in one, so that a write that fails undoes only itself.
-pub(crate) fn savepoint<T>(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> Result<T>,
-) -> Result<T> {
-    // Cached statements: these run for every write, and parsing them each time shows.
-    let exec = |sql: &str| -> Result<()> {
-        conn.prepare_cached(sql)?.execute([])?;
-        Ok(())
-    };
-    exec("SAVEPOINT op")?;
-    match f(conn) {
-        Ok(v) => {
-            exec("RELEASE op")?;
-            Ok(v)
-        }
-        Err(e) => {
-            exec("ROLLBACK TO op")?;
-            exec("RELEASE op")?;
-            Err(e)
-        }
-    }
-}
-
-/// Appends one event to a job's history.
-pub(super) fn event(
-    conn: &Connection,
-    job_id: i64,
-    at: i64,
-    kind: EventKind,
-    attempt: i64,
-    detail: &str,
-) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO job_events (job_id, at, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![job_id, at, kind.as_str(), attempt, detail])?;
-    Ok(())
-}
-
-/// `AND queue IN (?n, ...)` for a non-empty list of queues, numbering from `first`.
-pub(super) fn queue_filter(queues: &[String], first: usize) -> String {
-    if queues.is_empty() {
-        return String::new();
-    }
-    let marks: Vec<String> = (0..queues.len())
-        .map(|i| format!("?{}", first + i))
-        .collect();
-    format!("AND queue IN ({})", marks.join(", "))
 }
 
 #[cfg(test)]

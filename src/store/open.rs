@@ -3,22 +3,114 @@
 
 use std::fs::OpenOptions as FileOptions;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
 use crate::error::{Error, Result, is_busy};
 
-use super::{
-    DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
-    Store,
-};
+/// The schema version this build writes and reads: `PRAGMA user_version`.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for another to release the database before giving up.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest busy timeout SQLite can take: a C `int` of milliseconds (about 24.8 days).
+pub const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// How hard SQLite pushes each commit to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous = FULL`: a committed transition survives a power cut. The default.
+    #[default]
+    Full,
+    /// `synchronous = NORMAL`: in WAL mode, a power cut may lose the last transitions, never
+    /// corrupt the file. Faster.
+    Normal,
+}
+
+/// How to open a database: see [`Store::open_with`](crate::Store::open_with).
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    create: bool,
+    migrate: bool,
+    durability: Durability,
+    busy_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            create: true,
+            migrate: true,
+            durability: Durability::Full,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Options that create and migrate: the library's default.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Options for a reader that must not change the file: no creation, no migration.
+    pub fn read_only() -> Self {
+        OpenOptions {
+            create: false,
+            migrate: false,
+            ..Self::default()
+        }
+    }
+
+    /// Creates the file (owner-only permissions) when it does not exist. By default, true.
+    pub fn create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+
+    /// Migrates an older schema to this build's. When false, an older file is refused with
+    /// [`Error::SchemaTooOld`]. By default, true.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// How hard commits are pushed to disk. By default, [`Durability::Full`].
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// How long to wait for a lock held by another connection, at most
+    /// [`MAX_BUSY_TIMEOUT`]. By default, 10 s.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+}
+
+/// What [`Store::open_with`](crate::Store::open_with) found and did to the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// The version before opening (0 for a new file).
+    pub from: i64,
+    /// The version after.
+    pub to: i64,
+}
+
+/// What [`open`] made: the parts of a [`Store`](super::Store).
+pub(super) struct Opened {
+    pub(super) conn: Connection,
+    pub(super) path: PathBuf,
+    pub(super) busy_timeout: Duration,
+    pub(super) migration: Migration,
+}
 
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 const MIGRATIONS: [&str; 1] = [include_str!("../migrations/0001_initial.sql")];
 
-pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Store> {
+pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Opened> {
     check_busy_timeout(options.busy_timeout)?;
     let path = path.as_ref().to_path_buf();
     if !path.exists() {
@@ -114,7 +206,7 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Stor
         })?;
         migration = retry_busy(deadline, || migrate(&conn))?;
     }
-    Ok(Store {
+    Ok(Opened {
         conn,
         path,
         busy_timeout: options.busy_timeout,

@@ -6,8 +6,8 @@ use rusqlite::{Connection, params};
 use crate::error::{Error, Result};
 use crate::job::{EventKind, JobRecord, Status};
 
-use super::event;
 use super::read::{ListFilter, job, list};
+use super::tx::event;
 
 pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> {
     let current = job(conn, id)?;

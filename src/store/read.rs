@@ -7,8 +7,8 @@ use crate::job::{Event, JobRecord, Output, Status};
 
 #[cfg(doc)]
 use super::Store;
-use super::queue_filter;
 use super::row::{JOB_COLUMNS, event_row, job_row};
+use super::tx::queue_filter;
 
 /// Filters for [`Store::list`].
 #[derive(Debug, Clone, Default)]

@@ -9,7 +9,12 @@ use crate::job::{EventKind, OnLost, Status};
 
 #[cfg(doc)]
 use super::Store;
-use super::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, event};
+use super::tx::event;
+
+/// The start of `last_error` for a job whose lease expired (or whose runner is dead).
+pub const LEASE_EXPIRED_PREFIX: &str = "lease expired after missing heartbeat; ";
+/// The start of `last_error` for a running job with no lease metadata.
+pub const LEASE_MISSING_PREFIX: &str = "lease metadata missing for running job; ";
 
 /// What a sweeper asks of [`Store::reclaim`].
 #[derive(Debug, Clone)]

@@ -10,15 +10,13 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
 
-#[cfg(doc)]
-use super::Store;
 use super::reclaim::LEASE_EXPIRED_PREFIX;
 use super::reclaim::lost_verdict;
 use super::row::{json_column, ms_duration};
 use super::runners::runner_heartbeat;
 use super::tx::{event, queue_filter};
 
-/// What a runner asks of [`Store::claim`].
+/// What a runner asks of [`Store::claim`](crate::Store::claim).
 #[derive(Debug, Clone)]
 pub struct ClaimRequest<'a> {
     /// The runner that will hold the leases.
@@ -176,7 +174,7 @@ pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Res
     }
 }
 
-/// What [`Store::renew`] found.
+/// What [`Store::renew`](crate::Store::renew) found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Renewal {
     /// Tokens whose leases were renewed.
@@ -246,7 +244,7 @@ pub enum Ending {
     },
 }
 
-/// An attempt's ending with what it left behind, for [`Store::finish`].
+/// An attempt's ending with what it left behind, for [`Store::finish`](crate::Store::finish).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finish {
     /// The job.
@@ -265,7 +263,7 @@ pub struct Finish {
     pub max_recovery_attempts: u32,
 }
 
-/// What [`Store::finish`] did.
+/// What [`Store::finish`](crate::Store::finish) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finished {
     /// The ending was recorded; the job is now in this status.

@@ -5,12 +5,10 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 use crate::error::{Error, Result};
 use crate::job::{Event, JobRecord, Output, Status};
 
-#[cfg(doc)]
-use super::Store;
 use super::row::{JOB_COLUMNS, event_row, job_row};
 use super::tx::queue_filter;
 
-/// Filters for [`Store::list`].
+/// Filters for [`Store::list`](crate::Store::list).
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     /// Only jobs in this status.

@@ -7,8 +7,6 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::error::Result;
 use crate::job::{EventKind, OnLost, Status};
 
-#[cfg(doc)]
-use super::Store;
 use super::tx::event;
 
 /// The start of `last_error` for a job whose lease expired (or whose runner is dead).
@@ -16,7 +14,7 @@ pub const LEASE_EXPIRED_PREFIX: &str = "lease expired after missing heartbeat; "
 /// The start of `last_error` for a running job with no lease metadata.
 pub const LEASE_MISSING_PREFIX: &str = "lease metadata missing for running job; ";
 
-/// What a sweeper asks of [`Store::reclaim`].
+/// What a sweeper asks of [`Store::reclaim`](crate::Store::reclaim).
 #[derive(Debug, Clone)]
 pub struct ReclaimRequest<'a> {
     /// The recovery budget.
@@ -62,7 +60,7 @@ pub struct Reclaimed {
     pub message: String,
 }
 
-/// What [`Store::reclaim`] did.
+/// What [`Store::reclaim`](crate::Store::reclaim) did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReclaimReport {
     /// Every reclaimed job.

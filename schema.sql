@@ -1,8 +1,13 @@
--- leasehold schema, version 1 (PRAGMA user_version = 1).
+-- leasehold schema, version 2 (PRAGMA user_version = 2).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
 -- Times are INTEGER milliseconds since the Unix epoch, UTC.
+--
+-- Not schema text, but part of version 2: the file is `PRAGMA auto_vacuum = INCREMENTAL`
+-- (set before the first table is created; an older file is converted with a one-time VACUUM),
+-- so pages freed by pruning go back to the filesystem with `PRAGMA incremental_vacuum`. To
+-- make a file from this text by hand, run `PRAGMA auto_vacuum = INCREMENTAL;` first.
 
 -- One row per job. The lease columns keep the names that lease-recovery runbooks use, so plain
 -- SQL works: status, attempt, max_attempts, recovery_count, started_at, completed_at,

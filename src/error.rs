@@ -43,6 +43,33 @@ pub enum Error {
     /// The database file does not exist and the caller asked not to create it.
     #[error("database {} does not exist", .0.display())]
     Missing(PathBuf),
+    /// Rewriting the file (a VACUUM) needs more free space in its folder than there is; the file
+    /// was left unchanged.
+    #[error(
+        "{operation} of {} needs {needed} bytes free in its folder and {free} are free: the file was left unchanged",
+        path.display()
+    )]
+    NoSpace {
+        /// What needed the space: `vacuum`, or the upgrade to a schema version.
+        operation: &'static str,
+        /// The database file.
+        path: PathBuf,
+        /// About the file's size plus its WAL's, in bytes.
+        needed: u64,
+        /// The bytes free for this process in the file's folder.
+        free: u64,
+    },
+    /// Another connection held the database busy for longer than the busy timeout.
+    #[error(
+        "{operation}: another connection (a runner?) held the database busy for {} ms",
+        waited.as_millis()
+    )]
+    Busy {
+        /// What could not get the database.
+        operation: &'static str,
+        /// How long it waited: the store's busy timeout.
+        waited: std::time::Duration,
+    },
     /// No job has this id.
     #[error("no job with id {0}")]
     NoSuchJob(i64),
@@ -109,6 +136,7 @@ impl Error {
     pub fn is_busy(&self) -> bool {
         match self {
             Error::Sqlite(e) => is_busy(e),
+            Error::Busy { .. } => true,
             _ => false,
         }
     }

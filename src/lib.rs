@@ -45,7 +45,7 @@ pub use runner::{
     MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters, operator,
 };
 pub use store::{
-    Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, LEASE_EXPIRED_PREFIX,
-    LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT, Migration, OpenOptions,
-    RunnerRecord, SCHEMA_VERSION, Store,
+    Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, DatabaseSize, Durability,
+    LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT,
+    Migration, OpenOptions, RunnerRecord, SCHEMA_VERSION, Store, VacuumReport,
 };

@@ -31,6 +31,7 @@ use crate::job::{Event, Job, JobRecord, Output};
 
 mod enqueue;
 mod lease;
+mod maintenance;
 mod open;
 mod operator;
 mod read;
@@ -41,6 +42,7 @@ mod tx;
 
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
 pub(crate) use lease::{claim, finish_attempt, record_start};
+pub use maintenance::{DatabaseSize, VacuumReport};
 pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
 };
@@ -134,6 +136,29 @@ impl Store {
     /// [`Error::Sqlite`] when the file cannot be read.
     pub fn schema_version(&self) -> Result<i64> {
         open::schema_version(&self.conn)
+    }
+
+    /// The database's size on disk: the main file, its free pages and its WAL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the file cannot be read, [`Error::Io`] when its size cannot.
+    pub fn size(&self) -> Result<DatabaseSize> {
+        maintenance::size(&self.conn, &self.path)
+    }
+
+    /// Compacts the whole file with a full `VACUUM`, then checkpoints the WAL so that the main
+    /// file shrinks now. A VACUUM rewrites the file: its folder needs free space of about the
+    /// file's size plus its WAL's, which is checked first. It holds the database's write lock
+    /// for as long as it runs, so runners on the file wait for it (up to their busy timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSpace`] when the folder has too little free space (the file is unchanged),
+    /// [`Error::Busy`] when another connection held the database for longer than the busy
+    /// timeout, [`Error::Sqlite`] or [`Error::Io`] otherwise.
+    pub fn vacuum(&self) -> Result<VacuumReport> {
+        maintenance::vacuum(&self.conn, &self.path, self.busy_timeout)
     }
 
     /// Runs `f` in one IMMEDIATE transaction, retrying while another connection holds the

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
+use super::maintenance::{self, AUTO_VACUUM_INCREMENTAL};
 use crate::error::{Error, Result, is_busy};
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another to release the database before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -108,7 +109,15 @@ pub(super) struct Opened {
 }
 
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 1] = [include_str!("../migrations/0001_initial.sql")];
+/// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
+/// file: see [`migrate`].
+const MIGRATIONS: [&str; 2] = [
+    include_str!("../migrations/0001_initial.sql"),
+    include_str!("../migrations/0002_auto_vacuum.sql"),
+];
+
+/// The first version whose files are `auto_vacuum = INCREMENTAL`.
+const INCREMENTAL_SINCE: i64 = 2;
 
 pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Opened> {
     check_busy_timeout(options.busy_timeout)?;
@@ -199,12 +208,15 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
         to: version,
     };
     if options.migrate {
+        // Before anything writes the first page (even journal_mode): a new file is then created
+        // incremental. On a file that has pages it only changes what the next VACUUM makes.
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
         // Both report busy at once, without the busy handler, when another process is
         // doing the same to a new file: retry them until the deadline.
         retry_busy(deadline, || {
             conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
         })?;
-        migration = retry_busy(deadline, || migrate(&conn))?;
+        migration = migrate(&conn, &path, deadline)?;
     }
     Ok(Opened {
         conn,
@@ -268,28 +280,85 @@ fn retry_busy<T>(
     }
 }
 
-/// Creates or migrates the schema in one transaction; reads the version inside it, so two
-/// processes migrating one new file at once do the work once.
-fn migrate(conn: &Connection) -> rusqlite::Result<Migration> {
+/// Creates or migrates the schema, and says what it did.
+///
+/// Each step is one transaction that reads the version inside it, so two processes migrating
+/// one file at once do each step once. Version 2 needs `auto_vacuum = INCREMENTAL`, which an
+/// older file gets only from a VACUUM, and a VACUUM cannot run in a transaction: the step stops
+/// below version 2, the file is converted (after the free-space check, which refuses and leaves
+/// the file as it was), and the next step reads the version and auto_vacuum again before it
+/// bumps the version. Two processes may both convert: the second VACUUM is wasted, not harmful.
+fn migrate(conn: &Connection, path: &Path, deadline: Instant) -> Result<Migration> {
+    let started = Instant::now();
+    let first = retry_busy(deadline, || migrate_step(conn))?;
+    let mut step = first;
+    if step.needs_conversion {
+        maintenance::convert_to_incremental(conn, path, INCREMENTAL_SINCE)?;
+        step = retry_busy(deadline, || migrate_step(conn))?;
+        if step.needs_conversion {
+            return Err(Error::io(
+                format!("cannot migrate {}", path.display()),
+                std::io::Error::other("the file is still not auto_vacuum = INCREMENTAL"),
+            ));
+        }
+    }
+    let migration = Migration {
+        from: first.from,
+        to: step.to,
+    };
+    if migration.from != migration.to {
+        log::info!(
+            "migrated {} from schema version {} to {} in {} ms",
+            path.display(),
+            migration.from,
+            migration.to,
+            started.elapsed().as_millis()
+        );
+    }
+    Ok(migration)
+}
+
+/// One transaction of [`migrate`].
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    /// The version read in the transaction.
+    from: i64,
+    /// The version at its commit.
+    to: i64,
+    /// The next version needs a VACUUM outside any transaction first.
+    needs_conversion: bool,
+}
+
+/// Applies every migration it can in one transaction, reading the version inside it.
+fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
-    let run = || -> rusqlite::Result<Migration> {
+    let run = || -> rusqlite::Result<Step> {
         let from: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let mut step = Step {
+            from,
+            to: from,
+            needs_conversion: false,
+        };
         for (i, sql) in MIGRATIONS.iter().enumerate() {
             let to = i as i64 + 1;
-            if from < to {
-                conn.execute_batch(sql)?;
-                conn.pragma_update(None, "user_version", to)?;
+            if step.to >= to {
+                continue;
             }
+            if to == INCREMENTAL_SINCE && maintenance::auto_vacuum(conn)? != AUTO_VACUUM_INCREMENTAL
+            {
+                step.needs_conversion = true;
+                break;
+            }
+            conn.execute_batch(sql)?;
+            conn.pragma_update(None, "user_version", to)?;
+            step.to = to;
         }
-        Ok(Migration {
-            from,
-            to: SCHEMA_VERSION.max(from),
-        })
+        Ok(step)
     };
     match run() {
-        Ok(m) => {
+        Ok(step) => {
             conn.execute_batch("COMMIT")?;
-            Ok(m)
+            Ok(step)
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");

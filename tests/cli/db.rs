@@ -11,14 +11,17 @@ fn db_migrate_creates_an_owner_only_file_and_is_idempotent() {
     let t = TestDb::new();
     let db = t.path.as_path();
     let first = ok(&mut cli(db, &["db", "migrate"]));
-    assert!(first.contains("version 1"), "{first}");
+    assert!(
+        first.contains(&format!("version {}", leasehold::SCHEMA_VERSION)),
+        "{first}"
+    );
     let mode = std::fs::metadata(db).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the new database is owner-only");
     let again = ok(&mut cli(db, &["db", "migrate"]));
     assert!(again.contains("up to date"), "{again}");
     let v = json(&mut cli(db, &["db", "migrate", "--json"]));
-    assert_eq!(v["from"], 1);
-    assert_eq!(v["to"], 1);
+    assert_eq!(v["from"], leasehold::SCHEMA_VERSION);
+    assert_eq!(v["to"], leasehold::SCHEMA_VERSION);
 }
 
 #[test]
@@ -183,7 +186,10 @@ fn read_only_commands_on_an_older_database_say_to_migrate_and_change_nothing() {
         );
     }
     let out = ok(&mut cli(db, &["db", "migrate"]));
-    assert!(out.contains("version 1"), "{out}");
+    assert!(
+        out.contains(&format!("version {}", leasehold::SCHEMA_VERSION)),
+        "{out}"
+    );
     let v = json(&mut cli(db, &["db", "version", "--json"]));
     assert_eq!(v["schema_version"], leasehold::SCHEMA_VERSION);
 }

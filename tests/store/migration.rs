@@ -5,7 +5,12 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
 use leasehold::{Error, Job, ListFilter, Migration, OpenOptions, SCHEMA_VERSION, Store};
+use rusqlite::types::Value;
 
 use crate::helper::files_in;
 use crate::util::{T0, TestDb, bare};
@@ -103,6 +108,8 @@ fn an_empty_file_of_version_zero_is_migrated() {
         let store = Store::open(&path).unwrap();
         assert_eq!(store.migration(), FROM_EMPTY);
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+        // The file with pages already is converted by a VACUUM; the zero-byte one is created so.
+        assert_eq!(auto_vacuum(&path), INCREMENTAL, "{}", path.display());
         store.enqueue(&Job::shell("true"), T0).unwrap();
         drop(store);
         let again = Store::open(&path).unwrap();
@@ -116,8 +123,7 @@ fn an_empty_file_of_version_zero_is_migrated() {
 }
 
 /// Files of older versions live in `tests/fixtures/vN.db` (N = their user_version), made by the
-/// last build of version N with a few jobs in them. Version 1 is the first, so there are none
-/// yet: when a migration 2 is added, save a version-1 file there and this test migrates it.
+/// last build of version N with a few jobs in them (`tests/fixtures/README.md` says how).
 #[test]
 fn fixture_files_of_older_versions_are_migrated_with_their_jobs() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
@@ -238,7 +244,13 @@ fn a_read_only_open_of_an_older_file_is_refused_and_leaves_it_unchanged() {
     // A current file opens read-only.
     drop(db.store());
     let store = db.store_with(&OpenOptions::read_only());
-    assert_eq!(store.migration(), Migration { from: 1, to: 1 });
+    assert_eq!(
+        store.migration(),
+        Migration {
+            from: SCHEMA_VERSION,
+            to: SCHEMA_VERSION
+        }
+    );
 }
 
 #[test]
@@ -253,4 +265,254 @@ fn a_created_file_is_readable_by_its_owner_only() {
             .mode();
         assert_eq!(mode & 0o777, 0o600, "{name} has mode {:o}", mode & 0o777);
     }
+}
+
+/// `PRAGMA auto_vacuum`'s value for INCREMENTAL.
+const INCREMENTAL: i64 = 2;
+
+/// The fixture of schema version 1 (see `tests/fixtures/README.md`).
+fn v1_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.db")
+}
+
+fn auto_vacuum(path: &Path) -> i64 {
+    bare(path)
+        .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// Every row of every leasehold table, as SQLite stores it, in rowid order.
+fn all_rows(path: &Path) -> Vec<(String, Vec<Vec<Value>>)> {
+    let conn = bare(path);
+    ["jobs", "job_events", "job_output", "runners"]
+        .into_iter()
+        .map(|table| {
+            let mut stmt = conn
+                .prepare(&format!("SELECT * FROM {table} ORDER BY rowid"))
+                .unwrap();
+            let n = stmt.column_count();
+            let rows = stmt
+                .query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+                .unwrap()
+                .collect::<rusqlite::Result<Vec<Vec<Value>>>>()
+                .unwrap();
+            (table.to_string(), rows)
+        })
+        .collect()
+}
+
+#[test]
+fn a_new_file_is_created_with_incremental_auto_vacuum() {
+    let db = TestDb::new();
+    drop(db.store());
+    assert_eq!(auto_vacuum(&db.path), INCREMENTAL);
+}
+
+#[test]
+fn the_v1_fixture_upgrades_to_v2_with_every_job_event_and_output_intact() {
+    let db = TestDb::new();
+    let copy = db.sibling("v1.db");
+    std::fs::copy(v1_fixture(), &copy).unwrap();
+    let before = all_rows(&copy);
+    assert_eq!(auto_vacuum(&copy), 0, "the fixture is a version-1 file");
+    let counts: Vec<usize> = before.iter().map(|(_, rows)| rows.len()).collect();
+    assert_eq!(
+        counts,
+        [7, 28, 6, 1],
+        "jobs, events, outputs, runners in the fixture"
+    );
+    match Store::open_with(&copy, &OpenOptions::read_only()) {
+        Err(Error::SchemaTooOld { found: 1, .. }) => {}
+        other => panic!("expected SchemaTooOld, got {other:?}"),
+    }
+
+    let store = Store::open(&copy).unwrap();
+    assert_eq!(store.migration(), Migration { from: 1, to: 2 });
+    assert_eq!(store.schema_version().unwrap(), 2);
+    // What the library reads of it: a failed job's output and a retried job's history.
+    let output = store
+        .output(2, None)
+        .unwrap()
+        .expect("job 2 kept its output");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("out line"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("err line"));
+    assert_eq!(store.events(3).unwrap().len(), 10);
+    drop(store);
+
+    assert_eq!(all_rows(&copy), before, "every row is as it was");
+    assert_eq!(auto_vacuum(&copy), INCREMENTAL);
+    let check: String = bare(&copy)
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    // The fixture itself is never changed.
+    assert_eq!(Store::probe_version(v1_fixture()).unwrap(), 1);
+}
+
+#[test]
+fn size_reports_the_file_its_free_pages_and_its_wal() {
+    let db = TestDb::new();
+    let store = db.store();
+    let jobs: Vec<Job> = (0..300).map(|i| Job::shell(format!("echo {i}"))).collect();
+    store.enqueue_many(&jobs, T0).unwrap();
+    let size = store.size().unwrap();
+    assert_eq!(size.path, db.path);
+    assert_eq!(size.schema_version, SCHEMA_VERSION);
+    assert_eq!(size.bytes, std::fs::metadata(&db.path).unwrap().len());
+    let wal = db.sibling("jobs.db-wal");
+    assert_eq!(size.wal_bytes, std::fs::metadata(&wal).unwrap().len());
+    assert!(size.wal_bytes > 0, "the enqueue went to the WAL");
+    assert_eq!(size.free_bytes, 0);
+
+    // Deleted rows leave free pages behind (auto_vacuum INCREMENTAL keeps them until asked).
+    bare(&db.path).execute("DELETE FROM jobs", []).unwrap();
+    let size = store.size().unwrap();
+    assert!(size.free_bytes > 0, "{size:?}");
+    assert_eq!(size.free_bytes % 4096, 0, "whole pages: {size:?}");
+}
+
+#[test]
+fn vacuum_gives_free_pages_back_and_keeps_the_rest() {
+    let db = TestDb::new();
+    let store = db.store();
+    let jobs: Vec<Job> = (0..2000).map(|i| Job::shell(format!("echo {i}"))).collect();
+    let ids = store.enqueue_many(&jobs, T0).unwrap();
+    bare(&db.path)
+        .execute("DELETE FROM jobs WHERE id > ?1", [ids[9]])
+        .unwrap();
+    let before = store.size().unwrap();
+    let report = store.vacuum().unwrap();
+    assert_eq!(report.bytes_before, before.bytes + before.wal_bytes);
+    assert!(
+        report.bytes_after < report.bytes_before,
+        "the file shrank: {report:?}"
+    );
+    let size = store.size().unwrap();
+    assert_eq!(size.bytes + size.wal_bytes, report.bytes_after);
+    assert_eq!(size.wal_bytes, 0, "the WAL was checkpointed and truncated");
+    assert_eq!(size.free_bytes, 0);
+    assert_eq!(store.counts().unwrap().pending, 10);
+    assert_eq!(
+        auto_vacuum(&db.path),
+        INCREMENTAL,
+        "a VACUUM keeps the mode"
+    );
+}
+
+#[test]
+fn vacuum_of_a_database_held_busy_is_an_error_not_a_wait() {
+    let db = TestDb::new();
+    let store = db.store_with(&OpenOptions::new().busy_timeout(Duration::from_millis(100)));
+    let holder = db.bare();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    match store.vacuum() {
+        Err(e @ Error::Busy { .. }) => {
+            assert!(e.is_busy());
+            assert!(e.to_string().contains("busy"), "{e}");
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    holder.execute_batch("ROLLBACK").unwrap();
+    store.vacuum().unwrap();
+}
+
+/// A tmpfs of a given size mounted on a temporary folder, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts one, or says why it cannot (not root, no permission, no `mount`).
+    fn mount(kib: u64) -> Result<Tmpfs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs refused: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The bytes free in it.
+    fn free(&self) -> u64 {
+        let stat = nix::sys::statvfs::statvfs(self.path()).unwrap();
+        stat.blocks_available() * stat.fragment_size()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let unmounted = Command::new("umount")
+            .arg(self.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            // Busy (a file still open): detach it now; the kernel frees it when it is closed.
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+    }
+}
+
+#[test]
+fn a_v1_file_without_room_for_the_vacuum_is_refused_and_left_byte_for_byte_unchanged() {
+    let _db = TestDb::new(); // the watchdog
+    let fs = match Tmpfs::mount(256) {
+        Ok(fs) => fs,
+        Err(reason) => {
+            eprintln!("skipped (no tmpfs, so no real small filesystem): {reason}");
+            return;
+        }
+    };
+    eprintln!("ran on a real tmpfs of 256 KiB");
+    let path = fs.path().join("v1.db");
+    std::fs::copy(v1_fixture(), &path).unwrap();
+    let original = std::fs::read(&path).unwrap();
+    // Leave 40 KiB: room for SQLite's -shm (32 KiB) and an empty -wal, not for a rewrite of
+    // the 72 KiB file.
+    let filler = fs.path().join("filler");
+    let keep = 40 * 1024;
+    std::fs::write(&filler, vec![0u8; (fs.free() - keep) as usize]).unwrap();
+    assert_eq!(fs.free(), keep);
+
+    match Store::open(&path) {
+        Err(e @ Error::NoSpace { .. }) => {
+            let Error::NoSpace { needed, free, .. } = e else {
+                unreachable!()
+            };
+            assert!(needed > original.len() as u64, "{e}");
+            assert!(free < needed, "{e}");
+            let message = e.to_string();
+            assert!(
+                message.contains(&format!("needs {needed} bytes")),
+                "{message}"
+            );
+            assert!(message.contains(&format!("{free} are free")), "{message}");
+            assert!(message.contains("schema version 2"), "{message}");
+        }
+        other => panic!("expected NoSpace, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        original,
+        "byte-for-byte unchanged"
+    );
+    assert_eq!(Store::probe_version(&path).unwrap(), 1);
+
+    // With the room back, the same file upgrades.
+    std::fs::remove_file(&filler).unwrap();
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.migration(), Migration { from: 1, to: 2 });
+    assert_eq!(store.list(&ListFilter::default()).unwrap().len(), 7);
+    drop(store);
+    assert_eq!(auto_vacuum(&path), INCREMENTAL);
 }

@@ -1,0 +1,7 @@
+-- Migration 2: files are `auto_vacuum = INCREMENTAL`, so that pages freed by pruning can be
+-- given back to the filesystem with `PRAGMA incremental_vacuum` instead of a full VACUUM.
+-- Frozen once released.
+--
+-- auto_vacuum is a pragma, not schema text: the code sets it before a new file's first table,
+-- and converts an older file with a one-time VACUUM (after checking that its folder has the
+-- free space) before this migration's transaction bumps the version. No table changes here.

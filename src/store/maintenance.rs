@@ -1,0 +1,190 @@
+//! The file on disk: its size, and VACUUM (a full one on request, and the one-time conversion of
+//! an older file to `auto_vacuum = INCREMENTAL`), which rewrites the file and so needs free space
+//! beside it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use crate::error::{Error, Result, is_busy};
+
+/// `PRAGMA auto_vacuum`'s value for INCREMENTAL: freed pages wait on the freelist until
+/// `PRAGMA incremental_vacuum` gives them back to the filesystem.
+pub(super) const AUTO_VACUUM_INCREMENTAL: i64 = 2;
+
+/// What a WAL frame adds to each page it holds: a VACUUM in WAL mode writes every page of the
+/// new file to the WAL before the checkpoint copies it back.
+const WAL_FRAME_HEADER: u64 = 24;
+
+/// The database's size on disk: see [`Store::size`](crate::Store::size).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseSize {
+    /// The database file.
+    pub path: PathBuf,
+    /// Its schema version (`PRAGMA user_version`).
+    pub schema_version: i64,
+    /// The size of the main file, in bytes.
+    pub bytes: u64,
+    /// The bytes of the main file's free pages (freelist pages × page size): what an
+    /// incremental vacuum or a full VACUUM can give back.
+    pub free_bytes: u64,
+    /// The size of the `-wal` file beside it, in bytes; 0 when there is none.
+    pub wal_bytes: u64,
+}
+
+/// What [`Store::vacuum`](crate::Store::vacuum) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VacuumReport {
+    /// The bytes of the main file and its WAL before.
+    pub bytes_before: u64,
+    /// The bytes of the main file and its WAL after (the WAL checkpointed and truncated,
+    /// unless a reader of an older snapshot held it).
+    pub bytes_after: u64,
+}
+
+pub(super) fn size(conn: &Connection, path: &Path) -> Result<DatabaseSize> {
+    let (schema_version, free_pages, page_size): (i64, i64, i64) = conn.query_row(
+        "SELECT (SELECT user_version FROM pragma_user_version),
+                (SELECT freelist_count FROM pragma_freelist_count),
+                (SELECT page_size FROM pragma_page_size)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    Ok(DatabaseSize {
+        path: path.to_path_buf(),
+        schema_version,
+        bytes: file_len(path)?,
+        free_bytes: count(free_pages) * count(page_size),
+        wal_bytes: file_len(&wal_path(path))?,
+    })
+}
+
+/// A full VACUUM, after checking that its folder has the space for it; then a checkpoint, so
+/// that the main file shrinks now rather than at the last connection's close.
+pub(super) fn vacuum(
+    conn: &Connection,
+    path: &Path,
+    busy_timeout: Duration,
+) -> Result<VacuumReport> {
+    let on_disk = || -> Result<u64> { Ok(file_len(path)? + file_len(&wal_path(path))?) };
+    let bytes_before = on_disk()?;
+    check_space(conn, path, "vacuum")?;
+    let busy = |e: rusqlite::Error| {
+        if is_busy(&e) {
+            Error::Busy {
+                operation: "vacuum",
+                waited: busy_timeout,
+            }
+        } else {
+            Error::Sqlite(e)
+        }
+    };
+    conn.execute_batch("VACUUM").map_err(busy)?;
+    // A reader of an older snapshot may keep the checkpoint from finishing (it reports that in
+    // its first column rather than failing): the WAL is then copied back later.
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map_err(busy)?;
+    Ok(VacuumReport {
+        bytes_before,
+        bytes_after: on_disk()?,
+    })
+}
+
+/// Converts a file to `auto_vacuum = INCREMENTAL`: a VACUUM, which cannot run in a
+/// transaction. Its caller bumps the schema version afterwards, in a transaction that reads
+/// the version again.
+pub(super) fn convert_to_incremental(conn: &Connection, path: &Path, to: i64) -> Result<()> {
+    check_space(conn, path, upgrade_operation(to))?;
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    conn.execute_batch("VACUUM")?;
+    let found = auto_vacuum(conn)?;
+    if found != AUTO_VACUUM_INCREMENTAL {
+        // VACUUM applies the pending auto_vacuum setting: anything else is SQLite's bug or
+        // another process's doing, and the migration must not claim a conversion it lacks.
+        return Err(Error::io(
+            format!(
+                "cannot convert {} to auto_vacuum = INCREMENTAL",
+                path.display()
+            ),
+            std::io::Error::other(format!("VACUUM left auto_vacuum = {found}")),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn auto_vacuum(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+}
+
+fn upgrade_operation(to: i64) -> &'static str {
+    match to {
+        2 => "the upgrade to schema version 2 (a one-time VACUUM)",
+        _ => "the upgrade of the schema (a VACUUM)",
+    }
+}
+
+/// Refuses with [`Error::NoSpace`] unless the file's folder has room for a rewrite of it: its
+/// pages as WAL frames, plus the WAL it already has.
+fn check_space(conn: &Connection, path: &Path, operation: &'static str) -> Result<()> {
+    let (pages, page_size): (i64, i64) = conn.query_row(
+        "SELECT (SELECT page_count FROM pragma_page_count),
+                (SELECT page_size FROM pragma_page_size)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let (pages, page_size) = (count(pages), count(page_size));
+    let bytes = file_len(path)?.max(pages * page_size);
+    let needed = bytes + pages * WAL_FRAME_HEADER + file_len(&wal_path(path))?;
+    let free = free_space(path)?;
+    if free < needed {
+        return Err(Error::NoSpace {
+            operation,
+            path: path.to_path_buf(),
+            needed,
+            free,
+        });
+    }
+    Ok(())
+}
+
+/// The bytes this process may still write in the folder of `path`.
+fn free_space(path: &Path) -> Result<u64> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let stat = nix::sys::statvfs::statvfs(dir).map_err(|e| {
+        Error::io(
+            format!("cannot read the free space of {}", dir.display()),
+            e.into(),
+        )
+    })?;
+    // Both are u64 on the 64-bit Linux targets this crate builds for.
+    Ok(stat.blocks_available().saturating_mul(stat.fragment_size()))
+}
+
+/// A count SQLite reports as a signed integer, which is never negative.
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+fn wal_path(path: &Path) -> PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
+}
+
+/// The length of a file; 0 when it does not exist.
+fn file_len(path: &Path) -> Result<u64> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(Error::io(
+            format!("cannot read the size of {}", path.display()),
+            e,
+        )),
+    }
+}

@@ -48,7 +48,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create, upgrade or show the database's schema.
+    /// Create, upgrade or show the database's schema, or compact the file.
     #[command(subcommand, arg_required_else_help = false)]
     Db(DbCommand),
     /// Add, list, inspect, retry and cancel jobs.
@@ -67,6 +67,9 @@ enum DbCommand {
     Migrate(JsonArg),
     /// The file's schema version and the newest this build supports.
     Version(JsonArg),
+    /// Compact the whole file (a full VACUUM, which needs free space about the file's size) and
+    /// print its size before and after. Never creates the file.
+    Vacuum(JsonArg),
 }
 
 #[derive(Debug, Args)]
@@ -280,6 +283,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Db(DbCommand::Migrate(a)) => db::migrate(db, a.json),
         Command::Db(DbCommand::Version(a)) => db::version(db, a.json),
+        Command::Db(DbCommand::Vacuum(a)) => db::vacuum(db, a.json),
         Command::Jobs(JobsCommand::Add(a)) => jobs::add(db, a),
         Command::Jobs(JobsCommand::Ls(a)) => jobs::ls(db, &a),
         Command::Jobs(JobsCommand::Inspect(a)) => jobs::inspect(db, &a),

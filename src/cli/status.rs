@@ -1,4 +1,5 @@
-//! `leasehold status`: counts by status, the runbook's `job_leases` counters, the runners.
+//! `leasehold status`: the database's size, counts by status, the runbook's `job_leases`
+//! counters, the runners.
 
 use std::io::Write;
 use std::path::Path;
@@ -12,6 +13,7 @@ use super::render::{self, print_json};
 pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
     let store = open_read_only(db)?;
     let version = store.schema_version()?;
+    let size = store.size()?;
     let counts = store.counts()?;
     // The settings are those of the most recently started runner, or the defaults.
     let settings = operator::lease_settings(&store)?;
@@ -44,6 +46,13 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
             .collect();
         let value = json!({
             "schema_version": version,
+            "database": {
+                "path": size.path.display().to_string(),
+                "schema_version": size.schema_version,
+                "bytes": size.bytes,
+                "free_bytes": size.free_bytes,
+                "wal_bytes": size.wal_bytes,
+            },
             "jobs": {
                 "pending": counts.pending,
                 "running": counts.running,
@@ -66,6 +75,11 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     writeln!(out, "database: {} (schema version {version})", db.display())?;
+    writeln!(
+        out,
+        "  bytes={} free_bytes={} wal_bytes={}",
+        size.bytes, size.free_bytes, size.wal_bytes
+    )?;
     writeln!(
         out,
         "jobs: pending={} running={} succeeded={} failed={} cancelled={}",

@@ -1,4 +1,4 @@
-//! The database file: `db migrate`, `db version`, where the path comes from, and files that are
+//! The database file: `db migrate`, `db version`, `db vacuum`, where the path comes from, and files that are
 //! missing, in a missing folder, not ours, newer or older.
 
 use std::os::unix::fs::PermissionsExt;
@@ -83,6 +83,8 @@ fn read_only_commands_on_a_missing_file_fail_and_create_nothing() {
         vec!["jobs", "retry", "1"],
         vec!["jobs", "retry", "--failed-stale", "--all"],
         vec!["jobs", "cancel", "1"],
+        vec!["db", "vacuum"],
+        vec!["db", "vacuum", "--json"],
     ] {
         let line = fails(&mut cli(db, &args), 1);
         assert!(line.contains("does not exist"), "{args:?}: {line}");
@@ -192,4 +194,73 @@ fn read_only_commands_on_an_older_database_say_to_migrate_and_change_nothing() {
     );
     let v = json(&mut cli(db, &["db", "version", "--json"]));
     assert_eq!(v["schema_version"], leasehold::SCHEMA_VERSION);
+}
+
+/// The version-1 fixture (see `tests/fixtures/README.md`), copied to `to`.
+fn copy_v1_fixture(to: &std::path::Path) {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.db");
+    std::fs::copy(fixture, to).unwrap();
+}
+
+#[test]
+fn db_migrate_upgrades_a_version_1_file_and_logs_how_long_it_took() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    copy_v1_fixture(db);
+    let out = cli(db, &["db", "migrate"])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("migrated schema from version 1 to 2 in "),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("from schema version 1 to 2 in ") && stderr.contains(" ms"),
+        "{stderr}"
+    );
+    let v = json(&mut cli(db, &["status", "--json"]));
+    assert_eq!(v["database"]["schema_version"], 2);
+    assert_eq!(v["jobs"]["failed"], 2);
+    let auto_vacuum: i64 = bare(db)
+        .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(auto_vacuum, 2, "incremental");
+}
+
+#[test]
+fn db_vacuum_prints_the_bytes_before_and_after_and_keeps_the_jobs() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let lines: String = (0..2000).map(|i| format!("echo {i}\n")).collect();
+    let file = t.sibling("jobs.txt");
+    std::fs::write(&file, lines).unwrap();
+    ok(cli(db, &["jobs", "add", "--from-file"]).arg(&file));
+    bare(db)
+        .execute("DELETE FROM jobs WHERE id > 10", [])
+        .unwrap();
+    let before = json(&mut cli(db, &["status", "--json"]));
+    assert!(
+        before["database"]["free_bytes"].as_u64().unwrap() > 0,
+        "{before}"
+    );
+
+    let v = json(&mut cli(db, &["db", "vacuum", "--json"]));
+    let (bytes_before, bytes_after) = (
+        v["bytes_before"].as_u64().unwrap(),
+        v["bytes_after"].as_u64().unwrap(),
+    );
+    assert!(bytes_after < bytes_before, "{v}");
+    let after = json(&mut cli(db, &["status", "--json"]));
+    assert_eq!(after["database"]["free_bytes"], 0, "{after}");
+    assert_eq!(after["jobs"]["pending"], 10);
+
+    let human = ok(&mut cli(db, &["db", "vacuum"]));
+    assert!(
+        human.contains("bytes before") && human.contains("bytes after"),
+        "{human}"
+    );
 }

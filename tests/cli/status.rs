@@ -10,6 +10,25 @@ fn status_reports_counts_leases_settings_and_runners() {
     add(db, &[], &["true"]);
     let v = json(&mut cli(db, &["status", "--json"]));
     assert_eq!(v["schema_version"], leasehold::SCHEMA_VERSION);
+    let file_bytes = std::fs::metadata(db).unwrap().len();
+    let wal_bytes = std::fs::metadata(t.sibling("jobs.db-wal")).map_or(0, |m| m.len());
+    assert_eq!(
+        v["database"],
+        serde_json::json!({
+            "path": db.display().to_string(),
+            "schema_version": leasehold::SCHEMA_VERSION,
+            "bytes": file_bytes,
+            "free_bytes": 0,
+            "wal_bytes": wal_bytes,
+        })
+    );
+    let human = ok(&mut cli(db, &["status"]));
+    assert!(
+        human.contains(&format!(
+            "bytes={file_bytes} free_bytes=0 wal_bytes={wal_bytes}"
+        )),
+        "{human}"
+    );
     assert_eq!(
         v["jobs"],
         serde_json::json!({"pending": 1, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0})

@@ -350,6 +350,44 @@ fn the_v1_fixture_upgrades_to_v2_with_every_job_event_and_output_intact() {
 }
 
 #[test]
+fn two_connections_upgrading_one_v1_file_at_once_both_succeed_and_keep_every_row() {
+    let db = TestDb::new();
+    let copy = db.sibling("v1.db");
+    for round in 0..5 {
+        std::fs::copy(v1_fixture(), &copy).unwrap();
+        let before = all_rows(&copy);
+        let barrier = std::sync::Barrier::new(4);
+        let migrations: Vec<Migration> = std::thread::scope(|s| {
+            let openers: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        Store::open(&copy).map(|store| store.migration())
+                    })
+                })
+                .collect();
+            openers
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect()
+        });
+        for m in &migrations {
+            assert_eq!(m.to, 2, "round {round}: {migrations:?}");
+        }
+        assert!(
+            migrations.iter().any(|m| m.from == 1),
+            "round {round}: someone migrated: {migrations:?}"
+        );
+        assert_eq!(all_rows(&copy), before, "round {round}");
+        assert_eq!(auto_vacuum(&copy), INCREMENTAL);
+        assert_eq!(Store::probe_version(&copy).unwrap(), 2);
+        for suffix in ["-wal", "-shm"] {
+            let _ = std::fs::remove_file(db.sibling(&format!("v1.db{suffix}")));
+        }
+    }
+}
+
+#[test]
 fn size_reports_the_file_its_free_pages_and_its_wal() {
     let db = TestDb::new();
     let store = db.store();

@@ -1,0 +1,225 @@
+//! A full disk loses nothing: a runner with jobs in flight on a small tmpfs that fills up, then
+//! frees again. Every job ends exactly once, and an enqueue during the full period fails with
+//! a clear error.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use leasehold::{Job, Status, Store, now_ms};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+use crate::helper::WAIT;
+use crate::util::{Watchdog, leasehold_vars, poll, wait_for};
+
+/// A tmpfs of a few MiB mounted on a temporary folder, unmounted when dropped.
+struct SmallFs {
+    dir: PathBuf,
+}
+
+impl SmallFs {
+    /// Mounts a tmpfs of `size` (as `mount` spells it) on `dir`; Err with mount's complaint
+    /// where mounting is refused (not root, no CAP_SYS_ADMIN).
+    fn mount(dir: &Path, size: &str) -> Result<SmallFs, String> {
+        std::fs::create_dir_all(dir).expect("the mount point can be made");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if out.status.success() {
+            Ok(SmallFs {
+                dir: dir.to_path_buf(),
+            })
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        // Lazy: a process still holding a file there (a runner being killed) does not keep
+        // the mount alive past the test.
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// `leasehold run` with its log outside the small filesystem (a log on it could not be written
+/// while it is full). Killed by pid when dropped.
+struct Runner {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Runner {
+    fn start(db: &Path, log: PathBuf) -> Runner {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
+        cmd.arg("--db").arg(db).arg("run");
+        for var in leasehold_vars() {
+            cmd.env_remove(var);
+        }
+        let child = cmd
+            .env("LEASEHOLD_WORKERS", "3")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("the log file can be created"))
+            .spawn()
+            .expect("leasehold run starts");
+        Runner { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let child = &mut self.child;
+        poll(WAIT, || {
+            child.try_wait().expect("the runner can be waited for")
+        })
+        .expect("the runner exits after SIGTERM");
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Writes `file` until the filesystem refuses: then it is full.
+fn fill(file: &Path) -> File {
+    let mut f = File::create(file).expect("the filler can be created");
+    let chunk = vec![0xa5u8; 16 * 1024];
+    let mut small = false;
+    loop {
+        let buf = if small { &chunk[..512] } else { &chunk[..] };
+        match f.write(buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) => {
+                // Fill the last pages too, then stop.
+                if small {
+                    break;
+                }
+                small = true;
+            }
+            Err(e) => panic!("filling the filesystem: {e}"),
+        }
+    }
+    f
+}
+
+#[test]
+fn full_disk_loses_no_ending_and_refuses_enqueues() {
+    let _watchdog = Watchdog::new();
+    let tmp = TempDir::new().expect("a temporary folder");
+    let mnt = tmp.path().join("small");
+    let fs = match SmallFs::mount(&mnt, "4m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            // The same paths on a database made full by `PRAGMA max_page_count` run in the
+            // crate's unit tests (`store::tx::tests`, `runner::writer::tests`): a runner in
+            // another process offers no connection to set that pragma on.
+            println!(
+                "full-disk test: mounting a tmpfs was refused ({why}); see the max_page_count \
+                 unit tests"
+            );
+            return;
+        }
+    };
+    println!("full-disk test: a 4 MiB tmpfs at {}", mnt.display());
+    let db = mnt.join("jobs.db");
+    let store = Store::open(&db).expect("the database is created on the tmpfs");
+    let jobs: Vec<Job> = (0..20)
+        .map(|_| Job::shell("sleep 0.3; echo done").cwd(tmp.path()))
+        .collect();
+    let ids = store.enqueue_many(&jobs, now_ms()).expect("enqueue");
+    drop(store);
+
+    let mut runner = Runner::start(&db, tmp.path().join("runner.log"));
+    let store = Store::open(&db).expect("open");
+    wait_for("a job to run", WAIT, || {
+        ids.iter()
+            .any(|&id| store.job(id).expect("job").status == Status::Running)
+            .then_some(())
+    });
+
+    let filler = mnt.join("filler");
+    let filled = fill(&filler);
+    wait_for("the runner to report the full disk", WAIT, || {
+        runner
+            .log()
+            .contains("database or disk is full")
+            .then_some(())
+    });
+
+    // An enqueue while full fails with one clear line, and stores nothing.
+    let out = Command::new(assert_cmd::cargo::cargo_bin("leasehold"))
+        .arg("--db")
+        .arg(&db)
+        .args(["jobs", "add", "--", "echo", "late"])
+        .env_remove("LEASEHOLD_DB")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("leasehold jobs add runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("database or disk is full"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+
+    // Hold it full while attempts end (each runs 0.3 s) and their endings wait in memory:
+    // longer than a writer that gives up after twenty failed transactions would hold them.
+    std::thread::sleep(Duration::from_secs(3));
+    drop(filled);
+    std::fs::remove_file(&filler).expect("the filler can be removed");
+
+    wait_for("every job to end", Duration::from_secs(60), || {
+        ids.iter()
+            .all(|&id| store.job(id).expect("job").status.is_terminal())
+            .then_some(())
+    });
+    runner.stop();
+
+    let counts = store.counts().expect("counts");
+    assert_eq!(
+        (counts.succeeded, counts.pending + counts.running),
+        (ids.len() as u64, 0),
+        "the refused enqueue left no job: {counts:?}"
+    );
+    for &id in &ids {
+        let job = store.job(id).expect("job");
+        let events = store.events(id).expect("events");
+        let kinds: Vec<String> = events.iter().map(|e| e.kind.to_string()).collect();
+        assert_eq!(job.status, Status::Succeeded, "job {id}: {kinds:?}");
+        assert_eq!(job.attempt, 1, "job {id} ran once: {kinds:?}");
+        assert_eq!(job.recovery_count, 0, "job {id}: {kinds:?}");
+        let count = |k: &str| kinds.iter().filter(|x| *x == k).count();
+        assert_eq!(count("claimed"), 1, "job {id}: {kinds:?}");
+        assert_eq!(count("succeeded"), 1, "job {id}: {kinds:?}");
+        assert_eq!(
+            kinds.last().map(String::as_str),
+            Some("succeeded"),
+            "job {id}: {kinds:?}"
+        );
+        let out = store
+            .output(id, None)
+            .expect("output")
+            .expect("an output row");
+        assert_eq!(out.stdout, b"done\n", "job {id}");
+    }
+    let log = runner.log();
+    assert!(!log.contains("cannot record the ending"), "{log}");
+    assert!(log.contains("space is back"), "{log}");
+    drop(store);
+    drop(fs);
+}

@@ -13,7 +13,8 @@ pub enum Error {
     #[error("database error")]
     Sqlite(#[from] rusqlite::Error),
     /// A write failed because the disk or the database is full (`SQLITE_FULL`, `ENOSPC`,
-    /// `EFBIG`). The transaction was rolled back: nothing of it was stored. SQLite's error is
+    /// `EFBIG`), or opening a file found no room for its WAL index (`Store::open` on a full
+    /// disk). The transaction was rolled back: nothing of it was stored. SQLite's error is
     /// kept, but not as the source: its message says the same again.
     #[error("database or disk is full")]
     Full(rusqlite::Error),
@@ -141,9 +142,17 @@ impl Error {
 }
 
 /// SQLite reports a full disk (`ENOSPC`) and a full database (`max_page_count`) as
-/// `SQLITE_FULL`.
+/// `SQLITE_FULL`; a full disk met while growing the WAL index (the `-shm` file, made anew by
+/// the first connection to open the file) as `SQLITE_IOERR_SHMSIZE`, which SQLite documents
+/// as a sign that the volume is out of space.
 fn is_full(e: &rusqlite::Error) -> bool {
-    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => {
+            f.code == rusqlite::ErrorCode::DiskFull
+                || f.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE
+        }
+        _ => false,
+    }
 }
 
 fn is_full_io(e: &std::io::Error) -> bool {

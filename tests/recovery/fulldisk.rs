@@ -119,13 +119,13 @@ fn fill(file: &Path) -> File {
     f
 }
 
-#[test]
-fn full_disk_loses_no_ending_and_refuses_enqueues() {
-    let _watchdog = Watchdog::new();
-    let tmp = TempDir::new().expect("a temporary folder");
-    let mnt = tmp.path().join("small");
-    let fs = match SmallFs::mount(&mnt, "4m") {
-        Ok(fs) => fs,
+/// Mounts a 4 MiB tmpfs on `mnt`, saying which path the test takes.
+fn small_fs(mnt: &Path) -> Option<SmallFs> {
+    match SmallFs::mount(mnt, "4m") {
+        Ok(fs) => {
+            println!("full-disk test: a 4 MiB tmpfs at {}", mnt.display());
+            Some(fs)
+        }
         Err(why) => {
             // The same paths on a database made full by `PRAGMA max_page_count` run in the
             // crate's unit tests (`store::tx::tests`, `runner::writer::tests`): a runner in
@@ -134,10 +134,70 @@ fn full_disk_loses_no_ending_and_refuses_enqueues() {
                 "full-disk test: mounting a tmpfs was refused ({why}); see the max_page_count \
                  unit tests"
             );
-            return;
+            None
         }
-    };
-    println!("full-disk test: a 4 MiB tmpfs at {}", mnt.display());
+    }
+}
+
+/// `leasehold --db DB jobs add ARGS`, with `stdin`.
+fn jobs_add(db: &Path, args: &[&str], stdin: &str) -> std::process::Output {
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
+    cmd.arg("--db").arg(db).args(["jobs", "add"]).args(args);
+    for var in leasehold_vars() {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("leasehold jobs add starts");
+    child
+        .stdin
+        .take()
+        .expect("a stdin pipe")
+        .write_all(stdin.as_bytes())
+        .expect("stdin is written");
+    child.wait_with_output().expect("leasehold jobs add runs")
+}
+
+/// The enqueue failed for space: exit 1 and one clear line.
+fn refused_as_full(out: &std::process::Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end(), "leasehold: database or disk is full");
+}
+
+/// No runner holds the file, so the `-shm` index must be made anew on the full disk too:
+/// a single and a batch enqueue are both refused, and store nothing.
+#[test]
+fn enqueue_on_a_full_disk_exits_1_and_stores_nothing() {
+    let _watchdog = Watchdog::new();
+    let tmp = TempDir::new().expect("a temporary folder");
+    let mnt = tmp.path().join("small");
+    let Some(fs) = small_fs(&mnt) else { return };
+    let db = mnt.join("jobs.db");
+    assert!(jobs_add(&db, &["--", "true"], "").status.success());
+    let filled = fill(&mnt.join("filler"));
+
+    refused_as_full(&jobs_add(&db, &["--", "echo", "late"], ""));
+    refused_as_full(&jobs_add(&db, &["--from-file", "-"], "true\nfalse\ntrue\n"));
+
+    drop(filled);
+    std::fs::remove_file(mnt.join("filler")).expect("the filler can be removed");
+    let store = Store::open(&db).expect("open once there is room");
+    let counts = store.counts().expect("counts");
+    assert_eq!(counts.pending, 1, "only the first job: {counts:?}");
+    drop(store);
+    drop(fs);
+}
+
+#[test]
+fn full_disk_loses_no_ending_and_refuses_enqueues() {
+    let _watchdog = Watchdog::new();
+    let tmp = TempDir::new().expect("a temporary folder");
+    let mnt = tmp.path().join("small");
+    let Some(fs) = small_fs(&mnt) else { return };
     let db = mnt.join("jobs.db");
     let store = Store::open(&db).expect("the database is created on the tmpfs");
     let jobs: Vec<Job> = (0..20)
@@ -164,18 +224,8 @@ fn full_disk_loses_no_ending_and_refuses_enqueues() {
     });
 
     // An enqueue while full fails with one clear line, and stores nothing.
-    let out = Command::new(assert_cmd::cargo::cargo_bin("leasehold"))
-        .arg("--db")
-        .arg(&db)
-        .args(["jobs", "add", "--", "echo", "late"])
-        .env_remove("LEASEHOLD_DB")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("leasehold jobs add runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert!(stderr.contains("database or disk is full"), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    let out = jobs_add(&db, &["--", "echo", "late"], "");
+    refused_as_full(&out);
 
     // Hold it full while attempts end (each runs 0.3 s) and their endings wait in memory:
     // longer than a writer that gives up after twenty failed transactions would hold them.

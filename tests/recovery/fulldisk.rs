@@ -57,9 +57,9 @@ struct Runner {
 }
 
 impl Runner {
-    fn start(db: &Path, log: PathBuf) -> Runner {
+    fn start(db: &Path, log: PathBuf, args: &[&str]) -> Runner {
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
-        cmd.arg("--db").arg(db).arg("run");
+        cmd.arg("--db").arg(db).arg("run").args(args);
         for var in leasehold_vars() {
             cmd.env_remove(var);
         }
@@ -206,7 +206,7 @@ fn full_disk_loses_no_ending_and_refuses_enqueues() {
     let ids = store.enqueue_many(&jobs, now_ms()).expect("enqueue");
     drop(store);
 
-    let mut runner = Runner::start(&db, tmp.path().join("runner.log"));
+    let mut runner = Runner::start(&db, tmp.path().join("runner.log"), &[]);
     let store = Store::open(&db).expect("open");
     wait_for("a job to run", WAIT, || {
         ids.iter()
@@ -269,6 +269,107 @@ fn full_disk_loses_no_ending_and_refuses_enqueues() {
     }
     let log = runner.log();
     assert!(!log.contains("cannot record the ending"), "{log}");
+    assert!(log.contains("space is back"), "{log}");
+    drop(store);
+    drop(fs);
+}
+
+/// A disk full for longer than the lease: the heartbeat cannot renew, so the runner kills its
+/// attempts (the usual self-fence), holds their endings, and records each loss once when space
+/// is back; the jobs then run again and succeed.
+#[test]
+fn full_disk_past_the_lease_fences_and_records_each_loss_once() {
+    let _watchdog = Watchdog::new();
+    let tmp = TempDir::new().expect("a temporary folder");
+    let mnt = tmp.path().join("small");
+    let Some(fs) = small_fs(&mnt) else { return };
+    let db = mnt.join("jobs.db");
+    let store = Store::open(&db).expect("the database is created on the tmpfs");
+    let jobs: Vec<Job> = (0..3)
+        .map(|_| Job::shell("sleep 3; echo done").cwd(tmp.path()))
+        .collect();
+    let ids = store.enqueue_many(&jobs, now_ms()).expect("enqueue");
+
+    let timings = [
+        "--lease-ttl",
+        "1.5",
+        "--heartbeat",
+        "0.3",
+        "--sweep",
+        "0.3",
+        "--kill-grace",
+        "0.3",
+    ];
+    let mut runner = Runner::start(&db, tmp.path().join("runner.log"), &timings);
+    wait_for("every job to run", WAIT, || {
+        ids.iter()
+            .all(|&id| {
+                let j = store.job(id).expect("job");
+                j.status == Status::Running && j.pgid.is_some()
+            })
+            .then_some(())
+    });
+
+    let filler = mnt.join("filler");
+    let filled = fill(&filler);
+    wait_for("the runner to fence its attempts", WAIT, || {
+        (runner
+            .log()
+            .matches("killing the attempt so that no other runner")
+            .count()
+            >= ids.len())
+        .then_some(())
+    });
+    // The losses cannot be written either: the writer holds them.
+    wait_for("the writer to hold the endings", WAIT, || {
+        runner
+            .log()
+            .contains("in memory and retrying")
+            .then_some(())
+    });
+    drop(filled);
+    std::fs::remove_file(&filler).expect("the filler can be removed");
+
+    wait_for("every job to end", Duration::from_secs(60), || {
+        ids.iter()
+            .all(|&id| store.job(id).expect("job").status.is_terminal())
+            .then_some(())
+    });
+    runner.stop();
+    let log = runner.log();
+    for &id in &ids {
+        let job = store.job(id).expect("job");
+        let events = store.events(id).expect("events");
+        let kinds: Vec<String> = events.iter().map(|e| e.kind.to_string()).collect();
+        assert_eq!(job.status, Status::Succeeded, "job {id}: {kinds:?}\n{log}");
+        let fenced = events.iter().any(|e| {
+            e.detail
+                .as_deref()
+                .is_some_and(|d| d.contains("could not renew the lease"))
+        });
+        assert!(
+            fenced,
+            "job {id}'s loss is the runner's own fence: {events:?}"
+        );
+        assert_eq!(job.recovery_count, 1, "job {id}: {kinds:?}");
+        let count = |k: &str| kinds.iter().filter(|x| *x == k).count();
+        assert_eq!(count("claimed"), 2, "job {id}: {kinds:?}");
+        // A self-fenced attempt with recovery budget left goes back to pending: `reclaimed`.
+        assert_eq!(count("reclaimed"), 1, "job {id}: {kinds:?}");
+        assert_eq!(count("succeeded"), 1, "job {id}: {kinds:?}");
+        assert_eq!(count("late_result_discarded"), 0, "job {id}: {kinds:?}");
+        // One ending per attempt, each after its claim.
+        let endings: Vec<&str> = kinds
+            .iter()
+            .map(String::as_str)
+            .filter(|k| matches!(*k, "claimed" | "reclaimed" | "lost" | "succeeded"))
+            .collect();
+        assert_eq!(
+            endings,
+            ["claimed", "reclaimed", "claimed", "succeeded"],
+            "job {id}"
+        );
+    }
     assert!(log.contains("space is back"), "{log}");
     drop(store);
     drop(fs);

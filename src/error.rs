@@ -12,6 +12,12 @@ pub enum Error {
     /// SQLite reported an error.
     #[error("database error")]
     Sqlite(#[from] rusqlite::Error),
+    /// A write failed because the disk or the database is full (`SQLITE_FULL`, `ENOSPC`,
+    /// `EFBIG`), or opening a file found no room for its WAL index (`Store::open` on a full
+    /// disk). The transaction was rolled back: nothing of it was stored. SQLite's error is
+    /// kept, but not as the source: its message says the same again.
+    #[error("database or disk is full")]
+    Full(rusqlite::Error),
     /// The file is not a SQLite database (or is damaged); it was left untouched.
     #[error("{} is not a leasehold database: {reason}", path.display())]
     NotADatabase {
@@ -140,6 +146,47 @@ impl Error {
             _ => false,
         }
     }
+}
+
+impl Error {
+    /// True when a write failed because the disk or the database is full. Nothing of the
+    /// failed transaction was stored; the same write may succeed once space is freed.
+    pub fn is_full(&self) -> bool {
+        match self {
+            Error::Full(_) => true,
+            Error::Sqlite(e) => is_full(e),
+            Error::Io { source, .. } => is_full_io(source),
+            _ => false,
+        }
+    }
+
+    /// The same error, as [`Error::Full`] when SQLite's says the disk or database is full.
+    pub(crate) fn full_if_so(self) -> Self {
+        match self {
+            Error::Sqlite(e) if is_full(&e) => Error::Full(e),
+            other => other,
+        }
+    }
+}
+
+/// SQLite reports a full disk (`ENOSPC`) and a full database (`max_page_count`) as
+/// `SQLITE_FULL`; a full disk met while growing the WAL index (the `-shm` file, made anew by
+/// the first connection to open the file) as `SQLITE_IOERR_SHMSIZE`, which SQLite documents
+/// as a sign that the volume is out of space.
+fn is_full(e: &rusqlite::Error) -> bool {
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => {
+            f.code == rusqlite::ErrorCode::DiskFull
+                || f.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE
+        }
+        _ => false,
+    }
+}
+
+fn is_full_io(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    e.raw_os_error()
+        .is_some_and(|n| n == Errno::ENOSPC as i32 || n == Errno::EFBIG as i32)
 }
 
 pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {

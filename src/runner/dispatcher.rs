@@ -71,6 +71,8 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
                         }
                     }
                 }
+                // The writer warns of a full disk itself, once a minute.
+                Err(e) if e.is_full() => log::debug!("claim refused: {e:#}"),
                 Err(e) => log::error!("claim failed: {e:#}"),
             }
         }

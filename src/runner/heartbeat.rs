@@ -90,7 +90,10 @@ pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
                     r.stop.stop(StopReason::SelfFenced);
                 }
             }
-            if !e.is_busy() {
+            if e.is_full() {
+                // The writer warns of a full disk itself, once a minute.
+                log::debug!("lease renewal failed: {e:#}");
+            } else if !e.is_busy() {
                 log::error!("lease renewal failed: {e:#}");
             }
         }

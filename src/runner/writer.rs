@@ -18,6 +18,7 @@
 //! fails does not undo the others; savepoints cost a copy of every page they touch, which the
 //! common case does without.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
@@ -42,9 +43,10 @@ impl WriterLoop {
     /// Commits batches until every handle is gone: the runner drops its handles only after
     /// its workers and dispatcher are joined, so no write is lost.
     pub(crate) fn run(self, store: &Store, shared: &Shared) {
+        let mut full = FullDisk::default();
         while let Some(batch) = next_batch(&self.urgent, &self.lazy) {
             shared.test_hook("writer");
-            let done = commit(store, shared, batch);
+            let done = commit(store, shared, &self, &mut full, batch);
             after_commit(shared, done);
         }
     }
@@ -93,9 +95,15 @@ fn drain(rx: &Receiver<Op>, batch: &mut Vec<Op>) {
     }
 }
 
-/// Applies a batch in one transaction, retrying while the database is busy: a write queued
-/// here is never dropped, only delayed (and fenced, if the lease moved on meanwhile).
-fn commit(store: &Store, shared: &Shared, batch: Vec<Op>) -> Vec<Done> {
+/// Applies a batch in one transaction, retrying while the database is busy or full: a write
+/// queued here is never dropped, only delayed (and fenced, if the lease moved on meanwhile).
+fn commit(
+    store: &Store,
+    shared: &Shared,
+    queues: &WriterLoop,
+    full: &mut FullDisk,
+    mut batch: Vec<Op>,
+) -> Vec<Done> {
     let started = Instant::now();
     let mut warned = false;
     let mut failures = 0;
@@ -112,10 +120,10 @@ fn commit(store: &Store, shared: &Shared, batch: Vec<Op>) -> Vec<Done> {
         let mut write_failed = false;
         let attempt = store::transaction(store.conn(), &mut |conn| {
             if savepoints {
-                return Ok(batch
+                return batch
                     .iter()
                     .map(|op| apply(conn, op, &ctx))
-                    .collect::<Vec<_>>());
+                    .collect::<Result<Vec<_>>>();
             }
             let mut applied = Vec::with_capacity(batch.len());
             for op in &batch {
@@ -130,13 +138,35 @@ fn commit(store: &Store, shared: &Shared, batch: Vec<Op>) -> Vec<Done> {
             Ok(applied)
         });
         match attempt {
+            // The disk or the database is full: nothing of the batch was stored. Keep it and
+            // try again until space is back; a claim is refused at once instead (a runner
+            // that cannot write a claim claims nothing).
+            Err(e) if e.is_full() => {
+                let lasted = full.failed(&batch);
+                if shared.shutting_down.load(Ordering::SeqCst) && lasted > shared.config.lease_ttl {
+                    // The runner is stopping and space is not coming back: do not hold its
+                    // shutdown forever. An ending given up on leaves its lease to expire.
+                    log::error!(
+                        "database or disk is full; giving up on {} writes to shut down",
+                        batch.len()
+                    );
+                    return give_up(batch, &e);
+                }
+                full.wait(&mut batch, queues, &e);
+                if batch.is_empty() {
+                    // Only claims, all refused.
+                    return Vec::new();
+                }
+                savepoints = false;
+            }
             // The transaction is rolled back: apply the batch again, one savepoint a write.
             Err(_) if write_failed => savepoints = true,
             Ok(results) => {
+                full.recovered(batch.len());
                 // A slow commit counts at once and is forgotten slowly (an eighth a commit):
                 // the dispatcher sizes its claim-ahead for the disk's bad moments, not its mean.
                 let took = u64::try_from(commit_started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                let order = std::sync::atomic::Ordering::Relaxed;
+                let order = Ordering::Relaxed;
                 let before = shared.commit_nanos.load(order);
                 shared
                     .commit_nanos
@@ -159,35 +189,128 @@ fn commit(store: &Store, shared: &Shared, batch: Vec<Op>) -> Vec<Done> {
                 std::thread::sleep(Duration::from_millis(10));
             }
             Err(e) => {
-                // The transaction itself failed, not one write in it (a full disk, an I/O
-                // error). Retry a while; then give up, so that a claim is answered and the
-                // runner can shut down. An ending given up on leaves its lease to expire.
+                // The transaction itself failed, not one write in it (an I/O error). Retry a
+                // while; then give up, so that a claim is answered and the runner can shut
+                // down. An ending given up on leaves its lease to expire.
                 failures += 1;
                 log::error!("write transaction failed: {e:#}");
                 if failures >= 20 {
-                    return batch
-                        .into_iter()
-                        .map(|op| match op {
-                            Op::Claim { reply, .. } => Done::Claimed(
-                                reply,
-                                Err(Error::io(
-                                    "cannot write to the database",
-                                    std::io::Error::other(format!("{e:#}")),
-                                )),
-                            ),
-                            Op::Start(_) => Done::Started,
-                            Op::Finish(f) => Done::Finished(
-                                f,
-                                Err(Error::io(
-                                    "cannot write to the database",
-                                    std::io::Error::other(format!("{e:#}")),
-                                )),
-                            ),
-                        })
-                        .collect();
+                    return give_up(batch, &e);
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
+        }
+    }
+}
+
+/// Answers every write of a batch that cannot be committed with an error.
+fn give_up(batch: Vec<Op>, e: &Error) -> Vec<Done> {
+    let error = || {
+        Error::io(
+            "cannot write to the database",
+            std::io::Error::other(format!("{e:#}")),
+        )
+    };
+    batch
+        .into_iter()
+        .map(|op| match op {
+            Op::Claim { reply, .. } => Done::Claimed(reply, Err(error())),
+            Op::Start(_) => Done::Started,
+            Op::Finish(f) => Done::Finished(f, Err(error())),
+        })
+        .collect()
+}
+
+/// The error a claim is refused with while the disk is full.
+fn full_error(e: &Error) -> Error {
+    let code = rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL);
+    Error::Full(rusqlite::Error::SqliteFailure(code, Some(format!("{e:#}"))))
+}
+
+/// The first wait after a write failed for space; it doubles up to [`FULL_BACKOFF_MAX`].
+const FULL_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const FULL_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often a full disk is logged while it lasts.
+const FULL_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// A full disk, while it lasts: the writer holds its writes in memory and retries them. It
+/// lives as long as the writer, so that it is logged once a minute, not once a batch.
+#[derive(Default)]
+struct FullDisk {
+    /// When the writes began to fail for space; None while they do not.
+    since: Option<Instant>,
+    backoff: Duration,
+    /// When it was last logged.
+    warned: Option<Instant>,
+    /// Transactions failed for space since `since`.
+    failures: u64,
+}
+
+impl FullDisk {
+    /// Counts a failed transaction and logs it once a minute.
+    fn failed(&mut self, batch: &[Op]) -> Duration {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        self.failures += 1;
+        if self.warned.is_none_or(|at| at.elapsed() >= FULL_WARN_EVERY) {
+            let endings = batch
+                .iter()
+                .filter(|op| matches!(op, Op::Finish(_)))
+                .count();
+            log::warn!(
+                "database or disk is full: holding {} writes ({endings} endings) in memory \
+                 and retrying; {} failed attempts in {:.0?}",
+                batch.len(),
+                self.failures,
+                since.elapsed()
+            );
+            self.warned = Some(Instant::now());
+        }
+        since.elapsed()
+    }
+
+    /// Refuses the batch's claims (nothing of them was written: the runner claims nothing),
+    /// then waits out the backoff before the next try. Writes that arrive meanwhile join the
+    /// batch behind it, in their order; claims among them are refused at once, so that the
+    /// dispatcher is not held (nor the runner's shutdown behind it).
+    fn wait(&mut self, batch: &mut Vec<Op>, queues: &WriterLoop, e: &Error) {
+        let deadline = Instant::now() + self.backoff.max(FULL_BACKOFF_MIN);
+        self.backoff = (self.backoff * 2).clamp(FULL_BACKOFF_MIN, FULL_BACKOFF_MAX);
+        let take = |op: Op, batch: &mut Vec<Op>| match op {
+            Op::Claim { reply, .. } => {
+                // The dispatcher waits for this reply; it is gone only if it died meanwhile.
+                let _ = reply.send(Err(full_error(e)));
+            }
+            other => batch.push(other),
+        };
+        for op in std::mem::take(batch) {
+            take(op, batch);
+        }
+        loop {
+            match queues.urgent.recv_deadline(deadline) {
+                Ok(op) => take(op, batch),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => break,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+                    break;
+                }
+            }
+        }
+        while let Ok(op) = queues.lazy.try_recv() {
+            take(op, batch);
+        }
+    }
+
+    /// A transaction committed: if writes were failing for space, they no longer are.
+    fn recovered(&mut self, writes: usize) {
+        if let Some(since) = self.since.take() {
+            log::warn!(
+                "space is back: {writes} held writes recorded after {:.1?} and {} failed \
+                 attempts",
+                since.elapsed(),
+                self.failures
+            );
+            self.failures = 0;
+            self.backoff = FULL_BACKOFF_MIN;
         }
     }
 }
@@ -228,18 +351,20 @@ fn apply_op(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Result<Applied> {
     })
 }
 
-/// Applies one write inside a savepoint, so that its failure undoes only itself.
-fn apply(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Applied {
+/// Applies one write inside a savepoint, so that its failure undoes only itself. A full disk
+/// fails the whole transaction instead: SQLite may have rolled it back already.
+fn apply(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Result<Applied> {
     let result = store::savepoint(conn, |conn| apply_op(conn, op, ctx));
-    match (op, result) {
+    Ok(match (op, result) {
         (_, Ok(a)) => a,
+        (_, Err(e)) if e.is_full() => return Err(e),
         (Op::Claim { .. }, Err(e)) => Applied::Claimed(Err(e)),
         (Op::Start(s), Err(e)) => {
             log::error!("cannot record the start of job {}: {e:#}", s.job_id);
             Applied::Started
         }
         (Op::Finish(_), Err(e)) => Applied::Finished(Err(e)),
-    }
+    })
 }
 
 fn after_commit(shared: &Shared, done: Vec<Done>) {
@@ -278,5 +403,108 @@ fn after_commit(shared: &Shared, done: Vec<Done>) {
     }
     if ended {
         shared.endings_changed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::job::{Job, Output, Status};
+    use crate::runner::Runner;
+    use crate::store::Ending;
+
+    /// A writer whose file is full (`PRAGMA max_page_count` at its size, with no free page)
+    /// holds an ending, refuses claims meanwhile, and records the ending exactly once when
+    /// another connection frees pages.
+    #[test]
+    fn an_ending_waits_out_a_full_database_and_is_recorded_once() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("jobs.db");
+        let config = Runner::builder(&path).config;
+        let shared = Arc::new(Shared::new(config, "w1".to_string()));
+        let (writer, queues) = super::super::shared::Writer::new(Arc::clone(&shared));
+
+        let store = Store::open(&path).expect("open");
+        let id = store.enqueue(&Job::shell("true"), 1).expect("enqueue");
+        let req = ClaimRequest {
+            worker_id: "w1",
+            limit: 1,
+            queues: &[],
+            lease_ttl: Duration::from_secs(60),
+        };
+        let job = store
+            .claim(&req, crate::job::now_ms())
+            .expect("claim")
+            .remove(0);
+        // Pages that another connection frees later: the room the ending will need.
+        let other = Store::open(&path).expect("open");
+        other
+            .conn()
+            .execute_batch(
+                "CREATE TABLE filler (b BLOB);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 8)
+                 INSERT INTO filler SELECT zeroblob(64 * 1024) FROM n;",
+            )
+            .expect("filler");
+        let pages: i64 = store
+            .conn()
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .expect("page_count");
+        store
+            .conn()
+            .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .expect("cap");
+
+        let finish = Finish {
+            job_id: id,
+            run_token: job.run_token.clone(),
+            attempt: job.attempt,
+            ending: Ending::Succeeded,
+            output: Some(Output {
+                attempt: job.attempt,
+                stdout: vec![b'o'; 64 * 1024],
+                stderr: Vec::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+            }),
+            notes: Vec::new(),
+            max_recovery_attempts: 3,
+        };
+        let committer = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || {
+                let batch = vec![Op::Finish(Box::new(finish))];
+                let done = commit(&store, &shared, &queues, &mut FullDisk::default(), batch);
+                done.into_iter()
+                    .map(|d| match d {
+                        Done::Finished(_, r) => r.map_err(|e| e.to_string()),
+                        _ => Err("not an ending".to_string()),
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+
+        // While the ending is held, a claim is refused as full rather than kept waiting.
+        let e = writer.claim(1).expect_err("no claim while full");
+        assert!(e.is_full(), "{e:?}");
+        assert_eq!(other.job(id).expect("job").status, Status::Running);
+
+        other
+            .conn()
+            .execute_batch("DROP TABLE filler")
+            .expect("free pages");
+        let done = committer.join().expect("the committer does not panic");
+        assert_eq!(done, vec![Ok(Finished::Recorded(Status::Succeeded))]);
+        let kinds: Vec<String> = other
+            .events(id)
+            .expect("events")
+            .into_iter()
+            .map(|e| e.kind.to_string())
+            .collect();
+        assert_eq!(kinds, ["enqueued", "claimed", "succeeded"]);
     }
 }

@@ -99,7 +99,7 @@ impl Store {
     /// As [`Store::open`], plus [`Error::Missing`] when the file does not exist and
     /// `create` is off, and [`Error::SchemaTooOld`] when it is older and `migrate` is off.
     pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Store> {
-        let opened = open::open(path, options)?;
+        let opened = open::open(path, options).map_err(crate::Error::full_if_so)?;
         Ok(Store {
             conn: opened.conn,
             path: opened.path,

@@ -7,8 +7,16 @@ use rusqlite::{Connection, params};
 use crate::error::Result;
 use crate::job::EventKind;
 
-/// Runs `f` in one IMMEDIATE transaction, rolled back when `f` fails.
+/// Runs `f` in one IMMEDIATE transaction, rolled back when `f` fails. A full disk or
+/// database is reported as [`Error::Full`](crate::Error::Full).
 pub(crate) fn transaction<T>(
+    conn: &Connection,
+    f: &mut impl FnMut(&Connection) -> Result<T>,
+) -> Result<T> {
+    transaction_inner(conn, f).map_err(crate::Error::full_if_so)
+}
+
+fn transaction_inner<T>(
     conn: &Connection,
     f: &mut impl FnMut(&Connection) -> Result<T>,
 ) -> Result<T> {
@@ -27,6 +35,8 @@ pub(crate) fn transaction<T>(
 /// Runs `f` in a savepoint of the open transaction: what `f` wrote stays when it succeeds and
 /// is undone when it fails, and the transaction's other writes stay either way. The runner's
 /// writer applies each write of a batch in one, so that a write that fails undoes only itself.
+/// A full disk is the exception: SQLite may have rolled back the whole transaction already,
+/// so the error is returned as it is and the caller must roll back the transaction.
 pub(crate) fn savepoint<T>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<T>,
@@ -42,6 +52,7 @@ pub(crate) fn savepoint<T>(
             exec("RELEASE op")?;
             Ok(v)
         }
+        Err(e) if e.is_full() => Err(e),
         Err(e) => {
             exec("ROLLBACK TO op")?;
             exec("RELEASE op")?;
@@ -75,4 +86,67 @@ pub(super) fn queue_filter(queues: &[String], first: usize) -> String {
         .map(|i| format!("?{}", first + i))
         .collect();
     format!("AND queue IN ({})", marks.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::Error;
+    use crate::job::Job;
+    use crate::store::Store;
+
+    /// Caps this connection's file at its present size (`PRAGMA max_page_count`), so that a
+    /// write needing a new page fails as on a full disk; returns the cap.
+    fn cap(store: &Store) -> i64 {
+        let pages: i64 = store
+            .conn()
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .expect("page_count");
+        store
+            .conn()
+            .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+                r.get(0)
+            })
+            .expect("max_page_count")
+    }
+
+    #[test]
+    fn a_full_database_refuses_an_enqueue_and_keeps_nothing_of_it() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let store = Store::open(dir.path().join("jobs.db")).expect("open");
+        let first = store.enqueue(&Job::shell("true"), 1).expect("enqueue");
+        cap(&store);
+        let big = Job::shell(format!("echo {}", "x".repeat(20_000)));
+        let batch: Vec<Job> = (0..50).map(|_| big.clone()).collect();
+
+        let e = store
+            .enqueue_many(&batch, 2)
+            .expect_err("the batch needs new pages");
+        assert!(matches!(e, Error::Full(_)), "{e:?}");
+        assert!(e.is_full());
+        assert_eq!(e.to_string(), "database or disk is full");
+        let e = store.enqueue(&big, 2).expect_err("the job needs new pages");
+        assert!(e.is_full(), "{e:?}");
+
+        // Nothing half-written: only the first job and its one event.
+        let counts = store.counts().expect("counts");
+        assert_eq!(counts.pending, 1, "{counts:?}");
+        let events: i64 = store
+            .conn()
+            .query_row("SELECT count(*) FROM job_events", [], |r| r.get(0))
+            .expect("events");
+        assert_eq!(events, 1);
+
+        // Space back: the same writes succeed.
+        store
+            .conn()
+            .query_row("PRAGMA max_page_count = 1073741823", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .expect("uncap");
+        let ids = store
+            .enqueue_many(&batch, 3)
+            .expect("enqueue once there is room");
+        assert_eq!(ids.len(), 50);
+        assert_eq!(ids[0], first + 1);
+    }
 }

@@ -8,5 +8,6 @@ mod helper;
 
 mod crash;
 mod freeze;
+mod fulldisk;
 mod renewal;
 mod shutdown;

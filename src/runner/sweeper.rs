@@ -10,10 +10,14 @@ use parking_lot::Mutex;
 
 use crate::error::Result;
 use crate::process;
-use crate::store::{ReclaimRequest, Store};
+use crate::store::{PruneOptions, ReclaimRequest, Store};
 
 use super::operator::{runner_death_evidence, tear_down_lost_attempts};
 use super::shared::{Shared, SweepCounters};
+
+/// Prune batches one sweep runs at most (of [`crate::DEFAULT_PRUNE_BATCH`] jobs each), so that
+/// a sweep stays short; a backlog is worked off over the following sweeps.
+pub(crate) const PRUNE_BATCHES_PER_SWEEP: u32 = 8;
 
 /// The sweeper's state between sweeps.
 pub(crate) struct Sweeper {
@@ -98,6 +102,27 @@ impl Sweeper {
                 }
             }
             Err(e) => log::warn!("sweep failed: {e:#}"),
+        }
+        self.prune_and_log(now);
+    }
+
+    /// Prunes finished jobs past the retention policy, a few batches at most, and logs a line
+    /// when it pruned or freed anything. Errors are logged: the next sweep tries again.
+    pub(crate) fn prune_and_log(&self, now: i64) {
+        let options = PruneOptions::default().max_batches(Some(PRUNE_BATCHES_PER_SWEEP));
+        match self
+            .store
+            .prune_with(&self.shared.config.retention, &options, now)
+        {
+            Ok(r) if r.jobs > 0 || r.bytes_freed > 0 || r.wal_truncated => log::info!(
+                "prune jobs={} bytes_freed={} more={} wal_truncated={}",
+                r.jobs,
+                r.bytes_freed,
+                r.more,
+                r.wal_truncated
+            ),
+            Ok(_) => log::debug!("prune: nothing to do"),
+            Err(e) => log::warn!("prune failed: {e:#}"),
         }
     }
 

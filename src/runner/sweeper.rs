@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use crate::error::Result;
 use crate::process;
-use crate::store::{PruneOptions, ReclaimRequest, Store};
+use crate::store::{PruneOptions, PruneReport, ReclaimRequest, Store};
 
 use super::operator::{runner_death_evidence, tear_down_lost_attempts};
 use super::shared::{Shared, SweepCounters};
@@ -109,11 +109,7 @@ impl Sweeper {
     /// Prunes finished jobs past the retention policy, a few batches at most, and logs a line
     /// when it pruned or freed anything. Errors are logged: the next sweep tries again.
     pub(crate) fn prune_and_log(&self, now: i64) {
-        let options = PruneOptions::default().max_batches(Some(PRUNE_BATCHES_PER_SWEEP));
-        match self
-            .store
-            .prune_with(&self.shared.config.retention, &options, now)
-        {
+        match self.prune(now) {
             Ok(r) if r.jobs > 0 || r.bytes_freed > 0 || r.wal_truncated => log::info!(
                 "prune jobs={} bytes_freed={} more={} wal_truncated={}",
                 r.jobs,
@@ -123,6 +119,27 @@ impl Sweeper {
             ),
             Ok(_) => log::debug!("prune: nothing to do"),
             Err(e) => log::warn!("prune failed: {e:#}"),
+        }
+    }
+
+    /// Rounds of [`PRUNE_BATCHES_PER_SWEEP`] batches while jobs are left due, for at most half
+    /// a sweep interval: a runner that finishes jobs faster than one round prunes keeps up,
+    /// and the sweeper still reclaims on its cadence.
+    fn prune(&self, now: i64) -> Result<PruneReport> {
+        let cfg = &self.shared.config;
+        let options = PruneOptions::default().max_batches(Some(PRUNE_BATCHES_PER_SWEEP));
+        let budget = cfg.sweep_interval / 2;
+        let started = Instant::now();
+        let mut total = PruneReport::default();
+        loop {
+            let r = self.store.prune_with(&cfg.retention, &options, now)?;
+            total.jobs += r.jobs;
+            total.bytes_freed += r.bytes_freed;
+            total.wal_truncated |= r.wal_truncated;
+            total.more = r.more;
+            if !r.more || started.elapsed() >= budget {
+                return Ok(total);
+            }
         }
     }
 

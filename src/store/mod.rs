@@ -470,8 +470,10 @@ impl Store {
                     report.more = true;
                     break;
                 }
+                let started = Instant::now();
                 let (jobs, events, outputs) =
                     self.write(|c| retention::delete_batch(c, &bounds, options.batch_size()))?;
+                retention::yield_lock(started.elapsed());
                 report.batches += 1;
                 report.jobs += jobs;
                 report.events += events;

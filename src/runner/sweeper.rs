@@ -19,6 +19,10 @@ use super::shared::{Shared, SweepCounters};
 /// a sweep stays short; a backlog is worked off over the following sweeps.
 pub(crate) const PRUNE_BATCHES_PER_SWEEP: u32 = 8;
 
+/// MiB of free pages one round of a sweep's prune gives back at most: a file with a large free
+/// list (a bulk delete, a converted file) is shrunk over many sweeps, each of them short.
+pub(crate) const PRUNE_VACUUM_MIB_PER_ROUND: u32 = 16;
+
 /// The sweeper's state between sweeps.
 pub(crate) struct Sweeper {
     store: Store,
@@ -127,7 +131,9 @@ impl Sweeper {
     /// and the sweeper still reclaims on its cadence.
     fn prune(&self, now: i64) -> Result<PruneReport> {
         let cfg = &self.shared.config;
-        let options = PruneOptions::default().max_batches(Some(PRUNE_BATCHES_PER_SWEEP));
+        let options = PruneOptions::default()
+            .max_batches(Some(PRUNE_BATCHES_PER_SWEEP))
+            .max_vacuum_steps(Some(PRUNE_VACUUM_MIB_PER_ROUND));
         let budget = cfg.sweep_interval / 2;
         let started = Instant::now();
         let mut total = PruneReport::default();

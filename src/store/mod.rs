@@ -483,9 +483,8 @@ impl Store {
                 }
             }
         }
-        if report.jobs > 0 {
-            report.bytes_freed = retention::incremental_vacuum(&self.conn)?;
-        }
+        // Also when nothing was pruned: a bounded prune may have left free pages behind.
+        report.bytes_freed = retention::incremental_vacuum(&self.conn, options.vacuum_limit())?;
         // Never wait for another connection here: a checkpoint that finds one busy gives up,
         // and the next prune tries again.
         self.conn.busy_timeout(Duration::ZERO)?;

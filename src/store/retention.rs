@@ -159,6 +159,7 @@ impl Retention {
 pub struct PruneOptions {
     batch: u32,
     max_batches: Option<u32>,
+    vacuum_steps: Option<u32>,
     dry_run: bool,
 }
 
@@ -167,6 +168,7 @@ impl Default for PruneOptions {
         PruneOptions {
             batch: DEFAULT_PRUNE_BATCH,
             max_batches: None,
+            vacuum_steps: None,
             dry_run: false,
         }
     }
@@ -186,6 +188,14 @@ impl PruneOptions {
         self
     }
 
+    /// Runs at most this many vacuum steps of 256 free pages each (1 MiB at the default page
+    /// size; one transaction each), leaving the rest of the free list for the next prune. By
+    /// default, no limit: every free page is given back.
+    pub fn max_vacuum_steps(mut self, max: Option<u32>) -> Self {
+        self.vacuum_steps = max;
+        self
+    }
+
     /// Counts what would be pruned and changes nothing. By default, off.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
@@ -200,6 +210,10 @@ impl PruneOptions {
 
     pub(super) fn batch_limit(&self) -> Option<u32> {
         self.max_batches
+    }
+
+    pub(super) fn vacuum_limit(&self) -> Option<u32> {
+        self.vacuum_steps
     }
 
     pub(super) fn is_dry_run(&self) -> bool {
@@ -366,7 +380,7 @@ pub(super) fn delete_batch(
 
 /// Gives free pages back to the file system, a bounded number per transaction, and returns the
 /// bytes given back. A file without `auto_vacuum = INCREMENTAL` has nothing to give: 0.
-pub(super) fn incremental_vacuum(conn: &Connection) -> Result<u64> {
+pub(super) fn incremental_vacuum(conn: &Connection, max_steps: Option<u32>) -> Result<u64> {
     let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
     // 2 is INCREMENTAL; NONE (0) keeps free pages in the file, FULL (1) already gave them back.
     if mode != 2 {
@@ -374,11 +388,13 @@ pub(super) fn incremental_vacuum(conn: &Connection) -> Result<u64> {
     }
     let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
     let mut freed = 0u64;
+    let mut steps = 0u32;
     loop {
         let before: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
-        if before == 0 {
+        if before == 0 || max_steps.is_some_and(|max| steps >= max) {
             break;
         }
+        steps += 1;
         // The pragma frees one page per step of its statement: run it to the end.
         let started = std::time::Instant::now();
         let mut stmt = conn.prepare(&format!(

@@ -395,6 +395,41 @@ fn pruning_and_the_incremental_vacuum_shrink_the_file() {
 }
 
 #[test]
+fn a_bounded_vacuum_leaves_the_rest_of_the_free_list_to_the_next_prune() {
+    let f = fixture();
+    let store = f.store();
+    let free = || -> i64 {
+        f.t.bare()
+            .query_row("PRAGMA freelist_count", [], |r| r.get(0))
+            .unwrap()
+    };
+    // About 6 MB more of finished jobs, so that the free list outgrows one step of 256 pages.
+    let big = Job::shell("true").env("PAYLOAD", "x".repeat(2000));
+    store.enqueue_many(&vec![big; 3000], NOW - DAY).unwrap();
+    f.t.bare()
+        .execute(
+            "UPDATE jobs SET status = 'cancelled', completed_at = ?1
+             WHERE status = 'pending' AND scheduled_at = ?1",
+            [NOW - DAY],
+        )
+        .unwrap();
+    let one_step = PruneOptions::default().max_vacuum_steps(Some(1));
+    let zero = Retention::keep_all().keep_max(Some(0));
+    let first = store.prune_with(&zero, &one_step, NOW).unwrap();
+    assert_eq!(first.jobs, 6 * N as u64 + 3000);
+    assert!(
+        first.bytes_freed > 0 && first.bytes_freed <= 256 * 4096,
+        "{first:?}"
+    );
+    assert!(free() > 0);
+    // Nothing left to prune, but the free pages are given back.
+    let second = store.prune(&zero, NOW).unwrap();
+    assert_eq!(second.jobs, 0);
+    assert!(second.bytes_freed > 0, "{second:?}");
+    assert_eq!(free(), 0);
+}
+
+#[test]
 fn a_dry_run_counts_what_would_go_and_changes_nothing() {
     let f = fixture();
     let store = f.store();

@@ -73,6 +73,8 @@ CREATE INDEX jobs_running_worker ON jobs (worker_id, run_token) WHERE status = '
 CREATE INDEX jobs_teardown ON jobs (teardown_token) WHERE teardown_token IS NOT NULL;
 -- Counts and listings by status.
 CREATE INDEX jobs_status ON jobs (status, id);
+-- What pruning reads: per status, finished rows in `completed_at` order (version 2).
+CREATE INDEX jobs_finished ON jobs (status, completed_at, id) WHERE completed_at IS NOT NULL;
 
 -- Every transition of a job, written in the same transaction as the transition itself.
 CREATE TABLE job_events (

@@ -8,12 +8,13 @@
 //! cargo run --release --example bench          # everything
 //! cargo run --release --example bench store    # the store only
 //! cargo run --release --example bench runner   # the runner only
+//! cargo run --release --example bench retention # pruning's cost and the bounded file
 //! ```
 
 use std::time::{Duration, Instant};
 
 use leasehold::protocol::{ClaimRequest, Ending, Finish, Finished};
-use leasehold::{Durability, Job, OpenOptions, Store, now_ms};
+use leasehold::{Durability, Job, OpenOptions, PruneOptions, Retention, Store, now_ms};
 use rusqlite::{Connection, params};
 use tempfile::TempDir;
 
@@ -26,16 +27,21 @@ fn main() {
     if let Some(arg) = only.as_deref()
         && arg != "store"
         && arg != "runner"
+        && arg != "retention"
     {
-        eprintln!("usage: bench [store|runner]");
+        eprintln!("usage: bench [store|runner|retention]");
         std::process::exit(2);
     }
     let started = Instant::now();
-    if only.as_deref() != Some("runner") {
+    let all = only.is_none();
+    if all || only.as_deref() == Some("store") {
         store_benchmarks();
     }
-    if only.as_deref() != Some("store") {
+    if all || only.as_deref() == Some("runner") {
         runner_benchmarks();
+    }
+    if all || only.as_deref() == Some("retention") {
+        retention_benchmarks();
     }
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
 }
@@ -72,8 +78,13 @@ fn sync_name(durability: Durability) -> &'static str {
     }
 }
 
-/// A bare connection on a new file with leasehold's schema, in WAL mode.
+/// A bare connection on a new file with leasehold's schema, in WAL mode and
+/// `auto_vacuum = INCREMENTAL` as leasehold creates its files (the mode must be chosen before
+/// the journal mode and the first table).
 fn bare_new(path: &std::path::Path, durability: Durability) -> Connection {
+    Connection::open(path)
+        .and_then(|c| c.execute_batch("PRAGMA auto_vacuum = INCREMENTAL"))
+        .expect("the auto_vacuum mode is set");
     let conn = bare_open(path, durability);
     conn.execute_batch(SCHEMA).expect("schema.sql runs");
     conn
@@ -493,6 +504,300 @@ fn runner_rate(durability: Durability) -> f64 {
     );
     runner.shutdown().expect("the runner shuts down");
     rate
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retention
+
+fn retention_benchmarks() {
+    println!();
+    println!("retention");
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "", "with pruning", "baseline", "ratio"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    prune_cost();
+    steady_state();
+    claim_latency_during_prune();
+}
+
+/// A new file: schema version 2 creates it `auto_vacuum = INCREMENTAL`, with the index the
+/// prune reads.
+fn incremental_file(path: &std::path::Path) {
+    drop(Store::open(path).expect("the bench database opens"));
+}
+
+/// Bytes of the main file and its WAL.
+fn file_bytes(path: &std::path::Path) -> u64 {
+    let len = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut wal = path.as_os_str().to_os_string();
+    wal.push("-wal");
+    len(path) + len(std::path::Path::new(&wal))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// `n` jobs of `/bin/true` through a runner with `policy`, sweeping every `sweep`; jobs/s.
+fn pruning_rate(policy: Retention, n: usize, sweep: Duration) -> f64 {
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("prune.db");
+    incremental_file(&path);
+    let runner = leasehold::Runner::builder(&path)
+        .workers(WORKERS)
+        .sweep_interval(sweep)
+        .retention(policy)
+        .start()
+        .expect("the runner starts");
+    let watch = Store::open(&path).expect("the bench database opens");
+    let jobs = vec![Job::command(["/bin/true"]); n];
+    let t = Instant::now();
+    runner.enqueue_many(&jobs).expect("the jobs are enqueued");
+    while watch.has_unfinished(&[]).expect("the bench database reads") {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let rate = n as f64 / t.elapsed().as_secs_f64();
+    runner.shutdown().expect("the runner shuts down");
+    rate
+}
+
+/// Throughput with and without pruning, alternated, medians.
+fn prune_cost() {
+    const N: usize = 4000;
+    let sweep = Duration::from_millis(200);
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        without.push(pruning_rate(Retention::keep_all(), N, sweep));
+        // Every finished job is due at the next sweep: the most pruning a runner can do.
+        let prune_all = Retention::keep_all()
+            .succeeded(Some(Duration::ZERO))
+            .keep_max(Some(0));
+        with.push(pruning_rate(prune_all, N, sweep));
+    }
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (w, wo) = (med(with), med(without));
+    println!(
+        "{:<50} {:>18} {:>18} {:>7.2}",
+        "runner jobs/s, pruning every job (keep 0) / none",
+        thousands(w),
+        thousands(wo),
+        w / wo
+    );
+    println!(
+        "  {N} × /bin/true, {WORKERS} workers, sweep 0.2 s, FULL; median of 3 alternated runs"
+    );
+}
+
+/// The file's size while jobs flow through a runner with keep_max 10,000, beside a file that
+/// holds only 10,000 finished jobs.
+fn steady_state() {
+    const TOTAL: usize = 50_000;
+    const CHUNK: usize = 5_000;
+    const KEEP: u64 = 10_000;
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("steady.db");
+    incremental_file(&path);
+    let runner = leasehold::Runner::builder(&path)
+        .workers(WORKERS)
+        .durability(Durability::Normal)
+        .retention(Retention::keep_all().keep_max(Some(KEEP)))
+        .start()
+        .expect("the runner starts");
+    let watch = Store::open(&path).expect("the bench database opens");
+    let t = Instant::now();
+    let mut done = 0;
+    let mut sizes = Vec::new();
+    while done < TOTAL {
+        runner
+            .enqueue_many(&vec![Job::command(["/bin/true"]); CHUNK])
+            .expect("the jobs are enqueued");
+        while watch.has_unfinished(&[]).expect("the bench database reads") {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        done += CHUNK;
+        if done % 10_000 == 0 {
+            let finished = watch.counts().expect("counts").succeeded;
+            let wal = file_bytes(&path) - std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            sizes.push((done, file_bytes(&path), finished, wal));
+        }
+    }
+    let rate = TOTAL as f64 / t.elapsed().as_secs_f64();
+    runner.shutdown().expect("the runner shuts down");
+
+    // The baseline: only 10,000 finished jobs, never pruned.
+    let base_path = dir.path().join("base.db");
+    incremental_file(&base_path);
+    let runner = leasehold::Runner::builder(&base_path)
+        .workers(WORKERS)
+        .durability(Durability::Normal)
+        .retention(Retention::keep_all())
+        .start()
+        .expect("the runner starts");
+    let base_watch = Store::open(&base_path).expect("the bench database opens");
+    runner
+        .enqueue_many(&vec![Job::command(["/bin/true"]); KEEP as usize])
+        .expect("the jobs are enqueued");
+    while base_watch
+        .has_unfinished(&[])
+        .expect("the bench database reads")
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    runner.shutdown().expect("the runner shuts down");
+    let base = file_bytes(&base_path);
+    for (n, bytes, finished, wal) in sizes {
+        println!(
+            "{:<50} {:>18} {:>18} {:>7.2}",
+            format!(
+                "after {}k jobs: {}k kept, WAL {}",
+                n / 1000,
+                finished / 1000,
+                mib(wal)
+            ),
+            mib(bytes),
+            mib(base),
+            bytes as f64 / base as f64
+        );
+    }
+    println!(
+        "  {} × /bin/true at {} jobs/s (NORMAL, sweep 5 s); baseline: a file of only 10,000",
+        thousands(TOTAL as f64),
+        thousands(rate)
+    );
+    println!("  finished jobs (db + WAL both). Both files incremental (auto_vacuum) as schema");
+    println!("  v2 makes them.");
+}
+
+/// The longest claim while 500,000 finished jobs are pruned, beside the longest claim with no
+/// prune running.
+fn claim_latency_during_prune() {
+    const FINISHED: usize = 500_000;
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("big.db");
+    incremental_file(&path);
+    let store = Store::open(&path).expect("the bench database opens");
+    let now = now_ms();
+    for _ in 0..FINISHED / 100_000 {
+        store
+            .enqueue_many(&vec![Job::command(["/bin/true"]); 100_000], now - DAY_MS)
+            .expect("the jobs are enqueued");
+    }
+    bare_open(&path, Durability::Normal)
+        .execute(
+            "UPDATE jobs SET status = 'succeeded', attempt = 1, exit_code = 0,
+                 started_at = ?1, completed_at = ?1 + id",
+            params![now - DAY_MS],
+        )
+        .expect("the jobs are finished by SQL");
+    let before = file_bytes(&path);
+    // The claimer's own jobs: ready, never due for pruning while it runs.
+    store
+        .enqueue_many(&vec![Job::command(["/bin/true"]); 50_000], now - DAY_MS)
+        .expect("the claimer's jobs are enqueued");
+
+    let claim_max = |stop: &std::sync::atomic::AtomicBool, limit: usize| {
+        let claimer = Store::open(&path).expect("the bench database opens");
+        let mut worst = Duration::ZERO;
+        let mut claims = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && claims < limit {
+            let t = Instant::now();
+            let Some(c) = claim_one(&claimer, now_ms()) else {
+                break;
+            };
+            worst = worst.max(t.elapsed());
+            claims += 1;
+            let finish = Finish {
+                job_id: c.id,
+                run_token: c.run_token.clone(),
+                attempt: c.attempt,
+                ending: Ending::Succeeded,
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            };
+            claimer
+                .finish(&finish, now_ms())
+                .expect("the ending is recorded");
+        }
+        (worst, claims)
+    };
+    // The setup's bulk UPDATE left a WAL of about 200 MB: checkpoint it now, so that the
+    // figure is the prune's own (a runner's WAL stays bounded).
+    bare_open(&path, Durability::Normal)
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .expect("the setup's WAL is checkpointed");
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let (idle_worst, idle_claims) = claim_max(&never, 2000);
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (report, took, (worst, claims)) = std::thread::scope(|s| {
+        let claimer = s.spawn(|| claim_max(&stop, usize::MAX));
+        let t = Instant::now();
+        let policy = Retention::keep_all().succeeded(Some(Duration::from_secs(3600)));
+        // As the sweeper prunes: rounds of a few batches, each round then vacuumed.
+        let mut report = leasehold::PruneReport::default();
+        let mut longest_round = Duration::ZERO;
+        loop {
+            let round = Instant::now();
+            let r = store
+                .prune_with(
+                    &policy,
+                    &PruneOptions::default()
+                        .max_batches(Some(8))
+                        .max_vacuum_steps(Some(16)),
+                    now_ms(),
+                )
+                .expect("the prune runs");
+            longest_round = longest_round.max(round.elapsed());
+            report.jobs += r.jobs;
+            report.batches += r.batches;
+            report.bytes_freed += r.bytes_freed;
+            // As sweeps go on after the last batch: until the free list is given back.
+            if !r.more && r.bytes_freed == 0 {
+                break;
+            }
+        }
+        println!(
+            "  longest round of 8 batches + its vacuum (at most 16 MiB): {:.0} ms",
+            longest_round.as_secs_f64() * 1000.0
+        );
+        let took = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (
+            report,
+            took,
+            claimer.join().expect("the claimer does not panic"),
+        )
+    });
+    let after = file_bytes(&path);
+    println!(
+        "{:<50} {:>18} {:>18} {:>7.2}",
+        "longest claim: during a 500,000-job prune / none",
+        format!("{:.1} ms", worst.as_secs_f64() * 1000.0),
+        format!("{:.1} ms", idle_worst.as_secs_f64() * 1000.0),
+        worst.as_secs_f64() / idle_worst.as_secs_f64()
+    );
+    println!(
+        "  pruned {} jobs in {:.1} s ({} batches, {} jobs/s) while {} claims+finishes ran",
+        thousands(report.jobs as f64),
+        took.as_secs_f64(),
+        report.batches,
+        thousands(report.jobs as f64 / took.as_secs_f64()),
+        claims
+    );
+    println!(
+        "  (baseline: {idle_claims} claims with no prune); file {} -> {} (freed {})",
+        mib(before),
+        mib(after),
+        mib(report.bytes_freed)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -49,3 +49,7 @@ pub use store::{
     LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT,
     Migration, OpenOptions, RunnerRecord, SCHEMA_VERSION, Store, VacuumReport,
 };
+pub use store::{
+    DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,
+    PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
+};

@@ -54,6 +54,38 @@ impl fmt::Display for Secs {
     }
 }
 
+/// A keep rule of `--keep-*`: a number of seconds (0 and decimals allowed, parsed as checked as
+/// [`Secs`]), or `forever`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Keep(pub Option<Duration>);
+
+impl FromStr for Keep {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "forever" => Ok(Keep(None)),
+            "0" => Ok(Keep(Some(Duration::ZERO))),
+            _ => match s.parse::<Secs>() {
+                Ok(Secs(d)) => Ok(Keep(Some(d))),
+                Err(e) if e.contains("too long") => Err(e),
+                Err(_) => Err(format!(
+                    "{s:?} is not a number of seconds (0 or more, e.g. 86400) or forever"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Keep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(d) => write!(f, "{}", d.as_secs_f64()),
+            None => write!(f, "forever"),
+        }
+    }
+}
+
 /// One `NAME=VALUE` of `--env`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnvPair(pub String, pub String);
@@ -157,6 +189,20 @@ mod tests {
             let e = bad.parse::<Secs>().unwrap_err();
             assert!(e.contains("too long"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn keep_rules_are_seconds_from_zero_or_forever() {
+        assert_eq!("forever".parse::<Keep>(), Ok(Keep(None)));
+        assert_eq!("0".parse::<Keep>(), Ok(Keep(Some(Duration::ZERO))));
+        assert_eq!(
+            "86400".parse::<Keep>(),
+            Ok(Keep(Some(Duration::from_secs(86_400))))
+        );
+        for bad in ["-1", "NaN", "inf", "", "1e-9", "Forever", "0x10"] {
+            assert!(bad.parse::<Keep>().is_err(), "{bad}");
+        }
+        assert!("1e19".parse::<Keep>().unwrap_err().contains("too long"));
     }
 
     #[test]

@@ -1,13 +1,14 @@
-//! `leasehold db migrate`, `leasehold db version` and `leasehold db vacuum`.
+//! `leasehold db migrate`, `leasehold db version`, `leasehold db vacuum` and `leasehold db prune`.
 
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use leasehold::{SCHEMA_VERSION, Store};
+use leasehold::{PruneOptions, Retention, SCHEMA_VERSION, Store, now_ms};
 use serde_json::json;
 
 use super::render::print_json;
+use super::{open_existing, open_read_only};
 
 /// Creates the schema or upgrades an older one, and says what it did.
 pub fn migrate(db: &Path, json: bool) -> anyhow::Result<()> {
@@ -90,4 +91,47 @@ pub fn vacuum(db: &Path, json: bool) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// Prunes finished jobs past `policy` now (or counts them, for a dry run), and says how many
+/// and how the file's size (main file and WAL) changed.
+pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow::Result<()> {
+    // A dry run must not change a byte: no migration either.
+    let store = if dry_run {
+        open_read_only(db)?
+    } else {
+        open_existing(db)?
+    };
+    let before = file_bytes(db);
+    let report = store.prune_with(policy, &PruneOptions::default().dry_run(dry_run), now_ms())?;
+    let after = file_bytes(db);
+    let mut out = std::io::stdout().lock();
+    if json {
+        print_json(
+            &mut out,
+            &json!({
+                "pruned": report.jobs,
+                "dry_run": dry_run,
+                "bytes_before": before,
+                "bytes_after": after,
+            }),
+        )?;
+    } else if dry_run {
+        writeln!(out, "would prune {} jobs", report.jobs)?;
+    } else {
+        writeln!(
+            out,
+            "pruned {} jobs ({before} bytes before, {after} after)",
+            report.jobs
+        )?;
+    }
+    Ok(())
+}
+
+/// The bytes of the database file and its WAL.
+fn file_bytes(db: &Path) -> u64 {
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut wal = db.as_os_str().to_os_string();
+    wal.push("-wal");
+    len(db) + len(Path::new(&wal))
 }

@@ -18,7 +18,7 @@ use leasehold::{
     Status, Store,
 };
 
-use self::arg::{EnvPair, Secs};
+use self::arg::{EnvPair, Keep, Secs};
 
 // Numbers are taken with `allow_hyphen_values`, so that `--timeout -1` or `--limit -inf` is
 // refused by the number's parser, naming the flag, and not as an unknown option `-1`.
@@ -70,6 +70,74 @@ enum DbCommand {
     /// Compact the whole file (a full VACUUM, which needs free space about the file's size) and
     /// print its size before and after. Never creates the file.
     Vacuum(JsonArg),
+    /// Deletes finished jobs past the retention rules now (the defaults for rules not given)
+    Prune(PruneArgs),
+}
+
+/// The retention rules of `db prune` and `run`.
+#[derive(Debug, Args)]
+struct KeepArgs {
+    /// Keep succeeded jobs this long after they ended (or forever) [default: 604800]
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_hyphen_values = true,
+        env = "LEASEHOLD_KEEP_SUCCEEDED"
+    )]
+    keep_succeeded: Option<Keep>,
+    /// Keep failed jobs this long after they ended (or forever) [default: 2592000]
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_hyphen_values = true,
+        env = "LEASEHOLD_KEEP_FAILED"
+    )]
+    keep_failed: Option<Keep>,
+    /// Keep cancelled jobs this long after they ended (or forever) [default: 2592000]
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_hyphen_values = true,
+        env = "LEASEHOLD_KEEP_CANCELLED"
+    )]
+    keep_cancelled: Option<Keep>,
+    /// Keep at most this many finished jobs, the newest [default: no cap]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_hyphen_values = true,
+        env = "LEASEHOLD_KEEP_MAX"
+    )]
+    keep_max: Option<u64>,
+}
+
+impl KeepArgs {
+    /// The policy: the library's defaults for the rules not given.
+    fn retention(&self) -> leasehold::Retention {
+        let mut policy = leasehold::Retention::default();
+        if let Some(Keep(k)) = self.keep_succeeded {
+            policy = policy.succeeded(k);
+        }
+        if let Some(Keep(k)) = self.keep_failed {
+            policy = policy.failed(k);
+        }
+        if let Some(Keep(k)) = self.keep_cancelled {
+            policy = policy.cancelled(k);
+        }
+        policy.keep_max(self.keep_max)
+    }
+}
+
+#[derive(Debug, Args)]
+struct PruneArgs {
+    #[command(flatten)]
+    keep: KeepArgs,
+    /// Count what would be pruned, and change nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Print JSON
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -275,6 +343,8 @@ struct RunArgs {
     #[arg(long, value_name = "N", allow_hyphen_values = true, env = "LEASEHOLD_RECLAIM_BATCH",
           default_value_t = DEFAULT_RECLAIM_BATCH)]
     reclaim_batch: u32,
+    #[command(flatten)]
+    keep: KeepArgs,
 }
 
 /// Runs the parsed command.
@@ -284,6 +354,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Db(DbCommand::Migrate(a)) => db::migrate(db, a.json),
         Command::Db(DbCommand::Version(a)) => db::version(db, a.json),
         Command::Db(DbCommand::Vacuum(a)) => db::vacuum(db, a.json),
+        Command::Db(DbCommand::Prune(a)) => db::prune(db, &a.keep.retention(), a.dry_run, a.json),
         Command::Jobs(JobsCommand::Add(a)) => jobs::add(db, a),
         Command::Jobs(JobsCommand::Ls(a)) => jobs::ls(db, &a),
         Command::Jobs(JobsCommand::Inspect(a)) => jobs::inspect(db, &a),

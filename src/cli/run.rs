@@ -33,7 +33,8 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         .kill_grace(args.kill_grace.0)
         .shutdown_grace(args.shutdown_grace.0)
         .max_recovery_attempts(args.max_recovery)
-        .reclaim_batch(args.reclaim_batch);
+        .reclaim_batch(args.reclaim_batch)
+        .retention(args.keep.retention());
     for q in &args.queue {
         builder = builder.queue(q);
     }

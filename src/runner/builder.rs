@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::job::Outcome;
-use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, MAX_BUSY_TIMEOUT};
+use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, MAX_BUSY_TIMEOUT, Retention};
 
 /// Worker threads, so jobs run at once. By default 4.
 pub const DEFAULT_WORKERS: usize = 4;
@@ -49,6 +49,7 @@ pub(crate) struct Config {
     pub kill_grace: Duration,
     pub max_recovery_attempts: u32,
     pub reclaim_batch: u32,
+    pub retention: Retention,
     pub durability: Durability,
     pub output_tail: usize,
     pub shutdown_grace: Duration,
@@ -115,6 +116,7 @@ impl RunnerBuilder {
                 kill_grace: DEFAULT_KILL_GRACE,
                 max_recovery_attempts: DEFAULT_MAX_RECOVERY_ATTEMPTS,
                 reclaim_batch: DEFAULT_RECLAIM_BATCH,
+                retention: Retention::default(),
                 durability: Durability::Full,
                 output_tail: DEFAULT_OUTPUT_TAIL,
                 shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
@@ -172,6 +174,14 @@ impl RunnerBuilder {
     /// default, 100.
     pub fn reclaim_batch(mut self, batch: u32) -> Self {
         self.config.reclaim_batch = batch;
+        self
+    }
+
+    /// How long finished jobs are kept: the sweeper prunes the rest on its cadence, a few
+    /// small batches a sweep. [`Retention::keep_all`] turns pruning off. By default,
+    /// [`Retention::default`] (succeeded 7 days, failed and cancelled 30 days, no cap).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.config.retention = retention;
         self
     }
 

@@ -10,10 +10,18 @@ use parking_lot::Mutex;
 
 use crate::error::Result;
 use crate::process;
-use crate::store::{ReclaimRequest, Store};
+use crate::store::{PruneOptions, PruneReport, ReclaimRequest, Store};
 
 use super::operator::{runner_death_evidence, tear_down_lost_attempts};
 use super::shared::{Shared, SweepCounters};
+
+/// Prune batches one sweep runs at most (of [`crate::DEFAULT_PRUNE_BATCH`] jobs each), so that
+/// a sweep stays short; a backlog is worked off over the following sweeps.
+pub(crate) const PRUNE_BATCHES_PER_SWEEP: u32 = 8;
+
+/// MiB of free pages one round of a sweep's prune gives back at most: a file with a large free
+/// list (a bulk delete, a converted file) is shrunk over many sweeps, each of them short.
+pub(crate) const PRUNE_VACUUM_MIB_PER_ROUND: u32 = 16;
 
 /// The sweeper's state between sweeps.
 pub(crate) struct Sweeper {
@@ -98,6 +106,46 @@ impl Sweeper {
                 }
             }
             Err(e) => log::warn!("sweep failed: {e:#}"),
+        }
+        self.prune_and_log(now);
+    }
+
+    /// Prunes finished jobs past the retention policy, a few batches at most, and logs a line
+    /// when it pruned or freed anything. Errors are logged: the next sweep tries again.
+    pub(crate) fn prune_and_log(&self, now: i64) {
+        match self.prune(now) {
+            Ok(r) if r.jobs > 0 || r.bytes_freed > 0 || r.wal_truncated => log::info!(
+                "prune jobs={} bytes_freed={} more={} wal_truncated={}",
+                r.jobs,
+                r.bytes_freed,
+                r.more,
+                r.wal_truncated
+            ),
+            Ok(_) => log::debug!("prune: nothing to do"),
+            Err(e) => log::warn!("prune failed: {e:#}"),
+        }
+    }
+
+    /// Rounds of [`PRUNE_BATCHES_PER_SWEEP`] batches while jobs are left due, for at most half
+    /// a sweep interval: a runner that finishes jobs faster than one round prunes keeps up,
+    /// and the sweeper still reclaims on its cadence.
+    fn prune(&self, now: i64) -> Result<PruneReport> {
+        let cfg = &self.shared.config;
+        let options = PruneOptions::default()
+            .max_batches(Some(PRUNE_BATCHES_PER_SWEEP))
+            .max_vacuum_steps(Some(PRUNE_VACUUM_MIB_PER_ROUND));
+        let budget = cfg.sweep_interval / 2;
+        let started = Instant::now();
+        let mut total = PruneReport::default();
+        loop {
+            let r = self.store.prune_with(&cfg.retention, &options, now)?;
+            total.jobs += r.jobs;
+            total.bytes_freed += r.bytes_freed;
+            total.wal_truncated |= r.wal_truncated;
+            total.more = r.more;
+            if !r.more || started.elapsed() >= budget {
+                return Ok(total);
+            }
         }
     }
 

@@ -449,6 +449,14 @@ fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
     for (kind, note) in &f.notes {
         detail.push_str(&format!("; {kind}: {note}"));
     }
+    // A job pruned since its attempt lost the lease (a short keep rule, another process's
+    // prune) has no row left to hang the event on: the result is discarded all the same.
+    if !conn
+        .prepare_cached("SELECT 1 FROM jobs WHERE id = ?1")?
+        .exists(params![f.job_id])?
+    {
+        return Ok(Finished::Fenced);
+    }
     event(
         conn,
         f.job_id,

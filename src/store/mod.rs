@@ -36,6 +36,7 @@ mod open;
 mod operator;
 mod read;
 mod reclaim;
+mod retention;
 mod row;
 mod runners;
 mod tx;
@@ -49,6 +50,10 @@ pub use open::{
 pub use read::{Counts, LeaseCounts, ListFilter};
 pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
 pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
+pub use retention::{
+    DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,
+    PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
+};
 pub use runners::RunnerRecord;
 pub(crate) use tx::{savepoint, transaction};
 
@@ -445,6 +450,73 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be written.
     pub(crate) fn mark_runner_dead(&self, worker_id: &str, now: i64) -> Result<()> {
         self.write(|c| runners::mark_dead(c, worker_id, now))
+    }
+
+    /// Prunes every finished job past `policy` at `now`, with its events and output, in
+    /// transactions of [`DEFAULT_PRUNE_BATCH`] jobs; then gives the freed pages back to the file
+    /// system (on a file with `auto_vacuum = INCREMENTAL`) and truncates a WAL past
+    /// [`WAL_CHECKPOINT_BYTES`]. Pending, running and teardown-marked jobs are never pruned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written; the batches committed before
+    /// stay pruned.
+    pub fn prune(&self, policy: &Retention, now: i64) -> Result<PruneReport> {
+        self.prune_with(policy, &PruneOptions::default(), now)
+    }
+
+    /// [`Store::prune`] with a batch size, a limit on batches, or as a dry run that only
+    /// counts.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::prune`].
+    pub fn prune_with(
+        &self,
+        policy: &Retention,
+        options: &PruneOptions,
+        now: i64,
+    ) -> Result<PruneReport> {
+        let mut report = PruneReport {
+            dry_run: options.is_dry_run(),
+            ..PruneReport::default()
+        };
+        if options.is_dry_run() {
+            report.jobs = retention::count_due(&self.conn, policy, now)?;
+            return Ok(report);
+        }
+        if policy.prunes() {
+            let bounds = retention::bounds(&self.conn, policy, now)?;
+            while !bounds.is_empty() {
+                if options
+                    .batch_limit()
+                    .is_some_and(|max| report.batches >= u64::from(max))
+                {
+                    report.more = true;
+                    break;
+                }
+                let started = Instant::now();
+                let (jobs, events, outputs) =
+                    self.write(|c| retention::delete_batch(c, &bounds, options.batch_size()))?;
+                retention::yield_lock(started.elapsed());
+                report.batches += 1;
+                report.jobs += jobs;
+                report.events += events;
+                report.outputs += outputs;
+                if jobs < u64::from(options.batch_size()) {
+                    break;
+                }
+            }
+        }
+        // Also when nothing was pruned: a bounded prune may have left free pages behind.
+        report.bytes_freed = retention::incremental_vacuum(&self.conn, options.vacuum_limit())?;
+        // Never wait for another connection here: a checkpoint that finds one busy gives up,
+        // and the next prune tries again.
+        self.conn.busy_timeout(Duration::ZERO)?;
+        let truncated = retention::checkpoint_if_large(&self.conn, &self.path);
+        self.conn.busy_timeout(self.busy_timeout)?;
+        report.wal_truncated = truncated?;
+        Ok(report)
     }
 
     /// Whether any job of `queues` (all queues when empty) is pending (due or not) or running.

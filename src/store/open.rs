@@ -209,8 +209,13 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
     };
     if options.migrate {
         // Before anything writes the first page (even journal_mode): a new file is then created
-        // incremental. On a file that has pages it only changes what the next VACUUM makes.
-        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+        // incremental. Only on a new file: on one with pages the pragma is a write transaction
+        // of its own (it rewrites page 1 even when the mode is already incremental), which
+        // would make every open a commit; an older file is converted by the migration instead.
+        let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        if pages == 0 {
+            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+        }
         // Both report busy at once, without the busy handler, when another process is
         // doing the same to a new file: retry them until the deadline.
         retry_busy(deadline, || {

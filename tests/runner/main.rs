@@ -10,5 +10,6 @@ mod completion;
 mod enqueue;
 mod lease;
 mod process;
+mod retention;
 mod retry;
 mod shutdown;

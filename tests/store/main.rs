@@ -14,3 +14,4 @@ mod multiprocess;
 mod operator;
 mod reclaim;
 mod renewal;
+mod retention;

@@ -12,7 +12,7 @@ use nix::unistd::Pid;
 use super::poll;
 
 /// The environment variables that set `leasehold run`'s options.
-pub const RUN_VARS: [&str; 8] = [
+pub const RUN_VARS: [&str; 12] = [
     "LEASEHOLD_WORKERS",
     "LEASEHOLD_LEASE_TTL",
     "LEASEHOLD_HEARTBEAT",
@@ -21,6 +21,10 @@ pub const RUN_VARS: [&str; 8] = [
     "LEASEHOLD_SHUTDOWN_GRACE",
     "LEASEHOLD_MAX_RECOVERY",
     "LEASEHOLD_RECLAIM_BATCH",
+    "LEASEHOLD_KEEP_SUCCEEDED",
+    "LEASEHOLD_KEEP_FAILED",
+    "LEASEHOLD_KEEP_CANCELLED",
+    "LEASEHOLD_KEEP_MAX",
 ];
 
 /// Every variable that configures `leasehold`: the database, the run options, the log filter.

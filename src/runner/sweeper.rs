@@ -30,6 +30,36 @@ pub(crate) struct Sweeper {
     boot_id: String,
     host: String,
     clock: Mutex<Clock>,
+    /// Failed sweeps and prunes, logged once a minute with a count (a full disk fails every
+    /// sweep until space is back).
+    sweep_failures: Mutex<Repeated>,
+    prune_failures: Mutex<Repeated>,
+}
+
+/// How often a failure that repeats every sweep is logged.
+const REPEATED_FAILURE_LOG: Duration = Duration::from_secs(60);
+
+/// A failure that may repeat every sweep: logged the first time, then once per
+/// [`REPEATED_FAILURE_LOG`] with how many came since.
+#[derive(Default)]
+struct Repeated {
+    last_logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Repeated {
+    /// Records one failure; returns how many failures the log line covers when one is due.
+    fn failed(&mut self, now: Instant) -> Option<u64> {
+        self.unlogged += 1;
+        let due = self
+            .last_logged
+            .is_none_or(|t| now.saturating_duration_since(t) >= REPEATED_FAILURE_LOG);
+        if !due {
+            return None;
+        }
+        self.last_logged = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
 }
 
 /// The two clocks at the last sweep: when the wall clock moves much further than the
@@ -82,6 +112,8 @@ impl Sweeper {
                 mono: Instant::now(),
                 settle_until: None,
             }),
+            sweep_failures: Mutex::default(),
+            prune_failures: Mutex::default(),
         }
     }
 
@@ -105,7 +137,11 @@ impl Sweeper {
                     log::debug!("sweep: nothing to do");
                 }
             }
-            Err(e) => log::warn!("sweep failed: {e:#}"),
+            Err(e) => {
+                if let Some(n) = self.sweep_failures.lock().failed(Instant::now()) {
+                    log::warn!("sweep failed ({n} since the last report): {e:#}");
+                }
+            }
         }
         self.prune_and_log(now);
     }
@@ -122,7 +158,11 @@ impl Sweeper {
                 r.wal_truncated
             ),
             Ok(_) => log::debug!("prune: nothing to do"),
-            Err(e) => log::warn!("prune failed: {e:#}"),
+            Err(e) => {
+                if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
+                    log::warn!("prune failed ({n} since the last report): {e:#}");
+                }
+            }
         }
     }
 
@@ -257,6 +297,18 @@ mod tests {
                 max_recovery_attempts: 3,
             })
             .unwrap();
+    }
+
+    #[test]
+    fn a_failure_repeated_every_sweep_is_logged_once_a_minute_with_a_count() {
+        let mut r = Repeated::default();
+        let t0 = Instant::now();
+        assert_eq!(r.failed(t0), Some(1));
+        for s in 1..60 {
+            assert_eq!(r.failed(t0 + Duration::from_secs(s)), None);
+        }
+        assert_eq!(r.failed(t0 + Duration::from_secs(60)), Some(60));
+        assert_eq!(r.failed(t0 + Duration::from_secs(61)), None);
     }
 
     /// Registers `worker` as a runner whose process has exited: its pid is gone once reaped.

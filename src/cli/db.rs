@@ -102,9 +102,10 @@ pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow
     } else {
         open_existing(db)?
     };
-    let before = file_bytes(db);
+    let on_disk = || store.size().map(|s| s.bytes + s.wal_bytes);
+    let before = on_disk()?;
     let report = store.prune_with(policy, &PruneOptions::default().dry_run(dry_run), now_ms())?;
-    let after = file_bytes(db);
+    let after = on_disk()?;
     let mut out = std::io::stdout().lock();
     if json {
         print_json(
@@ -126,12 +127,4 @@ pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow
         )?;
     }
     Ok(())
-}
-
-/// The bytes of the database file and its WAL.
-fn file_bytes(db: &Path) -> u64 {
-    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    let mut wal = db.as_os_str().to_os_string();
-    wal.push("-wal");
-    len(db) + len(Path::new(&wal))
 }

@@ -448,16 +448,7 @@ mod tests {
                  INSERT INTO filler SELECT zeroblob(64 * 1024) FROM n;",
             )
             .expect("filler");
-        let pages: i64 = store
-            .conn()
-            .query_row("PRAGMA page_count", [], |r| r.get(0))
-            .expect("page_count");
-        store
-            .conn()
-            .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .expect("cap");
+        crate::store::cap_at_present_size(&store);
 
         let finish = Finish {
             job_id: id,

@@ -56,7 +56,7 @@ pub(super) fn size(conn: &Connection, path: &Path) -> Result<DatabaseSize> {
         schema_version,
         bytes: file_len(path)?,
         free_bytes: count(free_pages) * count(page_size),
-        wal_bytes: file_len(&wal_path(path))?,
+        wal_bytes: wal_bytes(path)?,
     })
 }
 
@@ -67,7 +67,7 @@ pub(super) fn vacuum(
     path: &Path,
     busy_timeout: Duration,
 ) -> Result<VacuumReport> {
-    let on_disk = || -> Result<u64> { Ok(file_len(path)? + file_len(&wal_path(path))?) };
+    let on_disk = || -> Result<u64> { Ok(file_len(path)? + wal_bytes(path)?) };
     let bytes_before = on_disk()?;
     check_space(conn, path, "vacuum")?;
     let busy = |e: rusqlite::Error| {
@@ -137,7 +137,7 @@ fn check_space(conn: &Connection, path: &Path, operation: &'static str) -> Resul
     )?;
     let (pages, page_size) = (count(pages), count(page_size));
     let bytes = file_len(path)?.max(pages * page_size);
-    let needed = bytes + pages * WAL_FRAME_HEADER + file_len(&wal_path(path))?;
+    let needed = bytes + pages * WAL_FRAME_HEADER + wal_bytes(path)?;
     let free = free_space(path)?;
     if free < needed {
         return Err(Error::NoSpace {
@@ -169,6 +169,11 @@ fn free_space(path: &Path) -> Result<u64> {
 /// A count SQLite reports as a signed integer, which is never negative.
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+/// The bytes of the `-wal` file beside `path`; 0 when there is none.
+pub(super) fn wal_bytes(path: &Path) -> Result<u64> {
+    file_len(&wal_path(path))
 }
 
 fn wal_path(path: &Path) -> PathBuf {

@@ -41,6 +41,10 @@ mod row;
 mod runners;
 mod tx;
 
+/// Test support shared with the runner's unit tests.
+#[cfg(test)]
+pub(crate) use tx::tests::cap as cap_at_present_size;
+
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
 pub(crate) use lease::{claim, finish_attempt, record_start};
 pub use maintenance::{DatabaseSize, VacuumReport};

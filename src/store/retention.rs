@@ -413,7 +413,8 @@ pub(super) fn incremental_vacuum(conn: &Connection, max_steps: Option<u32>) -> R
 /// for another connection: a busy checkpoint gives up (the caller sets no busy timeout) and the
 /// next prune tries again. Returns whether the WAL was truncated.
 pub(super) fn checkpoint_if_large(conn: &Connection, path: &Path) -> Result<bool> {
-    if wal_bytes(path) <= WAL_CHECKPOINT_BYTES {
+    // An unreadable size counts as small: the next prune looks again.
+    if super::maintenance::wal_bytes(path).unwrap_or(0) <= WAL_CHECKPOINT_BYTES {
         return Ok(false);
     }
     // TRUNCATE holds off every writer while it copies: a PASSIVE checkpoint first copies the
@@ -442,13 +443,6 @@ pub(super) fn checkpoint_if_large(conn: &Connection, path: &Path) -> Result<bool
 /// their wait to about one transaction.
 pub(super) fn yield_lock(held: Duration) {
     std::thread::sleep(held.max(Duration::from_millis(1)));
-}
-
-/// The size of the `-wal` file beside `path`, or 0 when there is none.
-pub(super) fn wal_bytes(path: &Path) -> u64 {
-    let mut wal = path.as_os_str().to_os_string();
-    wal.push("-wal");
-    std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0)
 }
 
 #[cfg(test)]

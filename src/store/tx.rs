@@ -89,14 +89,14 @@ pub(super) fn queue_filter(queues: &[String], first: usize) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::error::Error;
     use crate::job::Job;
     use crate::store::Store;
 
     /// Caps this connection's file at its present size (`PRAGMA max_page_count`), so that a
     /// write needing a new page fails as on a full disk; returns the cap.
-    fn cap(store: &Store) -> i64 {
+    pub(crate) fn cap(store: &Store) -> i64 {
         let pages: i64 = store
             .conn()
             .query_row("PRAGMA page_count", [], |r| r.get(0))

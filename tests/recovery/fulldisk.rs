@@ -139,6 +139,38 @@ fn small_fs(mnt: &Path) -> Option<SmallFs> {
     }
 }
 
+/// A database folder on a small filesystem: the mount is dropped (unmounted) before the
+/// temporary folder that holds it.
+struct Disk {
+    _fs: SmallFs,
+    mnt: PathBuf,
+    db: PathBuf,
+    tmp: TempDir,
+}
+
+/// A new [`Disk`], or None (having said why) where mounting is refused.
+fn small_disk() -> Option<Disk> {
+    let tmp = TempDir::new().expect("a temporary folder");
+    let mnt = tmp.path().join("small");
+    let fs = small_fs(&mnt)?;
+    let db = mnt.join("jobs.db");
+    Some(Disk {
+        _fs: fs,
+        mnt,
+        db,
+        tmp,
+    })
+}
+
+/// Waits until every job of `ids` has ended.
+fn wait_all_ended(store: &Store, ids: &[i64]) {
+    wait_for("every job to end", Duration::from_secs(60), || {
+        ids.iter()
+            .all(|&id| store.job(id).expect("job").status.is_terminal())
+            .then_some(())
+    });
+}
+
 /// `leasehold --db DB jobs add ARGS`, with `stdin`.
 fn jobs_add(db: &Path, args: &[&str], stdin: &str) -> std::process::Output {
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
@@ -173,41 +205,37 @@ fn refused_as_full(out: &std::process::Output) {
 #[test]
 fn enqueue_on_a_full_disk_exits_1_and_stores_nothing() {
     let _watchdog = Watchdog::new();
-    let tmp = TempDir::new().expect("a temporary folder");
-    let mnt = tmp.path().join("small");
-    let Some(fs) = small_fs(&mnt) else { return };
-    let db = mnt.join("jobs.db");
-    assert!(jobs_add(&db, &["--", "true"], "").status.success());
+    let Some(disk) = small_disk() else { return };
+    let (mnt, db) = (&disk.mnt, &disk.db);
+    assert!(jobs_add(db, &["--", "true"], "").status.success());
     let filled = fill(&mnt.join("filler"));
 
-    refused_as_full(&jobs_add(&db, &["--", "echo", "late"], ""));
-    refused_as_full(&jobs_add(&db, &["--from-file", "-"], "true\nfalse\ntrue\n"));
+    refused_as_full(&jobs_add(db, &["--", "echo", "late"], ""));
+    refused_as_full(&jobs_add(db, &["--from-file", "-"], "true\nfalse\ntrue\n"));
 
     drop(filled);
     std::fs::remove_file(mnt.join("filler")).expect("the filler can be removed");
-    let store = Store::open(&db).expect("open once there is room");
+    let store = Store::open(db).expect("open once there is room");
     let counts = store.counts().expect("counts");
     assert_eq!(counts.pending, 1, "only the first job: {counts:?}");
     drop(store);
-    drop(fs);
+    drop(disk);
 }
 
 #[test]
 fn full_disk_loses_no_ending_and_refuses_enqueues() {
     let _watchdog = Watchdog::new();
-    let tmp = TempDir::new().expect("a temporary folder");
-    let mnt = tmp.path().join("small");
-    let Some(fs) = small_fs(&mnt) else { return };
-    let db = mnt.join("jobs.db");
-    let store = Store::open(&db).expect("the database is created on the tmpfs");
+    let Some(disk) = small_disk() else { return };
+    let (tmp, mnt, db) = (disk.tmp.path(), &disk.mnt, &disk.db);
+    let store = Store::open(db).expect("the database is created on the tmpfs");
     let jobs: Vec<Job> = (0..20)
-        .map(|_| Job::shell("sleep 0.3; echo done").cwd(tmp.path()))
+        .map(|_| Job::shell("sleep 0.3; echo done").cwd(tmp))
         .collect();
     let ids = store.enqueue_many(&jobs, now_ms()).expect("enqueue");
     drop(store);
 
-    let mut runner = Runner::start(&db, tmp.path().join("runner.log"), &[]);
-    let store = Store::open(&db).expect("open");
+    let mut runner = Runner::start(db, tmp.join("runner.log"), &[]);
+    let store = Store::open(db).expect("open");
     wait_for("a job to run", WAIT, || {
         ids.iter()
             .any(|&id| store.job(id).expect("job").status == Status::Running)
@@ -224,7 +252,7 @@ fn full_disk_loses_no_ending_and_refuses_enqueues() {
     });
 
     // An enqueue while full fails with one clear line, and stores nothing.
-    let out = jobs_add(&db, &["--", "echo", "late"], "");
+    let out = jobs_add(db, &["--", "echo", "late"], "");
     refused_as_full(&out);
 
     // Hold it full while attempts end (each runs 0.3 s) and their endings wait in memory:
@@ -233,11 +261,7 @@ fn full_disk_loses_no_ending_and_refuses_enqueues() {
     drop(filled);
     std::fs::remove_file(&filler).expect("the filler can be removed");
 
-    wait_for("every job to end", Duration::from_secs(60), || {
-        ids.iter()
-            .all(|&id| store.job(id).expect("job").status.is_terminal())
-            .then_some(())
-    });
+    wait_all_ended(&store, &ids);
     runner.stop();
 
     let counts = store.counts().expect("counts");
@@ -271,7 +295,7 @@ fn full_disk_loses_no_ending_and_refuses_enqueues() {
     assert!(!log.contains("cannot record the ending"), "{log}");
     assert!(log.contains("space is back"), "{log}");
     drop(store);
-    drop(fs);
+    drop(disk);
 }
 
 /// A disk full for longer than the lease: the heartbeat cannot renew, so the runner kills its
@@ -280,13 +304,11 @@ fn full_disk_loses_no_ending_and_refuses_enqueues() {
 #[test]
 fn full_disk_past_the_lease_fences_and_records_each_loss_once() {
     let _watchdog = Watchdog::new();
-    let tmp = TempDir::new().expect("a temporary folder");
-    let mnt = tmp.path().join("small");
-    let Some(fs) = small_fs(&mnt) else { return };
-    let db = mnt.join("jobs.db");
-    let store = Store::open(&db).expect("the database is created on the tmpfs");
+    let Some(disk) = small_disk() else { return };
+    let (tmp, mnt, db) = (disk.tmp.path(), &disk.mnt, &disk.db);
+    let store = Store::open(db).expect("the database is created on the tmpfs");
     let jobs: Vec<Job> = (0..3)
-        .map(|_| Job::shell("sleep 3; echo done").cwd(tmp.path()))
+        .map(|_| Job::shell("sleep 3; echo done").cwd(tmp))
         .collect();
     let ids = store.enqueue_many(&jobs, now_ms()).expect("enqueue");
 
@@ -300,7 +322,7 @@ fn full_disk_past_the_lease_fences_and_records_each_loss_once() {
         "--kill-grace",
         "0.3",
     ];
-    let mut runner = Runner::start(&db, tmp.path().join("runner.log"), &timings);
+    let mut runner = Runner::start(db, tmp.join("runner.log"), &timings);
     wait_for("every job to run", WAIT, || {
         ids.iter()
             .all(|&id| {
@@ -330,11 +352,7 @@ fn full_disk_past_the_lease_fences_and_records_each_loss_once() {
     drop(filled);
     std::fs::remove_file(&filler).expect("the filler can be removed");
 
-    wait_for("every job to end", Duration::from_secs(60), || {
-        ids.iter()
-            .all(|&id| store.job(id).expect("job").status.is_terminal())
-            .then_some(())
-    });
+    wait_all_ended(&store, &ids);
     runner.stop();
     let log = runner.log();
     for &id in &ids {
@@ -372,5 +390,5 @@ fn full_disk_past_the_lease_fences_and_records_each_loss_once() {
     }
     assert!(log.contains("space is back"), "{log}");
     drop(store);
-    drop(fs);
+    drop(disk);
 }

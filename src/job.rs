@@ -443,14 +443,10 @@ impl Job {
         &self.argv
     }
 
-    /// Checks the job before it is stored, against the wall clock.
-    pub(crate) fn validate(&self) -> Result<()> {
-        self.validate_at(now_ms())
-    }
-
-    /// Checks the job as if enqueued at `now`: every value must be stored as asked, and
-    /// every time computed from it (its `scheduled_at`, a retry's) must fit an i64.
-    fn validate_at(&self, now: i64) -> Result<()> {
+    /// Checks the job as if enqueued at `now` (the time the store computes its
+    /// `scheduled_at` from): every value must be stored as asked, and every time computed from
+    /// it (its `scheduled_at`, a retry's) must fit an i64.
+    pub(crate) fn validate_at(&self, now: i64) -> Result<()> {
         match self.argv.first() {
             None => return Err(Error::invalid("command", "the command is empty")),
             Some(p) if p.is_empty() => {
@@ -790,12 +786,12 @@ mod tests {
             (Job::shell("true").queue(""), "queue"),
         ];
         for (job, setting) in cases {
-            match job.validate() {
+            match job.validate_at(now_ms()) {
                 Err(Error::Invalid { setting: s, .. }) => assert_eq!(s, setting),
                 other => panic!("{job:?}: {other:?}"),
             }
         }
-        assert!(Job::shell("true").validate().is_ok());
+        assert!(Job::shell("true").validate_at(now_ms()).is_ok());
     }
 
     /// The setting `job.validate_at(now)` refuses, or a panic saying it was accepted.
@@ -875,14 +871,14 @@ mod tests {
         use std::os::unix::ffi::OsStrExt;
         let job = Job::shell("true").cwd(OsStr::from_bytes(b"/tmp/\xff\xfeout"));
         assert_eq!(refused(&job, 0), "cwd");
-        match job.validate() {
+        match job.validate_at(now_ms()) {
             Err(e) => assert!(e.to_string().contains("not valid UTF-8"), "{e}"),
             Ok(()) => panic!("accepted"),
         }
         let job = Job::shell("true").cwd(OsStr::from_bytes(b"/tmp/a\0b"));
         assert_eq!(refused(&job, 0), "cwd");
         let job = Job::shell("true").cwd("/tmp/caf\u{e9}");
-        assert!(job.validate().is_ok());
+        assert!(job.validate_at(now_ms()).is_ok());
         assert_eq!(job.fields().cwd.as_deref(), Some("/tmp/caf\u{e9}"));
     }
 

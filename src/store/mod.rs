@@ -205,7 +205,7 @@ impl Store {
     /// [`Error::Invalid`] for a job that cannot run (an empty command, zero attempts, a bad
     /// variable name), and [`Error::Sqlite`] when the database cannot be written.
     pub fn enqueue(&self, job: &Job, now: i64) -> Result<i64> {
-        job.validate()?;
+        job.validate_at(now)?;
         self.write(|c| enqueue::insert_job(c, job, now))
     }
 
@@ -216,7 +216,7 @@ impl Store {
     /// As [`Store::enqueue`]; nothing is stored when any job is invalid.
     pub fn enqueue_many(&self, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
         for job in jobs {
-            job.validate()?;
+            job.validate_at(now)?;
         }
         self.write(|c| enqueue::insert_many(c, jobs, now))
     }

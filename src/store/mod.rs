@@ -51,7 +51,7 @@ pub use maintenance::{DatabaseSize, VacuumReport};
 pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
 };
-pub use read::{Counts, LeaseCounts, ListFilter};
+pub use read::{Counts, LeaseCounts, ListFilter, QueueCounts};
 pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
 pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
 pub use retention::{
@@ -399,6 +399,27 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn counts(&self) -> Result<Counts> {
         read::counts(&self.conn)
+    }
+
+    /// Jobs per queue in every status but succeeded, by queue name; a queue with none of
+    /// those jobs is not listed. Succeeded jobs are not counted per queue: on a big file they
+    /// are nearly every row, and counting them by queue would read them all.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn queue_counts(&self) -> Result<Vec<QueueCounts>> {
+        read::queue_counts(&self.conn)
+    }
+
+    /// One page of [`Store::list`]: at most `filter.limit` jobs, newest first, after the
+    /// first `offset` (`filter.failed_stale` is ignored).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn list_page(&self, filter: &ListFilter, offset: u64) -> Result<Vec<JobRecord>> {
+        read::list_page(&self.conn, filter, offset)
     }
 
     /// The runbook's lease counters at `now`.

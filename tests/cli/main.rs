@@ -12,5 +12,6 @@ mod numeric;
 mod prune;
 mod run;
 mod runbook;
+mod serve;
 mod status;
 mod usage;

@@ -118,7 +118,7 @@ pub fn overview(o: &Overview, actions: bool) -> String {
             tr { th { "running" } td.n { (l.running) } }
             tr { th { "stale_running" } td.n class=[(l.stale_running > 0).then_some("bad")] { (l.stale_running) } }
             tr { th { "running_without_lease" } td.n class=[(l.running_without_lease > 0).then_some("bad")] { (l.running_without_lease) } }
-            tr { th { "recovery_exhausted_failed" } td.n { a href="/jobs?status=failed" { (l.recovery_exhausted_failed) } } }
+            tr { th { "recovery_exhausted_failed" } td.n class=[(l.recovery_exhausted_failed > 0).then_some("bad")] { (l.recovery_exhausted_failed) } }
             tr { th { "lease_ttl_seconds" } td.n { (o.settings.lease_ttl.as_secs_f64()) } }
             tr { th { "heartbeat_interval_seconds" } td.n { (o.settings.heartbeat_interval.as_secs_f64()) } }
             tr { th { "max_recovery_attempts" } td.n { (o.settings.max_recovery_attempts) } }

@@ -4,6 +4,7 @@
 mod arg;
 mod db;
 mod jobs;
+mod progress;
 mod render;
 mod run;
 mod serve;

@@ -215,10 +215,26 @@ impl Store {
     ///
     /// As [`Store::enqueue`]; nothing is stored when any job is invalid.
     pub fn enqueue_many(&self, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
+        self.enqueue_many_with_progress(jobs, now, &mut |_| {})
+    }
+
+    /// [`Store::enqueue_many`], telling `progress` how many jobs are in so far (every 1,000
+    /// jobs and at the end), for a progress bar. Still one transaction: all or none, and a
+    /// count told before a failure or a busy retry is not kept.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue_many`].
+    pub fn enqueue_many_with_progress(
+        &self,
+        jobs: &[Job],
+        now: i64,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<i64>> {
         for job in jobs {
             job.validate_at(now)?;
         }
-        self.write(|c| enqueue::insert_many(c, jobs, now))
+        self.write(|c| enqueue::insert_many(c, jobs, now, &mut *progress))
     }
 
     /// Claims up to `limit` ready jobs for `worker_id`, taking a lease of `lease_ttl` on each.

@@ -9,6 +9,7 @@ mod helper;
 mod db;
 mod jobs;
 mod numeric;
+mod progress;
 mod prune;
 mod run;
 mod runbook;

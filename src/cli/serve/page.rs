@@ -95,22 +95,21 @@ pub fn overview(o: &Overview, actions: bool) -> String {
 
         h2 #queues { "Queues" }
         @if o.queues.is_empty() {
-            p { "No pending, running, failed or cancelled job in any queue." }
+            p { "No job is pending or running in any queue." }
         } @else {
             table #queue-counts {
-                tr { th { "queue" } th { "pending" } th { "running" } th { "failed" } th { "cancelled" } }
+                tr { th { "queue" } th { "pending" } th { "running" } th { "all its jobs" } }
                 @for q in &o.queues {
-                    @let link = |s: Status| format!("/jobs?status={}&queue={}", s.as_str(), super::http::percent_encode(&q.queue));
+                    @let queue = super::http::percent_encode(&q.queue);
                     tr {
-                        td { a href={ "/jobs?queue=" (super::http::percent_encode(&q.queue)) } { (q.queue) } }
-                        td.n { a href=(link(Status::Pending)) { (q.pending) } }
-                        td.n { a href=(link(Status::Running)) { (q.running) } }
-                        td.n { a href=(link(Status::Failed)) { (q.failed) } }
-                        td.n { a href=(link(Status::Cancelled)) { (q.cancelled) } }
+                        td { (q.queue) }
+                        td.n data-queue=(q.queue) data-queue-status="pending" { a href={ "/jobs?status=pending&queue=" (queue) } { (q.pending) } }
+                        td.n data-queue=(q.queue) data-queue-status="running" { a href={ "/jobs?status=running&queue=" (queue) } { (q.running) } }
+                        td { a href={ "/jobs?queue=" (queue) } { "list" } }
                     }
                 }
             }
-            p.later { "Succeeded jobs are counted in the total only: counting them by queue would read every finished row." }
+            p.later { "Queues with pending or running jobs. Finished jobs are counted by status above, not by queue: that would read every finished row; the job list filters them by queue." }
         }
 
         h2 #job-leases { "Lease counters (job_leases)" }

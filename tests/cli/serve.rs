@@ -324,6 +324,17 @@ fn a_missing_database_is_one_line_and_exit_1_and_is_not_created() {
 }
 
 #[test]
+fn an_older_schema_is_refused_and_left_as_it_was() {
+    let t = TestDb::new();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.db");
+    std::fs::copy(&fixture, &t.path).unwrap();
+    let before = std::fs::read(&t.path).unwrap();
+    let line = fails(&mut cli(&t.path, &["serve", "--listen", "127.0.0.1:0"]), 1);
+    assert!(line.contains("db migrate"), "{line}");
+    assert_eq!(std::fs::read(&t.path).unwrap(), before, "not migrated");
+}
+
+#[test]
 fn a_slow_client_does_not_wedge_the_server() {
     let t = TestDb::new();
     three_jobs(&t);

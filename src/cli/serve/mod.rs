@@ -124,6 +124,7 @@ fn worker(app: &App, rx: &Receiver<TcpStream>) {
             Err(ReadError::Malformed(why)) => (error_page(400, why), false),
             Ok(req) => {
                 let head_only = req.method == "HEAD";
+                log::debug!("serve: {} {}", req.method, req.path);
                 // A bug must cost one response, never the thread or a stack trace on the page.
                 let routed =
                     std::panic::catch_unwind(AssertUnwindSafe(|| route(app, &mut store, &req)));

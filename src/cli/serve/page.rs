@@ -17,7 +17,7 @@ main{padding:0 1em 2em;max-width:80em}
 h2{font-size:1.05em;margin:1.4em 0 .4em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;background:#fff}
 th,td{border:1px solid #ddd;padding:.2em .6em;text-align:left;vertical-align:top}
-th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}td.t{white-space:nowrap}
 code,pre{font-family:ui-monospace,monospace;font-size:.92em}
 pre{background:#fff;border:1px solid #ddd;padding:.5em;overflow:auto;max-height:30em;white-space:pre-wrap}
 .pending{color:#8a6d00}.running{color:#0b5cad}.succeeded{color:#1b7a1b}
@@ -197,7 +197,7 @@ pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> Str
                         td.n { (j.attempt) "/" (j.max_attempts) }
                         td.n { (j.recovery_count) }
                         td { (render::result(j)) }
-                        td { (render::time(j.created_at)) }
+                        td.t { (render::time(j.created_at)) }
                         td { code { (render::cut(&render::command_line(&j.argv), 80)) } }
                     }
                 }

@@ -34,7 +34,14 @@ pub(super) fn job(conn: &Connection, id: i64) -> Result<JobRecord> {
 }
 
 pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<JobRecord>> {
-    let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE 1");
+    // The failed-stale rows are found from their partial index: the planner would otherwise
+    // take `jobs_status` and read every failed row.
+    let from = if filter.failed_stale.is_some() {
+        "jobs INDEXED BY jobs_failed_recovery"
+    } else {
+        "jobs"
+    };
+    let mut sql = format!("SELECT {JOB_COLUMNS} FROM {from} WHERE 1");
     let mut values: Vec<rusqlite::types::Value> = Vec::new();
     if let Some(s) = filter.status {
         values.push(s.as_str().to_string().into());
@@ -220,7 +227,7 @@ pub(super) fn lease_counts(
     )?;
     let recovery_exhausted_failed = conn.query_row(
         &format!(
-            "SELECT count(*) FROM jobs WHERE {}",
+            "SELECT count(*) FROM jobs INDEXED BY jobs_failed_recovery WHERE {}",
             FAILED_STALE_WHERE.replace("?max", "?1")
         ),
         [i64::from(max_recovery_attempts)],

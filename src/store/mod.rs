@@ -653,6 +653,42 @@ mod tests {
         assert_eq!(q, vec![("a", 2, 1), ("b", 2, 1)]);
     }
 
+    #[test]
+    fn list_page_is_newest_first_after_the_offset_with_filters() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let jobs: Vec<crate::Job> = (0..7)
+            .map(|i| crate::Job::shell("true").queue(if i % 2 == 0 { "a" } else { "b" }))
+            .collect();
+        store.enqueue_many(&jobs, 1_700_000_000_000).unwrap();
+        let ids = |filter: &ListFilter, offset| -> Vec<i64> {
+            store
+                .list_page(filter, offset)
+                .unwrap()
+                .iter()
+                .map(|j| j.id)
+                .collect()
+        };
+        let page = |limit| ListFilter {
+            limit: Some(limit),
+            ..ListFilter::default()
+        };
+        assert_eq!(ids(&page(3), 0), vec![7, 6, 5]);
+        assert_eq!(ids(&page(3), 3), vec![4, 3, 2]);
+        assert_eq!(ids(&page(3), 6), vec![1]);
+        assert!(ids(&page(3), u64::MAX).is_empty());
+        let queue_a = ListFilter {
+            queue: Some("a".into()),
+            ..page(2)
+        };
+        assert_eq!(ids(&queue_a, 1), vec![5, 3]);
+        let failed = ListFilter {
+            status: Some(crate::Status::Failed),
+            ..page(2)
+        };
+        assert!(ids(&failed, 0).is_empty());
+    }
+
     /// The virtual-machine steps one claim of one job takes on a file of `pending` jobs, half
     /// in queue `a` and half in `b`: a count of work, the same on any machine, where a timing
     /// would be noise.

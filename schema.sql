@@ -1,4 +1,4 @@
--- leasehold schema, version 2 (PRAGMA user_version = 2).
+-- leasehold schema, version 3 (PRAGMA user_version = 3).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -75,6 +75,9 @@ CREATE INDEX jobs_teardown ON jobs (teardown_token) WHERE teardown_token IS NOT 
 CREATE INDEX jobs_status ON jobs (status, id);
 -- What pruning reads: per status, finished rows in `completed_at` order (version 2).
 CREATE INDEX jobs_finished ON jobs (status, completed_at, id) WHERE completed_at IS NOT NULL;
+-- The runbook's failed-stale jobs: failed rows by recovery_count, so that only those past the
+-- recovery budget are read (version 3).
+CREATE INDEX jobs_failed_recovery ON jobs (recovery_count) WHERE status = 'failed';
 
 -- Every transition of a job, written in the same transaction as the transition itself.
 CREATE TABLE job_events (

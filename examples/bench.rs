@@ -9,6 +9,8 @@
 //! cargo run --release --example bench store    # the store only
 //! cargo run --release --example bench runner   # the runner only
 //! cargo run --release --example bench retention # pruning's cost and the bounded file
+//! cargo build --release && cargo run --release --example bench serve
+//!                                              # the dashboard's pages at 1,000,000 jobs
 //! ```
 
 use std::time::{Duration, Instant};
@@ -28,8 +30,9 @@ fn main() {
         && arg != "store"
         && arg != "runner"
         && arg != "retention"
+        && arg != "serve"
     {
-        eprintln!("usage: bench [store|runner|retention]");
+        eprintln!("usage: bench [store|runner|retention|serve]");
         std::process::exit(2);
     }
     let started = Instant::now();
@@ -42,6 +45,9 @@ fn main() {
     }
     if all || only.as_deref() == Some("retention") {
         retention_benchmarks();
+    }
+    if all || only.as_deref() == Some("serve") {
+        serve_benchmarks();
     }
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
 }
@@ -856,4 +862,121 @@ fn thousands(x: f64) -> String {
         out.push(c);
     }
     out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dashboard
+
+/// `leasehold serve` on a file of 1,000,000 jobs (98% succeeded, 1% failed, 1% pending, three
+/// queues): each page fetched over HTTP on a fresh connection (the request, the reads, the
+/// HTML), beside a bare `SELECT count(*) FROM jobs` on the same file, the cheapest question
+/// one can ask it. The goal is under 100 ms a page.
+fn serve_benchmarks() {
+    const N: usize = 1_000_000;
+    const ROUNDS: usize = 21;
+    // The binary sits beside the examples' folder: target/release/leasehold.
+    let bin = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("leasehold")))
+        .filter(|p| p.exists());
+    let Some(bin) = bin else {
+        println!("\nserve: skipped: build the binary first (cargo build --release)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("serve.db");
+    let setup = Instant::now();
+    {
+        let store = open(&path, Durability::Normal);
+        let queues = ["default", "mail", "reports"];
+        for chunk in 0..10 {
+            let jobs: Vec<Job> = (0..N / 10)
+                .map(|i| Job::command(["true"]).queue(queues[(chunk + i) % 3]))
+                .collect();
+            store.enqueue_many(&jobs, now_ms()).expect("enqueue_many");
+        }
+        let conn = bare_open(&path, Durability::Normal);
+        conn.execute_batch(&format!(
+            "UPDATE jobs SET status = CASE WHEN id % 100 = 0 THEN 'failed' ELSE 'succeeded' END,
+                 attempt = 1, started_at = created_at, completed_at = created_at + 5,
+                 exit_code = CASE WHEN id % 100 = 0 THEN 1 ELSE 0 END
+             WHERE id <= {};",
+            N - N / 100
+        ))
+        .expect("finish 99% of the jobs");
+    }
+    let built = setup.elapsed();
+    let mut child = std::process::Command::new(&bin)
+        .arg("--db")
+        .arg(&path)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("leasehold serve starts");
+    let mut line = String::new();
+    {
+        use std::io::BufRead;
+        let stdout = child.stdout.take().expect("piped");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("serve prints its URL");
+    }
+    let addr: std::net::SocketAddr = line
+        .trim()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("an address");
+    let get = |target: &str| -> (u16, usize) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        write!(s, "GET {target} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("send");
+        let mut bytes = Vec::new();
+        s.read_to_end(&mut bytes).expect("read");
+        let status = String::from_utf8_lossy(&bytes[9..12]).parse().unwrap_or(0);
+        (status, bytes.len())
+    };
+    let conn = bare_open(&path, Durability::Normal);
+    let bare = median(
+        (0..ROUNDS)
+            .map(|_| {
+                let t = Instant::now();
+                let n: i64 = conn
+                    .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
+                    .unwrap();
+                assert_eq!(n as usize, N);
+                t.elapsed()
+            })
+            .collect(),
+    );
+    let mut table = Table::new("serve: 1,000,000 jobs, one GET each");
+    let pages = [
+        ("/", "overview /"),
+        ("/jobs", "job list, page 1"),
+        ("/jobs?status=failed", "job list, failed, page 1"),
+        ("/jobs?queue=mail&page=2", "job list, queue mail, page 2"),
+        ("/jobs?page=10000", "job list, page 10,000 (OFFSET 499,950)"),
+        ("/jobs/999999", "one job"),
+    ];
+    for (target, label) in pages {
+        let (status, _) = get(target); // warm
+        assert_eq!(status, 200, "{target}");
+        let times: Vec<Duration> = (0..ROUNDS)
+            .map(|_| {
+                let t = Instant::now();
+                get(target);
+                t.elapsed()
+            })
+            .collect();
+        table.per_call(label, 1, median(times), bare);
+    }
+    table.note(&format!(
+        "  median of {ROUNDS} GETs each; baseline: bare SELECT count(*) FROM jobs \
+         ({:.2} ms); file built in {:.1} s",
+        bare.as_secs_f64() * 1000.0,
+        built.as_secs_f64()
+    ));
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -4,16 +4,18 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use leasehold::{PruneOptions, Retention, SCHEMA_VERSION, Store, now_ms};
+use leasehold::{PruneOptions, PruneReport, Retention, SCHEMA_VERSION, Store, now_ms};
 use serde_json::json;
 
+use super::progress;
 use super::render::print_json;
 use super::{open_existing, open_read_only};
 
 /// Creates the schema or upgrades an older one, and says what it did.
 pub fn migrate(db: &Path, json: bool) -> anyhow::Result<()> {
     let started = Instant::now();
-    let store = Store::open(db)?;
+    // Creating or upgrading is quick, except the one-time VACUUM of a version-1 file.
+    let store = progress::spin_while("migrating the schema", || Store::open(db))?;
     let m = store.migration();
     // The library logs the migration itself; this covers the whole command (opening too).
     let elapsed_ms = started.elapsed().as_millis();
@@ -68,7 +70,7 @@ pub fn version(db: &Path, json: bool) -> anyhow::Result<()> {
 /// Compacts the whole file with a full VACUUM and prints its size before and after.
 pub fn vacuum(db: &Path, json: bool) -> anyhow::Result<()> {
     let store = super::open_existing(db)?;
-    let report = store.vacuum()?;
+    let report = progress::spin_while("vacuuming", || store.vacuum())?;
     log::info!(
         "vacuum {}: {} bytes before, {} after",
         db.display(),
@@ -104,7 +106,11 @@ pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow
     };
     let on_disk = || store.size().map(|s| s.bytes + s.wal_bytes);
     let before = on_disk()?;
-    let report = store.prune_with(policy, &PruneOptions::default().dry_run(dry_run), now_ms())?;
+    let report = if dry_run || !progress::on_terminal() {
+        store.prune_with(policy, &PruneOptions::default().dry_run(dry_run), now_ms())?
+    } else {
+        prune_showing_progress(&store, policy)?
+    };
     let after = on_disk()?;
     let mut out = std::io::stdout().lock();
     if json {
@@ -127,4 +133,45 @@ pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow
         )?;
     }
     Ok(())
+}
+
+/// The same prune, a batch at a time under a bar of the jobs due, then the vacuum and
+/// checkpoint under a spinner. Every call uses the same `now`, so the jobs due stay the
+/// same ones.
+fn prune_showing_progress(store: &Store, policy: &Retention) -> anyhow::Result<PruneReport> {
+    let now = now_ms();
+    let due = store
+        .prune_with(policy, &PruneOptions::default().dry_run(true), now)?
+        .jobs;
+    let bar = progress::Bar::new(due, "jobs pruned");
+    let one_batch = PruneOptions::default()
+        .max_batches(Some(1))
+        .max_vacuum_steps(Some(0));
+    let mut total = PruneReport::default();
+    loop {
+        let step = store.prune_with(policy, &one_batch, now);
+        let step = match step {
+            Ok(r) => r,
+            Err(e) => {
+                bar.finish();
+                return Err(e.into());
+            }
+        };
+        bar.inc(step.jobs);
+        total.jobs += step.jobs;
+        total.batches += step.batches;
+        total.events += step.events;
+        total.outputs += step.outputs;
+        if !step.more || step.jobs == 0 {
+            break;
+        }
+    }
+    bar.finish();
+    // No batch more: free the pages and checkpoint, as a whole prune ends.
+    let last = progress::spin_while("giving free pages back", || {
+        store.prune_with(policy, &PruneOptions::default().max_batches(Some(0)), now)
+    })?;
+    total.bytes_freed = last.bytes_freed;
+    total.wal_truncated = last.wal_truncated;
+    Ok(total)
 }

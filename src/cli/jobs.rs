@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 use leasehold::{Job, ListFilter, Store, now_ms, operator};
 use serde_json::{Value, json};
 
+use super::progress;
 use super::render::{self, print_json};
 use super::{
     AddArgs, CancelArgs, InspectArgs, LogsArgs, LsArgs, RetryArgs, Usage, open_existing,
@@ -75,7 +76,12 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
                 .into_iter()
                 .map(|l| with_options(Job::shell(l)))
                 .collect();
-            let ids = store.enqueue_many(&jobs, now_ms())?;
+            let bar = progress::Bar::new(jobs.len() as u64, "lines enqueued");
+            let ids = store.enqueue_many_with_progress(&jobs, now_ms(), &mut |n| {
+                bar.set(n as u64);
+            });
+            bar.finish();
+            let ids = ids?;
             if args.json {
                 print_json(&mut out, &json!({"ids": ids}))?;
             } else {

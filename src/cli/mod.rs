@@ -4,8 +4,10 @@
 mod arg;
 mod db;
 mod jobs;
+mod progress;
 mod render;
 mod run;
+mod serve;
 mod status;
 
 use std::path::{Path, PathBuf};
@@ -59,6 +61,9 @@ enum Command {
     /// Run jobs in the foreground until SIGINT or SIGTERM (or, with --until-idle, until none
     /// is left).
     Run(RunArgs),
+    /// A dashboard in the browser: overview, jobs, a job's history and output (read-only
+    /// unless --allow-actions).
+    Serve(ServeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -303,6 +308,16 @@ struct StatusArgs {
 }
 
 #[derive(Debug, Args)]
+struct ServeArgs {
+    /// The address and port to listen on (port 0 picks a free one; the URL is printed).
+    #[arg(long, value_name = "ADDR:PORT", default_value = serve::DEFAULT_LISTEN)]
+    listen: std::net::SocketAddr,
+    /// Add retry and cancel buttons (POST forms carrying a per-process random token).
+    #[arg(long)]
+    allow_actions: bool,
+}
+
+#[derive(Debug, Args)]
 struct RunArgs {
     /// Jobs run at once.
     #[arg(long, value_name = "N", allow_hyphen_values = true, env = "LEASEHOLD_WORKERS", default_value_t = DEFAULT_WORKERS,
@@ -363,6 +378,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs(JobsCommand::Cancel(a)) => jobs::cancel(db, &a),
         Command::Status(a) => status::status(db, a.json),
         Command::Run(a) => run::run(db, &a),
+        Command::Serve(a) => serve::serve(db, a.listen, a.allow_actions),
     }
 }
 
@@ -370,7 +386,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 /// `RUST_LOG` overrides both.
 pub fn init_logging(cli: &Cli) {
     let default = match cli.command {
-        Command::Run(_) => "info",
+        Command::Run(_) | Command::Serve(_) => "info",
         _ => "warn",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();

@@ -13,12 +13,24 @@ pub(super) fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> 
     Ok(id)
 }
 
+/// How often [`insert_many`] reports progress: every this many rows.
+const PROGRESS_EVERY: usize = 1000;
+
 /// Inserts many jobs and their events; the caller's transaction makes it all or none.
-pub(super) fn insert_many(conn: &Connection, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
-    let ids = jobs
-        .iter()
-        .map(|j| insert_row(conn, j, now))
-        .collect::<Result<Vec<i64>>>()?;
+/// `progress` is told how many rows are in, every [`PROGRESS_EVERY`] rows and at the end.
+pub(super) fn insert_many(
+    conn: &Connection,
+    jobs: &[Job],
+    now: i64,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Vec<i64>> {
+    let mut ids = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        ids.push(insert_row(conn, job, now)?);
+        if ids.len() % PROGRESS_EVERY == 0 {
+            progress(ids.len());
+        }
+    }
     // One statement for all the `enqueued` events: the ids of this transaction's rows
     // are consecutive, as no other writer can insert while it holds the lock.
     if let (Some(first), Some(last)) = (ids.first(), ids.last()) {
@@ -28,6 +40,7 @@ pub(super) fn insert_many(conn: &Connection, jobs: &[Job], now: i64) -> Result<V
         )?
         .execute(params![first, last, now])?;
     }
+    progress(ids.len());
     Ok(ids)
 }
 

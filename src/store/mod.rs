@@ -51,7 +51,7 @@ pub use maintenance::{DatabaseSize, VacuumReport};
 pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
 };
-pub use read::{Counts, LeaseCounts, ListFilter};
+pub use read::{Counts, LeaseCounts, ListFilter, QueueCounts};
 pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
 pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
 pub use retention::{
@@ -215,10 +215,26 @@ impl Store {
     ///
     /// As [`Store::enqueue`]; nothing is stored when any job is invalid.
     pub fn enqueue_many(&self, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
+        self.enqueue_many_with_progress(jobs, now, &mut |_| {})
+    }
+
+    /// [`Store::enqueue_many`], telling `progress` how many jobs are in so far (every 1,000
+    /// jobs and at the end), for a progress bar. Still one transaction: all or none, and a
+    /// count told before a failure or a busy retry is not kept.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue_many`].
+    pub fn enqueue_many_with_progress(
+        &self,
+        jobs: &[Job],
+        now: i64,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<i64>> {
         for job in jobs {
             job.validate_at(now)?;
         }
-        self.write(|c| enqueue::insert_many(c, jobs, now))
+        self.write(|c| enqueue::insert_many(c, jobs, now, &mut *progress))
     }
 
     /// Claims up to `limit` ready jobs for `worker_id`, taking a lease of `lease_ttl` on each.
@@ -401,6 +417,27 @@ impl Store {
         read::counts(&self.conn)
     }
 
+    /// Pending and running jobs per queue, by queue name; a queue with neither is not
+    /// listed. It reads indexes (and the running rows), never the finished jobs, so it costs
+    /// the same on a file of a million finished jobs as on an empty one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn queue_counts(&self) -> Result<Vec<QueueCounts>> {
+        read::queue_counts(&self.conn)
+    }
+
+    /// One page of [`Store::list`]: at most `filter.limit` jobs, newest first, after the
+    /// first `offset` (`filter.failed_stale` is ignored).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn list_page(&self, filter: &ListFilter, offset: u64) -> Result<Vec<JobRecord>> {
+        read::list_page(&self.conn, filter, offset)
+    }
+
     /// The runbook's lease counters at `now`.
     ///
     /// # Errors
@@ -538,6 +575,7 @@ mod tests {
     use rusqlite::params_from_iter;
 
     use super::lease::{RENEW_SQL, claim_sql};
+    use super::read::{COUNTS_SQL, QUEUE_COUNTS_SQL};
     use super::reclaim::RECLAIM_CANDIDATES_SQL;
     use super::*;
 
@@ -558,6 +596,97 @@ mod tests {
             let words: Vec<&str> = l.split_whitespace().collect();
             words.windows(2).any(|w| w == ["INDEX", name])
         })
+    }
+
+    #[test]
+    fn the_dashboards_counts_read_indexes_not_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let conn = store.conn();
+        let p = plan(conn, QUEUE_COUNTS_SQL, vec![]);
+        assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
+        assert!(uses_index(&p, "jobs_teardown"), "{p}");
+        assert!(uses_index(&p, "jobs_status"), "{p}");
+        let p = plan(conn, COUNTS_SQL, vec![]);
+        // Every subquery reads `jobs_status`: the whole of it for count(*) (SQLite's B-tree
+        // count), a range of it for each other status.
+        assert_eq!(p.matches("COVERING INDEX jobs_status").count(), 5, "{p}");
+        for p in [plan(conn, QUEUE_COUNTS_SQL, vec![]), p] {
+            assert!(
+                !p.lines()
+                    .any(|l| l.trim_start_matches(['|', '`', '-', ' ']) == "SCAN jobs"),
+                "a table scan: {p}"
+            );
+        }
+    }
+
+    #[test]
+    fn counts_and_queue_counts_agree_with_the_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let now = 1_700_000_000_000i64;
+        let jobs: Vec<crate::Job> = (0..10)
+            .map(|i| crate::Job::shell("true").queue(if i < 6 { "a" } else { "b" }))
+            .collect();
+        store.enqueue_many(&jobs, now).unwrap();
+        let conn = store.conn();
+        conn.execute_batch(
+            "UPDATE jobs SET status = 'succeeded', completed_at = 1 WHERE id IN (1, 2);
+             UPDATE jobs SET status = 'failed', completed_at = 1 WHERE id = 3;
+             UPDATE jobs SET status = 'cancelled', completed_at = 1 WHERE id = 7;
+             UPDATE jobs SET status = 'running', run_token = 't', worker_id = 'w',
+                 lease_expires_at = 1 WHERE id IN (4, 8);
+             UPDATE jobs SET teardown_token = 'x' WHERE id = 9;",
+        )
+        .unwrap();
+        let c = store.counts().unwrap();
+        assert_eq!(
+            (c.pending, c.running, c.succeeded, c.failed, c.cancelled),
+            (4, 2, 2, 1, 1)
+        );
+        let q = store.queue_counts().unwrap();
+        let q: Vec<(&str, u64, u64)> = q
+            .iter()
+            .map(|q| (q.queue.as_str(), q.pending, q.running))
+            .collect();
+        // The teardown-marked pending job 9 counts too.
+        assert_eq!(q, vec![("a", 2, 1), ("b", 2, 1)]);
+    }
+
+    #[test]
+    fn list_page_is_newest_first_after_the_offset_with_filters() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let jobs: Vec<crate::Job> = (0..7)
+            .map(|i| crate::Job::shell("true").queue(if i % 2 == 0 { "a" } else { "b" }))
+            .collect();
+        store.enqueue_many(&jobs, 1_700_000_000_000).unwrap();
+        let ids = |filter: &ListFilter, offset| -> Vec<i64> {
+            store
+                .list_page(filter, offset)
+                .unwrap()
+                .iter()
+                .map(|j| j.id)
+                .collect()
+        };
+        let page = |limit| ListFilter {
+            limit: Some(limit),
+            ..ListFilter::default()
+        };
+        assert_eq!(ids(&page(3), 0), vec![7, 6, 5]);
+        assert_eq!(ids(&page(3), 3), vec![4, 3, 2]);
+        assert_eq!(ids(&page(3), 6), vec![1]);
+        assert!(ids(&page(3), u64::MAX).is_empty());
+        let queue_a = ListFilter {
+            queue: Some("a".into()),
+            ..page(2)
+        };
+        assert_eq!(ids(&queue_a, 1), vec![5, 3]);
+        let failed = ListFilter {
+            status: Some(crate::Status::Failed),
+            ..page(2)
+        };
+        assert!(ids(&failed, 0).is_empty());
     }
 
     /// The virtual-machine steps one claim of one job takes on a file of `pending` jobs, half

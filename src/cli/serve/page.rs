@@ -1,0 +1,328 @@
+//! The dashboard's pages: server-rendered HTML with a little CSS and no script. maud escapes
+//! every value it interpolates, so whatever a job contributes (argv, env, output, errors) is
+//! shown as text.
+
+use leasehold::{Event, JobRecord, Output, Status};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+
+use super::{ListQuery, MAX_PAGE, Overview};
+use crate::cli::render;
+
+const CSS: &str = "
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
+header{background:#243447;color:#fff;padding:.5em 1em;display:flex;gap:1.5em;align-items:baseline}
+header a{color:#fff;text-decoration:none}header b{font-size:1.1em}
+.mode{margin-left:auto;font-size:.85em;opacity:.8}
+main{padding:0 1em 2em;max-width:80em}
+h2{font-size:1.05em;margin:1.4em 0 .4em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;background:#fff}
+th,td{border:1px solid #ddd;padding:.2em .6em;text-align:left;vertical-align:top}
+th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}td.t{white-space:nowrap}
+code,pre{font-family:ui-monospace,monospace;font-size:.92em}
+pre{background:#fff;border:1px solid #ddd;padding:.5em;overflow:auto;max-height:30em;white-space:pre-wrap}
+.pending{color:#8a6d00}.running{color:#0b5cad}.succeeded{color:#1b7a1b}
+.failed{color:#b00020}.cancelled{color:#666}
+.later{color:#777;font-style:italic}.bad{color:#b00020;font-weight:bold}
+form.inline{display:inline}nav.pages{margin:.6em 0}nav.pages a{margin-right:1em}
+";
+
+/// The page around `body`. `refresh` reloads it every few seconds (a meta tag: no script).
+fn layout(title: &str, refresh: bool, actions: bool, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if refresh { meta http-equiv="refresh" content="5"; }
+                title { (title) " · leasehold" }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    b { "leasehold" }
+                    a href="/" { "Overview" }
+                    a href="/jobs" { "Jobs" }
+                    span.mode { @if actions { "actions allowed" } @else { "read-only" } }
+                }
+                main { (body) }
+            }
+        }
+    }
+    .into_string()
+}
+
+pub fn error(status: u16, reason: &str, message: &str) -> String {
+    layout(
+        &format!("{status} {reason}"),
+        false,
+        false,
+        html! {
+            h1 { (status) " " (reason) }
+            p #message { (message) }
+            p { a href="/" { "Back to the overview" } }
+        },
+    )
+}
+
+fn status_link(status: Status, n: u64) -> Markup {
+    html! { a class=(status.as_str()) href={ "/jobs?status=" (status.as_str()) } { (n) } }
+}
+
+pub fn overview(o: &Overview, actions: bool) -> String {
+    let c = &o.counts;
+    let statuses = [
+        (Status::Pending, c.pending),
+        (Status::Running, c.running),
+        (Status::Succeeded, c.succeeded),
+        (Status::Failed, c.failed),
+        (Status::Cancelled, c.cancelled),
+    ];
+    let total: u64 = statuses.iter().map(|(_, n)| n).sum();
+    let l = &o.leases;
+    let body = html! {
+        h1 { "Overview" }
+        p.later { "Refreshes every 5 seconds. " (o.size.path.display()) }
+
+        h2 #jobs { "Jobs by status" }
+        table #status-counts {
+            tr { @for (s, _) in &statuses { th { (s.as_str()) } } th { "total" } }
+            tr {
+                @for (s, n) in &statuses { td.n data-status=(s.as_str()) { (status_link(*s, *n)) } }
+                td.n #total { a href="/jobs" { (total) } }
+            }
+        }
+
+        h2 #queues { "Queues" }
+        @if o.queues.is_empty() {
+            p { "No job is pending or running in any queue." }
+        } @else {
+            table #queue-counts {
+                tr { th { "queue" } th { "pending" } th { "running" } th { "all its jobs" } }
+                @for q in &o.queues {
+                    @let queue = super::http::percent_encode(&q.queue);
+                    tr {
+                        td { (q.queue) }
+                        td.n data-queue=(q.queue) data-queue-status="pending" { a href={ "/jobs?status=pending&queue=" (queue) } { (q.pending) } }
+                        td.n data-queue=(q.queue) data-queue-status="running" { a href={ "/jobs?status=running&queue=" (queue) } { (q.running) } }
+                        td { a href={ "/jobs?queue=" (queue) } { "list" } }
+                    }
+                }
+            }
+            p.later { "Queues with pending or running jobs. Finished jobs are counted by status above, not by queue: that would read every finished row; the job list filters them by queue." }
+        }
+
+        h2 #job-leases { "Lease counters (job_leases)" }
+        table #lease-counters {
+            tr { th { "running" } td.n { (l.running) } }
+            tr { th { "stale_running" } td.n class=[(l.stale_running > 0).then_some("bad")] { (l.stale_running) } }
+            tr { th { "running_without_lease" } td.n class=[(l.running_without_lease > 0).then_some("bad")] { (l.running_without_lease) } }
+            tr { th { "recovery_exhausted_failed" } td.n class=[(l.recovery_exhausted_failed > 0).then_some("bad")] { (l.recovery_exhausted_failed) } }
+            tr { th { "lease_ttl_seconds" } td.n { (o.settings.lease_ttl.as_secs_f64()) } }
+            tr { th { "heartbeat_interval_seconds" } td.n { (o.settings.heartbeat_interval.as_secs_f64()) } }
+            tr { th { "max_recovery_attempts" } td.n { (o.settings.max_recovery_attempts) } }
+        }
+        p.later {
+            @if o.settings.from_runner { "Settings of the runner that started last." }
+            @else { "No runner has run on this file: the settings are the defaults." }
+            " Normal: stale_running = 0 and running_without_lease = 0."
+        }
+
+        h2 #runners { "Runners" }
+        @if o.runners.is_empty() {
+            p { "No runner is registered (none has run, or all stopped)." }
+        } @else {
+            table #runner-list {
+                tr { th { "worker id" } th { "pid" } th { "host" } th { "alive" } th { "started" } th { "heartbeat" } }
+                @for (r, alive) in &o.runners {
+                    tr {
+                        td { code { (r.worker_id) } }
+                        td.n { (r.pid) }
+                        td { (r.host) }
+                        td class=(if *alive { "succeeded" } else { "failed" }) { (if *alive { "yes" } else { "no" }) }
+                        td { (render::time(r.started_at)) }
+                        td { (render::time(r.heartbeat_at)) }
+                    }
+                }
+            }
+        }
+
+        h2 #database { "Database" }
+        table #database-size {
+            tr { th { "path" } td { code { (o.size.path.display()) } } }
+            tr { th { "schema_version" } td.n { (o.size.schema_version) } }
+            tr { th { "bytes" } td.n { (o.size.bytes) " (" (human(o.size.bytes)) ")" } }
+            tr { th { "free_bytes" } td.n { (o.size.free_bytes) " (" (human(o.size.free_bytes)) ")" } }
+            tr { th { "wal_bytes" } td.n { (o.size.wal_bytes) " (" (human(o.size.wal_bytes)) ")" } }
+        }
+
+        // Places for what the schedules and flow-control issues add, once they land.
+        h2 #schedules { "Schedules" }
+        p.later { "Not in this build yet: schedules will be listed here." }
+        h2 #queue-limits { "Queue limits and pauses" }
+        p.later { "Not in this build yet: queue limits and pauses will be shown here." }
+        h2 #dependencies { "Dependencies" }
+        p.later { "Not in this build yet: jobs waiting for dependencies will be counted here." }
+    };
+    layout("Overview", true, actions, body)
+}
+
+pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> String {
+    let body = html! {
+        h1 { "Jobs" }
+        form method="get" action="/jobs" {
+            label { "status " select name="status" {
+                option value="" selected[q.status.is_none()] { "any" }
+                @for s in [Status::Pending, Status::Running, Status::Succeeded, Status::Failed, Status::Cancelled] {
+                    option value=(s.as_str()) selected[q.status == Some(s)] { (s.as_str()) }
+                }
+            } }
+            " "
+            label { "queue " input type="text" name="queue" value=[q.queue.as_deref()] size="16"; }
+            " "
+            button type="submit" { "Filter" }
+        }
+        p.later { "Newest first, " (super::PAGE_SIZE) " a page. Page " (q.page) "." }
+        @if rows.is_empty() {
+            p #empty { "No jobs match." }
+        } @else {
+            table #job-list {
+                tr { th { "id" } th { "status" } th { "queue" } th { "pri" } th { "attempt" } th { "recovery" } th { "result" } th { "created" } th { "command" } }
+                @for j in rows {
+                    tr {
+                        td.n { a href={ "/jobs/" (j.id) } { (j.id) } }
+                        td class=(j.status.as_str()) { (j.status.as_str()) }
+                        td { (j.queue) }
+                        td.n { (j.priority) }
+                        td.n { (j.attempt) "/" (j.max_attempts) }
+                        td.n { (j.recovery_count) }
+                        td { (render::result(j)) }
+                        td.t { (render::time(j.created_at)) }
+                        td { code { (render::cut(&render::command_line(&j.argv), 80)) } }
+                    }
+                }
+            }
+        }
+        nav.pages {
+            @if q.page > 1 { a rel="prev" href=(q.link(q.page - 1)) { "← newer" } }
+            @if more && q.page < MAX_PAGE { a rel="next" href=(q.link(q.page + 1)) { "older →" } }
+        }
+    };
+    layout("Jobs", false, actions, body)
+}
+
+pub fn job(
+    j: &JobRecord,
+    events: &[Event],
+    output: Option<&Output>,
+    token: Option<&str>,
+) -> String {
+    let opt = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    let secs =
+        |v: Option<i64>| v.map_or_else(|| "-".to_string(), |ms| format!("{}s", ms as f64 / 1000.0));
+    let fields: Vec<(&str, String)> = vec![
+        ("queue", j.queue.clone()),
+        ("cwd", j.cwd.clone().unwrap_or_else(|| "-".into())),
+        ("priority", j.priority.to_string()),
+        ("attempt", format!("{} of {}", j.attempt, j.max_attempts)),
+        ("failed_attempts", j.failed_attempts.to_string()),
+        ("recovery_count", j.recovery_count.to_string()),
+        ("on_lost", j.on_lost.as_str().into()),
+        ("timeout", secs(j.timeout_ms)),
+        ("idle_timeout", secs(j.idle_timeout_ms)),
+        ("result", render::result(j)),
+        ("exit_code", opt(j.exit_code)),
+        ("signal", opt(j.signal)),
+        (
+            "error_kind",
+            j.error_kind.map_or("-".into(), |k| k.as_str().into()),
+        ),
+        ("last_error", j.last_error.clone().unwrap_or("-".into())),
+        ("run_token", j.run_token.clone().unwrap_or("-".into())),
+        ("worker_id", j.worker_id.clone().unwrap_or("-".into())),
+        ("pid", opt(j.pid)),
+        ("pgid", opt(j.pgid)),
+        ("created_at", render::time(j.created_at)),
+        ("scheduled_at", render::time(j.scheduled_at)),
+        ("started_at", render::opt_time(j.started_at)),
+        ("heartbeat_at", render::opt_time(j.heartbeat_at)),
+        ("lease_expires_at", render::opt_time(j.lease_expires_at)),
+        ("completed_at", render::opt_time(j.completed_at)),
+    ];
+    let retryable = matches!(
+        j.status,
+        Status::Failed | Status::Cancelled | Status::Running
+    );
+    let cancellable = matches!(j.status, Status::Pending | Status::Running);
+    let body = html! {
+        h1 { "Job " (j.id) " " span class=(j.status.as_str()) #status { (j.status.as_str()) } }
+        @if let Some(token) = token {
+            p #actions {
+                @if retryable {
+                    form.inline method="post" action={ "/jobs/" (j.id) "/retry" } {
+                        input type="hidden" name="csrf" value=(token);
+                        button type="submit" { "Retry" }
+                    }
+                    " "
+                }
+                @if cancellable {
+                    form.inline method="post" action={ "/jobs/" (j.id) "/cancel" } {
+                        input type="hidden" name="csrf" value=(token);
+                        button type="submit" { "Cancel" }
+                    }
+                }
+            }
+        }
+        @if j.teardown_pending {
+            p.bad { "A lost attempt's processes are still to be torn down." }
+        }
+        h2 { "Command" }
+        ol #argv { @for a in &j.argv { li { code { (a) } } } }
+        p { code #command-line { (render::command_line(&j.argv)) } }
+        @if !j.env.is_empty() {
+            h2 { "Environment" }
+            table #env { @for (k, v) in &j.env { tr { th { code { (k) } } td { code { (v) } } } } }
+        }
+        h2 { "Fields" }
+        table #fields { @for (k, v) in &fields { tr { th { (k) } td { (v) } } } }
+        h2 { "Events" }
+        table #events {
+            tr { th { "at" } th { "attempt" } th { "kind" } th { "detail" } }
+            @for e in events {
+                tr.event {
+                    td { (render::time(e.at)) }
+                    td.n { (e.attempt) }
+                    td.kind { (e.kind.to_string()) }
+                    td { (e.detail.as_deref().unwrap_or("")) }
+                }
+            }
+        }
+        h2 { "Output" }
+        @match output {
+            None => p { "None recorded yet." },
+            Some(o) => {
+                h3 { "stdout (attempt " (o.attempt) @if o.stdout_truncated { ", tail" } ")" }
+                pre #stdout { (String::from_utf8_lossy(&o.stdout)) }
+                h3 { "stderr (attempt " (o.attempt) @if o.stderr_truncated { ", tail" } ")" }
+                pre #stderr { (String::from_utf8_lossy(&o.stderr)) }
+            }
+        }
+    };
+    layout(&format!("Job {}", j.id), false, token.is_some(), body)
+}
+
+/// Bytes in binary units, one decimal.
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}

@@ -1,0 +1,531 @@
+//! `serve`: every route's status and content type, bad input, the actions' safety (off by
+//! default, CSRF token), a slow client, and the pages in a real browser (headless Chromium).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+use crate::helper::{add, cli, fails, ok, run_until_idle};
+use crate::util::{TestDb, leasehold_vars, poll};
+
+/// A `leasehold serve` on a free port; killed by pid when dropped.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(db: &Path, extra: &[&str]) -> Server {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
+        cmd.arg("--db")
+            .arg(db)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra);
+        for var in leasehold_vars() {
+            cmd.env_remove(var);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("leasehold serve starts");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("serve prints its URL");
+        let addr = line
+            .trim()
+            .strip_prefix("http://")
+            .and_then(|s| s.strip_suffix('/'))
+            .unwrap_or_else(|| panic!("serve printed {line:?}, not its URL"))
+            .parse()
+            .expect("the URL holds an address");
+        Server { child, addr }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Sends `raw` as is and reads the whole response.
+    fn raw(&self, raw: &[u8]) -> Reply {
+        let mut s = TcpStream::connect(self.addr).expect("the server accepts");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        // The server may answer (and close) before it has read all of an oversized request.
+        let _ = s.write_all(raw);
+        let mut bytes = Vec::new();
+        let _ = s.read_to_end(&mut bytes);
+        Reply::parse(&bytes)
+    }
+
+    fn get(&self, path: &str) -> Reply {
+        self.raw(format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.addr).as_bytes())
+    }
+
+    fn post(&self, path: &str, body: &str) -> Reply {
+        self.raw(
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                self.addr,
+                body.len()
+            )
+            .as_bytes(),
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Reply {
+    fn parse(bytes: &[u8]) -> Reply {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {head:?}"));
+        Reply {
+            status,
+            head: head.to_string(),
+            body: body.to_string(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    fn content_type(&self) -> &str {
+        self.header("content-type").unwrap_or("")
+    }
+
+    /// Checks a 4xx page: HTML, no panic, no trace.
+    fn refused(&self, status: u16) -> &Reply {
+        assert_eq!(self.status, status, "{self:?}");
+        assert!(self.content_type().starts_with("text/html"), "{self:?}");
+        assert!(!self.body.contains("panicked"), "{self:?}");
+        assert!(!self.body.contains("backtrace"), "{self:?}");
+        self
+    }
+}
+
+/// A database with one succeeded, one failed and one pending job.
+fn three_jobs(t: &TestDb) -> (i64, i64, i64) {
+    let db = t.path.as_path();
+    let ok_id = add(db, &[], &["true"]);
+    let failed = add(db, &[], &["sh", "-c", "echo boom >&2; exit 3"]);
+    run_until_idle(db, &[]);
+    let pending = add(db, &["--queue", "later"], &["true"]);
+    (ok_id, failed, pending)
+}
+
+#[test]
+fn every_route_answers_with_its_status_and_content_type() {
+    let t = TestDb::new();
+    let (ok_id, failed, _) = three_jobs(&t);
+    let server = Server::start(&t.path, &[]);
+
+    let home = server.get("/");
+    assert_eq!(home.status, 200, "{home:?}");
+    assert_eq!(home.content_type(), "text/html; charset=utf-8");
+    assert!(home.body.contains("Lease counters (job_leases)"));
+    assert!(home.body.contains("stale_running"));
+    for section in [
+        "id=\"schedules\"",
+        "id=\"queue-limits\"",
+        "id=\"dependencies\"",
+    ] {
+        assert!(home.body.contains(section), "{section} missing");
+    }
+    // Safe headers on every page: no script may run, nothing may frame it.
+    let csp = home.header("content-security-policy").unwrap();
+    assert!(csp.contains("default-src 'none'"), "{csp}");
+    assert_eq!(home.header("x-frame-options"), Some("DENY"));
+
+    let list = server.get("/jobs?status=failed");
+    assert_eq!(list.status, 200);
+    assert_eq!(list.content_type(), "text/html; charset=utf-8");
+    assert!(list.body.contains(&format!("href=\"/jobs/{failed}\"")));
+    assert!(!list.body.contains(&format!("href=\"/jobs/{ok_id}\"")));
+    assert_eq!(server.get("/jobs?queue=later&page=1").status, 200);
+
+    let job = server.get(&format!("/jobs/{failed}"));
+    assert_eq!(job.status, 200);
+    assert_eq!(job.content_type(), "text/html; charset=utf-8");
+    assert!(job.body.contains("boom"), "the stderr tail is shown");
+    assert!(job.body.contains("exit 3"));
+
+    let health = server.get("/healthz");
+    assert_eq!(health.status, 200);
+    assert_eq!(health.content_type(), "text/plain; charset=utf-8");
+    assert_eq!(health.body, "ok\n");
+
+    let head = server.raw(format!("HEAD / HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).as_bytes());
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+
+    let delete = server.raw(b"DELETE /jobs HTTP/1.1\r\n\r\n");
+    delete.refused(405);
+    assert_eq!(delete.header("allow"), Some("GET, HEAD"));
+    server.get("/nothing/here").refused(404);
+}
+
+#[test]
+fn bad_paths_and_parameters_get_400_or_404_and_the_server_goes_on() {
+    let t = TestDb::new();
+    three_jobs(&t);
+    let server = Server::start(&t.path, &[]);
+    server.get("/jobs/999999").refused(404);
+    server.get("/jobs/abc").refused(400);
+    server.get("/jobs/1.5").refused(400);
+    server.get("/jobs/99999999999999999999999").refused(400);
+    server
+        .get("/jobs?page=99999999999999999999999")
+        .refused(400);
+    server.get("/jobs?page=0").refused(400);
+    server.get("/jobs?page=-1").refused(400);
+    server.get("/jobs?page=1000000000").refused(404);
+    server.get("/jobs?page=2").refused(404);
+    server.get("/jobs?status=done").refused(400);
+    server.get("/jobs?queue=%ff").refused(400);
+    server.get("/jobs/../etc/passwd").refused(400);
+    server.get("/%2e%2e/%2e%2e/etc/passwd").refused(400);
+    server.get("/jobs/%2E%2E").refused(400);
+    server.raw(b"NOT HTTP\r\n\r\n").refused(400);
+    server
+        .raw(b"GET http://example.com/ HTTP/1.1\r\n\r\n")
+        .refused(400);
+    // A DNS-rebinding page reaches us under its own name: refused.
+    server
+        .raw(b"GET / HTTP/1.1\r\nHost: attacker.example:7433\r\n\r\n")
+        .refused(400);
+    // Oversized: a 64 KiB header, then a 1 MiB body.
+    let big = format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(64 * 1024));
+    server.raw(big.as_bytes()).refused(400);
+    let body = "a".repeat(1024 * 1024);
+    server
+        .raw(
+            format!(
+                "POST /jobs/1/retry HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .refused(400);
+    assert_eq!(server.get("/healthz").status, 200, "still serving");
+}
+
+/// The CSRF token in a job page's forms.
+fn token(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no CSRF field in {page}"));
+    page[at + 19..].split('"').next().unwrap().to_string()
+}
+
+fn status_of(t: &TestDb, id: i64) -> String {
+    t.job(id).status.as_str().to_string()
+}
+
+#[test]
+fn actions_are_off_by_default_and_a_post_changes_nothing() {
+    let t = TestDb::new();
+    let (_, failed, pending) = three_jobs(&t);
+    let server = Server::start(&t.path, &[]);
+    let page = server.get(&format!("/jobs/{failed}"));
+    assert!(!page.body.contains("<form method=\"post\""), "no buttons");
+    assert!(!page.body.contains("csrf"));
+    let events_before = t.store().events(failed).unwrap().len();
+    server
+        .post(&format!("/jobs/{failed}/retry"), "csrf=anything")
+        .refused(403);
+    server
+        .post(&format!("/jobs/{pending}/cancel"), "")
+        .refused(403);
+    server.get(&format!("/jobs/{failed}/retry")).refused(405);
+    assert_eq!(status_of(&t, failed), "failed");
+    assert_eq!(status_of(&t, pending), "pending");
+    assert_eq!(t.store().events(failed).unwrap().len(), events_before);
+}
+
+#[test]
+fn actions_need_the_token_and_with_it_retry_and_cancel() {
+    let t = TestDb::new();
+    let (_, failed, pending) = three_jobs(&t);
+    let server = Server::start(&t.path, &["--allow-actions"]);
+    let page = server.get(&format!("/jobs/{failed}"));
+    let token = token(&page.body);
+    assert_eq!(token.len(), 32);
+
+    let retry = format!("/jobs/{failed}/retry");
+    server.post(&retry, "").refused(403);
+    server.post(&retry, "csrf=").refused(403);
+    server
+        .post(&retry, &format!("csrf={}", "0".repeat(32)))
+        .refused(403);
+    assert_eq!(status_of(&t, failed), "failed", "nothing changed");
+
+    let done = server.post(&retry, &format!("csrf={token}"));
+    assert_eq!(done.status, 303, "{done:?}");
+    assert_eq!(
+        done.header("location"),
+        Some(format!("/jobs/{failed}").as_str())
+    );
+    assert_eq!(status_of(&t, failed), "pending");
+
+    let cancel = format!("/jobs/{pending}/cancel");
+    server.post(&cancel, "csrf=wrong").refused(403);
+    assert_eq!(status_of(&t, pending), "pending");
+    assert_eq!(server.post(&cancel, &format!("csrf={token}")).status, 303);
+    assert_eq!(status_of(&t, pending), "cancelled");
+    // What the library refuses is a 409 page, not a change.
+    server.post(&cancel, &format!("csrf={token}")).refused(409);
+    server
+        .post("/jobs/424242/retry", &format!("csrf={token}"))
+        .refused(404);
+}
+
+#[test]
+fn a_missing_database_is_one_line_and_exit_1_and_is_not_created() {
+    let t = TestDb::new();
+    let line = fails(&mut cli(&t.path, &["serve", "--listen", "127.0.0.1:0"]), 1);
+    assert!(
+        line.contains("does not exist") || line.contains("no such"),
+        "{line}"
+    );
+    assert!(!t.path.exists());
+    fails(&mut cli(&t.path, &["serve", "--listen", "nowhere"]), 2);
+}
+
+#[test]
+fn an_older_schema_is_refused_and_left_as_it_was() {
+    let t = TestDb::new();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.db");
+    std::fs::copy(&fixture, &t.path).unwrap();
+    let before = std::fs::read(&t.path).unwrap();
+    let line = fails(&mut cli(&t.path, &["serve", "--listen", "127.0.0.1:0"]), 1);
+    assert!(line.contains("db migrate"), "{line}");
+    assert_eq!(std::fs::read(&t.path).unwrap(), before, "not migrated");
+}
+
+#[test]
+fn a_slow_client_does_not_wedge_the_server() {
+    let t = TestDb::new();
+    three_jobs(&t);
+    let server = Server::start(&t.path, &[]);
+    // More silent connections than the server has threads: each holds a thread until the
+    // request deadline (10 s), and then the others are served.
+    let idle: Vec<TcpStream> = (0..6)
+        .map(|_| TcpStream::connect(server.addr).unwrap())
+        .collect();
+    // Not a wait for a state: it only makes it likely that the silent connections are
+    // accepted first, which is the case worth testing; the assertions hold either way.
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    assert_eq!(server.get("/healthz").status, 200);
+    assert!(started.elapsed() < Duration::from_secs(40));
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut buf = Vec::new();
+        // Closed by the server without an answer.
+        assert!(s.read_to_end(&mut buf).is_ok());
+    }
+}
+
+// --- A real browser -------------------------------------------------------------------------
+
+/// Headless Chromium with the flags that keep it quiet and local.
+fn chromium(args: &[&str]) -> String {
+    let which = Command::new("sh")
+        .args(["-c", "command -v chromium"])
+        .output()
+        .unwrap();
+    assert!(
+        which.status.success(),
+        "these tests need Chromium: apt-get install -y chromium (.ci/run does)"
+    );
+    let profile = tempfile::tempdir().unwrap();
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut child = {
+        use std::os::unix::process::CommandExt;
+        Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.reopen().unwrap())
+            .stderr(Stdio::null())
+            // Its own group, so that it and its helpers are ended together.
+            .process_group(0)
+            .spawn()
+            .expect("chromium starts")
+    };
+    let pgid = Pid::from_raw(child.id() as i32);
+    let status = poll(Duration::from_secs(90), || child.try_wait().unwrap());
+    let _ = killpg(pgid, Signal::SIGKILL);
+    let _ = child.wait();
+    let status = status.expect("chromium finished within 90 s");
+    assert!(status.success(), "chromium failed: {status:?}");
+    std::fs::read_to_string(out.path()).unwrap()
+}
+
+/// The DOM after the page loaded (and ran whatever script it could).
+fn dump_dom(url: &str) -> String {
+    chromium(&["--dump-dom", url])
+}
+
+/// The text of the element after `marker` in a serialized DOM, up to the next tag.
+fn number_after(dom: &str, marker: &str) -> u64 {
+    let at = dom
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} not in the DOM"));
+    let rest = &dom[at + marker.len()..];
+    let text = &rest[rest.find("\">").unwrap() + 2..];
+    text[..text.find('<').unwrap()].parse().unwrap()
+}
+
+#[test]
+fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    add(db, &[], &["true"]);
+    add(db, &[], &["true"]);
+    add(db, &[], &["false"]);
+    run_until_idle(db, &[]);
+    let cancel = add(db, &[], &["true"]);
+    ok(&mut cli(db, &["jobs", "cancel", &cancel.to_string()]));
+    for _ in 0..3 {
+        add(db, &["--queue", "mail"], &["true"]);
+    }
+    let counts = t.store().counts().unwrap();
+    assert_eq!(
+        (
+            counts.pending,
+            counts.succeeded,
+            counts.failed,
+            counts.cancelled
+        ),
+        (3, 2, 1, 1)
+    );
+    let server = Server::start(db, &[]);
+    let dom = dump_dom(&server.url("/"));
+    for (status, n) in [
+        ("pending", counts.pending),
+        ("running", counts.running),
+        ("succeeded", counts.succeeded),
+        ("failed", counts.failed),
+        ("cancelled", counts.cancelled),
+    ] {
+        assert_eq!(
+            number_after(&dom, &format!("data-status=\"{status}\"")),
+            n,
+            "{status} in {dom}"
+        );
+    }
+    assert_eq!(number_after(&dom, "id=\"total\""), 7);
+    assert_eq!(
+        number_after(&dom, "data-queue=\"mail\" data-queue-status=\"pending\""),
+        3,
+        "the queue's depth in {dom}"
+    );
+
+    let shot = screenshot_path();
+    let _ = std::fs::remove_file(&shot);
+    chromium(&[
+        &format!("--screenshot={}", shot.display()),
+        "--window-size=1280,1400",
+        &server.url("/"),
+    ]);
+    let png = std::fs::read(&shot).expect("the screenshot is written");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG at {}", shot.display());
+}
+
+/// Where the overview's screenshot is kept: `target/tmp/dashboard/overview.png`.
+fn screenshot_path() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("overview.png")
+}
+
+#[test]
+fn the_browser_shows_a_jobs_events_and_runs_none_of_its_markup() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let evil = "<script>document.title='pwned';document.body.appendChild(document.createElement('blink')).id='xss'</script><img src=x onerror=\"document.title='pwned'\">";
+    let id = add(
+        db,
+        &["--env", &format!("EVIL={evil}")],
+        &[
+            "sh",
+            "-c",
+            "printf '%s\\n' \"$0\"; printf '%s' \"$0\" >&2",
+            evil,
+        ],
+    );
+    run_until_idle(db, &[]);
+    let events: Vec<String> = t
+        .store()
+        .events(id)
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.to_string())
+        .collect();
+    let server = Server::start(db, &[]);
+    let dom = dump_dom(&server.url(&format!("/jobs/{id}")));
+
+    // Its events, in order.
+    let shown: Vec<&str> = dom
+        .split("<td class=\"kind\">")
+        .skip(1)
+        .map(|s| &s[..s.find('<').unwrap()])
+        .collect();
+    assert_eq!(shown, events, "{dom}");
+    assert!(events.contains(&"succeeded".to_string()));
+
+    // Nothing ran: the title is ours, no element was added, no image was made.
+    assert!(dom.contains("<title>Job "), "{dom}");
+    assert!(!dom.contains("pwned</title>"));
+    assert!(!dom.contains("id=\"xss\""), "{dom}");
+    assert!(!dom.contains("<blink"), "{dom}");
+    assert!(!dom.contains("<img"), "{dom}");
+    assert!(!dom.contains("<script"), "{dom}");
+    // And all of it is there as text: in argv, env, stdout and stderr.
+    let as_text = "&lt;script&gt;document.title='pwned'";
+    assert!(dom.matches(as_text).count() >= 4, "{dom}");
+    assert!(dom.contains("&lt;img src=x onerror=\"document.title='pwned'\"&gt;"));
+}

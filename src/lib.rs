@@ -28,6 +28,7 @@
 
 mod error;
 mod job;
+mod metrics;
 mod process;
 pub mod protocol;
 mod runner;
@@ -38,6 +39,7 @@ pub use job::{
     DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ErrorKind,
     Event, EventKind, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,
 };
+pub use metrics::{Counter, CounterKind, Histogram, JobCount, Metrics, RunnerFigures};
 pub use runner::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
     DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,

@@ -28,10 +28,13 @@ use rusqlite::Connection;
 use crate::error::Error;
 use crate::error::Result;
 use crate::job::{Event, Job, JobRecord, Output};
+use crate::metrics::Metrics;
 
+mod counter;
 mod enqueue;
 mod lease;
 mod maintenance;
+mod metrics;
 mod open;
 mod operator;
 mod read;
@@ -399,6 +402,29 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn counts(&self) -> Result<Counts> {
         read::counts(&self.conn)
+    }
+
+    /// A snapshot of the database's metrics now: see [`Store::metrics_at`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::metrics_at`].
+    pub fn metrics(&self) -> Result<Metrics> {
+        self.metrics_at(crate::job::now_ms())
+    }
+
+    /// A snapshot of the database's metrics at `now` (the time queue lags and runner liveness
+    /// are measured against): jobs by queue and status, queue lags, the durable counters and
+    /// histograms, live runners, the file's size. Read in one read transaction: it never takes
+    /// the write lock, and its cost does not grow with the number of jobs. Render it with
+    /// [`Metrics::to_prometheus`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read, [`Error::Io`] when the file's size
+    /// cannot.
+    pub fn metrics_at(&self, now: i64) -> Result<Metrics> {
+        metrics::metrics(&self.conn, &self.path, now)
     }
 
     /// The runbook's lease counters at `now`.

@@ -327,8 +327,42 @@ fn the_v1_fixture_upgrades_to_v2_with_every_job_event_and_output_intact() {
     }
 
     let store = Store::open(&copy).unwrap();
-    assert_eq!(store.migration(), Migration { from: 1, to: 2 });
-    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(
+        store.migration(),
+        Migration {
+            from: 1,
+            to: SCHEMA_VERSION
+        }
+    );
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    // The job counts the metrics read (kept by triggers since version 3) start from the
+    // fixture's rows.
+    let metrics = store.metrics().unwrap();
+    let by_status = store.counts().unwrap();
+    let sum = |status: &str| -> u64 {
+        metrics
+            .jobs
+            .iter()
+            .filter(|c| c.status == status)
+            .map(|c| c.jobs)
+            .sum()
+    };
+    assert_eq!(
+        [
+            sum("pending"),
+            sum("running"),
+            sum("succeeded"),
+            sum("failed"),
+            sum("cancelled")
+        ],
+        [
+            by_status.pending,
+            by_status.running,
+            by_status.succeeded,
+            by_status.failed,
+            by_status.cancelled
+        ]
+    );
     // What the library reads of it: a failed job's output and a retried job's history.
     let output = store
         .output(2, None)
@@ -372,7 +406,7 @@ fn two_connections_upgrading_one_v1_file_at_once_both_succeed_and_keep_every_row
                 .collect()
         });
         for m in &migrations {
-            assert_eq!(m.to, 2, "round {round}: {migrations:?}");
+            assert_eq!(m.to, SCHEMA_VERSION, "round {round}: {migrations:?}");
         }
         assert!(
             migrations.iter().any(|m| m.from == 1),
@@ -380,7 +414,7 @@ fn two_connections_upgrading_one_v1_file_at_once_both_succeed_and_keep_every_row
         );
         assert_eq!(all_rows(&copy), before, "round {round}");
         assert_eq!(auto_vacuum(&copy), INCREMENTAL);
-        assert_eq!(Store::probe_version(&copy).unwrap(), 2);
+        assert_eq!(Store::probe_version(&copy).unwrap(), SCHEMA_VERSION);
         for suffix in ["-wal", "-shm"] {
             let _ = std::fs::remove_file(db.sibling(&format!("v1.db{suffix}")));
         }
@@ -549,7 +583,13 @@ fn a_v1_file_without_room_for_the_vacuum_is_refused_and_left_byte_for_byte_uncha
     // With the room back, the same file upgrades.
     std::fs::remove_file(&filler).unwrap();
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.migration(), Migration { from: 1, to: 2 });
+    assert_eq!(
+        store.migration(),
+        Migration {
+            from: 1,
+            to: SCHEMA_VERSION
+        }
+    );
     assert_eq!(store.list(&ListFilter::default()).unwrap().len(), 7);
     drop(store);
     assert_eq!(auto_vacuum(&path), INCREMENTAL);

@@ -9,6 +9,7 @@
 //! cargo run --release --example bench store    # the store only
 //! cargo run --release --example bench runner   # the runner only
 //! cargo run --release --example bench retention # pruning's cost and the bounded file
+//! cargo run --release --example bench metrics  # a scrape of a 1,000,000-job file
 //! ```
 
 use std::time::{Duration, Instant};
@@ -28,8 +29,9 @@ fn main() {
         && arg != "store"
         && arg != "runner"
         && arg != "retention"
+        && arg != "metrics"
     {
-        eprintln!("usage: bench [store|runner|retention]");
+        eprintln!("usage: bench [store|runner|retention|metrics]");
         std::process::exit(2);
     }
     let started = Instant::now();
@@ -42,6 +44,9 @@ fn main() {
     }
     if all || only.as_deref() == Some("retention") {
         retention_benchmarks();
+    }
+    if all || only.as_deref() == Some("metrics") {
+        metrics_benchmarks();
     }
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
 }
@@ -802,6 +807,113 @@ fn claim_latency_during_prune() {
         mib(after),
         mib(report.bytes_freed)
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+/// A scrape (`Store::metrics` and its rendering) of a file of 1,000,000 jobs in 4 queues, a
+/// tenth pending and the rest finished, beside counting the table with plain SQL.
+fn metrics_benchmarks() {
+    const SCRAPES: usize = 20;
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("metrics.db");
+    let mut table = Table::new("metrics: 1,000,000 jobs");
+    let setup = Instant::now();
+    let now = now_ms();
+    {
+        let store = open(&path, Durability::Normal);
+        let queues = ["default", "mail", "video", "reports"];
+        let chunk: Vec<Job> = (0..100_000)
+            .map(|i| Job::command(["true"]).queue(queues[i % 4]))
+            .collect();
+        for _ in 0..10 {
+            store.enqueue_many(&chunk, now).expect("enqueue_many");
+        }
+        // Real endings for the counters and histograms (their rows do not grow with the jobs:
+        // queues x outcomes x buckets), then most of the table finished in bulk.
+        for i in 0..2_000 {
+            let c = claim_one(&store, now).expect("a job is ready");
+            let ending = if i % 5 == 0 {
+                Ending::Failed {
+                    kind: leasehold::ErrorKind::Exit,
+                    exit_code: Some(1),
+                    signal: None,
+                    message: "exit 1".into(),
+                }
+            } else {
+                Ending::Succeeded
+            };
+            let finish = Finish {
+                job_id: c.id,
+                run_token: c.run_token,
+                attempt: c.attempt,
+                ending,
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            };
+            store.finish(&finish, now + i).expect("finish");
+        }
+    }
+    let bare = bare_open(&path, Durability::Normal);
+    bare.execute(
+        "UPDATE jobs SET status = CASE WHEN id % 7 = 0 THEN 'failed' ELSE 'succeeded' END,
+             completed_at = ?1
+         WHERE status = 'pending' AND id % 10 != 0",
+        [now],
+    )
+    .expect("finish most jobs");
+    let store = open(&path, Durability::Normal);
+    let built = setup.elapsed();
+    let time = |f: &mut dyn FnMut()| -> Duration {
+        f(); // warm the cache
+        let times: Vec<Duration> = (0..SCRAPES)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect();
+        median(times)
+    };
+    let mut bytes = 0;
+    let scrape = time(&mut || {
+        bytes = store
+            .metrics()
+            .expect("metrics")
+            .to_prometheus()
+            .len();
+    });
+    let bare = &bare;
+    let count = |sql: &'static str| {
+        move || {
+            let _: i64 = bare.query_row(sql, [], |r| r.get(0)).expect("count");
+        }
+    };
+    let count_all = time(&mut count("SELECT count(*) FROM jobs"));
+    let by_status = time(&mut count(
+        "SELECT count(*) FROM (SELECT status, count(*) FROM jobs GROUP BY status)",
+    ));
+    let by_queue = time(&mut count(
+        "SELECT count(*) FROM (SELECT queue, status, count(*) FROM jobs GROUP BY queue, status)",
+    ));
+    table.per_call("scrape / SELECT count(*) FROM jobs", 1, scrape, count_all);
+    table.per_call("scrape / count GROUP BY status", 1, scrape, by_status);
+    table.per_call("scrape / count GROUP BY queue, status", 1, scrape, by_queue);
+    let verdict = if scrape < Duration::from_millis(50) {
+        "under"
+    } else {
+        "NOT under"
+    };
+    table.note(&format!(
+        "  median of {SCRAPES}; the scrape is Store::metrics + to_prometheus ({bytes} bytes of text),"
+    ));
+    table.note(&format!(
+        "  {verdict} the 50 ms goal; file built in {:.1} s ({}).",
+        built.as_secs_f64(),
+        mib(file_bytes(&path))
+    ));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@
 //! cargo run --release --example bench store    # the store only
 //! cargo run --release --example bench runner   # the runner only
 //! cargo run --release --example bench retention # pruning's cost and the bounded file
-//! cargo run --release --example bench metrics  # a scrape of a 1,000,000-job file
+//! cargo run --release --example bench metrics  # a scrape of a 1,000,000-job file, and
+//!                                               # what the metrics cost writes
+//! cargo run --release --example bench metrics-writes  # only the latter
 //! ```
 
 use std::time::{Duration, Instant};
@@ -30,8 +32,9 @@ fn main() {
         && arg != "runner"
         && arg != "retention"
         && arg != "metrics"
+        && arg != "metrics-writes"
     {
-        eprintln!("usage: bench [store|runner|retention|metrics]");
+        eprintln!("usage: bench [store|runner|retention|metrics|metrics-writes]");
         std::process::exit(2);
     }
     let started = Instant::now();
@@ -47,6 +50,10 @@ fn main() {
     }
     if all || only.as_deref() == Some("metrics") {
         metrics_benchmarks();
+    }
+    if only.as_deref() == Some("metrics-writes") {
+        let dir = tempfile::tempdir().expect("a temporary folder can be created");
+        metrics_write_cost(&dir);
     }
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
 }
@@ -879,11 +886,7 @@ fn metrics_benchmarks() {
     };
     let mut bytes = 0;
     let scrape = time(&mut || {
-        bytes = store
-            .metrics()
-            .expect("metrics")
-            .to_prometheus()
-            .len();
+        bytes = store.metrics().expect("metrics").to_prometheus().len();
     });
     let bare = &bare;
     let count = |sql: &'static str| {
@@ -914,6 +917,98 @@ fn metrics_benchmarks() {
         built.as_secs_f64(),
         mib(file_bytes(&path))
     ));
+    metrics_write_cost(&dir);
+}
+
+/// What the job counts' triggers and the queue-lag index cost leasehold's writes: the same
+/// store calls on a file with them and on one where they were dropped, in alternated rounds.
+/// (The counters' own upserts are in both: they are in the code, not the schema.)
+fn metrics_write_cost(dir: &TempDir) {
+    const ROUNDS: usize = 5;
+    const ENQUEUES: usize = 100_000;
+    const CYCLES: usize = 3_000;
+    println!(
+        "\n{:<50} {:>18} {:>18} {:>7}",
+        "metrics: cost on writes (leasehold, NORMAL)", "with triggers", "without", "ratio"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    let fresh = |name: String, with: bool| {
+        let path = dir.path().join(name);
+        let store = open(&path, Durability::Normal);
+        if !with {
+            bare_open(&path, Durability::Normal)
+                .execute_batch(
+                    "DROP TRIGGER job_counts_update; DROP TRIGGER job_counts_delete;
+                     DROP INDEX jobs_pending_due;",
+                )
+                .expect("drop the metrics' triggers and index");
+        }
+        store
+    };
+    let now = now_ms();
+    let jobs = vec![Job::command(["true"]); ENQUEUES];
+    let enqueue = |store: &Store| {
+        let t = Instant::now();
+        store.enqueue_many(&jobs, now).expect("enqueue_many");
+        t.elapsed()
+    };
+    let cycles = |store: &Store| {
+        let t = Instant::now();
+        for _ in 0..CYCLES {
+            let c = claim_one(store, now).expect("a job is ready");
+            let finish = Finish {
+                job_id: c.id,
+                run_token: c.run_token,
+                attempt: c.attempt,
+                ending: Ending::Succeeded,
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            };
+            store.finish(&finish, now).expect("finish");
+        }
+        t.elapsed()
+    };
+    let (mut enq, mut cyc) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    for round in 0..ROUNDS {
+        for with in [true, false] {
+            let store = fresh(format!("cost-{round}-{with}.db"), with);
+            let e = enqueue(&store);
+            let c = cycles(&store);
+            if with {
+                enq.0.push(e);
+                cyc.0.push(c);
+            } else {
+                enq.1.push(e);
+                cyc.1.push(c);
+            }
+        }
+    }
+    for (label, n, unit, (with, without)) in [
+        (
+            "batch enqueue, 100,000 jobs in 1 txn",
+            ENQUEUES,
+            "jobs/s",
+            enq,
+        ),
+        (
+            "claim + finish, no process, 3,000 cycles",
+            CYCLES,
+            "cycles/s",
+            cyc,
+        ),
+    ] {
+        let (with, without) = (median(with), median(without));
+        println!(
+            "{label:<50} {:>18} {:>18} {:>7.2}",
+            format!("{} {unit}", thousands(n as f64 / with.as_secs_f64())),
+            format!("{} {unit}", thousands(n as f64 / without.as_secs_f64())),
+            with.as_secs_f64() / without.as_secs_f64()
+        );
+    }
+    println!(
+        "  ratio = time with the triggers and index / without; median of {ROUNDS} alternated rounds"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

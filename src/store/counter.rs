@@ -3,8 +3,8 @@
 //!
 //! Each transition calls one helper here, in one line, after its guarded statement has
 //! changed its row (and, for the histograms, with the facts of the attempt read before that
-//! statement rewrote them). The job counts by queue and status are not here: triggers keep
-//! them (`0003_counters.sql`), whoever writes `jobs`.
+//! statement rewrote them). The job counts by queue and status are kept by triggers on
+//! updates and deletes (`0003_counters.sql`), and by [`enqueued`] on inserts.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -36,6 +36,17 @@ pub(super) fn bump(conn: &Connection, kind: CounterKind, queue: &str, outcome: &
          ON CONFLICT (name, queue, outcome) DO UPDATE SET value = value + 1",
     )?
     .execute(params![kind.as_str(), queue, outcome])?;
+    Ok(())
+}
+
+/// `n` jobs were inserted into `queue` as pending: the job counts' share of an enqueue (the
+/// triggers follow updates and deletes, not inserts; see `0003_counters.sql`).
+pub(super) fn enqueued(conn: &Connection, queue: &str, n: usize) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO job_counts (queue, status, n) VALUES (?1, 'pending', ?2)
+         ON CONFLICT (queue, status) DO UPDATE SET n = n + excluded.n",
+    )?
+    .execute(params![queue, n as i64])?;
     Ok(())
 }
 

@@ -321,3 +321,44 @@ fn the_parser_refuses_what_the_format_does_not_allow() {
         assert!(result.is_err(), "accepted: {bad:?}");
     }
 }
+
+#[test]
+fn hand_written_sql_keeps_the_job_counts_exact() {
+    let db = TestDb::new();
+    let store = mixed(&db);
+    let bare = db.bare();
+    // The runbook's manual retry, a move between queues, a delete by hand; and enqueues,
+    // one and many.
+    bare.execute_batch(
+        "UPDATE jobs SET status = 'pending', recovery_count = 0 WHERE status = 'failed';
+         UPDATE jobs SET queue = 'moved' WHERE queue = 'c' AND status = 'succeeded';
+         DELETE FROM jobs WHERE status = 'cancelled';",
+    )
+    .unwrap();
+    store.enqueue(&Job::shell("true").queue("new"), T0).unwrap();
+    let many: Vec<Job> = (0..5)
+        .map(|i| Job::shell("true").queue(["new", "c"][i % 2]))
+        .collect();
+    store.enqueue_many(&many, T0).unwrap();
+    let m = store.metrics_at(EXPIRED + 60_000).unwrap();
+    let actual: Vec<(String, String, u64)> = {
+        let mut stmt = bare
+            .prepare("SELECT queue, status, count(*) FROM jobs GROUP BY queue, status")
+            .unwrap();
+        stmt.query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64))
+        })
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+    };
+    for (q, s, n) in &actual {
+        assert_eq!(m.jobs(q, s), *n, "{q} {s}");
+    }
+    let total: u64 = m.jobs.iter().map(|c| c.jobs).sum();
+    assert_eq!(total, actual.iter().map(|(_, _, n)| n).sum::<u64>());
+    let counts = store.counts().unwrap();
+    assert_eq!(counts.failed, 0);
+    assert_eq!(counts.cancelled, 0);
+    assert_eq!(m.jobs("new", "pending"), 4);
+}

@@ -362,3 +362,65 @@ fn hand_written_sql_keeps_the_job_counts_exact() {
     assert_eq!(counts.cancelled, 0);
     assert_eq!(m.jobs("new", "pending"), 4);
 }
+
+#[test]
+fn self_fences_interruptions_and_manual_retries_are_counted_apart_from_reclaims() {
+    let db = TestDb::new();
+    let store = db.store();
+    let fenced = enqueue(&store, &Job::shell("true").queue("q"));
+    let spent = enqueue(&store, &Job::shell("true").queue("q"));
+    let stopped = enqueue(&store, &Job::shell("true").queue("q"));
+    let lost = |message: &str| Ending::Lost {
+        message: message.into(),
+    };
+    // A self-fence within the budget requeues; with a budget of 0 it fails the job as lost.
+    let c = claim_in(&store, "w", 1, &queue("q"), T0);
+    assert_eq!(c[0].id, fenced);
+    finish(&store, &c[0], lost("could not renew"), T0 + 100);
+    let c = claim_in(&store, "w", 3, &queue("q"), T0 + 200);
+    let by_id = |id: i64| c.iter().find(|x| x.id == id).unwrap();
+    crate::helper::finish_with(&store, by_id(spent), lost("could not renew"), 0, T0 + 300);
+    finish(
+        &store,
+        by_id(stopped),
+        Ending::Interrupted {
+            message: "shutdown".into(),
+        },
+        T0 + 300,
+    );
+    store.retry(spent, Some("try again"), T0 + 400).unwrap();
+
+    let m = scrape(&store, T0 + 500);
+    assert_eq!(
+        m.value("leasehold_self_fences_total", &[("queue", "q")]),
+        2.0
+    );
+    assert_eq!(m.sum("leasehold_reclaims_total"), 0.0);
+    assert_eq!(
+        m.value(
+            "leasehold_jobs_ended_total",
+            &[("queue", "q"), ("outcome", "lost")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.value("leasehold_attempts_interrupted_total", &[("queue", "q")]),
+        1.0
+    );
+    assert_eq!(
+        m.value("leasehold_manual_retries_total", &[("queue", "q")]),
+        1.0
+    );
+    let run_count = |o: &str| {
+        m.value(
+            "leasehold_attempt_run_seconds_count",
+            &[("queue", "q"), ("outcome", o)],
+        )
+    };
+    assert_eq!(run_count("lost"), 2.0);
+    assert_eq!(run_count("interrupted"), 1.0);
+    // The retried and the interrupted job are pending again; the requeued one was claimed
+    // again by the second claim.
+    let jobs = |s: &str| m.value("leasehold_jobs", &[("queue", "q"), ("status", s)]);
+    assert_eq!((jobs("pending"), jobs("running")), (2.0, 1.0));
+}

@@ -24,6 +24,10 @@
 //!
 //! A program that only enqueues, or an operator's tool, opens the database with [`Store`]
 //! and needs no runner: a runner on the same file picks the jobs up.
+//!
+//! [`Store::metrics`] and [`Runner::metrics`] return a [`Metrics`] snapshot (jobs by queue and
+//! status, queue lag, durable counters and histograms kept in the file) that
+//! [`Metrics::to_prometheus`] renders in the Prometheus text format.
 #![deny(missing_docs)]
 
 mod error;

@@ -1,10 +1,10 @@
--- leasehold schema, version 3 (PRAGMA user_version = 3).
+-- leasehold schema, version 4 (PRAGMA user_version = 4).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
 -- Times are INTEGER milliseconds since the Unix epoch, UTC.
 --
--- Not schema text, but part of version 2: the file is `PRAGMA auto_vacuum = INCREMENTAL`
+-- Not schema text, but part of versions 2 and later: the file is `PRAGMA auto_vacuum = INCREMENTAL`
 -- (set before the first table is created; an older file is converted with a one-time VACUUM),
 -- so pages freed by pruning go back to the filesystem with `PRAGMA incremental_vacuum`. To
 -- make a file from this text by hand, run `PRAGMA auto_vacuum = INCREMENTAL;` first.
@@ -78,6 +78,9 @@ CREATE INDEX jobs_finished ON jobs (status, completed_at, id) WHERE completed_at
 -- The runbook's failed-stale jobs: failed rows by recovery_count, so that only those past the
 -- recovery budget are read (version 3).
 CREATE INDEX jobs_failed_recovery ON jobs (recovery_count) WHERE status = 'failed';
+-- Queue lag: the oldest ready pending job of one queue is the head of this index (version 4).
+CREATE INDEX jobs_pending_due ON jobs (queue, scheduled_at)
+    WHERE status = 'pending' AND teardown_token IS NULL;
 
 -- Every transition of a job, written in the same transaction as the transition itself.
 CREATE TABLE job_events (
@@ -118,3 +121,53 @@ CREATE TABLE runners (
     max_recovery_attempts  INTEGER NOT NULL
 );
 CREATE INDEX runners_started ON runners (started_at);
+
+-- Metrics (version 4): counters and histograms updated in the transaction of the transition
+-- they count (never recomputed from job_events, so pruning never lowers them), and the count
+-- of jobs by queue and status, kept by triggers.
+
+-- Monotonic counters: `name` is the metric's short name (`jobs_ended`, `retries_scheduled`,
+-- ...), `queue` and `outcome` its labels ('' when the counter has none).
+CREATE TABLE metric_counters (
+    name     TEXT    NOT NULL,
+    queue    TEXT    NOT NULL DEFAULT '',
+    outcome  TEXT    NOT NULL DEFAULT '',
+    value    INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, queue, outcome)
+) WITHOUT ROWID;
+
+-- Histograms of attempt durations (`wait`: scheduled to started; `run`: started to ended), by
+-- queue and outcome. Each row is one bucket, not cumulative: `le_ms` is the bucket's upper
+-- bound in milliseconds (9223372036854775807 for +Inf), `count` the observations that fell in
+-- it and `sum_ms` their total. The exposition cumulates them.
+CREATE TABLE metric_histograms (
+    name     TEXT    NOT NULL,
+    queue    TEXT    NOT NULL,
+    outcome  TEXT    NOT NULL,
+    le_ms    INTEGER NOT NULL,
+    count    INTEGER NOT NULL DEFAULT 0,
+    sum_ms   INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, queue, outcome, le_ms)
+) WITHOUT ROWID;
+
+-- Jobs by queue and status. Enqueues add to it in their transaction (one row per queue and
+-- batch: a trigger on INSERT made every single-row INSERT open a statement journal, and a
+-- batch enqueue 3x slower); the triggers below follow every UPDATE and DELETE of `jobs`, the
+-- runbook's hand-written SQL included. A job inserted by hand is not counted. A row stays
+-- at 0 once its jobs are gone, so that a gauge falls to 0 instead of vanishing.
+CREATE TABLE job_counts (
+    queue    TEXT    NOT NULL,
+    status   TEXT    NOT NULL,
+    n        INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, status)
+) WITHOUT ROWID;
+
+CREATE TRIGGER job_counts_delete AFTER DELETE ON jobs BEGIN
+    UPDATE job_counts SET n = n - 1 WHERE queue = OLD.queue AND status = OLD.status;
+END;
+CREATE TRIGGER job_counts_update AFTER UPDATE OF queue, status ON jobs
+    WHEN OLD.queue IS NOT NEW.queue OR OLD.status IS NOT NEW.status BEGIN
+    UPDATE job_counts SET n = n - 1 WHERE queue = OLD.queue AND status = OLD.status;
+    INSERT INTO job_counts (queue, status, n) VALUES (NEW.queue, NEW.status, 1)
+        ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
+END;

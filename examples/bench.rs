@@ -11,6 +11,9 @@
 //! cargo run --release --example bench retention # pruning's cost and the bounded file
 //! cargo build --release && cargo run --release --example bench serve
 //!                                              # the dashboard's pages at 1,000,000 jobs
+//! cargo run --release --example bench metrics  # a scrape of a 1,000,000-job file, and
+//!                                               # what the metrics cost writes
+//! cargo run --release --example bench metrics-writes  # only the latter
 //! ```
 
 use std::time::{Duration, Instant};
@@ -24,30 +27,31 @@ const SCHEMA: &str = include_str!("../schema.sql");
 const TTL: Duration = Duration::from_secs(30);
 const DAY_MS: i64 = 86_400_000;
 
+/// The sections by name, in the order a run without arguments takes them; `false` when a
+/// section runs only when named.
+const SECTIONS: &[(&str, bool, fn())] = &[
+    ("store", true, store_benchmarks),
+    ("runner", true, runner_benchmarks),
+    ("retention", true, retention_benchmarks),
+    ("serve", true, serve_benchmarks),
+    ("metrics", true, metrics_benchmarks),
+    ("metrics-writes", false, metrics_writes_only),
+];
+
 fn main() {
     let only = std::env::args().nth(1);
     if let Some(arg) = only.as_deref()
-        && arg != "store"
-        && arg != "runner"
-        && arg != "retention"
-        && arg != "serve"
+        && !SECTIONS.iter().any(|(name, _, _)| *name == arg)
     {
-        eprintln!("usage: bench [store|runner|retention|serve]");
+        let names: Vec<&str> = SECTIONS.iter().map(|(name, _, _)| *name).collect();
+        eprintln!("usage: bench [{}]", names.join("|"));
         std::process::exit(2);
     }
     let started = Instant::now();
-    let all = only.is_none();
-    if all || only.as_deref() == Some("store") {
-        store_benchmarks();
-    }
-    if all || only.as_deref() == Some("runner") {
-        runner_benchmarks();
-    }
-    if all || only.as_deref() == Some("retention") {
-        retention_benchmarks();
-    }
-    if all || only.as_deref() == Some("serve") {
-        serve_benchmarks();
+    for (name, in_all, run) in SECTIONS {
+        if only.as_deref() == Some(*name) || (only.is_none() && *in_all) {
+            run();
+        }
     }
     println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
 }
@@ -807,6 +811,206 @@ fn claim_latency_during_prune() {
         mib(before),
         mib(after),
         mib(report.bytes_freed)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+/// A scrape (`Store::metrics` and its rendering) of a file of 1,000,000 jobs in 4 queues, a
+/// tenth pending and the rest finished, beside counting the table with plain SQL.
+fn metrics_benchmarks() {
+    const SCRAPES: usize = 20;
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("metrics.db");
+    let mut table = Table::new("metrics: 1,000,000 jobs");
+    let setup = Instant::now();
+    let now = now_ms();
+    {
+        let store = open(&path, Durability::Normal);
+        let queues = ["default", "mail", "video", "reports"];
+        let chunk: Vec<Job> = (0..100_000)
+            .map(|i| Job::command(["true"]).queue(queues[i % 4]))
+            .collect();
+        for _ in 0..10 {
+            store.enqueue_many(&chunk, now).expect("enqueue_many");
+        }
+        // Real endings for the counters and histograms (their rows do not grow with the jobs:
+        // queues x outcomes x buckets), then most of the table finished in bulk.
+        for i in 0..2_000 {
+            let c = claim_one(&store, now).expect("a job is ready");
+            let ending = if i % 5 == 0 {
+                Ending::Failed {
+                    kind: leasehold::ErrorKind::Exit,
+                    exit_code: Some(1),
+                    signal: None,
+                    message: "exit 1".into(),
+                }
+            } else {
+                Ending::Succeeded
+            };
+            let finish = Finish {
+                job_id: c.id,
+                run_token: c.run_token,
+                attempt: c.attempt,
+                ending,
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            };
+            store.finish(&finish, now + i).expect("finish");
+        }
+    }
+    let bare = bare_open(&path, Durability::Normal);
+    bare.execute(
+        "UPDATE jobs SET status = CASE WHEN id % 7 = 0 THEN 'failed' ELSE 'succeeded' END,
+             completed_at = ?1
+         WHERE status = 'pending' AND id % 10 != 0",
+        [now],
+    )
+    .expect("finish most jobs");
+    let store = open(&path, Durability::Normal);
+    let built = setup.elapsed();
+    let time = |f: &mut dyn FnMut()| -> Duration {
+        f(); // warm the cache
+        let times: Vec<Duration> = (0..SCRAPES)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect();
+        median(times)
+    };
+    let mut bytes = 0;
+    let scrape = time(&mut || {
+        bytes = store.metrics().expect("metrics").to_prometheus().len();
+    });
+    let bare = &bare;
+    let count = |sql: &'static str| {
+        move || {
+            let _: i64 = bare.query_row(sql, [], |r| r.get(0)).expect("count");
+        }
+    };
+    let count_all = time(&mut count("SELECT count(*) FROM jobs"));
+    let by_status = time(&mut count(
+        "SELECT count(*) FROM (SELECT status, count(*) FROM jobs GROUP BY status)",
+    ));
+    let by_queue = time(&mut count(
+        "SELECT count(*) FROM (SELECT queue, status, count(*) FROM jobs GROUP BY queue, status)",
+    ));
+    table.per_call("scrape / SELECT count(*) FROM jobs", 1, scrape, count_all);
+    table.per_call("scrape / count GROUP BY status", 1, scrape, by_status);
+    table.per_call("scrape / count GROUP BY queue, status", 1, scrape, by_queue);
+    let verdict = if scrape < Duration::from_millis(50) {
+        "under"
+    } else {
+        "NOT under"
+    };
+    table.note(&format!(
+        "  median of {SCRAPES}; the scrape is Store::metrics + to_prometheus ({bytes} bytes of text),"
+    ));
+    table.note(&format!(
+        "  {verdict} the 50 ms goal; file built in {:.1} s ({}).",
+        built.as_secs_f64(),
+        mib(file_bytes(&path))
+    ));
+    metrics_write_cost(&dir);
+}
+
+/// What the job counts' triggers and the queue-lag index cost leasehold's writes: the same
+/// store calls on a file with them and on one where they were dropped, in alternated rounds.
+/// (The counters' own upserts are in both: they are in the code, not the schema.)
+fn metrics_writes_only() {
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    metrics_write_cost(&dir);
+}
+
+fn metrics_write_cost(dir: &TempDir) {
+    const ROUNDS: usize = 5;
+    const ENQUEUES: usize = 100_000;
+    const CYCLES: usize = 3_000;
+    println!(
+        "\n{:<50} {:>18} {:>18} {:>7}",
+        "metrics: cost on writes (leasehold, NORMAL)", "with triggers", "without", "ratio"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    let fresh = |name: String, with: bool| {
+        let path = dir.path().join(name);
+        let store = open(&path, Durability::Normal);
+        if !with {
+            bare_open(&path, Durability::Normal)
+                .execute_batch(
+                    "DROP TRIGGER job_counts_update; DROP TRIGGER job_counts_delete;
+                     DROP INDEX jobs_pending_due;",
+                )
+                .expect("drop the metrics' triggers and index");
+        }
+        store
+    };
+    let now = now_ms();
+    let jobs = vec![Job::command(["true"]); ENQUEUES];
+    let enqueue = |store: &Store| {
+        let t = Instant::now();
+        store.enqueue_many(&jobs, now).expect("enqueue_many");
+        t.elapsed()
+    };
+    let cycles = |store: &Store| {
+        let t = Instant::now();
+        for _ in 0..CYCLES {
+            let c = claim_one(store, now).expect("a job is ready");
+            let finish = Finish {
+                job_id: c.id,
+                run_token: c.run_token,
+                attempt: c.attempt,
+                ending: Ending::Succeeded,
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            };
+            store.finish(&finish, now).expect("finish");
+        }
+        t.elapsed()
+    };
+    let (mut enq, mut cyc) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    for round in 0..ROUNDS {
+        for with in [true, false] {
+            let store = fresh(format!("cost-{round}-{with}.db"), with);
+            let e = enqueue(&store);
+            let c = cycles(&store);
+            if with {
+                enq.0.push(e);
+                cyc.0.push(c);
+            } else {
+                enq.1.push(e);
+                cyc.1.push(c);
+            }
+        }
+    }
+    for (label, n, unit, (with, without)) in [
+        (
+            "batch enqueue, 100,000 jobs in 1 txn",
+            ENQUEUES,
+            "jobs/s",
+            enq,
+        ),
+        (
+            "claim + finish, no process, 3,000 cycles",
+            CYCLES,
+            "cycles/s",
+            cyc,
+        ),
+    ] {
+        let (with, without) = (median(with), median(without));
+        println!(
+            "{label:<50} {:>18} {:>18} {:>7.2}",
+            format!("{} {unit}", thousands(n as f64 / with.as_secs_f64())),
+            format!("{} {unit}", thousands(n as f64 / without.as_secs_f64())),
+            with.as_secs_f64() / without.as_secs_f64()
+        );
+    }
+    println!(
+        "  ratio = time with the triggers and index / without; median of {ROUNDS} alternated rounds"
     );
 }
 

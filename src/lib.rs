@@ -24,10 +24,15 @@
 //!
 //! A program that only enqueues, or an operator's tool, opens the database with [`Store`]
 //! and needs no runner: a runner on the same file picks the jobs up.
+//!
+//! [`Store::metrics`] and [`Runner::metrics`] return a [`Metrics`] snapshot (jobs by queue and
+//! status, queue lag, durable counters and histograms kept in the file) that
+//! [`Metrics::to_prometheus`] renders in the Prometheus text format.
 #![deny(missing_docs)]
 
 mod error;
 mod job;
+mod metrics;
 mod process;
 pub mod protocol;
 mod runner;
@@ -38,6 +43,7 @@ pub use job::{
     DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ErrorKind,
     Event, EventKind, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,
 };
+pub use metrics::{Counter, CounterKind, Histogram, JobCount, Metrics, RunnerFigures};
 pub use runner::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
     DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,

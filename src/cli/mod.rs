@@ -305,6 +305,9 @@ struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Print the metrics in the Prometheus text exposition format (version 0.0.4).
+    #[arg(long, conflicts_with = "json")]
+    prometheus: bool,
 }
 
 #[derive(Debug, Args)]
@@ -376,6 +379,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs(JobsCommand::Logs(a)) => jobs::logs(db, &a),
         Command::Jobs(JobsCommand::Retry(a)) => jobs::retry(db, &a),
         Command::Jobs(JobsCommand::Cancel(a)) => jobs::cancel(db, &a),
+        Command::Status(a) if a.prometheus => status::prometheus(db),
         Command::Status(a) => status::status(db, a.json),
         Command::Run(a) => run::run(db, &a),
         Command::Serve(a) => serve::serve(db, a.listen, a.allow_actions),

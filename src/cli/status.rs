@@ -1,5 +1,5 @@
 //! `leasehold status`: the database's size, counts by status, the runbook's `job_leases`
-//! counters, the runners.
+//! counters, the runners; or, with `--prometheus`, the metrics' exposition.
 
 use std::io::Write;
 use std::path::Path;
@@ -9,6 +9,14 @@ use serde_json::{Value, json};
 
 use super::open_read_only;
 use super::render::{self, print_json};
+
+/// `status --prometheus`: the metrics in the Prometheus text format, read without a write.
+pub fn prometheus(db: &Path) -> anyhow::Result<()> {
+    let store = open_read_only(db)?;
+    let text = store.metrics()?.to_prometheus();
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(())
+}
 
 pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
     let store = open_read_only(db)?;

@@ -58,8 +58,13 @@ pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
         .max(MIN_RENEW_BUDGET);
     store.set_busy_timeout(budget);
     let at = now_ms();
+    let started = std::time::Instant::now();
     match store.renew(&shared.worker_id, &tokens, cfg.lease_ttl, at) {
         Ok(renewal) => {
+            let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            shared
+                .renew_nanos
+                .store(took.max(1), std::sync::atomic::Ordering::Relaxed);
             let mut running = shared.running.lock();
             for token in &renewal.renewed {
                 if let Some(r) = running.get_mut(token) {

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::job::{Job, JobRecord, Outcome, duration_ms, now_ms};
+use crate::metrics::{Metrics, RunnerFigures};
 use crate::process;
 use crate::process::StopReason;
 use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
@@ -386,6 +387,34 @@ impl Runner {
     /// The sweeper's counters since the runner started.
     pub fn counters(&self) -> SweepCounters {
         *self.shared.counters.lock()
+    }
+
+    /// A snapshot of the database's metrics (as [`Store::metrics`]) with this runner's live
+    /// figures: its workers, how many are busy, the writer's queue and how long the last
+    /// lease renewal took. Read on the runner's API connection, without a write lock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::metrics`], and [`Error::RunnerFailed`] once a thread has failed.
+    pub fn metrics(&self) -> Result<Metrics> {
+        self.shared.check()?;
+        let mut metrics = self.api.lock().metrics()?;
+        let workers = self.shared.config.workers as u64;
+        let idle = self.shared.idle_workers.load(Ordering::Relaxed) as u64;
+        // The threads are locked for the whole of a shutdown: no figure then, not a wait.
+        let writer_queue = self
+            .threads
+            .try_lock()
+            .and_then(|t| t.writer.as_ref().map(|(w, _)| w.queued() as u64));
+        let renew = self.shared.renew_nanos.load(Ordering::Relaxed);
+        metrics.runner = Some(RunnerFigures {
+            worker_id: self.shared.worker_id.clone(),
+            workers,
+            busy_workers: workers.saturating_sub(idle),
+            writer_queue,
+            last_renewal: (renew > 0).then(|| Duration::from_nanos(renew)),
+        });
+        Ok(metrics)
     }
 
     /// How many attempts this runner is running now.

@@ -34,6 +34,9 @@ pub(crate) struct Shared {
     pub endings_total: AtomicU64,
     /// How long the writer's commits take, in nanoseconds: the slowest recent one, decaying.
     pub commit_nanos: AtomicU64,
+    /// How long the heartbeat's last successful renewal took, in nanoseconds (0 before the
+    /// first); read by [`Runner::metrics`](crate::Runner::metrics).
+    pub renew_nanos: AtomicU64,
     /// The dispatcher refills the work queue once it holds this many jobs or fewer: a worker
     /// that finds more queued need not wake it.
     pub refill_at: AtomicUsize,
@@ -66,6 +69,7 @@ impl Shared {
             idle_workers: AtomicUsize::new(config.workers),
             endings_total: AtomicU64::new(0),
             commit_nanos: AtomicU64::new(0),
+            renew_nanos: AtomicU64::new(0),
             refill_at: AtomicUsize::new(0),
             wake: (Mutex::new(false), Condvar::new()),
             endings: (Mutex::new(0), Condvar::new()),
@@ -221,6 +225,11 @@ impl Writer {
                 lazy: lazy_rx,
             },
         )
+    }
+
+    /// Writes queued for the writer thread and not yet taken by it.
+    pub(crate) fn queued(&self) -> usize {
+        self.urgent.len() + self.lazy.len()
     }
 
     /// Claims up to `limit` jobs and waits until the claim is committed.

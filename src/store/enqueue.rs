@@ -5,11 +5,13 @@ use rusqlite::{Connection, params};
 use crate::error::Result;
 use crate::job::{EventKind, Job};
 
+use super::counter;
 use super::tx::event;
 
 pub(super) fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
     let id = insert_row(conn, job, now)?;
     event(conn, id, now, EventKind::Enqueued, 0, job.queue_name())?;
+    counter::enqueued(conn, job.queue_name(), 1)?;
     Ok(id)
 }
 
@@ -41,10 +43,17 @@ pub(super) fn insert_many(
         .execute(params![first, last, now])?;
     }
     progress(ids.len());
+    let mut per_queue: std::collections::BTreeMap<&str, usize> = Default::default();
+    for j in jobs {
+        *per_queue.entry(j.queue_name()).or_default() += 1;
+    }
+    for (queue, n) in per_queue {
+        counter::enqueued(conn, queue, n)?;
+    }
     Ok(ids)
 }
 
-/// Inserts a job's row without its event.
+/// Inserts a job's row without its event (nor its count: see [`counter::enqueued`]).
 fn insert_row(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
     let f = job.fields();
     let scheduled_at = job.scheduled_at(now);

@@ -9,7 +9,9 @@ use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
+use crate::metrics::CounterKind;
 
+use super::counter;
 use super::reclaim::LEASE_EXPIRED_PREFIX;
 use super::reclaim::lost_verdict;
 use super::row::{json_column, ms_duration};
@@ -314,6 +316,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
     let Some((failed, max_attempts, base, cap, recovery, on_lost, attempt)) = row else {
         return fenced(conn, f, now);
     };
+    let facts = counter::Attempt::read(conn, f.job_id)?;
     // Every UPDATE below repeats the fence, though the IMMEDIATE transaction already holds it.
     const FENCE: &str = "WHERE id = ?1 AND status = 'running' AND run_token = ?2";
     const RELEASE: &str = "lease_expires_at = NULL, heartbeat_at = ?3";
@@ -415,6 +418,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
     };
     finish_rest(conn, f, now, attempt)?;
     event(conn, f.job_id, now, kind, attempt, &detail)?;
+    counter::attempt_ended(conn, facts.as_ref(), &f.ending, status, now)?;
     Ok(Finished::Recorded(status))
 }
 
@@ -434,6 +438,9 @@ fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished>
     };
     finish_rest(conn, f, now, attempt)?;
     event(conn, f.job_id, now, EventKind::Succeeded, attempt, "exit 0")?;
+    // The success leaves scheduled_at and started_at as they were: read them after it.
+    let facts = counter::Attempt::read(conn, f.job_id)?;
+    counter::attempt_ended(conn, facts.as_ref(), &f.ending, Status::Succeeded, now)?;
     Ok(Finished::Recorded(Status::Succeeded))
 }
 
@@ -445,6 +452,7 @@ fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
         Ending::Failed { message, .. } => message,
         Ending::Lost { message } | Ending::Interrupted { message } => message,
     };
+    counter::bump(conn, CounterKind::LateResultsDiscarded, "", "")?;
     let mut detail = format!("attempt no longer holds its lease; discarded result: {what}");
     for (kind, note) in &f.notes {
         detail.push_str(&format!("; {kind}: {note}"));

@@ -5,12 +5,15 @@ use rusqlite::{Connection, params};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, JobRecord, Status};
+use crate::metrics::CounterKind;
 
+use super::counter;
 use super::read::{ListFilter, job, list};
 use super::tx::event;
 
 pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> {
     let current = job(conn, id)?;
+    let facts = counter::Attempt::read(conn, id)?;
     let detail = match current.status {
         Status::Pending => {
             conn.execute(
@@ -43,6 +46,7 @@ pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> 
             });
         }
     };
+    counter::cancelled(conn, facts.as_ref(), current.status, now)?;
     event(
         conn,
         id,
@@ -104,6 +108,7 @@ pub(super) fn retry(
          WHERE id = ?1 AND status = ?4",
         params![id, now, message, current.status.as_str()],
     )?;
+    counter::bump(conn, CounterKind::ManualRetries, &current.queue, "")?;
     event(
         conn,
         id,

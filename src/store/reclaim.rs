@@ -6,7 +6,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::Result;
 use crate::job::{EventKind, OnLost, Status};
+use crate::metrics::CounterKind;
 
+use super::counter;
 use super::tx::event;
 
 /// The start of `last_error` for a job whose lease expired (or whose runner is dead).
@@ -173,6 +175,7 @@ pub(super) fn reclaim(
         let (status, message) =
             lost_verdict(&on_lost, recovery, req.max_recovery_attempts, message);
         let token_text = token.clone().unwrap_or_default();
+        let facts = counter::Attempt::read(conn, id)?;
         let changed = conn
             .prepare_cached(
                 "UPDATE jobs SET status = ?3, recovery_count = ?4, last_error = ?5,
@@ -200,6 +203,7 @@ pub(super) fn reclaim(
         if changed == 0 {
             continue;
         }
+        counter::reclaimed(conn, facts.as_ref(), status, now)?;
         let kind = if status == Status::Failed {
             EventKind::Lost
         } else {
@@ -281,6 +285,7 @@ pub(super) fn record_teardown(
         .optional()?;
     match attempt {
         Some(attempt) => {
+            counter::bump(conn, CounterKind::Teardowns, "", "")?;
             event(conn, id, now, EventKind::TornDown, attempt, detail)?;
             Ok(true)
         }

@@ -9,6 +9,7 @@ mod helper;
 mod completion;
 mod enqueue;
 mod lease;
+mod metrics;
 mod process;
 mod retention;
 mod retry;

@@ -9,6 +9,7 @@ mod helper;
 mod claim;
 mod ending;
 mod fence;
+mod metrics;
 mod migration;
 mod multiprocess;
 mod operator;

@@ -335,6 +335,34 @@ fn the_v1_fixture_upgrades_to_v2_with_every_job_event_and_output_intact() {
         }
     );
     assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    // The job counts the metrics read (kept by triggers since version 4) start from the
+    // fixture's rows.
+    let metrics = store.metrics().unwrap();
+    let by_status = store.counts().unwrap();
+    let sum = |status: &str| -> u64 {
+        metrics
+            .jobs
+            .iter()
+            .filter(|c| c.status == status)
+            .map(|c| c.jobs)
+            .sum()
+    };
+    assert_eq!(
+        [
+            sum("pending"),
+            sum("running"),
+            sum("succeeded"),
+            sum("failed"),
+            sum("cancelled")
+        ],
+        [
+            by_status.pending,
+            by_status.running,
+            by_status.succeeded,
+            by_status.failed,
+            by_status.cancelled
+        ]
+    );
     // What the library reads of it: a failed job's output and a retried job's history.
     let output = store
         .output(2, None)

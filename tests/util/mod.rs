@@ -8,6 +8,7 @@
 // in the binaries that happen to use all of one kind.
 #![allow(dead_code, unused_imports)]
 
+pub mod exposition;
 mod proc;
 mod runner;
 mod watchdog;

@@ -1,0 +1,180 @@
+//! Durable metrics: counters and histograms of transitions, written in the transaction of the
+//! transition they count, so that they survive restarts and are never lowered by pruning.
+//!
+//! Each transition calls one helper here, in one line, after its guarded statement has
+//! changed its row (and, for the histograms, with the facts of the attempt read before that
+//! statement rewrote them). The job counts by queue and status are kept by triggers on
+//! updates and deletes (`0003_counters.sql`), and by [`enqueued`] on inserts.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::Result;
+use crate::job::{ErrorKind, Status};
+use crate::metrics::CounterKind;
+
+use super::lease::Ending;
+
+/// The histograms' bucket bounds, in milliseconds; the last bucket, +Inf, is stored as
+/// `i64::MAX`. From 5 ms (a `/bin/true`) to a day (a long backup, or a long wait).
+pub(crate) const BUCKETS_MS: [i64; 18] = [
+    5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000,
+    3_600_000, 21_600_000, 86_400_000,
+];
+
+/// The stored bound of the +Inf bucket.
+pub(crate) const INF_MS: i64 = i64::MAX;
+
+/// The histogram of the wait from `scheduled_at` to `started_at`.
+pub(crate) const WAIT: &str = "wait";
+/// The histogram of the run from `started_at` to the ending.
+pub(crate) const RUN: &str = "run";
+
+/// Adds one to a counter.
+pub(super) fn bump(conn: &Connection, kind: CounterKind, queue: &str, outcome: &str) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO metric_counters (name, queue, outcome, value) VALUES (?1, ?2, ?3, 1)
+         ON CONFLICT (name, queue, outcome) DO UPDATE SET value = value + 1",
+    )?
+    .execute(params![kind.as_str(), queue, outcome])?;
+    Ok(())
+}
+
+/// `n` jobs were inserted into `queue` as pending: the job counts' share of an enqueue (the
+/// triggers follow updates and deletes, not inserts; see `0003_counters.sql`).
+pub(super) fn enqueued(conn: &Connection, queue: &str, n: usize) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO job_counts (queue, status, n) VALUES (?1, 'pending', ?2)
+         ON CONFLICT (queue, status) DO UPDATE SET n = n + excluded.n",
+    )?
+    .execute(params![queue, n as i64])?;
+    Ok(())
+}
+
+/// What an attempt's ending needs from its job's row, read before the transition rewrites it
+/// (a requeue clears `started_at` and moves `scheduled_at`).
+#[derive(Debug, Clone)]
+pub(super) struct Attempt {
+    queue: String,
+    scheduled_at: i64,
+    started_at: Option<i64>,
+}
+
+impl Attempt {
+    /// The row of job `id` as it is now; None when there is no such job.
+    pub(super) fn read(conn: &Connection, id: i64) -> Result<Option<Attempt>> {
+        Ok(conn
+            .prepare_cached("SELECT queue, scheduled_at, started_at FROM jobs WHERE id = ?1")?
+            .query_row([id], |r| {
+                Ok(Attempt {
+                    queue: r.get(0)?,
+                    scheduled_at: r.get(1)?,
+                    started_at: r.get(2)?,
+                })
+            })
+            .optional()?)
+    }
+
+    /// Records the attempt's wait and run times under `outcome`, when it had started.
+    fn observe(&self, conn: &Connection, outcome: &str, now: i64) -> Result<()> {
+        let Some(started) = self.started_at else {
+            return Ok(());
+        };
+        let wait = started.saturating_sub(self.scheduled_at).max(0);
+        let run = now.saturating_sub(started).max(0);
+        for (name, ms) in [(WAIT, wait), (RUN, run)] {
+            let le = BUCKETS_MS
+                .iter()
+                .copied()
+                .find(|&b| ms <= b)
+                .unwrap_or(INF_MS);
+            conn.prepare_cached(
+                "INSERT INTO metric_histograms (name, queue, outcome, le_ms, count, sum_ms)
+                 VALUES (?1, ?2, ?3, ?4, 1, ?5)
+                 ON CONFLICT (name, queue, outcome, le_ms)
+                 DO UPDATE SET count = count + 1, sum_ms = sum_ms + excluded.sum_ms",
+            )?
+            .execute(params![name, self.queue, outcome, le, ms])?;
+        }
+        Ok(())
+    }
+}
+
+/// A worker's ending was recorded and left the job in `status`: count it by what it was.
+pub(super) fn attempt_ended(
+    conn: &Connection,
+    attempt: Option<&Attempt>,
+    ending: &Ending,
+    status: Status,
+    now: i64,
+) -> Result<()> {
+    let Some(a) = attempt else {
+        return Ok(());
+    };
+    let q = a.queue.as_str();
+    let observed = match ending {
+        Ending::Succeeded => {
+            bump(conn, CounterKind::JobsEnded, q, "succeeded")?;
+            "succeeded"
+        }
+        Ending::Failed { kind, .. } => {
+            if *kind == ErrorKind::Spawn {
+                bump(conn, CounterKind::SpawnFailures, q, "")?;
+            }
+            if status == Status::Pending {
+                bump(conn, CounterKind::RetriesScheduled, q, "")?;
+                "retried"
+            } else {
+                bump(conn, CounterKind::JobsEnded, q, "failed")?;
+                "failed"
+            }
+        }
+        Ending::Lost { .. } => {
+            bump(conn, CounterKind::SelfFences, q, "")?;
+            if status == Status::Failed {
+                bump(conn, CounterKind::JobsEnded, q, "lost")?;
+            }
+            "lost"
+        }
+        Ending::Interrupted { .. } => {
+            bump(conn, CounterKind::Interrupted, q, "")?;
+            "interrupted"
+        }
+    };
+    a.observe(conn, observed, now)
+}
+
+/// A sweeper reclaimed the attempt, and the job went to `status` (pending or failed).
+pub(super) fn reclaimed(
+    conn: &Connection,
+    attempt: Option<&Attempt>,
+    status: Status,
+    now: i64,
+) -> Result<()> {
+    let Some(a) = attempt else {
+        return Ok(());
+    };
+    if status == Status::Failed {
+        bump(conn, CounterKind::Reclaims, &a.queue, "failed")?;
+        bump(conn, CounterKind::JobsEnded, &a.queue, "lost")?;
+    } else {
+        bump(conn, CounterKind::Reclaims, &a.queue, "requeued")?;
+    }
+    a.observe(conn, "lost", now)
+}
+
+/// An operator cancelled the job, which was in `was` (pending or running).
+pub(super) fn cancelled(
+    conn: &Connection,
+    attempt: Option<&Attempt>,
+    was: Status,
+    now: i64,
+) -> Result<()> {
+    let Some(a) = attempt else {
+        return Ok(());
+    };
+    bump(conn, CounterKind::JobsEnded, &a.queue, "cancelled")?;
+    if was == Status::Running {
+        a.observe(conn, "cancelled", now)?;
+    }
+    Ok(())
+}

@@ -223,7 +223,7 @@ fn db_migrate_upgrades_a_version_1_file_and_logs_how_long_it_took() {
         "{stderr}"
     );
     let v = json(&mut cli(db, &["status", "--json"]));
-    assert_eq!(v["database"]["schema_version"], 2);
+    assert_eq!(v["database"]["schema_version"], leasehold::SCHEMA_VERSION);
     assert_eq!(v["jobs"]["failed"], 2);
     let auto_vacuum: i64 = bare(db)
         .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))

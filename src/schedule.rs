@@ -205,8 +205,13 @@ impl Schedule {
         self
     }
 
-    /// Checks what the builder could not: the zone, the interval and the job.
-    pub(crate) fn validate(&self, now: i64) -> Result<()> {
+    /// Checks what storing the schedule checks and the builder could not: the zone, the
+    /// interval, and the job (as if enqueued at `now`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] naming `tz`, `every` or the job's setting.
+    pub fn validate(&self, now: i64) -> Result<()> {
         self.zone()?;
         if let Spec::Every(d) = self.spec {
             if d < MIN_INTERVAL {

@@ -19,7 +19,7 @@ use super::{Usage, open_existing, open_read_only};
 pub enum SchedulesCommand {
     /// Add a schedule: a cron expression (or an interval), a zone, policies, and the command
     /// each slot enqueues (after `--`).
-    Add(AddArgs),
+    Add(Box<AddArgs>),
     /// List the schedules: expression, zone, policies, paused, last and next slot, command.
     Ls(JsonArg),
     /// Remove a schedule (the jobs it enqueued stay).
@@ -158,7 +158,7 @@ fn overlap(s: &str) -> Result<Overlap, String> {
 
 pub fn run(db: &Path, command: SchedulesCommand) -> anyhow::Result<()> {
     match command {
-        SchedulesCommand::Add(a) => add(db, a),
+        SchedulesCommand::Add(a) => add(db, *a),
         SchedulesCommand::Ls(a) => ls(db, a.json),
         SchedulesCommand::Rm(a) => {
             open_existing(db)?.remove_schedule(&a.name)?;

@@ -15,3 +15,5 @@ mod operator;
 mod reclaim;
 mod renewal;
 mod retention;
+mod schedule;
+mod unique;

@@ -1,0 +1,120 @@
+//! Schedules under real runners: two `leasehold run` processes on one file fire each slot of
+//! a one-second schedule exactly once, also when one is SIGKILLed meanwhile; a job that
+//! outlasts its period is not overlapped.
+
+use std::collections::BTreeMap;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use leasehold::{EventKind, Job, JobRecord, ListFilter, Overlap, Schedule, Status, now_ms};
+
+use crate::helper::{Case, args};
+
+/// The jobs a schedule enqueued, by slot; fails on a slot with more than one job.
+fn by_slot(c: &Case, name: &str) -> BTreeMap<i64, JobRecord> {
+    let mut slots = BTreeMap::new();
+    for j in c.store().list(&ListFilter::default()).unwrap() {
+        if j.schedule.as_deref() != Some(name) {
+            continue;
+        }
+        let slot = j.slot_at.expect("a scheduled job has its slot");
+        if let Some(other) = slots.insert(slot, j.clone()) {
+            panic!("slot {slot} has two jobs: {} and {}", other.id, j.id);
+        }
+    }
+    slots
+}
+
+#[test]
+fn two_runners_fire_every_slot_once_even_when_one_is_killed() {
+    let mut c = Case::new();
+    let every_second = Schedule::cron("*/1 * * * * *")
+        .unwrap()
+        .overlap(Overlap::Allow)
+        .job(Job::command(["true"]).cwd(c.db.dir.path()));
+    c.store()
+        .put_schedule("tick", &every_second, now_ms())
+        .unwrap();
+    let a = c.start_runner(&args(&[]));
+    c.start_runner(&args(&[]));
+    // Both runners are up once each has fired or run something; the window starts then.
+    c.wait_for("the first slot", |c| {
+        (!by_slot(c, "tick").is_empty()).then_some(())
+    });
+    let start = now_ms();
+    let began = Instant::now();
+    sleep(Duration::from_secs(4));
+    c.crash(a);
+    let killed_at = now_ms();
+    while began.elapsed() < Duration::from_secs(10) {
+        sleep(Duration::from_millis(200));
+    }
+    let end = now_ms();
+    // The survivor fires the slots up to `end` within about a second.
+    c.wait_for("the window's last slot", |c| {
+        by_slot(c, "tick")
+            .keys()
+            .next_back()
+            .is_some_and(|&s| s >= end / 1000 * 1000)
+            .then_some(())
+    });
+    let slots = by_slot(&c, "tick");
+    let first = (start / 1000 + 1) * 1000;
+    let last = end / 1000 * 1000;
+    let missing: Vec<i64> = (first / 1000..=last / 1000)
+        .map(|s| s * 1000)
+        .filter(|s| !slots.contains_key(s))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "slots without a job: {missing:?} (runner killed at {killed_at})"
+    );
+    assert!(
+        ((last - first) / 1000) >= 8,
+        "the window covers {first}..{last}"
+    );
+    // Nothing was missed or skipped, and the jobs ran.
+    assert!(c.store().schedule_events("tick").unwrap().is_empty());
+    c.wait_for("the window's jobs to run", |c| {
+        let slots = by_slot(c, "tick");
+        (first..=last)
+            .step_by(1000)
+            .all(|s| slots.get(&s).is_some_and(|j| j.status == Status::Succeeded))
+            .then_some(())
+    });
+}
+
+#[test]
+fn a_job_that_outlasts_its_period_is_not_overlapped() {
+    let mut c = Case::new();
+    let s = Schedule::cron("*/1 * * * * *")
+        .unwrap()
+        .job(Job::command(["sleep", "2"]).cwd(c.db.dir.path()));
+    c.store().put_schedule("slow", &s, now_ms()).unwrap();
+    c.start_runner(&args(&[]));
+    c.wait_for("three of its jobs to succeed", |c| {
+        let done = by_slot(c, "slow")
+            .values()
+            .filter(|j| j.status == Status::Succeeded)
+            .count();
+        (done >= 3).then_some(())
+    });
+    let jobs: Vec<JobRecord> = by_slot(&c, "slow").into_values().collect();
+    // Each job was enqueued only after the one before it had ended.
+    for pair in jobs.windows(2) {
+        let ended = pair[0].completed_at.expect("an earlier job has ended");
+        assert!(
+            pair[1].created_at >= ended,
+            "job {} was enqueued at {} while job {} ran until {ended}",
+            pair[1].id,
+            pair[1].created_at,
+            pair[0].id
+        );
+    }
+    let skipped = c.store().schedule_events("slow").unwrap();
+    assert!(
+        skipped.len() >= 2,
+        "the slots while a job ran were skipped: {skipped:?}"
+    );
+    assert!(skipped.iter().all(|e| e.kind == EventKind::ScheduleSkipped));
+}

@@ -219,7 +219,10 @@ fn db_migrate_upgrades_a_version_1_file_and_logs_how_long_it_took() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("from schema version 1 to 2 in ") && stderr.contains(" ms"),
+        stderr.contains(&format!(
+            "from schema version 1 to {} in ",
+            leasehold::SCHEMA_VERSION
+        )) && stderr.contains(" ms"),
         "{stderr}"
     );
     let v = json(&mut cli(db, &["status", "--json"]));

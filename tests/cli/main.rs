@@ -12,5 +12,6 @@ mod numeric;
 mod prune;
 mod run;
 mod runbook;
+mod schedules;
 mod status;
 mod usage;

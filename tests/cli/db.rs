@@ -214,7 +214,10 @@ fn db_migrate_upgrades_a_version_1_file_and_logs_how_long_it_took() {
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("migrated schema from version 1 to 2 in "),
+        stdout.contains(&format!(
+            "migrated schema from version 1 to {} in ",
+            leasehold::SCHEMA_VERSION
+        )),
         "{stdout}"
     );
     let stderr = String::from_utf8_lossy(&out.stderr);

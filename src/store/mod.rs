@@ -202,7 +202,8 @@ impl Store {
         &self.conn
     }
 
-    /// Enqueues one job; returns its id.
+    /// Enqueues one job; returns its id. A job whose [`Job::unique_key`] matches an existing
+    /// job creates nothing and returns that job's id ([`Store::enqueue_unique`] also says so).
     ///
     /// # Errors
     ///

@@ -12,4 +12,5 @@ mod lease;
 mod process;
 mod retention;
 mod retry;
+mod schedule;
 mod shutdown;

@@ -10,7 +10,7 @@
 //! store sorts them by the schedule's catch-up policy. One that jumps back fires nothing
 //! again: a schedule's next slot is after its last fired one, so it waits for the clock.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, select};
 
@@ -61,15 +61,47 @@ impl Firer {
     }
 }
 
+/// How far the wall clock may drift from the monotonic one between two looks before the
+/// firer calls it a jump.
+const JUMP_TOLERANCE_MS: i64 = 2_000;
+
+/// The wall clock's jump between two looks, in milliseconds (forward positive), when it moved
+/// more than [`JUMP_TOLERANCE_MS`] away from the monotonic clock (which stops during a
+/// suspend): the sweeper's test, used here only to say in the log why slots are missed or
+/// why none fire.
+pub(crate) fn clock_jump(prev: (i64, Instant), now: (i64, Instant)) -> Option<i64> {
+    let wall = now.0 - prev.0;
+    let mono =
+        i64::try_from(now.1.saturating_duration_since(prev.1).as_millis()).unwrap_or(i64::MAX);
+    let jump = wall.saturating_sub(mono);
+    (jump.abs() > JUMP_TOLERANCE_MS).then_some(jump)
+}
+
 /// Fires until `stop` closes. `wake` is sent to when this process changes a schedule. A
 /// failure (a locked or full database) is logged and tried again at the next look.
 pub(crate) fn run(firer: &Firer, shared: &Shared, stop: &Receiver<()>, wake: &Receiver<()>) {
     let mut failures = 0u64;
+    let mut last = (now_ms(), Instant::now());
     loop {
         if shared.failed() {
             return;
         }
         let now = now_ms();
+        let look = (now, Instant::now());
+        match clock_jump(last, look) {
+            Some(jump) if jump > 0 => log::info!(
+                "schedules: the wall clock jumped {:.1}s ahead (a suspend or a clock change): \
+                 slots due meanwhile follow each schedule's catch-up policy",
+                jump as f64 / 1000.0
+            ),
+            Some(jump) => log::info!(
+                "schedules: the wall clock went back {:.1}s: no slot fires again; each \
+                 schedule waits for the clock to pass its next slot",
+                -jump as f64 / 1000.0
+            ),
+            None => {}
+        }
+        last = look;
         let sleep = match firer.fire_once(now) {
             Ok(report) => {
                 if report.enqueued > 0 {
@@ -110,6 +142,26 @@ mod tests {
 
     fn firer(path: &std::path::Path) -> Firer {
         Firer::new(Store::open(path).unwrap())
+    }
+
+    #[test]
+    fn clock_jumps_are_told_from_drift_and_sleep() {
+        let m0 = Instant::now();
+        let s = Duration::from_secs;
+        // Both clocks moved a second: no jump.
+        assert_eq!(clock_jump((T, m0), (T + 1_000, m0 + s(1))), None);
+        // A little drift is no jump.
+        assert_eq!(clock_jump((T, m0), (T + 2_500, m0 + s(1))), None);
+        // An hour of wall clock in a second of monotonic time: a suspend, or a step ahead.
+        assert_eq!(
+            clock_jump((T, m0), (T + 3_601_000, m0 + s(1))),
+            Some(3_600_000)
+        );
+        // The wall clock stepped back ten minutes.
+        assert_eq!(
+            clock_jump((T, m0), (T - 599_000, m0 + s(1))),
+            Some(-600_000)
+        );
     }
 
     #[test]

@@ -86,6 +86,7 @@ pub(crate) fn run(firer: &Firer, shared: &Shared, stop: &Receiver<()>, wake: &Re
         if shared.failed() {
             return;
         }
+        shared.test_hook("firer");
         let now = now_ms();
         let look = (now, Instant::now());
         match clock_jump(last, look) {

@@ -742,6 +742,11 @@ mod tests {
     }
 
     #[test]
+    fn a_panicking_firer_fences_the_runner() {
+        a_dead_thread_fences_the_runner("firer");
+    }
+
+    #[test]
     fn a_panicking_worker_loses_only_its_attempt_and_goes_on() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let runner = fast(dir.path())

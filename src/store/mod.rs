@@ -62,7 +62,7 @@ pub use retention::{
     PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
 };
 pub use runners::RunnerRecord;
-pub use schedule::{FireReport, ScheduleEvent, ScheduleRecord};
+pub use schedule::{FireReport, MAX_SCHEDULE_EVENTS, ScheduleEvent, ScheduleRecord};
 pub(crate) use tx::{savepoint, transaction};
 
 /// A lost attempt is reclaimed this many times before its job fails as lost.

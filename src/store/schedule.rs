@@ -273,6 +273,21 @@ fn schedule_event(
     Ok(())
 }
 
+/// A schedule keeps its newest this many events: a one-second schedule whose job outlasts
+/// its period records a skipped slot every second.
+pub const MAX_SCHEDULE_EVENTS: i64 = 1_000;
+
+/// Deletes a schedule's events older than its newest [`MAX_SCHEDULE_EVENTS`].
+fn trim_events(conn: &Connection, name: &str) -> Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM schedule_events WHERE schedule = ?1 AND id <= (
+             SELECT id FROM schedule_events WHERE schedule = ?1
+             ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+    )?
+    .execute(params![name, MAX_SCHEDULE_EVENTS])?;
+    Ok(())
+}
+
 /// The names of the unpaused schedules with a slot due at `now`, the most overdue first.
 pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
@@ -447,6 +462,9 @@ pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport
     if moved != 1 {
         // Cannot happen while this transaction holds the write lock; rolled back if it does.
         return Err(Error::Sqlite(rusqlite::Error::StatementChangedRows(moved)));
+    }
+    if report.missed + report.skipped > 0 {
+        trim_events(conn, name)?;
     }
     Ok(report)
 }

@@ -297,3 +297,25 @@ fn an_interval_counts_from_when_it_was_stored() {
     let job = &jobs_of(&store, "i")[0];
     assert_eq!(job.status, Status::Pending);
 }
+
+#[test]
+fn a_schedule_keeps_its_newest_events_only() {
+    let db = TestDb::new();
+    let store = db.store();
+    let every_second = Schedule::cron("* * * * * *")
+        .unwrap()
+        .job(Job::shell("true"));
+    store.put_schedule("busy", &every_second, T).unwrap();
+    // The first slot's job never ends: every later slot is skipped.
+    assert_eq!(store.fire_due(T + 1_000).unwrap().enqueued, 1);
+    for k in 2..=(leasehold::MAX_SCHEDULE_EVENTS + 50) {
+        let r = store.fire_due(T + k * 1_000).unwrap();
+        assert_eq!(r.skipped, 1);
+    }
+    let events = store.schedule_events("busy").unwrap();
+    assert_eq!(events.len() as i64, leasehold::MAX_SCHEDULE_EVENTS);
+    assert_eq!(
+        events.last().unwrap().slot_at,
+        Some(T + (leasehold::MAX_SCHEDULE_EVENTS + 50) * 1_000)
+    );
+}

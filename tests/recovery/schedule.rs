@@ -118,3 +118,79 @@ fn a_job_that_outlasts_its_period_is_not_overlapped() {
     );
     assert!(skipped.iter().all(|e| e.kind == EventKind::ScheduleSkipped));
 }
+
+#[test]
+fn slots_missed_while_every_runner_was_stopped_follow_the_catch_up_policy() {
+    use leasehold::CatchUp;
+    let mut c = Case::new();
+    // A slot every 20 s: longer than the 10 s a slot may be late and still be on time.
+    for (name, policy) in [
+        ("skip", CatchUp::Skip),
+        ("one", CatchUp::One),
+        ("all", CatchUp::All),
+    ] {
+        let s = Schedule::cron("*/20 * * * * *")
+            .unwrap()
+            .overlap(Overlap::Allow)
+            .catch_up(policy)
+            .job(Job::command(["true"]).cwd(c.db.dir.path()));
+        c.store().put_schedule(name, &s, now_ms()).unwrap();
+    }
+    let r = c.start_runner(&args(&[]));
+    c.wait_for("the first slot of each schedule", |c| {
+        ["skip", "one", "all"]
+            .iter()
+            .all(|n| !by_slot(c, n).is_empty())
+            .then_some(())
+    });
+    // Every runner stops; two slots pass; a runner starts 12 s after the second.
+    c.signal(r, nix::sys::signal::Signal::SIGTERM);
+    let (code, log) = c.runners[r].wait(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{log}");
+    let second = c.store().schedule("skip").unwrap().next_slot_at.unwrap();
+    let third = second + 20_000;
+    let restart = third + 12_000;
+    while now_ms() < restart {
+        sleep(Duration::from_millis(200));
+    }
+    c.start_runner(&args(&[]));
+    c.wait_for("the gap to be dealt with", |c| {
+        ["skip", "one", "all"]
+            .iter()
+            .all(|n| {
+                c.store()
+                    .schedule(n)
+                    .unwrap()
+                    .last_slot_at
+                    .is_some_and(|s| s >= third)
+            })
+            .then_some(())
+    });
+    let gap = |name: &str| -> Vec<i64> {
+        by_slot(&c, name)
+            .into_keys()
+            .filter(|s| (second..=third).contains(s))
+            .collect()
+    };
+    assert_eq!(gap("skip"), Vec::<i64>::new());
+    assert_eq!(gap("one"), vec![third]);
+    assert_eq!(gap("all"), vec![second, third]);
+    let missed = |name: &str| -> Vec<String> {
+        c.store()
+            .schedule_events(name)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == EventKind::ScheduleMissed)
+            .filter_map(|e| e.detail)
+            .collect()
+    };
+    let skip = missed("skip");
+    assert_eq!(skip.len(), 1, "{skip:?}");
+    assert!(skip[0].starts_with("2 slots missed"), "{skip:?}");
+    let one = missed("one");
+    assert!(
+        one.len() == 1 && one[0].starts_with("1 slot missed"),
+        "{one:?}"
+    );
+    assert!(missed("all").is_empty());
+}

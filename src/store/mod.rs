@@ -350,15 +350,27 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// [`Error::Sqlite`] when the database cannot be written; the schedules fired before the
-    /// failure stay fired.
+    /// [`Error::Sqlite`] when the database cannot be written, or a schedule's row cannot be
+    /// read; the other schedules are fired all the same, and what was fired stays fired.
     pub fn fire_due(&self, now: i64) -> Result<FireReport> {
         let mut report = FireReport::default();
+        // One schedule that cannot be fired (a damaged row) does not hold the others back.
+        let mut failed = None;
         for name in schedule::due(&self.conn, now)? {
-            let r = self.write(|c| schedule::fire(c, &name, now))?;
-            report.enqueued += r.enqueued;
-            report.missed += r.missed;
-            report.skipped += r.skipped;
+            match self.write(|c| schedule::fire(c, &name, now)) {
+                Ok(r) => {
+                    report.enqueued += r.enqueued;
+                    report.missed += r.missed;
+                    report.skipped += r.skipped;
+                }
+                Err(e) => {
+                    log::warn!("schedule {name:?}: cannot fire its due slots: {e:#}");
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         report.next_due = schedule::next_due(&self.conn)?;
         Ok(report)

@@ -319,3 +319,20 @@ fn a_schedule_keeps_its_newest_events_only() {
         Some(T + (leasehold::MAX_SCHEDULE_EVENTS + 50) * 1_000)
     );
 }
+
+#[test]
+fn a_damaged_schedule_does_not_hold_the_others_back() {
+    let db = TestDb::new();
+    let store = db.store();
+    store.put_schedule("bad", &minutely(), T).unwrap();
+    store.put_schedule("good", &minutely(), T).unwrap();
+    db.bare()
+        .execute(
+            "UPDATE schedules SET job = 'not json' WHERE name = 'bad'",
+            [],
+        )
+        .unwrap();
+    assert!(store.fire_due(T + MIN).is_err());
+    assert_eq!(slots(&jobs_of(&store, "good")), vec![T + MIN]);
+    assert!(jobs_of(&store, "bad").is_empty());
+}

@@ -1,4 +1,4 @@
--- leasehold schema, version 4 (PRAGMA user_version = 4).
+-- leasehold schema, version 5 (PRAGMA user_version = 5).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -58,7 +58,11 @@ CREATE TABLE jobs (
     teardown_token      TEXT,
     teardown_pgid       INTEGER,
     teardown_start_time INTEGER
-);
+    -- Version 3 (written as ALTER TABLE ADD COLUMN writes it, so that a migrated file's text
+    -- and this one's agree): unique_key, when set, makes enqueueing a job whose key matches an
+    -- unfinished job (or, with a window, any job of that key created within it) create
+    -- nothing; schedule and slot_at name the schedule that enqueued the job and its slot.
+, unique_key TEXT, schedule TEXT, slot_at INTEGER);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table.
@@ -81,6 +85,9 @@ CREATE INDEX jobs_failed_recovery ON jobs (recovery_count) WHERE status = 'faile
 -- Queue lag: the oldest ready pending job of one queue is the head of this index (version 4).
 CREATE INDEX jobs_pending_due ON jobs (queue, scheduled_at)
     WHERE status = 'pending' AND teardown_token IS NULL;
+-- The unique-key check of an enqueue, and a schedule's overlap check (version 5).
+CREATE INDEX jobs_unique ON jobs (unique_key, status, created_at) WHERE unique_key IS NOT NULL;
+CREATE INDEX jobs_schedule ON jobs (schedule, status) WHERE schedule IS NOT NULL;
 
 -- Every transition of a job, written in the same transaction as the transition itself.
 CREATE TABLE job_events (
@@ -171,3 +178,39 @@ CREATE TRIGGER job_counts_update AFTER UPDATE OF queue, status ON jobs
     INSERT INTO job_counts (queue, status, n) VALUES (NEW.queue, NEW.status, 1)
         ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
 END;
+-- One row per recurring schedule. A slot fires in the IMMEDIATE transaction that enqueues its
+-- job and moves next_slot_at past it, guarded by next_slot_at: any number of runners fire
+-- each slot exactly once.
+CREATE TABLE schedules (
+    name          TEXT    PRIMARY KEY CHECK (name <> ''),
+    -- A cron expression (5 fields, 6 with seconds first, or an @shorthand), or NULL for an
+    -- interval of every_ms milliseconds counted from anchor_at.
+    cron          TEXT,
+    every_ms      INTEGER CHECK (every_ms IS NULL OR every_ms > 0),
+    anchor_at     INTEGER NOT NULL,
+    -- An IANA zone name: cron fields are read in its local time.
+    tz            TEXT    NOT NULL DEFAULT 'UTC',
+    -- The job each slot enqueues: a JSON object of the `jobs add` options.
+    job           TEXT    NOT NULL,
+    catch_up      TEXT    NOT NULL DEFAULT 'skip' CHECK (catch_up IN ('skip', 'one', 'all')),
+    overlap       TEXT    NOT NULL DEFAULT 'skip' CHECK (overlap IN ('skip', 'allow')),
+    paused        INTEGER NOT NULL DEFAULT 0,
+    -- The newest slot fired (or missed), and the next slot due; NULL when none is left.
+    last_slot_at  INTEGER,
+    next_slot_at  INTEGER,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    CHECK ((cron IS NULL) <> (every_ms IS NULL))
+);
+CREATE INDEX schedules_due ON schedules (next_slot_at) WHERE paused = 0;
+
+-- A schedule's own history: missed and skipped slots (a fired slot is its job's history).
+CREATE TABLE schedule_events (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    schedule    TEXT    NOT NULL REFERENCES schedules (name) ON DELETE CASCADE,
+    at          INTEGER NOT NULL,
+    kind        TEXT    NOT NULL,
+    slot_at     INTEGER,
+    detail      TEXT
+);
+CREATE INDEX schedule_events_schedule ON schedule_events (schedule, id);

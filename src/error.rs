@@ -79,6 +79,12 @@ pub enum Error {
     /// No job has this id.
     #[error("no job with id {0}")]
     NoSuchJob(i64),
+    /// No schedule has this name.
+    #[error("no schedule named {0:?}")]
+    NoSuchSchedule(String),
+    /// A schedule of this name exists already (replace it explicitly).
+    #[error("a schedule named {0:?} exists already (replace it to change it)")]
+    ScheduleExists(String),
     /// The operation does not apply to the job in its current state.
     #[error("job {id} is {status}: {reason}")]
     WrongState {
@@ -113,7 +119,7 @@ pub enum Error {
     /// its running attempts, recorded them as lost, and refuses every later request.
     #[error("the runner stopped itself: its {thread} thread failed: {cause}")]
     RunnerFailed {
-        /// The thread that failed (`heartbeat`, `writer`, `dispatcher`, `sweeper`, `notifier`).
+        /// The thread that failed (`heartbeat`, `writer`, `dispatcher`, `sweeper`, `notifier`, `firer`).
         thread: &'static str,
         /// Its panic message or error.
         cause: String,

@@ -81,11 +81,17 @@ pub enum EventKind {
     ManualRetry,
     /// A result arrived for an attempt that no longer held the lease, and changed nothing.
     LateResultDiscarded,
+    /// Slots of a schedule passed while no runner could fire them and were not caught up
+    /// (a schedule's history; the detail gives the count and the slots' range).
+    ScheduleMissed,
+    /// A slot of a schedule enqueued nothing because its earlier job was still pending or
+    /// running (overlap `skip`), or its unique key matched a job (a schedule's history).
+    ScheduleSkipped,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 16] = [
         EventKind::Enqueued,
         EventKind::Claimed,
         EventKind::Started,
@@ -100,6 +106,8 @@ impl EventKind {
         EventKind::Cancelled,
         EventKind::ManualRetry,
         EventKind::LateResultDiscarded,
+        EventKind::ScheduleMissed,
+        EventKind::ScheduleSkipped,
     ];
 
     /// The kind as stored in the `kind` column of `job_events`.
@@ -119,6 +127,8 @@ impl EventKind {
             EventKind::Cancelled => "cancelled",
             EventKind::ManualRetry => "manual_retry",
             EventKind::LateResultDiscarded => "late_result_discarded",
+            EventKind::ScheduleMissed => "schedule_missed",
+            EventKind::ScheduleSkipped => "schedule_skipped",
         }
     }
 
@@ -333,6 +343,8 @@ pub struct Job {
     backoff_base: Duration,
     backoff_max: Duration,
     on_lost: OnLost,
+    unique_key: Option<String>,
+    unique_window: Option<Duration>,
 }
 
 impl Job {
@@ -355,6 +367,8 @@ impl Job {
             backoff_base: DEFAULT_BACKOFF_BASE,
             backoff_max: DEFAULT_BACKOFF_MAX,
             on_lost: OnLost::default(),
+            unique_key: None,
+            unique_window: None,
         }
     }
 
@@ -438,9 +452,36 @@ impl Job {
         self
     }
 
+    /// Makes the job unique by `key`: enqueueing it while a job with the same key is pending
+    /// or running creates nothing and returns that job's id (see
+    /// [`Store::enqueue_unique`](crate::Store::enqueue_unique)). The check and the insert are
+    /// one IMMEDIATE transaction, so it holds across threads and processes. By default, none.
+    pub fn unique_key(mut self, key: impl Into<String>) -> Job {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    /// With a [`Job::unique_key`], the key also matches any job of that key created within
+    /// `window` before the enqueue, whatever its status (a finished one too). By default,
+    /// only unfinished jobs match.
+    pub fn unique_window(mut self, window: Duration) -> Job {
+        self.unique_window = Some(window);
+        self
+    }
+
     /// The command and its arguments.
     pub fn argv(&self) -> &[String] {
         &self.argv
+    }
+
+    /// The unique key, if any.
+    pub(crate) fn unique_key_name(&self) -> Option<&str> {
+        self.unique_key.as_deref()
+    }
+
+    /// The unique window in whole milliseconds (validated to fit).
+    pub(crate) fn unique_window_ms(&self) -> Option<i64> {
+        self.unique_window.map(duration_ms)
     }
 
     /// Checks the job as if enqueued at `now` (the time the store computes its
@@ -485,6 +526,27 @@ impl Job {
         }
         if self.max_attempts == 0 {
             return Err(Error::invalid("max_attempts", "must be at least 1"));
+        }
+        match &self.unique_key {
+            Some(k) if k.is_empty() => {
+                return Err(Error::invalid("unique_key", "the key is empty"));
+            }
+            Some(k) if k.contains('\0') => {
+                return Err(Error::invalid("unique_key", "the key contains a NUL byte"));
+            }
+            None if self.unique_window.is_some() => {
+                return Err(Error::invalid(
+                    "unique_window",
+                    "a unique window needs a unique key",
+                ));
+            }
+            _ => {}
+        }
+        if let Some(w) = self.unique_window {
+            if w.is_zero() {
+                return Err(Error::invalid("unique_window", "must be greater than 0"));
+            }
+            ms("unique_window", w)?;
         }
         for (name, d) in [
             ("timeout", self.timeout),
@@ -558,7 +620,70 @@ impl Job {
             on_lost: self.on_lost.as_str(),
             timeout_ms: self.timeout.map(duration_ms),
             idle_timeout_ms: self.idle_timeout.map(duration_ms),
+            unique_key: self.unique_key.as_deref(),
         }
+    }
+
+    /// The job as a schedule's template: a JSON object of every option but its ready time
+    /// (each slot's job is ready at its slot).
+    pub(crate) fn to_template(&self) -> String {
+        let f = self.fields();
+        serde_json::json!({
+            "argv": self.argv,
+            "env": self.env,
+            "cwd": f.cwd,
+            "queue": self.queue,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "backoff_base_ms": f.backoff_base_ms,
+            "backoff_max_ms": f.backoff_max_ms,
+            "on_lost": self.on_lost.as_str(),
+            "timeout_ms": f.timeout_ms,
+            "idle_timeout_ms": f.idle_timeout_ms,
+            "unique_key": self.unique_key,
+            "unique_window_ms": self.unique_window_ms(),
+        })
+        .to_string()
+    }
+
+    /// The job a template written by [`Job::to_template`] describes.
+    pub(crate) fn from_template(text: &str) -> std::result::Result<Job, String> {
+        use serde_json::Value;
+        let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let bad = |what: &str| format!("the job template's {what} is malformed");
+        let argv: Vec<String> =
+            serde_json::from_value(v["argv"].clone()).map_err(|_| bad("argv"))?;
+        let env: Vec<(String, String)> =
+            serde_json::from_value(v["env"].clone()).map_err(|_| bad("env"))?;
+        let millis = |name: &str| -> std::result::Result<Option<Duration>, String> {
+            match &v[name] {
+                Value::Null => Ok(None),
+                n => n
+                    .as_u64()
+                    .map(|ms| Some(Duration::from_millis(ms)))
+                    .ok_or_else(|| bad(name)),
+            }
+        };
+        let mut job = Job::command(argv);
+        job.env = env;
+        job.cwd = v["cwd"].as_str().map(PathBuf::from);
+        job.queue = v["queue"].as_str().ok_or_else(|| bad("queue"))?.to_string();
+        job.priority = v["priority"].as_i64().ok_or_else(|| bad("priority"))?;
+        job.max_attempts = v["max_attempts"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| bad("max_attempts"))?;
+        job.backoff_base = millis("backoff_base_ms")?.unwrap_or(DEFAULT_BACKOFF_BASE);
+        job.backoff_max = millis("backoff_max_ms")?.unwrap_or(DEFAULT_BACKOFF_MAX);
+        job.on_lost = v["on_lost"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("on_lost"))?;
+        job.timeout = millis("timeout_ms")?;
+        job.idle_timeout = millis("idle_timeout_ms")?;
+        job.unique_key = v["unique_key"].as_str().map(str::to_string);
+        job.unique_window = millis("unique_window_ms")?;
+        Ok(job)
     }
 }
 
@@ -594,6 +719,7 @@ pub(crate) struct JobFields<'a> {
     pub on_lost: &'static str,
     pub timeout_ms: Option<i64>,
     pub idle_timeout_ms: Option<i64>,
+    pub unique_key: Option<&'a str>,
 }
 
 /// A job as stored: one row of the `jobs` table.
@@ -659,6 +785,12 @@ pub struct JobRecord {
     /// True while a lost attempt's processes still have to be torn down; the job cannot be
     /// claimed until they are.
     pub teardown_pending: bool,
+    /// Its unique key, if it was enqueued with one.
+    pub unique_key: Option<String>,
+    /// The schedule that enqueued it, if one did.
+    pub schedule: Option<String>,
+    /// The slot of that schedule it was enqueued for.
+    pub slot_at: Option<i64>,
 }
 
 /// One entry of a job's history.

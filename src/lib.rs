@@ -36,6 +36,7 @@ mod metrics;
 mod process;
 pub mod protocol;
 mod runner;
+mod schedule;
 mod store;
 
 pub use error::{Error, Result};
@@ -50,10 +51,14 @@ pub use runner::{
     DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS, MAX_OUTPUT_TAIL,
     MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters, operator,
 };
+pub use schedule::{
+    CatchUp, MAX_CATCH_UP, MIN_INTERVAL, MISFIRE_GRACE, Overlap, Schedule, parse_rfc3339,
+};
 pub use store::{
     Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, DatabaseSize, Durability,
-    LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT,
-    Migration, OpenOptions, QueueCounts, RunnerRecord, SCHEMA_VERSION, Store, VacuumReport,
+    Enqueued, FireReport, LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, LeaseCounts, ListFilter,
+    MAX_BUSY_TIMEOUT, MAX_SCHEDULE_EVENTS, Migration, OpenOptions, QueueCounts, RunnerRecord,
+    SCHEMA_VERSION, ScheduleEvent, ScheduleRecord, Store, VacuumReport,
 };
 pub use store::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,

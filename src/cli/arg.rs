@@ -123,6 +123,23 @@ pub fn queue(s: OsString) -> Result<String, String> {
     }
 }
 
+/// A unique key: text, not empty.
+pub fn unique_key(s: OsString) -> Result<String, String> {
+    match utf8(s)? {
+        k if k.is_empty() => Err("a unique key cannot be empty".into()),
+        k => Ok(k),
+    }
+}
+
+/// A schedule's name: text, not empty, no control characters.
+pub fn schedule_name(s: OsString) -> Result<String, String> {
+    match utf8(s)? {
+        n if n.trim().is_empty() => Err("a schedule name cannot be empty".into()),
+        n if n.chars().any(char::is_control) => Err(format!("{n:?} contains a control character")),
+        n => Ok(n),
+    }
+}
+
 /// A path that the job will use (`--cwd`): stored as text, so it must be UTF-8; a lossy
 /// conversion would make the job run somewhere else than asked.
 pub fn utf8_path(s: OsString) -> Result<PathBuf, String> {

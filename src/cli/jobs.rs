@@ -58,17 +58,27 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
         for e in &args.env {
             job = job.env(&e.0, &e.1);
         }
+        if let Some(key) = &args.unique_key {
+            job = job.unique_key(key);
+        }
+        if let Some(w) = args.unique_window {
+            job = job.unique_window(w.0);
+        }
         job
     };
     let store = Store::open(db)?;
     let mut out = std::io::stdout().lock();
     match lines {
         None => {
-            let id = store.enqueue(&with_options(Job::command(&args.command)), now_ms())?;
+            let job = with_options(Job::command(&args.command));
+            let done = store.enqueue_unique(&job, now_ms())?;
             if args.json {
-                print_json(&mut out, &json!({"id": id}))?;
+                print_json(
+                    &mut out,
+                    &json!({"id": done.id, "duplicate": done.duplicate}),
+                )?;
             } else {
-                writeln!(out, "{id}")?;
+                writeln!(out, "{}", done.id)?;
             }
         }
         Some(lines) => {
@@ -200,6 +210,18 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
             },
         ),
         ("priority", job.priority.to_string()),
+        (
+            "unique_key",
+            job.unique_key.clone().unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "schedule",
+            match (&job.schedule, job.slot_at) {
+                (Some(name), Some(slot)) => format!("{name} (slot {})", render::time(slot)),
+                (Some(name), None) => name.clone(),
+                _ => "-".into(),
+            },
+        ),
         (
             "attempt",
             format!("{} of {}", job.attempt, job.max_attempts),

@@ -7,6 +7,7 @@ mod jobs;
 mod progress;
 mod render;
 mod run;
+mod schedules;
 mod serve;
 mod status;
 
@@ -56,6 +57,9 @@ enum Command {
     /// Add, list, inspect, retry and cancel jobs.
     #[command(subcommand, arg_required_else_help = false)]
     Jobs(JobsCommand),
+    /// Add, list, remove, pause and resume recurring schedules, and show their next slots.
+    #[command(subcommand, arg_required_else_help = false)]
+    Schedules(schedules::SchedulesCommand),
     /// Job counts by status, the lease counters (`job_leases`) and the runners on this file.
     Status(StatusArgs),
     /// Run jobs in the foreground until SIGINT or SIGTERM (or, with --until-idle, until none
@@ -214,6 +218,17 @@ struct AddArgs {
     /// One `sh -c` job per non-empty line of FILE (`-` for stdin), in one transaction.
     #[arg(long, value_name = "FILE")]
     from_file: Option<PathBuf>,
+    /// Enqueue nothing while a pending or running job has this key; print that job's id.
+    #[arg(long, value_name = "KEY", value_parser = OsStringValueParser::new().try_map(arg::unique_key))]
+    unique_key: Option<String>,
+    /// With --unique-key: the key also matches any job of that key created this recently.
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_hyphen_values = true,
+        requires = "unique_key"
+    )]
+    unique_window: Option<Secs>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -379,6 +394,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs(JobsCommand::Logs(a)) => jobs::logs(db, &a),
         Command::Jobs(JobsCommand::Retry(a)) => jobs::retry(db, &a),
         Command::Jobs(JobsCommand::Cancel(a)) => jobs::cancel(db, &a),
+        Command::Schedules(c) => schedules::run(db, c),
         Command::Status(a) if a.prometheus => status::prometheus(db),
         Command::Status(a) => status::status(db, a.json),
         Command::Run(a) => run::run(db, &a),

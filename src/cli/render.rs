@@ -43,6 +43,9 @@ pub fn job_json(j: &JobRecord) -> Value {
         "lease_expires_at": j.lease_expires_at,
         "completed_at": j.completed_at,
         "teardown_pending": j.teardown_pending,
+        "unique_key": j.unique_key,
+        "schedule": j.schedule,
+        "slot_at": j.slot_at,
     })
 }
 

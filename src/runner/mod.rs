@@ -3,6 +3,7 @@
 
 mod builder;
 mod dispatcher;
+mod firer;
 mod heartbeat;
 mod notifier;
 pub mod operator;
@@ -25,7 +26,9 @@ use crate::job::{Job, JobRecord, Outcome, duration_ms, now_ms};
 use crate::metrics::{Metrics, RunnerFigures};
 use crate::process;
 use crate::process::StopReason;
+use crate::schedule::Schedule;
 use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
+use crate::store::{Enqueued, ScheduleRecord};
 
 pub use builder::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
@@ -46,6 +49,8 @@ use sweeper::Sweeper;
 pub struct Runner {
     shared: Arc<Shared>,
     api: Mutex<Store>,
+    /// Wakes the schedule firer when this runner changes a schedule.
+    firer_wake: Sender<()>,
     threads: Mutex<Threads>,
     subscribers: Arc<Mutex<Vec<Sender<Completion>>>>,
 }
@@ -200,6 +205,20 @@ impl Runner {
                 },
             )?);
         }
+        let (firer_wake, firer_wake_rx) = unbounded::<()>();
+        {
+            let firer = firer::Firer::new(Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?);
+            let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
+            threads.background.push(spawn_thread(
+                "leasehold-firer",
+                "firer",
+                &Arc::clone(&shared),
+                move || {
+                    firer::run(&firer, &shared, &stop, &firer_wake_rx);
+                    Ok(())
+                },
+            )?);
+        }
         {
             let (shared, stop) = (Arc::clone(&shared), stop_rx);
             threads.background.push(spawn_thread(
@@ -272,6 +291,7 @@ impl Runner {
         Ok(Runner {
             shared,
             api: Mutex::new(api),
+            firer_wake,
             threads: Mutex::new(threads),
             subscribers,
         })
@@ -292,6 +312,80 @@ impl Runner {
         let id = self.api.lock().enqueue(job, now_ms())?;
         self.shared.wake_dispatcher();
         Ok(id)
+    }
+
+    /// Enqueues a job, saying whether its unique key made it a duplicate, and wakes the
+    /// runner.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue_unique`].
+    pub fn enqueue_unique(&self, job: &Job) -> Result<Enqueued> {
+        self.shared.check()?;
+        let done = self.api.lock().enqueue_unique(job, now_ms())?;
+        self.shared.wake_dispatcher();
+        Ok(done)
+    }
+
+    /// Stores a new schedule and wakes the firer; see [`Store::put_schedule`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::put_schedule`].
+    pub fn put_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
+        self.shared.check()?;
+        let rec = self.api.lock().put_schedule(name, schedule, now_ms())?;
+        let _ = self.firer_wake.send(());
+        Ok(rec)
+    }
+
+    /// Stores or replaces a schedule and wakes the firer; see [`Store::replace_schedule`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::replace_schedule`].
+    pub fn replace_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
+        self.shared.check()?;
+        let rec = self.api.lock().replace_schedule(name, schedule, now_ms())?;
+        let _ = self.firer_wake.send(());
+        Ok(rec)
+    }
+
+    /// Removes a schedule; see [`Store::remove_schedule`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::remove_schedule`].
+    pub fn remove_schedule(&self, name: &str) -> Result<()> {
+        self.shared.check()?;
+        self.api.lock().remove_schedule(name)?;
+        let _ = self.firer_wake.send(());
+        Ok(())
+    }
+
+    /// Pauses a schedule; see [`Store::pause_schedule`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::pause_schedule`].
+    pub fn pause_schedule(&self, name: &str) -> Result<ScheduleRecord> {
+        self.shared.check()?;
+        let rec = self.api.lock().pause_schedule(name, now_ms())?;
+        let _ = self.firer_wake.send(());
+        Ok(rec)
+    }
+
+    /// Resumes a schedule at its next future slot and wakes the firer; see
+    /// [`Store::resume_schedule`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::resume_schedule`].
+    pub fn resume_schedule(&self, name: &str) -> Result<ScheduleRecord> {
+        self.shared.check()?;
+        let rec = self.api.lock().resume_schedule(name, now_ms())?;
+        let _ = self.firer_wake.send(());
+        Ok(rec)
     }
 
     /// Enqueues many jobs in one transaction; returns their ids.
@@ -674,6 +768,11 @@ mod tests {
     #[test]
     fn a_panicking_notifier_fences_the_runner() {
         a_dead_thread_fences_the_runner("notifier");
+    }
+
+    #[test]
+    fn a_panicking_firer_fences_the_runner() {
+        a_dead_thread_fences_the_runner("firer");
     }
 
     #[test]

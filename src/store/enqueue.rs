@@ -1,18 +1,82 @@
-//! Enqueueing: a job's row and its `enqueued` event.
+//! Enqueueing: a job's row and its `enqueued` event, and the unique-key check before it.
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::Result;
 use crate::job::{EventKind, Job};
+use crate::schedule::utc_text;
 
 use super::counter;
 use super::tx::event;
 
+/// What an enqueue did: the job's id, and whether it was a duplicate (an existing job with
+/// the same unique key, whose id this is, and nothing was written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Enqueued {
+    /// The new job's id, or the matching job's when `duplicate`.
+    pub id: i64,
+    /// True when the job's unique key matched an existing job and nothing was enqueued.
+    pub duplicate: bool,
+}
+
+/// The schedule slot a job is enqueued for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Slot<'a> {
+    pub schedule: &'a str,
+    pub at: i64,
+}
+
 pub(super) fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
-    let id = insert_row(conn, job, now)?;
-    event(conn, id, now, EventKind::Enqueued, 0, job.queue_name())?;
+    Ok(enqueue(conn, job, now, None)?.id)
+}
+
+/// Enqueues `job` unless its unique key matches a job; the caller's IMMEDIATE transaction
+/// makes the check and the insert one step for every other connection.
+pub(super) fn enqueue(
+    conn: &Connection,
+    job: &Job,
+    now: i64,
+    slot: Option<Slot<'_>>,
+) -> Result<Enqueued> {
+    if let Some(key) = job.unique_key_name()
+        && let Some(id) = matching(conn, key, job.unique_window_ms(), now)?
+    {
+        return Ok(Enqueued {
+            id,
+            duplicate: true,
+        });
+    }
+    let id = insert_row(conn, job, now, slot)?;
+    let detail = match slot {
+        None => job.queue_name().to_string(),
+        Some(s) => format!(
+            "{}; schedule {}, slot {}",
+            job.queue_name(),
+            s.schedule,
+            utc_text(s.at)
+        ),
+    };
+    event(conn, id, now, EventKind::Enqueued, 0, &detail)?;
     counter::enqueued(conn, job.queue_name(), 1)?;
-    Ok(id)
+    Ok(Enqueued {
+        id,
+        duplicate: false,
+    })
+}
+
+/// The newest job that `key` matches at `now`: an unfinished one, or with a window, one
+/// created within it.
+fn matching(conn: &Connection, key: &str, window_ms: Option<i64>, now: i64) -> Result<Option<i64>> {
+    let since = window_ms.map(|w| now.saturating_sub(w));
+    Ok(conn
+        .prepare_cached(
+            "SELECT id FROM jobs WHERE unique_key = ?1
+                 AND (status IN ('pending', 'running') OR (?2 IS NOT NULL AND created_at > ?2))
+             ORDER BY id DESC LIMIT 1",
+        )?
+        .query_row(params![key, since], |r| r.get(0))
+        .optional()?)
 }
 
 /// How often [`insert_many`] reports progress: every this many rows.
@@ -27,8 +91,19 @@ pub(super) fn insert_many(
     progress: &mut dyn FnMut(usize),
 ) -> Result<Vec<i64>> {
     let mut ids = Vec::with_capacity(jobs.len());
+    if jobs.iter().any(|j| j.unique_key_name().is_some()) {
+        // Each unique key is checked against the jobs before it, these included.
+        for job in jobs {
+            ids.push(insert_job(conn, job, now)?);
+            if ids.len() % PROGRESS_EVERY == 0 {
+                progress(ids.len());
+            }
+        }
+        progress(ids.len());
+        return Ok(ids);
+    }
     for job in jobs {
-        ids.push(insert_row(conn, job, now)?);
+        ids.push(insert_row(conn, job, now, None)?);
         if ids.len() % PROGRESS_EVERY == 0 {
             progress(ids.len());
         }
@@ -53,15 +128,19 @@ pub(super) fn insert_many(
     Ok(ids)
 }
 
-/// Inserts a job's row without its event (nor its count: see [`counter::enqueued`]).
-fn insert_row(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
+/// Inserts a job's row without its event (nor its count: see [`counter::enqueued`]). A
+/// slot's job is ready at its slot.
+fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) -> Result<i64> {
     let f = job.fields();
-    let scheduled_at = job.scheduled_at(now);
+    let scheduled_at = match slot {
+        Some(s) => s.at,
+        None => job.scheduled_at(now),
+    };
     conn.prepare_cached(
         "INSERT INTO jobs (queue, argv, env, cwd, priority, status, max_attempts,
              backoff_base_ms, backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms,
-             created_at, scheduled_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+             created_at, scheduled_at, unique_key, schedule, slot_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )?
     .execute(params![
         f.queue,
@@ -77,6 +156,9 @@ fn insert_row(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
         f.idle_timeout_ms,
         now,
         scheduled_at,
+        f.unique_key,
+        slot.map(|s| s.schedule),
+        slot.map(|s| s.at),
     ])?;
     Ok(conn.last_insert_rowid())
 }

@@ -29,6 +29,7 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::job::{Event, Job, JobRecord, Output};
 use crate::metrics::Metrics;
+use crate::schedule::Schedule;
 
 mod counter;
 mod enqueue;
@@ -42,12 +43,14 @@ mod reclaim;
 mod retention;
 mod row;
 mod runners;
+mod schedule;
 mod tx;
 
 /// Test support shared with the runner's unit tests.
 #[cfg(test)]
 pub(crate) use tx::tests::cap as cap_at_present_size;
 
+pub use enqueue::Enqueued;
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
 pub(crate) use lease::{claim, finish_attempt, record_start};
 pub use maintenance::{DatabaseSize, VacuumReport};
@@ -62,6 +65,7 @@ pub use retention::{
     PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
 };
 pub use runners::RunnerRecord;
+pub use schedule::{FireReport, MAX_SCHEDULE_EVENTS, ScheduleEvent, ScheduleRecord};
 pub(crate) use tx::{savepoint, transaction};
 
 /// A lost attempt is reclaimed this many times before its job fails as lost.
@@ -201,7 +205,8 @@ impl Store {
         &self.conn
     }
 
-    /// Enqueues one job; returns its id.
+    /// Enqueues one job; returns its id. A job whose [`Job::unique_key`] matches an existing
+    /// job creates nothing and returns that job's id ([`Store::enqueue_unique`] also says so).
     ///
     /// # Errors
     ///
@@ -210,6 +215,21 @@ impl Store {
     pub fn enqueue(&self, job: &Job, now: i64) -> Result<i64> {
         job.validate_at(now)?;
         self.write(|c| enqueue::insert_job(c, job, now))
+    }
+
+    /// Enqueues one job and says whether it was a duplicate: a job with a
+    /// [`Job::unique_key`] that matches a pending or running job of that key (or, with a
+    /// [`Job::unique_window`], any job of that key created within the window) creates nothing
+    /// and returns that job's id. The check and the insert are one IMMEDIATE transaction, so
+    /// concurrent enqueues from any number of threads and processes create one job.
+    /// [`Store::enqueue`] does the same and returns only the id.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`].
+    pub fn enqueue_unique(&self, job: &Job, now: i64) -> Result<Enqueued> {
+        job.validate_at(now)?;
+        self.write(|c| enqueue::enqueue(c, job, now, None))
     }
 
     /// Enqueues many jobs in one transaction: all or none. Returns their ids in order.
@@ -238,6 +258,141 @@ impl Store {
             job.validate_at(now)?;
         }
         self.write(|c| enqueue::insert_many(c, jobs, now, &mut *progress))
+    }
+
+    /// Stores a new schedule under `name`; its first slot is the first after `now` (an
+    /// interval counts from `now`). Returns it as stored.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ScheduleExists`] when the name is taken (see [`Store::replace_schedule`]);
+    /// [`Error::Invalid`] naming `name`, `tz`, `every` or the job's setting for an empty
+    /// name, an unknown zone, an interval under a second or a job that cannot run. Nothing
+    /// is written then.
+    pub fn put_schedule(
+        &self,
+        name: &str,
+        schedule: &Schedule,
+        now: i64,
+    ) -> Result<ScheduleRecord> {
+        schedule::check_name(name)?;
+        schedule.validate(now)?;
+        self.write(|c| schedule::put(c, name, schedule, false, now))
+    }
+
+    /// Stores a schedule under `name`, replacing one of that name if there is one (its
+    /// history, pause and last slot stay; its next slot is the first after `now`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::put_schedule`], without [`Error::ScheduleExists`].
+    pub fn replace_schedule(
+        &self,
+        name: &str,
+        schedule: &Schedule,
+        now: i64,
+    ) -> Result<ScheduleRecord> {
+        schedule::check_name(name)?;
+        schedule.validate(now)?;
+        self.write(|c| schedule::put(c, name, schedule, true, now))
+    }
+
+    /// Removes a schedule and its history; the jobs it enqueued stay.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn remove_schedule(&self, name: &str) -> Result<()> {
+        self.write(|c| schedule::remove(c, name))
+    }
+
+    /// Pauses a schedule: no slot fires until it is resumed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn pause_schedule(&self, name: &str, now: i64) -> Result<ScheduleRecord> {
+        self.write(|c| schedule::set_paused(c, name, true, now))
+    }
+
+    /// Resumes a paused schedule at its next slot after `now`: slots that passed while it was
+    /// paused are not caught up.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn resume_schedule(&self, name: &str, now: i64) -> Result<ScheduleRecord> {
+        self.write(|c| schedule::set_paused(c, name, false, now))
+    }
+
+    /// One schedule.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn schedule(&self, name: &str) -> Result<ScheduleRecord> {
+        schedule::get(&self.conn, name)
+    }
+
+    /// Every schedule, by name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
+        schedule::list(&self.conn)
+    }
+
+    /// The next `count` slots of a schedule strictly after `after`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn next_slots(&self, name: &str, after: i64, count: usize) -> Result<Vec<i64>> {
+        schedule::get(&self.conn, name)?
+            .schedule
+            .slots_after(after, count)
+    }
+
+    /// A schedule's history of missed and skipped slots, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn schedule_events(&self, name: &str) -> Result<Vec<ScheduleEvent>> {
+        schedule::events(&self.conn, name)
+    }
+
+    /// Fires every slot due at `now`: per schedule, one IMMEDIATE transaction enqueues the
+    /// slot's job (or what the catch-up and overlap policies say) and moves the schedule past
+    /// `now`, so two processes never fire a slot twice and a crash never loses one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written, or a schedule's row cannot be
+    /// read; the other schedules are fired all the same, and what was fired stays fired.
+    pub fn fire_due(&self, now: i64) -> Result<FireReport> {
+        let mut report = FireReport::default();
+        // One schedule that cannot be fired (a damaged row) does not hold the others back.
+        let mut failed = None;
+        for name in schedule::due(&self.conn, now)? {
+            match self.write(|c| schedule::fire(c, &name, now)) {
+                Ok(r) => {
+                    report.enqueued += r.enqueued;
+                    report.missed += r.missed;
+                    report.skipped += r.skipped;
+                }
+                Err(e) => {
+                    log::warn!("schedule {name:?}: cannot fire its due slots: {e:#}");
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        report.next_due = schedule::next_due(&self.conn)?;
+        Ok(report)
     }
 
     /// Claims up to `limit` ready jobs for `worker_id`, taking a lease of `lease_ttl` on each.

@@ -10,7 +10,8 @@ pub(super) const JOB_COLUMNS: &str =
     "id, queue, argv, env, cwd, priority, status, attempt, max_attempts,
     failed_attempts, recovery_count, on_lost, timeout_ms, idle_timeout_ms, created_at,
     scheduled_at, started_at, completed_at, heartbeat_at, lease_expires_at, run_token, worker_id,
-    pid, pgid, exit_code, signal, error_kind, last_error, teardown_token IS NOT NULL";
+    pid, pgid, exit_code, signal, error_kind, last_error, teardown_token IS NOT NULL,
+    unique_key, schedule, slot_at";
 
 pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
     let status: String = r.get(6)?;
@@ -53,6 +54,9 @@ pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
         error_kind: kind.as_deref().and_then(ErrorKind::parse),
         last_error: r.get(27)?,
         teardown_pending: r.get(28)?,
+        unique_key: r.get(29)?,
+        schedule: r.get(30)?,
+        slot_at: r.get(31)?,
     })
 }
 

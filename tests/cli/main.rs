@@ -13,6 +13,7 @@ mod progress;
 mod prune;
 mod run;
 mod runbook;
+mod schedules;
 mod serve;
 mod status;
 mod usage;

@@ -65,7 +65,7 @@ fn out_of_range_counts_and_durations_are_usage_errors_naming_the_flag() {
 
 /// Every option or argument that takes a number, by command, as `--help` shows it. When a
 /// command gains one, add it here: the test below fails until it is listed.
-const NUMERIC: [(&str, &str); 28] = [
+const NUMERIC: [(&str, &str); 36] = [
     ("db prune", "--keep-succeeded"),
     ("db prune", "--keep-failed"),
     ("db prune", "--keep-cancelled"),
@@ -75,6 +75,7 @@ const NUMERIC: [(&str, &str); 28] = [
     ("jobs add", "--idle-timeout"),
     ("jobs add", "--delay"),
     ("jobs add", "--max-attempts"),
+    ("jobs add", "--unique-window"),
     ("jobs ls", "--limit"),
     ("jobs inspect", "ID"),
     ("jobs logs", "ID"),
@@ -94,6 +95,13 @@ const NUMERIC: [(&str, &str); 28] = [
     ("run", "--keep-failed"),
     ("run", "--keep-cancelled"),
     ("run", "--keep-max"),
+    ("schedules add", "--every"),
+    ("schedules add", "--priority"),
+    ("schedules add", "--timeout"),
+    ("schedules add", "--idle-timeout"),
+    ("schedules add", "--max-attempts"),
+    ("schedules add", "--unique-window"),
+    ("schedules next", "--count"),
 ];
 
 /// The value names that `--help` gives a number.
@@ -267,7 +275,18 @@ fn every_numeric_input_takes_extreme_values_without_a_panic() {
                 ]
             };
             let (before, after): (&[&str], &[&str]) = match (command, input) {
+                ("jobs add", "--unique-window") => {
+                    (&["jobs", "add", "--unique-key", "k"], &["--", "true"])
+                }
                 ("jobs add", _) => (&["jobs", "add"], &["--", "true"]),
+                ("schedules add", "--every") => {
+                    (&["schedules", "add", "s", "--replace"], &["--", "true"])
+                }
+                ("schedules add", _) => (
+                    &["schedules", "add", "s", "--replace", "--cron", "@daily"],
+                    &["--", "true"],
+                ),
+                ("schedules next", _) => (&["schedules", "next", "s"], &[]),
                 ("jobs logs", "--attempt") => (&["jobs", "logs", "1"], &[]),
                 ("jobs retry", "--limit") => (&["jobs", "retry", "--failed-stale"], &[]),
                 ("run", _) => (&["run", "--until-idle", "--queue", "idle"], &[]),

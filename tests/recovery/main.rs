@@ -10,4 +10,5 @@ mod crash;
 mod freeze;
 mod fulldisk;
 mod renewal;
+mod schedule;
 mod shutdown;

@@ -13,4 +13,5 @@ mod metrics;
 mod process;
 mod retention;
 mod retry;
+mod schedule;
 mod shutdown;

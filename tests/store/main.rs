@@ -16,3 +16,5 @@ mod operator;
 mod reclaim;
 mod renewal;
 mod retention;
+mod schedule;
+mod unique;

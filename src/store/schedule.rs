@@ -1,0 +1,470 @@
+//! Schedules: storing them, and firing their due slots.
+//!
+//! A slot fires in one IMMEDIATE transaction that reads the schedule's `next_slot_at`,
+//! enqueues the slot's job and moves `next_slot_at` past it. Any number of runners on the file
+//! may try the same slot: the first transaction moves `next_slot_at`, and the others, which
+//! take the write lock after it, find nothing due. No slot is fired twice, and none is lost by
+//! a crash: a transaction that does not commit leaves the slot due.
+
+use std::collections::VecDeque;
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::error::{Error, Result};
+use crate::job::{EventKind, Job};
+use crate::schedule::{CatchUp, MAX_CATCH_UP, MISFIRE_GRACE, Overlap, Schedule, utc_text};
+
+use super::enqueue::{Slot, enqueue};
+
+/// A stored schedule: its definition and where it stands.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ScheduleRecord {
+    /// Its unique name.
+    pub name: String,
+    /// When it fires, its zone, its policies and its job.
+    pub schedule: Schedule,
+    /// True while paused: no slot fires, and none is caught up on resume.
+    pub paused: bool,
+    /// The newest slot fired (or missed).
+    pub last_slot_at: Option<i64>,
+    /// The next slot due; None when the expression has no more.
+    pub next_slot_at: Option<i64>,
+    /// When it was first stored.
+    pub created_at: i64,
+    /// When it was last stored, paused or resumed.
+    pub updated_at: i64,
+}
+
+impl ScheduleRecord {
+    /// The expression as shown to people: the cron text, or `@every 60s`.
+    pub fn expression(&self) -> String {
+        match (self.schedule.cron_expr(), self.schedule.interval()) {
+            (Some(e), _) => e.to_string(),
+            (None, Some(d)) => format!("@every {}s", d.as_secs_f64()),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// One entry of a schedule's own history: a missed or skipped slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScheduleEvent {
+    /// Increasing in the order events were written.
+    pub id: i64,
+    /// The schedule.
+    pub schedule: String,
+    /// When it was recorded.
+    pub at: i64,
+    /// [`EventKind::ScheduleMissed`] or [`EventKind::ScheduleSkipped`].
+    pub kind: EventKind,
+    /// The slot it concerns (for a missed run of slots, the newest).
+    pub slot_at: Option<i64>,
+    /// What happened, in words (a missed event gives the count).
+    pub detail: Option<String>,
+}
+
+/// What one call of [`Store::fire_due`](crate::Store::fire_due) did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FireReport {
+    /// Jobs enqueued for slots.
+    pub enqueued: u64,
+    /// Slots missed and not caught up (each run of them is one `schedule_missed` event).
+    pub missed: u64,
+    /// Slots that enqueued nothing: overlap `skip`, or a matching unique key.
+    pub skipped: u64,
+    /// The earliest slot still due among unpaused schedules, after this call.
+    pub next_due: Option<i64>,
+}
+
+impl FireReport {
+    /// True when a slot was fired, missed or skipped.
+    pub fn did_something(&self) -> bool {
+        self.enqueued + self.missed + self.skipped > 0
+    }
+}
+
+const COLUMNS: &str = "name, cron, every_ms, anchor_at, tz, job, catch_up, overlap, paused,
+    last_slot_at, next_slot_at, created_at, updated_at";
+
+fn record(r: &Row<'_>) -> rusqlite::Result<ScheduleRecord> {
+    let bad = |i: usize, what: String| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, what.into())
+    };
+    let cron: Option<String> = r.get(1)?;
+    let every: Option<i64> = r.get(2)?;
+    let schedule = match (cron, every) {
+        (Some(expr), _) => Schedule::cron(&expr).map_err(|e| bad(1, e.to_string()))?,
+        (None, Some(ms)) => Schedule::every(std::time::Duration::from_millis(
+            u64::try_from(ms).unwrap_or(1000),
+        )),
+        (None, None) => return Err(bad(1, "neither cron nor every_ms".into())),
+    };
+    let catch_up: String = r.get(6)?;
+    let overlap: String = r.get(7)?;
+    let job: String = r.get(5)?;
+    let schedule = schedule
+        .tz(r.get::<_, String>(4)?)
+        .catch_up(
+            catch_up
+                .parse::<CatchUp>()
+                .map_err(|e| bad(6, e.to_string()))?,
+        )
+        .overlap(
+            overlap
+                .parse::<Overlap>()
+                .map_err(|e| bad(7, e.to_string()))?,
+        )
+        .job(Job::from_template(&job).map_err(|e| bad(5, e))?)
+        .with_anchor(r.get(3)?);
+    Ok(ScheduleRecord {
+        name: r.get(0)?,
+        schedule,
+        paused: r.get(8)?,
+        last_slot_at: r.get(9)?,
+        next_slot_at: r.get(10)?,
+        created_at: r.get(11)?,
+        updated_at: r.get(12)?,
+    })
+}
+
+/// Refuses a name that cannot be typed back: empty, or with control characters.
+pub(super) fn check_name(name: &str) -> Result<()> {
+    if name.trim().is_empty() {
+        return Err(Error::invalid("name", "the schedule name is empty"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "name",
+            format!("{name:?} contains a control character"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn get(conn: &Connection, name: &str) -> Result<ScheduleRecord> {
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM schedules WHERE name = ?1"))?
+        .query_row([name], record)
+        .optional()?
+        .ok_or_else(|| Error::NoSuchSchedule(name.to_string()))
+}
+
+pub(super) fn list(conn: &Connection) -> Result<Vec<ScheduleRecord>> {
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {COLUMNS} FROM schedules ORDER BY name"))?;
+    let rows = stmt.query_map([], record)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Stores a schedule (validated by the caller). A new interval counts from `now`; a replaced
+/// schedule keeps its history, its pause and its last slot, and is due at its next slot after
+/// `now`.
+pub(super) fn put(
+    conn: &Connection,
+    name: &str,
+    schedule: &Schedule,
+    replace: bool,
+    now: i64,
+) -> Result<ScheduleRecord> {
+    let exists: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM schedules WHERE name = ?1)")?
+        .query_row([name], |r| r.get(0))?;
+    if exists && !replace {
+        return Err(Error::ScheduleExists(name.to_string()));
+    }
+    let anchored = schedule.clone().with_anchor(now);
+    let next = anchored.slot_after(now)?;
+    conn.prepare_cached(
+        "INSERT INTO schedules (name, cron, every_ms, anchor_at, tz, job, catch_up, overlap,
+             next_slot_at, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
+         ON CONFLICT (name) DO UPDATE SET cron = ?2, every_ms = ?3, anchor_at = ?4, tz = ?5,
+             job = ?6, catch_up = ?7, overlap = ?8, next_slot_at = ?9, updated_at = ?10",
+    )?
+    .execute(params![
+        name,
+        schedule.cron_expr(),
+        schedule.interval().map(crate::job::duration_ms),
+        now,
+        schedule.zone_name(),
+        schedule.job_template().to_template(),
+        schedule.catch_up_policy().as_str(),
+        schedule.overlap_policy().as_str(),
+        next,
+        now,
+    ])?;
+    get(conn, name)
+}
+
+pub(super) fn remove(conn: &Connection, name: &str) -> Result<()> {
+    let n = conn
+        .prepare_cached("DELETE FROM schedules WHERE name = ?1")?
+        .execute([name])?;
+    if n == 0 {
+        return Err(Error::NoSuchSchedule(name.to_string()));
+    }
+    Ok(())
+}
+
+/// Pauses or resumes. A resumed schedule is due at its next slot after `now`: the slots
+/// that passed while it was paused are not caught up (a pause is deliberate).
+pub(super) fn set_paused(
+    conn: &Connection,
+    name: &str,
+    paused: bool,
+    now: i64,
+) -> Result<ScheduleRecord> {
+    let current = get(conn, name)?;
+    if current.paused == paused {
+        return Ok(current);
+    }
+    let next = if paused {
+        current.next_slot_at
+    } else {
+        current.schedule.slot_after(now)?
+    };
+    conn.prepare_cached(
+        "UPDATE schedules SET paused = ?2, next_slot_at = ?3, updated_at = ?4 WHERE name = ?1",
+    )?
+    .execute(params![name, paused, next, now])?;
+    get(conn, name)
+}
+
+pub(super) fn events(conn: &Connection, name: &str) -> Result<Vec<ScheduleEvent>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, schedule, at, kind, slot_at, detail FROM schedule_events
+             WHERE schedule = ?1 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([name], |r| {
+        let kind: String = r.get(3)?;
+        Ok(ScheduleEvent {
+            id: r.get(0)?,
+            schedule: r.get(1)?,
+            at: r.get(2)?,
+            kind: EventKind::parse(&kind).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    3,
+                    rusqlite::types::Type::Text,
+                    format!("unknown event kind {kind:?}").into(),
+                )
+            })?,
+            slot_at: r.get(4)?,
+            detail: r.get(5)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+fn schedule_event(
+    conn: &Connection,
+    name: &str,
+    at: i64,
+    kind: EventKind,
+    slot_at: i64,
+    detail: &str,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO schedule_events (schedule, at, kind, slot_at, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![name, at, kind.as_str(), slot_at, detail])?;
+    Ok(())
+}
+
+/// A schedule keeps its newest this many events: a one-second schedule whose job outlasts
+/// its period records a skipped slot every second.
+pub const MAX_SCHEDULE_EVENTS: i64 = 1_000;
+
+/// Deletes a schedule's events older than its newest [`MAX_SCHEDULE_EVENTS`].
+fn trim_events(conn: &Connection, name: &str) -> Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM schedule_events WHERE schedule = ?1 AND id <= (
+             SELECT id FROM schedule_events WHERE schedule = ?1
+             ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+    )?
+    .execute(params![name, MAX_SCHEDULE_EVENTS])?;
+    Ok(())
+}
+
+/// The names of the unpaused schedules with a slot due at `now`, the most overdue first.
+pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT name FROM schedules
+             WHERE paused = 0 AND next_slot_at IS NOT NULL AND next_slot_at <= ?1
+             ORDER BY next_slot_at",
+    )?;
+    let rows = stmt.query_map([now], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The earliest slot due among unpaused schedules.
+pub(super) fn next_due(conn: &Connection) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT min(next_slot_at) FROM schedules WHERE paused = 0")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// How many of the newest due slots are kept while counting: the catch-up's most recent
+/// ones plus the on-time ones.
+const KEEP: usize = MAX_CATCH_UP + 1024;
+
+/// Slots counted one by one before the count jumps ahead to near `now` (a one-second
+/// schedule after a month of downtime has millions).
+const COUNT_STEPS: u64 = 20_000;
+
+/// The slots of `schedule` from `first` to `now`: how many (an estimate past
+/// [`COUNT_STEPS`]) and the newest [`KEEP`] of them, oldest first.
+fn due_slots(schedule: &Schedule, first: i64, now: i64) -> Result<(u64, VecDeque<i64>)> {
+    let mut kept = VecDeque::from([first]);
+    let mut count = 1u64;
+    let mut t = first;
+    let mut jumped = false;
+    while let Some(s) = schedule.slot_after(t)? {
+        if s > now {
+            break;
+        }
+        count += 1;
+        if kept.len() == KEEP {
+            kept.pop_front();
+        }
+        kept.push_back(s);
+        t = s;
+        if count == COUNT_STEPS && !jumped {
+            // Jump to a few hundred average periods before now, counting the slots skipped
+            // over by the average.
+            let period = ((t - first) / (count as i64 - 1)).max(1);
+            let target = now.saturating_sub(period.saturating_mul(2 * KEEP as i64));
+            if target > t {
+                count += ((target - t) / period) as u64;
+                t = target;
+                kept.clear();
+            }
+            jumped = true;
+        }
+    }
+    Ok((count, kept))
+}
+
+/// Fires the due slots of one schedule, in the caller's IMMEDIATE transaction: enqueues what
+/// the policies say, records what was missed or skipped, and moves the schedule past `now`.
+/// Nothing when the schedule is paused, gone, or not due (another runner fired it first).
+pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport> {
+    let mut report = FireReport::default();
+    let rec = match get(conn, name) {
+        Ok(r) => r,
+        Err(Error::NoSuchSchedule(_)) => return Ok(report),
+        Err(e) => return Err(e),
+    };
+    let first = match rec.next_slot_at {
+        Some(first) if !rec.paused && first <= now => first,
+        _ => return Ok(report),
+    };
+    let schedule = &rec.schedule;
+    let (count, kept) = due_slots(schedule, first, now)?;
+    let newest = kept.back().copied().unwrap_or(first);
+    let grace = crate::job::duration_ms(MISFIRE_GRACE);
+    let on_time: Vec<i64> = kept.iter().copied().filter(|&s| now - s <= grace).collect();
+    let late: Vec<i64> = kept.iter().copied().filter(|&s| now - s > grace).collect();
+    let late_count = count - on_time.len() as u64;
+    let caught_up: Vec<i64> = match schedule.catch_up_policy() {
+        CatchUp::Skip => Vec::new(),
+        CatchUp::One => late.last().copied().into_iter().collect(),
+        CatchUp::All => late[late.len().saturating_sub(MAX_CATCH_UP)..].to_vec(),
+    };
+    let missed = late_count - caught_up.len() as u64;
+    if missed > 0 {
+        // The missed slots are the late ones before those caught up.
+        let newest_missed = match caught_up.first() {
+            Some(&c) => late.iter().copied().rev().find(|&s| s < c),
+            None => late.last().copied(),
+        }
+        .unwrap_or(first);
+        schedule_event(
+            conn,
+            name,
+            now,
+            EventKind::ScheduleMissed,
+            newest_missed,
+            &format!(
+                "{missed} slot{} missed from {} to {} (catch_up {})",
+                if missed == 1 { "" } else { "s" },
+                utc_text(first),
+                utc_text(newest_missed),
+                schedule.catch_up_policy().as_str()
+            ),
+        )?;
+        report.missed += missed;
+    }
+    let to_fire: Vec<i64> = caught_up.into_iter().chain(on_time).collect();
+    let busy =
+        if schedule.overlap_policy() == Overlap::Skip && !to_fire.is_empty() {
+            conn.prepare_cached(
+            "SELECT id, status FROM jobs WHERE schedule = ?1 AND status IN ('pending', 'running')
+                 ORDER BY id LIMIT 1",
+        )?
+        .query_row([name], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+        .optional()?
+        } else {
+            None
+        };
+    for slot in to_fire {
+        if let Some((id, status)) = &busy {
+            schedule_event(
+                conn,
+                name,
+                now,
+                EventKind::ScheduleSkipped,
+                slot,
+                &format!(
+                    "slot {} skipped: job {id} of an earlier slot is still {status} (overlap skip)",
+                    utc_text(slot)
+                ),
+            )?;
+            report.skipped += 1;
+            continue;
+        }
+        let done = enqueue(
+            conn,
+            schedule.job_template(),
+            now,
+            Some(Slot {
+                schedule: name,
+                at: slot,
+            }),
+        )?;
+        if done.duplicate {
+            schedule_event(
+                conn,
+                name,
+                now,
+                EventKind::ScheduleSkipped,
+                slot,
+                &format!(
+                    "slot {} skipped: its unique key matches job {}",
+                    utc_text(slot),
+                    done.id
+                ),
+            )?;
+            report.skipped += 1;
+        } else {
+            report.enqueued += 1;
+        }
+    }
+    let next = schedule.slot_after(now.max(newest))?;
+    let moved = conn
+        .prepare_cached(
+            "UPDATE schedules SET last_slot_at = ?2, next_slot_at = ?3
+                 WHERE name = ?1 AND next_slot_at = ?4 AND paused = 0",
+        )?
+        .execute(params![name, newest, next, first])?;
+    if moved != 1 {
+        // Cannot happen while this transaction holds the write lock; rolled back if it does.
+        return Err(Error::Sqlite(rusqlite::Error::StatementChangedRows(moved)));
+    }
+    if report.missed + report.skipped > 0 {
+        trim_events(conn, name)?;
+    }
+    Ok(report)
+}

@@ -1,0 +1,209 @@
+//! Schedules under real runners: two `leasehold run` processes on one file fire each slot of
+//! a one-second schedule exactly once, also when one is SIGKILLed meanwhile; a job that
+//! outlasts its period is not overlapped.
+
+use std::collections::BTreeMap;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use leasehold::{EventKind, Job, JobRecord, ListFilter, Overlap, Schedule, Status, now_ms};
+
+use crate::helper::{Case, args};
+
+/// The jobs a schedule enqueued, by slot; fails on a slot with more than one job.
+fn by_slot(c: &Case, name: &str) -> BTreeMap<i64, JobRecord> {
+    let mut slots = BTreeMap::new();
+    for j in c.store().list(&ListFilter::default()).unwrap() {
+        if j.schedule.as_deref() != Some(name) {
+            continue;
+        }
+        let slot = j.slot_at.expect("a scheduled job has its slot");
+        if let Some(other) = slots.insert(slot, j.clone()) {
+            panic!("slot {slot} has two jobs: {} and {}", other.id, j.id);
+        }
+    }
+    slots
+}
+
+#[test]
+fn two_runners_fire_every_slot_once_even_when_one_is_killed() {
+    let mut c = Case::new();
+    let every_second = Schedule::cron("*/1 * * * * *")
+        .unwrap()
+        .overlap(Overlap::Allow)
+        .job(Job::command(["true"]).cwd(c.db.dir.path()));
+    c.store()
+        .put_schedule("tick", &every_second, now_ms())
+        .unwrap();
+    let a = c.start_runner(&args(&[]));
+    c.start_runner(&args(&[]));
+    // Both runners are up once each has fired or run something; the window starts then.
+    c.wait_for("the first slot", |c| {
+        (!by_slot(c, "tick").is_empty()).then_some(())
+    });
+    let start = now_ms();
+    let began = Instant::now();
+    sleep(Duration::from_secs(4));
+    c.crash(a);
+    let killed_at = now_ms();
+    while began.elapsed() < Duration::from_secs(10) {
+        sleep(Duration::from_millis(200));
+    }
+    let end = now_ms();
+    // The survivor fires the slots up to `end` within about a second.
+    c.wait_for("the window's last slot", |c| {
+        by_slot(c, "tick")
+            .keys()
+            .next_back()
+            .is_some_and(|&s| s >= end / 1000 * 1000)
+            .then_some(())
+    });
+    let slots = by_slot(&c, "tick");
+    let first = (start / 1000 + 1) * 1000;
+    let last = end / 1000 * 1000;
+    let missing: Vec<i64> = (first / 1000..=last / 1000)
+        .map(|s| s * 1000)
+        .filter(|s| !slots.contains_key(s))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "slots without a job: {missing:?} (runner killed at {killed_at})"
+    );
+    assert!(
+        ((last - first) / 1000) >= 8,
+        "the window covers {first}..{last}"
+    );
+    // How late the slots were enqueued (a figure for the README, not a check: the machine
+    // is shared).
+    let mut late: Vec<i64> = (first..=last)
+        .step_by(1000)
+        .filter_map(|s| slots.get(&s).map(|j| j.created_at - s))
+        .collect();
+    late.sort_unstable();
+    eprintln!(
+        "slots enqueued late by: median {} ms, max {} ms, over {} slots",
+        late[late.len() / 2],
+        late[late.len() - 1],
+        late.len()
+    );
+    // Nothing was missed or skipped, and the jobs ran.
+    assert!(c.store().schedule_events("tick").unwrap().is_empty());
+    c.wait_for("the window's jobs to run", |c| {
+        let slots = by_slot(c, "tick");
+        (first..=last)
+            .step_by(1000)
+            .all(|s| slots.get(&s).is_some_and(|j| j.status == Status::Succeeded))
+            .then_some(())
+    });
+}
+
+#[test]
+fn a_job_that_outlasts_its_period_is_not_overlapped() {
+    let mut c = Case::new();
+    let s = Schedule::cron("*/1 * * * * *")
+        .unwrap()
+        .job(Job::command(["sleep", "2"]).cwd(c.db.dir.path()));
+    c.store().put_schedule("slow", &s, now_ms()).unwrap();
+    c.start_runner(&args(&[]));
+    c.wait_for("three of its jobs to succeed", |c| {
+        let done = by_slot(c, "slow")
+            .values()
+            .filter(|j| j.status == Status::Succeeded)
+            .count();
+        (done >= 3).then_some(())
+    });
+    let jobs: Vec<JobRecord> = by_slot(&c, "slow").into_values().collect();
+    // Each job was enqueued only after the one before it had ended.
+    for pair in jobs.windows(2) {
+        let ended = pair[0].completed_at.expect("an earlier job has ended");
+        assert!(
+            pair[1].created_at >= ended,
+            "job {} was enqueued at {} while job {} ran until {ended}",
+            pair[1].id,
+            pair[1].created_at,
+            pair[0].id
+        );
+    }
+    let skipped = c.store().schedule_events("slow").unwrap();
+    assert!(
+        skipped.len() >= 2,
+        "the slots while a job ran were skipped: {skipped:?}"
+    );
+    assert!(skipped.iter().all(|e| e.kind == EventKind::ScheduleSkipped));
+}
+
+#[test]
+fn slots_missed_while_every_runner_was_stopped_follow_the_catch_up_policy() {
+    use leasehold::CatchUp;
+    let mut c = Case::new();
+    // A slot every 20 s: longer than the 10 s a slot may be late and still be on time.
+    for (name, policy) in [
+        ("skip", CatchUp::Skip),
+        ("one", CatchUp::One),
+        ("all", CatchUp::All),
+    ] {
+        let s = Schedule::cron("*/20 * * * * *")
+            .unwrap()
+            .overlap(Overlap::Allow)
+            .catch_up(policy)
+            .job(Job::command(["true"]).cwd(c.db.dir.path()));
+        c.store().put_schedule(name, &s, now_ms()).unwrap();
+    }
+    let r = c.start_runner(&args(&[]));
+    c.wait_for("the first slot of each schedule", |c| {
+        ["skip", "one", "all"]
+            .iter()
+            .all(|n| !by_slot(c, n).is_empty())
+            .then_some(())
+    });
+    // Every runner stops; two slots pass; a runner starts 12 s after the second.
+    c.signal(r, nix::sys::signal::Signal::SIGTERM);
+    let (code, log) = c.runners[r].wait(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{log}");
+    let second = c.store().schedule("skip").unwrap().next_slot_at.unwrap();
+    let third = second + 20_000;
+    let restart = third + 12_000;
+    while now_ms() < restart {
+        sleep(Duration::from_millis(200));
+    }
+    c.start_runner(&args(&[]));
+    c.wait_for("the gap to be dealt with", |c| {
+        ["skip", "one", "all"]
+            .iter()
+            .all(|n| {
+                c.store()
+                    .schedule(n)
+                    .unwrap()
+                    .last_slot_at
+                    .is_some_and(|s| s >= third)
+            })
+            .then_some(())
+    });
+    let gap = |name: &str| -> Vec<i64> {
+        by_slot(&c, name)
+            .into_keys()
+            .filter(|s| (second..=third).contains(s))
+            .collect()
+    };
+    assert_eq!(gap("skip"), Vec::<i64>::new());
+    assert_eq!(gap("one"), vec![third]);
+    assert_eq!(gap("all"), vec![second, third]);
+    let missed = |name: &str| -> Vec<String> {
+        c.store()
+            .schedule_events(name)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == EventKind::ScheduleMissed)
+            .filter_map(|e| e.detail)
+            .collect()
+    };
+    let skip = missed("skip");
+    assert_eq!(skip.len(), 1, "{skip:?}");
+    assert!(skip[0].starts_with("2 slots missed"), "{skip:?}");
+    let one = missed("one");
+    assert!(
+        one.len() == 1 && one[0].starts_with("1 slot missed"),
+        "{one:?}"
+    );
+    assert!(missed("all").is_empty());
+}

@@ -1,11 +1,11 @@
--- leasehold schema, version 2 (PRAGMA user_version = 2).
+-- leasehold schema, version 3 (PRAGMA user_version = 3).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
 -- Times are INTEGER milliseconds since the Unix epoch, UTC.
 --
--- Not schema text, but part of version 2: the file is `PRAGMA auto_vacuum = INCREMENTAL`
--- (set before the first table is created; an older file is converted with a one-time VACUUM),
+-- Not schema text, but part of version 2 and later: the file is
+-- `PRAGMA auto_vacuum = INCREMENTAL` (set before the first table is created; an older file is converted with a one-time VACUUM),
 -- so pages freed by pruning go back to the filesystem with `PRAGMA incremental_vacuum`. To
 -- make a file from this text by hand, run `PRAGMA auto_vacuum = INCREMENTAL;` first.
 
@@ -58,14 +58,17 @@ CREATE TABLE jobs (
     teardown_token      TEXT,
     teardown_pgid       INTEGER,
     teardown_start_time INTEGER
-);
+    -- How many of a pending job's dependencies (job_deps) have not succeeded yet (version 3).
+    -- A waiting job is pending but left out of the claim indexes, so it never slows a claim.
+    -- (Written as SQLite writes a column added by ALTER TABLE, so the texts compare equal.)
+    , waiting INTEGER NOT NULL DEFAULT 0);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table.
 CREATE INDEX jobs_claim ON jobs (priority DESC, scheduled_at, id)
-    WHERE status = 'pending' AND teardown_token IS NULL;
+    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0;
 CREATE INDEX jobs_claim_queue ON jobs (queue, priority DESC, scheduled_at, id)
-    WHERE status = 'pending' AND teardown_token IS NULL;
+    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0;
 -- Renewing and reclaiming leases: only running rows are indexed.
 CREATE INDEX jobs_running_lease ON jobs (lease_expires_at) WHERE status = 'running';
 CREATE INDEX jobs_running_worker ON jobs (worker_id, run_token) WHERE status = 'running';
@@ -115,3 +118,24 @@ CREATE TABLE runners (
     max_recovery_attempts  INTEGER NOT NULL
 );
 CREATE INDEX runners_started ON runners (started_at);
+
+-- Queue settings stored in the file, so that they hold across every runner and process on it
+-- (version 3). A queue without a row has no limit and is not paused.
+CREATE TABLE queues (
+    name         TEXT    PRIMARY KEY,
+    -- At most this many of the queue's jobs run at once, over every runner; NULL: no limit.
+    max_running  INTEGER CHECK (max_running IS NULL OR max_running >= 0),
+    -- 1: the queue's jobs are not claimed (running ones finish).
+    paused       INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1))
+);
+
+-- A job's dependencies: it runs only after every `after_id` succeeded (version 3). Rows stay
+-- after they are satisfied, so that a job still shows what it waited for. `after_id` is no
+-- foreign key: a finished dependency may be pruned before its dependent.
+CREATE TABLE job_deps (
+    job_id    INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    after_id  INTEGER NOT NULL,
+    PRIMARY KEY (job_id, after_id)
+) WITHOUT ROWID;
+-- The dependents of a job that just ended.
+CREATE INDEX job_deps_after ON job_deps (after_id, job_id);

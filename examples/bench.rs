@@ -136,6 +136,7 @@ fn claim_one(store: &Store, now: i64) -> Option<leasehold::protocol::Claimed> {
         limit: 1,
         queues: &[],
         lease_ttl: TTL,
+        queue_caps: &[],
     };
     store.claim(&req, now).expect("claim").pop()
 }
@@ -330,6 +331,7 @@ fn renewal(dir: &TempDir, table: &mut Table) {
             limit: LEASES as u32,
             queues: &[],
             lease_ttl: TTL,
+            queue_caps: &[],
         };
         store
             .claim(&req, now)

@@ -333,6 +333,7 @@ pub struct Job {
     backoff_base: Duration,
     backoff_max: Duration,
     on_lost: OnLost,
+    after: Vec<i64>,
 }
 
 impl Job {
@@ -355,6 +356,7 @@ impl Job {
             backoff_base: DEFAULT_BACKOFF_BASE,
             backoff_max: DEFAULT_BACKOFF_MAX,
             on_lost: OnLost::default(),
+            after: Vec::new(),
         }
     }
 
@@ -438,9 +440,41 @@ impl Job {
         self
     }
 
+    /// Runs only after every job in `ids` succeeded (call again to add more). Until then the
+    /// job is pending but not claimed; when one of them ends failed or cancelled, this job is
+    /// cancelled, with `last_error` naming it, in the same transaction. Enqueueing refuses an
+    /// id that does not exist or names a job that already failed or was cancelled; a job that
+    /// already succeeded is satisfied at once. By default, none.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use leasehold::{Job, Store, now_ms};
+    ///
+    /// let store = Store::open(dir.path().join("jobs.db"))?;
+    /// let transcode = store.enqueue(&Job::shell("ffmpeg -i in.mov out.mp4"), now_ms())?;
+    /// let upload = store.enqueue(&Job::shell("upload out.mp4").after([transcode]), now_ms())?;
+    /// assert_eq!(store.job(upload)?.waiting_for, [transcode]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn after(mut self, ids: impl IntoIterator<Item = i64>) -> Job {
+        for id in ids {
+            if !self.after.contains(&id) {
+                self.after.push(id);
+            }
+        }
+        self
+    }
+
     /// The command and its arguments.
     pub fn argv(&self) -> &[String] {
         &self.argv
+    }
+
+    /// The jobs this one runs after.
+    pub fn dependencies(&self) -> &[i64] {
+        &self.after
     }
 
     /// Checks the job as if enqueued at `now` (the time the store computes its
@@ -659,6 +693,11 @@ pub struct JobRecord {
     /// True while a lost attempt's processes still have to be torn down; the job cannot be
     /// claimed until they are.
     pub teardown_pending: bool,
+    /// The jobs it runs after ([`Job::after`]), in id order.
+    pub after: Vec<i64>,
+    /// Those of `after` that have not succeeded (yet): while any is left, a pending job is
+    /// not claimed. A dependency pruned since it succeeded is not listed.
+    pub waiting_for: Vec<i64>,
 }
 
 /// One entry of a job's history.

@@ -47,7 +47,7 @@ pub use runner::{
 pub use store::{
     Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, DatabaseSize, Durability,
     LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT,
-    Migration, OpenOptions, RunnerRecord, SCHEMA_VERSION, Store, VacuumReport,
+    Migration, OpenOptions, QueueInfo, RunnerRecord, SCHEMA_VERSION, Store, VacuumReport,
 };
 pub use store::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,

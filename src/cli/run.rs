@@ -36,7 +36,7 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         .reclaim_batch(args.reclaim_batch)
         .retention(args.keep.retention());
     for q in &args.queue {
-        builder = builder.queue(q);
+        builder = builder.queue(q, None);
     }
     let runner = builder.start().map_err(|e| match e {
         leasehold::Error::Invalid { setting, reason } => {

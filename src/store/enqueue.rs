@@ -1,14 +1,15 @@
-//! Enqueueing: a job's row and its `enqueued` event.
+//! Enqueueing: a job's row, its dependencies and its `enqueued` event.
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::error::Result;
-use crate::job::{EventKind, Job};
+use crate::error::{Error, Result};
+use crate::job::{EventKind, Job, Status};
 
 use super::tx::event;
 
 pub(super) fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
     let id = insert_row(conn, job, now)?;
+    insert_deps(conn, id, job.dependencies())?;
     event(conn, id, now, EventKind::Enqueued, 0, job.queue_name())?;
     Ok(id)
 }
@@ -17,7 +18,11 @@ pub(super) fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> 
 pub(super) fn insert_many(conn: &Connection, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
     let ids = jobs
         .iter()
-        .map(|j| insert_row(conn, j, now))
+        .map(|j| {
+            let id = insert_row(conn, j, now)?;
+            insert_deps(conn, id, j.dependencies())?;
+            Ok(id)
+        })
         .collect::<Result<Vec<i64>>>()?;
     // One statement for all the `enqueued` events: the ids of this transaction's rows
     // are consecutive, as no other writer can insert while it holds the lock.
@@ -57,4 +62,47 @@ fn insert_row(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
         scheduled_at,
     ])?;
     Ok(conn.last_insert_rowid())
+}
+
+/// Records that job `id` runs after each of `after`, and counts those not yet succeeded in its
+/// `waiting` column. Refuses (and the caller's transaction then writes nothing) an unknown id,
+/// the job itself, and a job that already failed or was cancelled: the new job could never
+/// run. Cycles cannot arise: a job can only name jobs that exist before it.
+fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
+    if after.is_empty() {
+        return Ok(());
+    }
+    let mut waiting = 0i64;
+    for &dep in after {
+        let refuse = |reason: &str| Error::Dependency {
+            id: dep,
+            reason: reason.to_string(),
+        };
+        if dep == id {
+            return Err(refuse("a job cannot run after itself"));
+        }
+        let status: Option<String> = conn
+            .prepare_cached("SELECT status FROM jobs WHERE id = ?1")?
+            .query_row([dep], |r| r.get(0))
+            .optional()?;
+        let Some(status) = status else {
+            return Err(refuse("no such job"));
+        };
+        match status.parse::<Status>()? {
+            Status::Succeeded => {}
+            Status::Pending | Status::Running => waiting += 1,
+            s @ (Status::Failed | Status::Cancelled) => {
+                return Err(refuse(&format!(
+                    "it is {s}, so this job could never run (retry it first)"
+                )));
+            }
+        }
+        conn.prepare_cached("INSERT OR IGNORE INTO job_deps (job_id, after_id) VALUES (?1, ?2)")?
+            .execute(params![id, dep])?;
+    }
+    if waiting > 0 {
+        conn.prepare_cached("UPDATE jobs SET waiting = ?2 WHERE id = ?1")?
+            .execute(params![id, waiting])?;
+    }
+    Ok(())
 }

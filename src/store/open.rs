@@ -12,7 +12,7 @@ use super::maintenance::{self, AUTO_VACUUM_INCREMENTAL};
 use crate::error::{Error, Result, is_busy};
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for another to release the database before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -111,9 +111,10 @@ pub(super) struct Opened {
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 /// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
 /// file: see [`migrate`].
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     include_str!("../migrations/0001_initial.sql"),
     include_str!("../migrations/0002_auto_vacuum.sql"),
+    include_str!("../migrations/0003_flow.sql"),
 ];
 
 /// The first version whose files are `auto_vacuum = INCREMENTAL`.

@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::error::Result;
 use crate::job::{EventKind, OnLost, Status};
 
+use super::dependency;
 use super::tx::event;
 
 /// The start of `last_error` for a job whose lease expired (or whose runner is dead).
@@ -206,6 +207,7 @@ pub(super) fn reclaim(
             EventKind::Reclaimed
         };
         event(conn, id, now, kind, attempt, &message)?;
+        dependency::job_ended(conn, id, status, now)?;
         report.reclaimed.push(Reclaimed {
             lost: LostAttempt {
                 job_id: id,

@@ -10,7 +10,10 @@ pub(super) const JOB_COLUMNS: &str =
     "id, queue, argv, env, cwd, priority, status, attempt, max_attempts,
     failed_attempts, recovery_count, on_lost, timeout_ms, idle_timeout_ms, created_at,
     scheduled_at, started_at, completed_at, heartbeat_at, lease_expires_at, run_token, worker_id,
-    pid, pgid, exit_code, signal, error_kind, last_error, teardown_token IS NOT NULL";
+    pid, pgid, exit_code, signal, error_kind, last_error, teardown_token IS NOT NULL,
+    (SELECT json_group_array(after_id) FROM job_deps WHERE job_id = jobs.id),
+    (SELECT json_group_array(d.after_id) FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
+         WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded')";
 
 pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
     let status: String = r.get(6)?;
@@ -53,6 +56,8 @@ pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
         error_kind: kind.as_deref().and_then(ErrorKind::parse),
         last_error: r.get(27)?,
         teardown_pending: r.get(28)?,
+        after: json_column(r, 29)?,
+        waiting_for: json_column(r, 30)?,
     })
 }
 
@@ -93,6 +98,12 @@ pub(super) trait JsonColumn: Sized {
 }
 
 impl JsonColumn for Vec<String> {
+    fn parse(text: &str) -> serde_json::Result<Self> {
+        serde_json::from_str(text)
+    }
+}
+
+impl JsonColumn for Vec<i64> {
     fn parse(text: &str) -> serde_json::Result<Self> {
         serde_json::from_str(text)
     }

@@ -281,14 +281,32 @@ fn auto_vacuum(path: &Path) -> i64 {
         .unwrap()
 }
 
-/// Every row of every leasehold table, as SQLite stores it, in rowid order.
+/// Every row of every leasehold table, as SQLite stores it, in rowid order: the columns of
+/// version 1 (later versions add columns, with their defaults).
 fn all_rows(path: &Path) -> Vec<(String, Vec<Vec<Value>>)> {
     let conn = bare(path);
+    let fixture = rusqlite::Connection::open_with_flags(
+        v1_fixture(),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
     ["jobs", "job_events", "job_output", "runners"]
         .into_iter()
         .map(|table| {
+            let columns: Vec<String> = fixture
+                .prepare(&format!(
+                    "SELECT name FROM pragma_table_info('{table}') ORDER BY cid"
+                ))
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
             let mut stmt = conn
-                .prepare(&format!("SELECT * FROM {table} ORDER BY rowid"))
+                .prepare(&format!(
+                    "SELECT {} FROM {table} ORDER BY rowid",
+                    columns.join(", ")
+                ))
                 .unwrap();
             let n = stmt.column_count();
             let rows = stmt
@@ -327,8 +345,14 @@ fn the_v1_fixture_upgrades_to_v2_with_every_job_event_and_output_intact() {
     }
 
     let store = Store::open(&copy).unwrap();
-    assert_eq!(store.migration(), Migration { from: 1, to: 2 });
-    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(
+        store.migration(),
+        Migration {
+            from: 1,
+            to: SCHEMA_VERSION
+        }
+    );
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
     // What the library reads of it: a failed job's output and a retried job's history.
     let output = store
         .output(2, None)
@@ -372,7 +396,7 @@ fn two_connections_upgrading_one_v1_file_at_once_both_succeed_and_keep_every_row
                 .collect()
         });
         for m in &migrations {
-            assert_eq!(m.to, 2, "round {round}: {migrations:?}");
+            assert_eq!(m.to, SCHEMA_VERSION, "round {round}: {migrations:?}");
         }
         assert!(
             migrations.iter().any(|m| m.from == 1),
@@ -380,7 +404,7 @@ fn two_connections_upgrading_one_v1_file_at_once_both_succeed_and_keep_every_row
         );
         assert_eq!(all_rows(&copy), before, "round {round}");
         assert_eq!(auto_vacuum(&copy), INCREMENTAL);
-        assert_eq!(Store::probe_version(&copy).unwrap(), 2);
+        assert_eq!(Store::probe_version(&copy).unwrap(), SCHEMA_VERSION);
         for suffix in ["-wal", "-shm"] {
             let _ = std::fs::remove_file(db.sibling(&format!("v1.db{suffix}")));
         }
@@ -549,7 +573,13 @@ fn a_v1_file_without_room_for_the_vacuum_is_refused_and_left_byte_for_byte_uncha
     // With the room back, the same file upgrades.
     std::fs::remove_file(&filler).unwrap();
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.migration(), Migration { from: 1, to: 2 });
+    assert_eq!(
+        store.migration(),
+        Migration {
+            from: 1,
+            to: SCHEMA_VERSION
+        }
+    );
     assert_eq!(store.list(&ListFilter::default()).unwrap().len(), 7);
     drop(store);
     assert_eq!(auto_vacuum(&path), INCREMENTAL);

@@ -43,6 +43,8 @@ pub fn job_json(j: &JobRecord) -> Value {
         "lease_expires_at": j.lease_expires_at,
         "completed_at": j.completed_at,
         "teardown_pending": j.teardown_pending,
+        "after": j.after,
+        "waiting_for": j.waiting_for,
     })
 }
 

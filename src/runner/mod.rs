@@ -264,7 +264,14 @@ impl Runner {
             if cfg.queues.is_empty() {
                 "all".to_string()
             } else {
-                cfg.queues.join(",")
+                cfg.queues
+                    .iter()
+                    .map(|q| match cfg.queue_limits.iter().find(|(l, _)| l == q) {
+                        Some((_, n)) => format!("{q}={n}"),
+                        None => q.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
             },
             cfg.lease_ttl.as_secs_f64()
         );

@@ -213,17 +213,18 @@ fn db_migrate_upgrades_a_version_1_file_and_logs_how_long_it_took() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let to = leasehold::SCHEMA_VERSION;
     assert!(
-        stdout.contains("migrated schema from version 1 to 2 in "),
+        stdout.contains(&format!("migrated schema from version 1 to {to} in ")),
         "{stdout}"
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("from schema version 1 to 2 in ") && stderr.contains(" ms"),
+        stderr.contains(&format!("from schema version 1 to {to} in ")) && stderr.contains(" ms"),
         "{stderr}"
     );
     let v = json(&mut cli(db, &["status", "--json"]));
-    assert_eq!(v["database"]["schema_version"], 2);
+    assert_eq!(v["database"]["schema_version"], to);
     assert_eq!(v["jobs"]["failed"], 2);
     let auto_vacuum: i64 = bare(db)
         .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))

@@ -7,11 +7,13 @@ mod util;
 mod helper;
 
 mod claim;
+mod dependency;
 mod ending;
 mod fence;
 mod migration;
 mod multiprocess;
 mod operator;
+mod queue;
 mod reclaim;
 mod renewal;
 mod retention;

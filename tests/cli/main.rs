@@ -10,6 +10,7 @@ mod db;
 mod jobs;
 mod numeric;
 mod prune;
+mod queues;
 mod run;
 mod runbook;
 mod status;

@@ -1,6 +1,7 @@
 //! Leases: claiming jobs, recording the process an attempt started, renewing the leases a
 //! runner holds, and recording how an attempt ended (with the backoff before a retry).
 
+use std::cmp::Reverse;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
@@ -152,7 +153,8 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()?
     };
-    claimed.sort_by_key(|c| (-c.priority, c.scheduled_at, c.id));
+    // Reverse, not negation: a priority of i64::MIN has no negative.
+    claimed.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
     for c in &claimed {
         event(
             conn,
@@ -211,7 +213,7 @@ fn allowed_heads(
             heads.push(row?);
         }
     }
-    heads.sort_by_key(|&(id, priority, scheduled_at)| (-priority, scheduled_at, id));
+    heads.sort_by_key(|&(id, priority, scheduled_at)| (Reverse(priority), scheduled_at, id));
     heads.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
     Ok(heads.into_iter().map(|(id, _, _)| id).collect())
 }

@@ -115,10 +115,14 @@ fn a_chain_and_a_diamond_run_after_their_parents() {
 #[test]
 fn a_failure_cancels_the_jobs_after_it_with_the_reason() {
     let db = TestDb::new();
+    let store = db.store();
     let runner = fast(&db.path).start().unwrap();
+    // Held until the chain is written: a job cannot name one that already failed.
+    store.pause_queue("default").unwrap();
     let a = runner.enqueue(&Job::shell("exit 3")).unwrap();
     let b = runner.enqueue(&Job::shell("true").after([a])).unwrap();
     let c = runner.enqueue(&Job::shell("true").after([b])).unwrap();
+    store.resume_queue("default").unwrap();
     assert_eq!(outcome(&runner, c), Outcome::Cancelled);
     assert!(matches!(outcome(&runner, a), Outcome::Failed { .. }));
     assert_eq!(outcome(&runner, b), Outcome::Cancelled);

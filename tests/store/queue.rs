@@ -210,3 +210,19 @@ fn an_empty_queue_name_is_refused() {
         );
     }
 }
+
+#[test]
+fn extreme_priorities_keep_their_order_with_and_without_limits() {
+    for limited in [false, true] {
+        let db = TestDb::new();
+        let store = db.store();
+        let lowest = enqueue(&store, &Job::shell("true").priority(i64::MIN));
+        let highest = enqueue(&store, &Job::shell("true").queue("b").priority(i64::MAX));
+        let zero = enqueue(&store, &Job::shell("true"));
+        if limited {
+            store.set_queue_limit("b", Some(1)).unwrap();
+        }
+        let ids: Vec<i64> = claim(&store, "w", 10, T0).iter().map(|c| c.id).collect();
+        assert_eq!(ids, [highest, zero, lowest], "limited: {limited}");
+    }
+}

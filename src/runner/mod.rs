@@ -312,6 +312,43 @@ impl Runner {
         Ok(ids)
     }
 
+    /// Pauses `queue` for every runner on the file: its pending jobs wait, its running
+    /// jobs finish normally. See [`Store::pause_queue`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::pause_queue`].
+    pub fn pause_queue(&self, queue: &str) -> Result<()> {
+        self.shared.check()?;
+        self.api.lock().pause_queue(queue)
+    }
+
+    /// Resumes `queue` for every runner on the file, and wakes this one, which claims its
+    /// jobs at once. See [`Store::resume_queue`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::resume_queue`].
+    pub fn resume_queue(&self, queue: &str) -> Result<()> {
+        self.shared.check()?;
+        self.api.lock().resume_queue(queue)?;
+        self.shared.wake_dispatcher();
+        Ok(())
+    }
+
+    /// Sets (or with `None` removes) the limit of `queue` stored in the file, for every runner
+    /// on it, and wakes this runner. See [`Store::set_queue_limit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::set_queue_limit`].
+    pub fn set_queue_limit(&self, queue: &str, limit: Option<u32>) -> Result<()> {
+        self.shared.check()?;
+        self.api.lock().set_queue_limit(queue, limit)?;
+        self.shared.wake_dispatcher();
+        Ok(())
+    }
+
     /// Cancels a job. A running attempt of this runner is killed at once (its group gets
     /// SIGTERM, then SIGKILL after the kill grace); one of another runner is killed when
     /// that runner next renews its leases.

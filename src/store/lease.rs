@@ -196,7 +196,7 @@ fn allowed_heads(
                 continue;
             }
             if let Some(max) = rule.max_running {
-                allowed = allowed.min(max - queue::running(conn, name)?);
+                allowed = allowed.min(max - rule.running);
             }
         }
         if let Some((_, cap)) = req.queue_caps.iter().find(|(q, _)| q == name) {

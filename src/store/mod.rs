@@ -586,7 +586,7 @@ mod tests {
     use rusqlite::params_from_iter;
 
     use super::lease::{QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
-    use super::queue::READY_QUEUE_SQL;
+    use super::queue::READY_QUEUES_SQL;
     use super::reclaim::RECLAIM_CANDIDATES_SQL;
     use super::*;
 
@@ -745,7 +745,7 @@ mod tests {
         let p = plan(conn, QUEUE_HEAD_SQL, vec![v("a"), now.into(), 8i64.into()]);
         assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
         assert!(!p.contains("TEMP B-TREE"), "{p}");
-        let p = plan(conn, READY_QUEUE_SQL, vec![v("a")]);
+        let p = plan(conn, READY_QUEUES_SQL, vec![]);
         assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
         assert!(!p.contains("TEMP B-TREE"), "{p}");
         // A dependent's ending reads its dependents through their index.

@@ -1,7 +1,7 @@
 //! Queues: the limits and pauses stored in the file, which every claim on it respects, and
 //! what `queues ls` shows of each queue.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 
 use crate::error::{Error, Result};
 
@@ -11,51 +11,50 @@ pub(super) struct Rule {
     pub name: String,
     pub max_running: Option<i64>,
     pub paused: bool,
+    /// Its running jobs over every runner, counted for a limited queue only.
+    pub running: i64,
 }
 
-/// The queues whose jobs a claim must count or skip: a small table, read in every claim.
+/// The queues whose jobs a claim must count or skip, with the running jobs of the limited
+/// ones: a small table, read in every claim, in one statement.
 pub(super) fn rules(conn: &Connection) -> Result<Vec<Rule>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT name, max_running, paused FROM queues
-         WHERE paused != 0 OR max_running IS NOT NULL",
+        "SELECT name, max_running, paused,
+                CASE WHEN max_running IS NOT NULL AND paused = 0 THEN
+                    (SELECT count(*) FROM jobs WHERE status = 'running' AND queue = queues.name)
+                ELSE 0 END
+         FROM queues WHERE paused != 0 OR max_running IS NOT NULL",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok(Rule {
             name: r.get(0)?,
             max_running: r.get(1)?,
             paused: r.get(2)?,
+            running: r.get(3)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// The first queue after `?1` that has a ready job.
-pub(super) const READY_QUEUE_SQL: &str = "SELECT queue FROM jobs INDEXED BY jobs_claim_queue
-     WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0 AND queue > ?1
-     ORDER BY queue LIMIT 1";
+/// The queues that have a ready job (not waiting, not marked for teardown), in one
+/// statement: a skip through the claim index, one step per queue, whatever the number of
+/// jobs.
+pub(super) const READY_QUEUES_SQL: &str = "WITH RECURSIVE q(name) AS (
+         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
+                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                 ORDER BY queue LIMIT 1)
+         UNION ALL
+         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
+                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                   AND queue > q.name
+                 ORDER BY queue LIMIT 1)
+         FROM q WHERE q.name IS NOT NULL)
+     SELECT name FROM q WHERE name IS NOT NULL";
 
-/// The queues that have a ready job (not waiting, not marked for teardown), each read from
-/// the claim index in one step: a skip over the index, whatever the number of jobs.
 pub(super) fn ready_queues(conn: &Connection) -> Result<Vec<String>> {
-    let mut names: Vec<String> = Vec::new();
-    let mut stmt = conn.prepare_cached(READY_QUEUE_SQL)?;
-    // Every string sorts after the empty one, and a queue name is never empty.
-    let mut after = String::new();
-    while let Some(name) = stmt
-        .query_row([&after], |r| r.get::<_, String>(0))
-        .optional()?
-    {
-        names.push(name.clone());
-        after = name;
-    }
-    Ok(names)
-}
-
-/// How many jobs of `queue` are running, over every runner.
-pub(super) fn running(conn: &Connection, queue: &str) -> Result<i64> {
-    Ok(conn
-        .prepare_cached("SELECT count(*) FROM jobs WHERE status = 'running' AND queue = ?1")?
-        .query_row([queue], |r| r.get(0))?)
+    let mut stmt = conn.prepare_cached(READY_QUEUES_SQL)?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
 fn check_name(name: &str) -> Result<()> {

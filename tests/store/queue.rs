@@ -226,3 +226,20 @@ fn extreme_priorities_keep_their_order_with_and_without_limits() {
         assert_eq!(ids, [highest, zero, lowest], "limited: {limited}");
     }
 }
+
+#[test]
+fn a_claim_of_every_queue_under_a_pause_finds_every_other_queue() {
+    let db = TestDb::new();
+    let store = db.store();
+    let names = ["a", "ab", "b", "b ", "zz", "ä"];
+    for name in names {
+        in_queue(&store, name, 2);
+    }
+    store.pause_queue("b").unwrap();
+    let claimed = claim(&store, "w", 100, T0);
+    let mut got: Vec<&str> = queues_of(&claimed);
+    got.dedup();
+    got.sort();
+    assert_eq!(got, ["a", "ab", "b ", "zz", "ä"]);
+    assert_eq!(claimed.len(), 10);
+}

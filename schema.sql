@@ -1,4 +1,4 @@
--- leasehold schema, version 5 (PRAGMA user_version = 5).
+-- leasehold schema, version 6 (PRAGMA user_version = 6).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -58,18 +58,22 @@ CREATE TABLE jobs (
     teardown_token      TEXT,
     teardown_pgid       INTEGER,
     teardown_start_time INTEGER
-    -- Version 3 (written as ALTER TABLE ADD COLUMN writes it, so that a migrated file's text
-    -- and this one's agree): unique_key, when set, makes enqueueing a job whose key matches an
-    -- unfinished job (or, with a window, any job of that key created within it) create
-    -- nothing; schedule and slot_at name the schedule that enqueued the job and its slot.
-, unique_key TEXT, schedule TEXT, slot_at INTEGER);
+    -- Version 5: unique_key, when set, makes enqueueing a job whose key matches an unfinished
+    -- job (or, with a window, any job of that key created within it) create nothing;
+    -- schedule and slot_at name the schedule that enqueued the job and its slot.
+    -- Version 6: waiting counts a pending job's dependencies (job_deps) that have not
+    -- succeeded yet; a waiting job is pending but left out of the claim indexes, so it never
+    -- slows a claim.
+    -- (Written as ALTER TABLE ADD COLUMN writes them, so that a migrated file's text and this
+    -- one's agree.)
+, unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table.
 CREATE INDEX jobs_claim ON jobs (priority DESC, scheduled_at, id)
-    WHERE status = 'pending' AND teardown_token IS NULL;
+    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0;
 CREATE INDEX jobs_claim_queue ON jobs (queue, priority DESC, scheduled_at, id)
-    WHERE status = 'pending' AND teardown_token IS NULL;
+    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0;
 -- Renewing and reclaiming leases: only running rows are indexed.
 CREATE INDEX jobs_running_lease ON jobs (lease_expires_at) WHERE status = 'running';
 CREATE INDEX jobs_running_worker ON jobs (worker_id, run_token) WHERE status = 'running';
@@ -82,9 +86,10 @@ CREATE INDEX jobs_finished ON jobs (status, completed_at, id) WHERE completed_at
 -- The runbook's failed-stale jobs: failed rows by recovery_count, so that only those past the
 -- recovery budget are read (version 3).
 CREATE INDEX jobs_failed_recovery ON jobs (recovery_count) WHERE status = 'failed';
--- Queue lag: the oldest ready pending job of one queue is the head of this index (version 4).
+-- Queue lag: the oldest ready pending job of one queue is the head of this index (version 4;
+-- version 6 leaves out jobs waiting for a dependency).
 CREATE INDEX jobs_pending_due ON jobs (queue, scheduled_at)
-    WHERE status = 'pending' AND teardown_token IS NULL;
+    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0;
 -- The unique-key check of an enqueue, and a schedule's overlap check (version 5).
 CREATE INDEX jobs_unique ON jobs (unique_key, status, created_at) WHERE unique_key IS NOT NULL;
 CREATE INDEX jobs_schedule ON jobs (schedule, status) WHERE schedule IS NOT NULL;
@@ -214,3 +219,23 @@ CREATE TABLE schedule_events (
     detail      TEXT
 );
 CREATE INDEX schedule_events_schedule ON schedule_events (schedule, id);
+-- Queue settings stored in the file, so that they hold across every runner and process on it
+-- (version 6). A queue without a row has no limit and is not paused.
+CREATE TABLE queues (
+    name         TEXT    PRIMARY KEY,
+    -- At most this many of the queue's jobs run at once, over every runner; NULL: no limit.
+    max_running  INTEGER CHECK (max_running IS NULL OR max_running >= 0),
+    -- 1: the queue's jobs are not claimed (running ones finish).
+    paused       INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1))
+);
+
+-- A job's dependencies: it runs only after every `after_id` succeeded (version 6). Rows stay
+-- after they are satisfied, so that a job still shows what it waited for. `after_id` is no
+-- foreign key: a finished dependency may be pruned before its dependent.
+CREATE TABLE job_deps (
+    job_id    INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    after_id  INTEGER NOT NULL,
+    PRIMARY KEY (job_id, after_id)
+) WITHOUT ROWID;
+-- The dependents of a job that just ended.
+CREATE INDEX job_deps_after ON job_deps (after_id, job_id);

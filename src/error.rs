@@ -95,6 +95,16 @@ pub enum Error {
         /// Why the operation is refused.
         reason: String,
     },
+    /// A job cannot run after the job it names ([`Job::after`](crate::Job::after)): the id is
+    /// unknown, names the job itself, or a job that already failed or was cancelled. Nothing
+    /// was enqueued.
+    #[error("cannot run after job {id}: {reason}")]
+    Dependency {
+        /// The dependency named.
+        id: i64,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A setting or argument is out of range or inconsistent with another.
     #[error("invalid {setting}: {reason}")]
     Invalid {

@@ -345,6 +345,7 @@ pub struct Job {
     on_lost: OnLost,
     unique_key: Option<String>,
     unique_window: Option<Duration>,
+    after: Vec<i64>,
 }
 
 impl Job {
@@ -369,6 +370,7 @@ impl Job {
             on_lost: OnLost::default(),
             unique_key: None,
             unique_window: None,
+            after: Vec::new(),
         }
     }
 
@@ -469,6 +471,33 @@ impl Job {
         self
     }
 
+    /// Runs only after every job in `ids` succeeded (call again to add more). Until then the
+    /// job is pending but not claimed; when one of them ends failed or cancelled, this job is
+    /// cancelled, with `last_error` naming it, in the same transaction. Enqueueing refuses an
+    /// id that does not exist or names a job that already failed or was cancelled; a job that
+    /// already succeeded is satisfied at once. By default, none.
+    ///
+    /// ```
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use leasehold::{Job, Store, now_ms};
+    ///
+    /// let store = Store::open(dir.path().join("jobs.db"))?;
+    /// let transcode = store.enqueue(&Job::shell("ffmpeg -i in.mov out.mp4"), now_ms())?;
+    /// let upload = store.enqueue(&Job::shell("upload out.mp4").after([transcode]), now_ms())?;
+    /// assert_eq!(store.job(upload)?.waiting_for, [transcode]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn after(mut self, ids: impl IntoIterator<Item = i64>) -> Job {
+        for id in ids {
+            if !self.after.contains(&id) {
+                self.after.push(id);
+            }
+        }
+        self
+    }
+
     /// The command and its arguments.
     pub fn argv(&self) -> &[String] {
         &self.argv
@@ -482,6 +511,11 @@ impl Job {
     /// The unique window in whole milliseconds (validated to fit).
     pub(crate) fn unique_window_ms(&self) -> Option<i64> {
         self.unique_window.map(duration_ms)
+    }
+
+    /// The jobs this one runs after.
+    pub fn dependencies(&self) -> &[i64] {
+        &self.after
     }
 
     /// Checks the job as if enqueued at `now` (the time the store computes its
@@ -791,6 +825,11 @@ pub struct JobRecord {
     pub schedule: Option<String>,
     /// The slot of that schedule it was enqueued for.
     pub slot_at: Option<i64>,
+    /// The jobs it runs after ([`Job::after`]), in id order.
+    pub after: Vec<i64>,
+    /// Those of `after` that have not succeeded (yet): while any is left, a pending job is
+    /// not claimed. A dependency pruned since it succeeded is not listed.
+    pub waiting_for: Vec<i64>,
 }
 
 /// One entry of a job's history.

@@ -23,6 +23,7 @@
 //!     limit: 1,
 //!     queues: &[],
 //!     lease_ttl: Duration::from_secs(30),
+//!     queue_caps: &[],
 //! };
 //! let claimed = store.claim(&req, now_ms())?.remove(0);
 //! let finish = Finish {

@@ -140,6 +140,43 @@ pub fn schedule_name(s: OsString) -> Result<String, String> {
     }
 }
 
+/// `run --queue Q[=N]`: a queue to serve, and this runner's limit for it.
+pub fn served_queue(s: OsString) -> Result<(String, Option<usize>), String> {
+    let text = utf8(s)?;
+    match text.rsplit_once('=') {
+        None => queue(text.into()).map(|q| (q, None)),
+        Some((name, n)) => {
+            let q = queue(name.into())?;
+            match n.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => Ok((q, Some(n))),
+                _ => Err(format!(
+                    "{n:?} is not a whole number of at least 1 (the most jobs of queue {q} at once)"
+                )),
+            }
+        }
+    }
+}
+
+/// `queues limit`'s N, or `none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimit(pub Option<u32>);
+
+/// A whole number of at least 0, or `none`.
+pub fn queue_limit(s: &str) -> Result<QueueLimit, String> {
+    if s == "none" {
+        return Ok(QueueLimit(None));
+    }
+    s.trim()
+        .parse::<u32>()
+        .map(|n| QueueLimit(Some(n)))
+        .map_err(|_| {
+            format!(
+                "{s:?} is not a whole number from 0 to {} or `none`",
+                u32::MAX
+            )
+        })
+}
+
 /// A path that the job will use (`--cwd`): stored as text, so it must be UTF-8; a lossy
 /// conversion would make the job run somewhere else than asked.
 pub fn utf8_path(s: OsString) -> Result<PathBuf, String> {

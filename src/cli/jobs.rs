@@ -42,7 +42,8 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
             .queue(&args.queue)
             .priority(args.priority)
             .max_attempts(args.max_attempts)
-            .on_lost(args.on_lost);
+            .on_lost(args.on_lost)
+            .after(args.after.iter().copied());
         if let Some(t) = args.timeout {
             job = job.timeout(t.0);
         }
@@ -210,6 +211,8 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
             },
         ),
         ("priority", job.priority.to_string()),
+        ("after", ids(&job.after)),
+        ("waiting_for", ids(&job.waiting_for)),
         (
             "unique_key",
             job.unique_key.clone().unwrap_or_else(|| "-".into()),
@@ -401,4 +404,12 @@ pub fn cancel(db: &Path, args: &CancelArgs) -> anyhow::Result<()> {
         writeln!(out, "job {} is {}", job.id, job.status)?;
     }
     Ok(())
+}
+
+/// Job ids as `3,4`, or `-` for none.
+fn ids(ids: &[i64]) -> String {
+    if ids.is_empty() {
+        return "-".into();
+    }
+    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
 }

@@ -5,6 +5,7 @@ mod arg;
 mod db;
 mod jobs;
 mod progress;
+mod queues;
 mod render;
 mod run;
 mod schedules;
@@ -60,6 +61,9 @@ enum Command {
     /// Add, list, remove, pause and resume recurring schedules, and show their next slots.
     #[command(subcommand, arg_required_else_help = false)]
     Schedules(schedules::SchedulesCommand),
+    /// Limit, pause and resume queues for every runner on this file, and list them.
+    #[command(subcommand, arg_required_else_help = false)]
+    Queues(QueuesCommand),
     /// Job counts by status, the lease counters (`job_leases`) and the runners on this file.
     Status(StatusArgs),
     /// Run jobs in the foreground until SIGINT or SIGTERM (or, with --until-idle, until none
@@ -172,6 +176,43 @@ enum JobsCommand {
     Cancel(CancelArgs),
 }
 
+#[derive(Debug, Subcommand)]
+enum QueuesCommand {
+    /// At most N jobs of the queue run at once, over every runner on this file (`none`
+    /// removes the limit).
+    Limit(QueueLimitArgs),
+    /// Leave the queue's pending jobs unclaimed by every runner; running jobs finish.
+    Pause(QueueNameArgs),
+    /// Let runners claim the queue's jobs again.
+    Resume(QueueNameArgs),
+    /// Every queue with unfinished jobs or a setting: pending, running, limit, paused, and
+    /// how long its oldest ready job has waited.
+    Ls(JsonArg),
+}
+
+#[derive(Debug, Args)]
+struct QueueLimitArgs {
+    /// The queue.
+    #[arg(value_name = "NAME", value_parser = OsStringValueParser::new().try_map(arg::queue))]
+    name: String,
+    /// The most jobs of the queue that run at once, or `none`.
+    #[arg(value_name = "N|none", allow_hyphen_values = true, value_parser = arg::queue_limit)]
+    limit: arg::QueueLimit,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct QueueNameArgs {
+    /// The queue.
+    #[arg(value_name = "NAME", value_parser = OsStringValueParser::new().try_map(arg::queue))]
+    name: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Debug, Args)]
 #[command(
     allow_negative_numbers = true,
@@ -215,6 +256,15 @@ struct AddArgs {
     #[arg(long, value_name = "DIR",
           value_parser = OsStringValueParser::new().try_map(arg::utf8_path))]
     cwd: Option<PathBuf>,
+    /// Run only after these jobs succeeded (repeatable, or comma-separated). The job is
+    /// cancelled if one of them fails or is cancelled.
+    #[arg(
+        long,
+        value_name = "ID[,ID...]",
+        value_delimiter = ',',
+        allow_hyphen_values = true
+    )]
+    after: Vec<i64>,
     /// One `sh -c` job per non-empty line of FILE (`-` for stdin), in one transaction.
     #[arg(long, value_name = "FILE")]
     from_file: Option<PathBuf>,
@@ -341,9 +391,11 @@ struct RunArgs {
     #[arg(long, value_name = "N", allow_hyphen_values = true, env = "LEASEHOLD_WORKERS", default_value_t = DEFAULT_WORKERS,
           value_parser = |s: &str| arg::workers(s, run::MAX_WORKERS))]
     workers: usize,
-    /// Take jobs from this queue only (repeatable; by default, every queue).
-    #[arg(long, value_name = "Q", value_parser = OsStringValueParser::new().try_map(arg::queue))]
-    queue: Vec<String>,
+    /// Take jobs from this queue only, with `=N` at most N of them at once in this runner
+    /// (repeatable; a queue without `=N` shares the workers; by default, every queue).
+    #[arg(long, value_name = "Q[=N]",
+          value_parser = OsStringValueParser::new().try_map(arg::served_queue))]
+    queue: Vec<(String, Option<usize>)>,
     /// Exit 0 once no job of its queues is pending or running, on any runner.
     #[arg(long)]
     until_idle: bool,
@@ -394,6 +446,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs(JobsCommand::Logs(a)) => jobs::logs(db, &a),
         Command::Jobs(JobsCommand::Retry(a)) => jobs::retry(db, &a),
         Command::Jobs(JobsCommand::Cancel(a)) => jobs::cancel(db, &a),
+        Command::Queues(QueuesCommand::Limit(a)) => queues::limit(db, &a.name, a.limit, a.json),
+        Command::Queues(QueuesCommand::Pause(a)) => queues::pause(db, &a.name, true, a.json),
+        Command::Queues(QueuesCommand::Resume(a)) => queues::pause(db, &a.name, false, a.json),
+        Command::Queues(QueuesCommand::Ls(a)) => queues::ls(db, a.json),
         Command::Schedules(c) => schedules::run(db, c),
         Command::Status(a) if a.prometheus => status::prometheus(db),
         Command::Status(a) => status::status(db, a.json),

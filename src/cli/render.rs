@@ -46,6 +46,8 @@ pub fn job_json(j: &JobRecord) -> Value {
         "unique_key": j.unique_key,
         "schedule": j.schedule,
         "slot_at": j.slot_at,
+        "after": j.after,
+        "waiting_for": j.waiting_for,
     })
 }
 

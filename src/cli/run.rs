@@ -35,8 +35,8 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         .max_recovery_attempts(args.max_recovery)
         .reclaim_batch(args.reclaim_batch)
         .retention(args.keep.retention());
-    for q in &args.queue {
-        builder = builder.queue(q);
+    for (q, limit) in &args.queue {
+        builder = builder.queue(q, *limit);
     }
     let runner = builder.start().map_err(|e| match e {
         leasehold::Error::Invalid { setting, reason } => {

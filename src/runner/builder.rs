@@ -43,6 +43,8 @@ pub(crate) struct Config {
     pub path: PathBuf,
     pub workers: usize,
     pub queues: Vec<String>,
+    /// This runner's own limits, for some of `queues`.
+    pub queue_limits: Vec<(String, usize)>,
     pub lease_ttl: Duration,
     pub heartbeat_interval: Duration,
     pub sweep_interval: Duration,
@@ -110,6 +112,7 @@ impl RunnerBuilder {
                 path,
                 workers: DEFAULT_WORKERS,
                 queues: Vec::new(),
+                queue_limits: Vec::new(),
                 lease_ttl: DEFAULT_LEASE_TTL,
                 heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
                 sweep_interval: DEFAULT_SWEEP_INTERVAL,
@@ -133,9 +136,37 @@ impl RunnerBuilder {
         self
     }
 
-    /// Takes jobs from this queue (call again to add more). By default, every queue.
-    pub fn queue(mut self, queue: impl Into<String>) -> Self {
-        self.config.queues.push(queue.into());
+    /// Takes jobs from this queue (call again to add more), at most `limit` of them at once
+    /// in this runner, or with `None` as many as the workers take. `workers` stays the total:
+    /// queues without a limit share the pool, and a worker never idles while a queue it serves
+    /// has a ready job its limit allows. A limit stored in the file
+    /// ([`Store::set_queue_limit`](crate::Store::set_queue_limit)) holds as well. By default,
+    /// every queue, without a limit of the runner's.
+    ///
+    /// ```no_run
+    /// # fn main() -> leasehold::Result<()> {
+    /// use leasehold::Runner;
+    ///
+    /// // Two transcodes at a time, one upload, anything else on the rest of 4 workers.
+    /// let runner = Runner::builder("jobs.db")
+    ///     .workers(4)
+    ///     .queue("transcode", 2)
+    ///     .queue("upload", 1)
+    ///     .queue("default", None)
+    ///     .start()?;
+    /// # runner.shutdown()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn queue(mut self, queue: impl Into<String>, limit: impl Into<Option<usize>>) -> Self {
+        let queue = queue.into();
+        self.config.queue_limits.retain(|(q, _)| *q != queue);
+        if let Some(limit) = limit.into() {
+            self.config.queue_limits.push((queue.clone(), limit));
+        }
+        if !self.config.queues.contains(&queue) {
+            self.config.queues.push(queue);
+        }
         self
     }
 
@@ -235,6 +266,15 @@ pub(super) fn validate(c: &Config) -> Result<()> {
         return Err(Error::invalid(
             "workers",
             format!("{} is out of range: must be 1 to {MAX_WORKERS}", c.workers),
+        ));
+    }
+    if c.queues.iter().any(String::is_empty) {
+        return Err(Error::invalid("queue", "the queue name is empty"));
+    }
+    if let Some((q, _)) = c.queue_limits.iter().find(|(_, n)| *n == 0) {
+        return Err(Error::invalid(
+            "queue",
+            format!("queue {q}: a limit of 0 would never run its jobs (pause it instead)"),
         ));
     }
     if c.output_tail > MAX_OUTPUT_TAIL {

@@ -41,7 +41,8 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
         };
         let mut claimed_all = false;
         if want > 0 {
-            match writer.claim(u32::try_from(want).unwrap_or(u32::MAX)) {
+            let caps = shared.queue_caps();
+            match writer.claim(u32::try_from(want).unwrap_or(u32::MAX), caps) {
                 Ok(jobs) => {
                     claimed_all = jobs.len() == want;
                     for job in jobs {
@@ -62,6 +63,7 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
                             job.run_token.clone(),
                             Running {
                                 job_id: job.id,
+                                queue: job.queue.clone(),
                                 stop,
                                 lease_expires_at: job.lease_expires_at,
                             },
@@ -76,6 +78,9 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
                 Err(e) => log::error!("claim failed: {e:#}"),
             }
         }
+        shared
+            .claim_short
+            .store(want > 0 && !claimed_all, Ordering::Relaxed);
         if !claimed_all {
             shared.wait_for_wake(shared.config.poll_interval);
         }

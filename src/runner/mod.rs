@@ -284,7 +284,14 @@ impl Runner {
             if cfg.queues.is_empty() {
                 "all".to_string()
             } else {
-                cfg.queues.join(",")
+                cfg.queues
+                    .iter()
+                    .map(|q| match cfg.queue_limits.iter().find(|(l, _)| l == q) {
+                        Some((_, n)) => format!("{q}={n}"),
+                        None => q.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
             },
             cfg.lease_ttl.as_secs_f64()
         );
@@ -398,6 +405,43 @@ impl Runner {
         let ids = self.api.lock().enqueue_many(jobs, now_ms())?;
         self.shared.wake_dispatcher();
         Ok(ids)
+    }
+
+    /// Pauses `queue` for every runner on the file: its pending jobs wait, its running
+    /// jobs finish normally. See [`Store::pause_queue`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::pause_queue`].
+    pub fn pause_queue(&self, queue: &str) -> Result<()> {
+        self.shared.check()?;
+        self.api.lock().pause_queue(queue)
+    }
+
+    /// Resumes `queue` for every runner on the file, and wakes this one, which claims its
+    /// jobs at once. See [`Store::resume_queue`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::resume_queue`].
+    pub fn resume_queue(&self, queue: &str) -> Result<()> {
+        self.shared.check()?;
+        self.api.lock().resume_queue(queue)?;
+        self.shared.wake_dispatcher();
+        Ok(())
+    }
+
+    /// Sets (or with `None` removes) the limit of `queue` stored in the file, for every runner
+    /// on it, and wakes this runner. See [`Store::set_queue_limit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::set_queue_limit`].
+    pub fn set_queue_limit(&self, queue: &str, limit: Option<u32>) -> Result<()> {
+        self.shared.check()?;
+        self.api.lock().set_queue_limit(queue, limit)?;
+        self.shared.wake_dispatcher();
+        Ok(())
     }
 
     /// Cancels a job. A running attempt of this runner is killed at once (its group gets

@@ -17,6 +17,8 @@ use super::builder::Config;
 /// One attempt this runner is running, by its run token.
 pub(crate) struct Running {
     pub job_id: i64,
+    /// Its queue: what the runner's own queue limits count.
+    pub queue: String,
     pub stop: StopHandle,
     /// When its lease runs out, as last written (wall clock, ms).
     pub lease_expires_at: i64,
@@ -40,6 +42,9 @@ pub(crate) struct Shared {
     /// The dispatcher refills the work queue once it holds this many jobs or fewer: a worker
     /// that finds more queued need not wake it.
     pub refill_at: AtomicUsize,
+    /// The dispatcher's last claim took fewer jobs than it asked for: the writer wakes it
+    /// once an ending is committed, which may let it take more.
+    pub claim_short: AtomicBool,
     /// Wakes the dispatcher (an enqueue, a free worker, shutdown).
     wake: (Mutex<bool>, Condvar),
     /// Bumped whenever an ending is committed or observed; waiters block on it.
@@ -71,6 +76,7 @@ impl Shared {
             commit_nanos: AtomicU64::new(0),
             renew_nanos: AtomicU64::new(0),
             refill_at: AtomicUsize::new(0),
+            claim_short: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             endings: (Mutex::new(0), Condvar::new()),
             counters: Mutex::new(SweepCounters::default()),
@@ -94,6 +100,24 @@ impl Shared {
             self.wake.1.wait_for(&mut woken, timeout);
         }
         *woken = false;
+    }
+
+    /// What this runner may still claim of each queue it limits: its limit less the jobs of
+    /// that queue it holds (running, or claimed and waiting for a worker).
+    pub(crate) fn queue_caps(&self) -> Vec<(String, u32)> {
+        if self.config.queue_limits.is_empty() {
+            return Vec::new();
+        }
+        let running = self.running.lock();
+        self.config
+            .queue_limits
+            .iter()
+            .map(|(q, limit)| {
+                let held = running.values().filter(|r| r.queue == *q).count();
+                let left = limit.saturating_sub(held);
+                (q.clone(), u32::try_from(left).unwrap_or(u32::MAX))
+            })
+            .collect()
     }
 
     /// The attempt under `token` has ended (its ending is committed, or given up on).
@@ -184,6 +208,8 @@ pub(crate) enum Op {
     /// Claim up to `limit` jobs; the claimed jobs come back on `reply` once committed.
     Claim {
         limit: u32,
+        /// The runner's caps for this claim, per queue.
+        caps: Vec<(String, u32)>,
         reply: Sender<Result<Vec<Claimed>>>,
     },
     /// Record an attempt's process.
@@ -232,11 +258,12 @@ impl Writer {
         self.urgent.len() + self.lazy.len()
     }
 
-    /// Claims up to `limit` jobs and waits until the claim is committed.
-    pub(crate) fn claim(&self, limit: u32) -> Result<Vec<Claimed>> {
+    /// Claims up to `limit` jobs, at most `caps` of the queues it names, and waits until the
+    /// claim is committed.
+    pub(crate) fn claim(&self, limit: u32, caps: Vec<(String, u32)>) -> Result<Vec<Claimed>> {
         let (reply, answer) = bounded(1);
         self.urgent
-            .send(Op::Claim { limit, reply })
+            .send(Op::Claim { limit, caps, reply })
             .map_err(|_| Error::ShutDown)?;
         answer.recv().map_err(|_| Error::ShutDown)?
     }

@@ -329,6 +329,7 @@ mod tests {
                     limit: 1,
                     queues: &[],
                     lease_ttl: Duration::from_secs(30),
+                    queue_caps: &[],
                 },
                 now_ms(),
             )

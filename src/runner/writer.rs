@@ -334,12 +334,13 @@ struct Ctx<'a> {
 fn apply_op(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Result<Applied> {
     let now = ctx.now;
     Ok(match op {
-        Op::Claim { limit, .. } => {
+        Op::Claim { limit, caps, .. } => {
             let req = ClaimRequest {
                 worker_id: ctx.worker_id,
                 limit: *limit,
                 queues: ctx.queues,
                 lease_ttl: ctx.lease_ttl,
+                queue_caps: caps,
             };
             Applied::Claimed(Ok(store::claim(conn, &req, now)?))
         }
@@ -403,6 +404,12 @@ fn after_commit(shared: &Shared, done: Vec<Done>) {
     }
     if ended {
         shared.endings_changed();
+        // An ending frees a place under a queue limit and may release the jobs that run
+        // after it: a dispatcher whose last claim came back short claims again now, not at
+        // its next poll.
+        if shared.claim_short.load(Ordering::Relaxed) {
+            shared.wake_dispatcher();
+        }
     }
 }
 
@@ -433,6 +440,7 @@ mod tests {
             limit: 1,
             queues: &[],
             lease_ttl: Duration::from_secs(60),
+            queue_caps: &[],
         };
         let job = store
             .claim(&req, crate::job::now_ms())
@@ -480,7 +488,9 @@ mod tests {
         };
 
         // While the ending is held, a claim is refused as full rather than kept waiting.
-        let e = writer.claim(1).expect_err("no claim while full");
+        let e = writer
+            .claim(1, Vec::new())
+            .expect_err("no claim while full");
         assert!(e.is_full(), "{e:?}");
         assert_eq!(other.job(id).expect("job").status, Status::Running);
 

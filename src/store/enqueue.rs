@@ -1,9 +1,10 @@
-//! Enqueueing: a job's row and its `enqueued` event, and the unique-key check before it.
+//! Enqueueing: a job's row, its dependencies and its `enqueued` event, and the unique-key
+//! check before it.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::error::Result;
-use crate::job::{EventKind, Job};
+use crate::error::{Error, Result};
+use crate::job::{EventKind, Job, Status};
 use crate::schedule::utc_text;
 
 use super::counter;
@@ -48,6 +49,7 @@ pub(super) fn enqueue(
         });
     }
     let id = insert_row(conn, job, now, slot)?;
+    insert_deps(conn, id, job.dependencies())?;
     let detail = match slot {
         None => job.queue_name().to_string(),
         Some(s) => format!(
@@ -103,7 +105,9 @@ pub(super) fn insert_many(
         return Ok(ids);
     }
     for job in jobs {
-        ids.push(insert_row(conn, job, now, None)?);
+        let id = insert_row(conn, job, now, None)?;
+        insert_deps(conn, id, job.dependencies())?;
+        ids.push(id);
         if ids.len() % PROGRESS_EVERY == 0 {
             progress(ids.len());
         }
@@ -161,4 +165,47 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
         slot.map(|s| s.at),
     ])?;
     Ok(conn.last_insert_rowid())
+}
+
+/// Records that job `id` runs after each of `after`, and counts those not yet succeeded in its
+/// `waiting` column. Refuses (and the caller's transaction then writes nothing) an unknown id,
+/// the job itself, and a job that already failed or was cancelled: the new job could never
+/// run. Cycles cannot arise: a job can only name jobs that exist before it.
+fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
+    if after.is_empty() {
+        return Ok(());
+    }
+    let mut waiting = 0i64;
+    for &dep in after {
+        let refuse = |reason: &str| Error::Dependency {
+            id: dep,
+            reason: reason.to_string(),
+        };
+        if dep == id {
+            return Err(refuse("a job cannot run after itself"));
+        }
+        let status: Option<String> = conn
+            .prepare_cached("SELECT status FROM jobs WHERE id = ?1")?
+            .query_row([dep], |r| r.get(0))
+            .optional()?;
+        let Some(status) = status else {
+            return Err(refuse("no such job"));
+        };
+        match status.parse::<Status>()? {
+            Status::Succeeded => {}
+            Status::Pending | Status::Running => waiting += 1,
+            s @ (Status::Failed | Status::Cancelled) => {
+                return Err(refuse(&format!(
+                    "it is {s}, so this job could never run (retry it first)"
+                )));
+            }
+        }
+        conn.prepare_cached("INSERT OR IGNORE INTO job_deps (job_id, after_id) VALUES (?1, ?2)")?
+            .execute(params![id, dep])?;
+    }
+    if waiting > 0 {
+        conn.prepare_cached("UPDATE jobs SET waiting = ?2 WHERE id = ?1")?
+            .execute(params![id, waiting])?;
+    }
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! Leases: claiming jobs, recording the process an attempt started, renewing the leases a
 //! runner holds, and recording how an attempt ended (with the backoff before a retry).
 
+use std::cmp::Reverse;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
@@ -12,6 +13,8 @@ use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
 use crate::metrics::CounterKind;
 
 use super::counter;
+use super::dependency;
+use super::queue;
 use super::reclaim::LEASE_EXPIRED_PREFIX;
 use super::reclaim::lost_verdict;
 use super::row::{json_column, ms_duration};
@@ -29,6 +32,10 @@ pub struct ClaimRequest<'a> {
     pub queues: &'a [String],
     /// The lease each claim takes.
     pub lease_ttl: Duration,
+    /// The runner's own caps for this claim: at most this many more jobs of the queue (its
+    /// limit less what it already holds). A queue not listed is capped only by `limit` and by
+    /// the limits stored in the file ([`Store::set_queue_limit`](crate::Store::set_queue_limit)).
+    pub queue_caps: &'a [(String, u32)],
 }
 
 /// A job a runner claimed: what it needs to run the attempt.
@@ -37,6 +44,8 @@ pub struct ClaimRequest<'a> {
 pub struct Claimed {
     /// The job.
     pub id: i64,
+    /// Its queue.
+    pub queue: String,
     /// The attempt number this claim started.
     pub attempt: i64,
     /// The lease's token, which fences every later write of this attempt.
@@ -57,24 +66,29 @@ pub struct Claimed {
     scheduled_at: i64,
 }
 
+/// What a claim writes into each job it takes. Parameters: worker id, now, lease expiry.
+const CLAIM_SET: &str = "UPDATE jobs SET status = 'running', attempt = attempt + 1,
+         run_token = lower(hex(randomblob(16))), worker_id = ?1, started_at = ?2,
+         heartbeat_at = ?2, lease_expires_at = ?3, completed_at = NULL, pid = NULL,
+         pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
+         error_kind = NULL";
+
+/// What a claim reads back from each job it took.
+const CLAIM_RETURNING: &str = "RETURNING id, queue, attempt, run_token, argv, env, cwd,
+               timeout_ms, idle_timeout_ms, priority, scheduled_at";
+
 /// The claim, with `{index}` and `{queues}` to fill: see [`claim_sql`]. Parameters: worker id,
 /// now, lease expiry, limit, then the queues from `?5`.
 ///
 /// Limits go through a subquery here and below: a bare parameter in LIMIT makes SQLite (built
 /// with STAT4) prepare the statement again on every run.
-pub(super) const CLAIM_SQL: &str = "UPDATE jobs SET status = 'running', attempt = attempt + 1,
-         run_token = lower(hex(randomblob(16))), worker_id = ?1, started_at = ?2,
-         heartbeat_at = ?2, lease_expires_at = ?3, completed_at = NULL, pid = NULL,
-         pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
-         error_kind = NULL
-     WHERE id IN (SELECT id FROM jobs INDEXED BY {index}
-                  WHERE status = 'pending' AND teardown_token IS NULL AND scheduled_at <= ?2
-                  {queues}
-                  ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?4))
-     RETURNING id, attempt, run_token, argv, env, cwd, timeout_ms, idle_timeout_ms,
-               priority, scheduled_at";
+pub(super) const CLAIM_WHERE: &str = "WHERE id IN (SELECT id FROM jobs INDEXED BY {index}
+                  WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                  AND scheduled_at <= ?2 {queues}
+                  ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?4))";
 
-/// The claim statement for `queues` (all queues when empty).
+/// The claim statement for `queues` (all queues when empty), when no queue has a limit or a
+/// pause.
 pub(super) fn claim_sql(queues: &[String]) -> String {
     // Without statistics the planner prefers jobs_status (an equality on status) and then
     // sorts every pending row: a claim costs O(pending) instead of reading an index head.
@@ -83,44 +97,66 @@ pub(super) fn claim_sql(queues: &[String]) -> String {
     } else {
         "jobs_claim_queue"
     };
-    CLAIM_SQL
+    let filter = CLAIM_WHERE
         .replace("{index}", index)
-        .replace("{queues}", &queue_filter(queues, 5))
+        .replace("{queues}", &queue_filter(queues, 5));
+    format!("{CLAIM_SET} {filter} {CLAIM_RETURNING}")
 }
+
+/// The ready jobs of one queue, best first. Parameters: queue, now, limit.
+pub(super) const QUEUE_HEAD_SQL: &str = "SELECT id, priority, scheduled_at
+     FROM jobs INDEXED BY jobs_claim_queue
+     WHERE queue = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0
+       AND scheduled_at <= ?2
+     ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?3)";
 
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
     if req.limit == 0 {
         return Ok(Vec::new());
     }
     let expires = now.saturating_add(duration_ms(req.lease_ttl));
-    let sql = claim_sql(req.queues);
-    let mut values: Vec<rusqlite::types::Value> = vec![
-        req.worker_id.to_string().into(),
-        now.into(),
-        expires.into(),
-        i64::from(req.limit).into(),
-    ];
-    values.extend(req.queues.iter().map(|q| q.clone().into()));
+    let rules = queue::rules(conn)?;
+    let mut values: Vec<rusqlite::types::Value> =
+        vec![req.worker_id.to_string().into(), now.into(), expires.into()];
+    let sql = if rules.is_empty() && req.queue_caps.is_empty() {
+        // Nothing limits a queue: one statement reads the head of one index.
+        values.push(i64::from(req.limit).into());
+        values.extend(req.queues.iter().map(|q| q.clone().into()));
+        claim_sql(req.queues)
+    } else {
+        let ids = allowed_heads(conn, req, &rules, now)?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        values.push(serde_json::to_string(&ids).unwrap_or_default().into());
+        format!(
+            "{CLAIM_SET} WHERE id IN (SELECT value FROM json_each(?4))
+                 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0
+             {CLAIM_RETURNING}"
+        )
+    };
     let mut claimed = {
         let mut stmt = conn.prepare_cached(&sql)?;
         let rows = stmt.query_map(params_from_iter(values), |r| {
             Ok(Claimed {
                 id: r.get(0)?,
-                attempt: r.get(1)?,
-                run_token: r.get(2)?,
-                argv: json_column(r, 3)?,
-                env: json_column(r, 4)?,
-                cwd: r.get(5)?,
-                timeout: r.get::<_, Option<i64>>(6)?.map(ms_duration),
-                idle_timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
+                queue: r.get(1)?,
+                attempt: r.get(2)?,
+                run_token: r.get(3)?,
+                argv: json_column(r, 4)?,
+                env: json_column(r, 5)?,
+                cwd: r.get(6)?,
+                timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
+                idle_timeout: r.get::<_, Option<i64>>(8)?.map(ms_duration),
                 lease_expires_at: expires,
-                priority: r.get(8)?,
-                scheduled_at: r.get(9)?,
+                priority: r.get(9)?,
+                scheduled_at: r.get(10)?,
             })
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()?
     };
-    claimed.sort_by_key(|c| (-c.priority, c.scheduled_at, c.id));
+    // Reverse, not negation: a priority of i64::MIN has no negative.
+    claimed.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
     for c in &claimed {
         event(
             conn,
@@ -132,6 +168,56 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
         )?;
     }
     Ok(claimed)
+}
+
+/// The ids a claim may take when some queue is paused or limited (in the file, or by the
+/// runner's caps): the best ready jobs of each queue the claim serves, as many as the queue
+/// still allows, merged in claim order and cut to the request's limit. Reads, per queue, the
+/// head of its index; the caller's IMMEDIATE transaction makes the count of running jobs and
+/// the claim one atomic step, so runners on one file never exceed a limit together.
+fn allowed_heads(
+    conn: &Connection,
+    req: &ClaimRequest<'_>,
+    rules: &[queue::Rule],
+    now: i64,
+) -> Result<Vec<i64>> {
+    let limit = i64::from(req.limit);
+    let names = if req.queues.is_empty() {
+        queue::ready_queues(conn)?
+    } else {
+        let mut names = req.queues.to_vec();
+        names.sort();
+        names.dedup();
+        names
+    };
+    let mut heads: Vec<(i64, i64, i64)> = Vec::new();
+    for name in &names {
+        let mut allowed = limit;
+        if let Some(rule) = rules.iter().find(|r| &r.name == name) {
+            if rule.paused {
+                continue;
+            }
+            if let Some(max) = rule.max_running {
+                allowed = allowed.min(max - rule.running);
+            }
+        }
+        if let Some((_, cap)) = req.queue_caps.iter().find(|(q, _)| q == name) {
+            allowed = allowed.min(i64::from(*cap));
+        }
+        if allowed <= 0 {
+            continue;
+        }
+        let mut stmt = conn.prepare_cached(QUEUE_HEAD_SQL)?;
+        let rows = stmt.query_map(params![name, now, allowed], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+        for row in rows {
+            heads.push(row?);
+        }
+    }
+    heads.sort_by_key(|&(id, priority, scheduled_at)| (Reverse(priority), scheduled_at, id));
+    heads.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    Ok(heads.into_iter().map(|(id, _, _)| id).collect())
 }
 
 /// The process an attempt started, to record under its lease.
@@ -419,6 +505,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
     finish_rest(conn, f, now, attempt)?;
     event(conn, f.job_id, now, kind, attempt, &detail)?;
     counter::attempt_ended(conn, facts.as_ref(), &f.ending, status, now)?;
+    dependency::job_ended(conn, f.job_id, status, now)?;
     Ok(Finished::Recorded(status))
 }
 
@@ -441,6 +528,7 @@ fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished>
     // The success leaves scheduled_at and started_at as they were: read them after it.
     let facts = counter::Attempt::read(conn, f.job_id)?;
     counter::attempt_ended(conn, facts.as_ref(), &f.ending, Status::Succeeded, now)?;
+    dependency::job_ended(conn, f.job_id, Status::Succeeded, now)?;
     Ok(Finished::Recorded(Status::Succeeded))
 }
 

@@ -19,12 +19,13 @@ use super::maintenance;
 pub(super) const JOB_COUNTS_SQL: &str =
     "SELECT queue, status, n FROM job_counts ORDER BY queue, status";
 
-/// Per queue, the `scheduled_at` of its oldest ready pending job (NULL when none): one seek
-/// into `jobs_pending_due` per queue. Parameter: now.
+/// Per queue, the `scheduled_at` of its oldest ready pending job (NULL when none; a job
+/// waiting for a dependency is not ready): one seek into `jobs_pending_due` per queue.
+/// Parameter: now.
 pub(super) const QUEUE_LAG_SQL: &str = "SELECT q.queue,
             (SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
              WHERE queue = q.queue AND status = 'pending' AND teardown_token IS NULL
-               AND scheduled_at <= ?1)
+               AND waiting = 0 AND scheduled_at <= ?1)
      FROM (SELECT DISTINCT queue FROM job_counts) AS q ORDER BY q.queue";
 
 /// Runners that have not stopped and renewed within their lease TTL. Parameter: now.

@@ -13,7 +13,8 @@
 //! One file per concern, each with its SQL beside the code that runs it: `open` (creating,
 //! refusing and migrating a file), `enqueue`, `lease` (claim, start, renew and the ending),
 //! `reclaim` (lost attempts and their teardown markers), `operator` (cancel and retry), `read`,
-//! and `runners`; `row` turns rows into records, and `tx` holds what every write shares (the
+//! `runners`, `queue` (limits and pauses stored in the file) and `dependency` (what an ending
+//! does to the jobs that run after it); `row` turns rows into records, and `tx` holds what every write shares (the
 //! transaction, the savepoint that lets one write of a shared transaction fail alone, the
 //! event every transition appends). This file holds [`Store`], whose methods open a
 //! transaction and call into those files; the files import `tx` and `row` and each other
@@ -32,12 +33,14 @@ use crate::metrics::Metrics;
 use crate::schedule::Schedule;
 
 mod counter;
+mod dependency;
 mod enqueue;
 mod lease;
 mod maintenance;
 mod metrics;
 mod open;
 mod operator;
+mod queue;
 mod read;
 mod reclaim;
 mod retention;
@@ -57,6 +60,7 @@ pub use maintenance::{DatabaseSize, VacuumReport};
 pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
 };
+pub use queue::QueueInfo;
 pub use read::{Counts, LeaseCounts, ListFilter, QueueCounts};
 pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
 pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
@@ -741,6 +745,50 @@ impl Store {
         Ok(report)
     }
 
+    /// Limits `queue` to `limit` running jobs at once, over every runner and process on this
+    /// file; `None` removes the limit. A claim counts the queue's running jobs and takes new
+    /// ones in one transaction, so runners never exceed the limit together. Lowering a limit
+    /// stops nothing that runs: new claims wait until the queue is under it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for an empty name, [`Error::Sqlite`] when the database cannot be
+    /// written.
+    pub fn set_queue_limit(&self, queue: &str, limit: Option<u32>) -> Result<()> {
+        self.write(|c| queue::set_limit(c, queue, limit))
+    }
+
+    /// Pauses `queue` for every runner on this file: its pending jobs are not claimed until
+    /// [`Store::resume_queue`]; its running jobs finish normally.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for an empty name, [`Error::Sqlite`] when the database cannot be
+    /// written.
+    pub fn pause_queue(&self, queue: &str) -> Result<()> {
+        self.write(|c| queue::set_paused(c, queue, true))
+    }
+
+    /// Resumes a paused `queue`; resuming one that is not paused does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for an empty name, [`Error::Sqlite`] when the database cannot be
+    /// written.
+    pub fn resume_queue(&self, queue: &str) -> Result<()> {
+        self.write(|c| queue::set_paused(c, queue, false))
+    }
+
+    /// Every queue that has an unfinished job, a limit or a pause, by name, with its counts at
+    /// `now`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn queues(&self, now: i64) -> Result<Vec<QueueInfo>> {
+        queue::list(&self.conn, now)
+    }
+
     /// Whether any job of `queues` (all queues when empty) is pending (due or not) or running.
     ///
     /// # Errors
@@ -755,7 +803,8 @@ impl Store {
 mod tests {
     use rusqlite::params_from_iter;
 
-    use super::lease::{RENEW_SQL, claim_sql};
+    use super::lease::{QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
+    use super::queue::READY_QUEUES_SQL;
     use super::read::QUEUE_COUNTS_SQL;
     use super::reclaim::RECLAIM_CANDIDATES_SQL;
     use super::*;
@@ -861,15 +910,32 @@ mod tests {
         assert!(ids(&failed, 0).is_empty());
     }
 
-    /// The virtual-machine steps one claim of one job takes on a file of `pending` jobs, half
-    /// in queue `a` and half in `b`: a count of work, the same on any machine, where a timing
-    /// would be noise.
-    fn claim_steps(pending: usize, queues: &[String]) -> i32 {
+    /// The virtual-machine steps one claim of one job takes on a file of `pending` ready jobs,
+    /// half in queue `a` and half in `b`, beside `waiting` jobs (of both queues, at a higher
+    /// priority) that wait for a job still pending: a count of work, the same on any machine,
+    /// where a timing would be noise.
+    fn claim_steps(pending: usize, waiting: usize, queues: &[String]) -> i32 {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path().join("jobs.db")).unwrap();
         let now = 1_700_000_000_000i64;
+        let queue = |i: usize| if i % 2 == 0 { "a" } else { "b" };
+        if waiting > 0 {
+            // The dependency sits in a queue the claim does not read.
+            let first = store
+                .enqueue(&crate::Job::shell("true").queue("c"), now)
+                .unwrap();
+            let jobs: Vec<crate::Job> = (0..waiting)
+                .map(|i| {
+                    crate::Job::shell("true")
+                        .queue(queue(i))
+                        .priority(10)
+                        .after([first])
+                })
+                .collect();
+            store.enqueue_many(&jobs, now).unwrap();
+        }
         let jobs: Vec<crate::Job> = (0..pending)
-            .map(|i| crate::Job::shell("true").queue(if i % 2 == 0 { "a" } else { "b" }))
+            .map(|i| crate::Job::shell("true").queue(queue(i)))
             .collect();
         store.enqueue_many(&jobs, now).unwrap();
         let conn = store.conn();
@@ -894,13 +960,32 @@ mod tests {
     #[test]
     fn a_claim_does_the_same_work_from_a_thousand_or_a_hundred_thousand_pending_jobs() {
         for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
-            let (few, many) = (claim_steps(1_000, &queues), claim_steps(100_000, &queues));
+            let (few, many) = (
+                claim_steps(1_000, 0, &queues),
+                claim_steps(100_000, 0, &queues),
+            );
             // Measured: 261, 264 and 312 steps at both sizes. A claim that scanned or sorted
             // the pending rows of its queues would take at least one step per row read:
             // 50,000 and more here.
             assert!(
                 many <= few * 2,
                 "queues {queues:?}: {many} steps from 100,000 jobs, {few} from 1,000"
+            );
+        }
+    }
+
+    #[test]
+    fn a_hundred_thousand_waiting_jobs_cost_a_claim_nothing() {
+        for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+            let (alone, beside) = (
+                claim_steps(1_000, 0, &queues),
+                claim_steps(1_000, 100_000, &queues),
+            );
+            // The waiting jobs are not in the claim indexes: a claim that read them would
+            // take a step for each, 100,000 here.
+            assert!(
+                beside <= alone + alone / 5,
+                "queues {queues:?}: {beside} steps beside 100,000 waiting jobs, {alone} without"
             );
         }
     }
@@ -956,6 +1041,21 @@ mod tests {
         ];
         let p = plan(conn, RENEW_SQL, values);
         assert!(uses_index(&p, "jobs_running_worker"), "{p}");
+        // A claim under queue limits reads each queue's index head, finds the queues with a
+        // ready job by skipping through that index, and takes its ids by primary key.
+        let p = plan(conn, QUEUE_HEAD_SQL, vec![v("a"), now.into(), 8i64.into()]);
+        assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
+        assert!(!p.contains("TEMP B-TREE"), "{p}");
+        let p = plan(conn, READY_QUEUES_SQL, vec![]);
+        assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
+        assert!(!p.contains("TEMP B-TREE"), "{p}");
+        // A dependent's ending reads its dependents through their index.
+        let p = plan(
+            conn,
+            "SELECT job_id FROM job_deps WHERE after_id = ?1",
+            vec![1i64.into()],
+        );
+        assert!(uses_index(&p, "job_deps_after"), "{p}");
     }
 
     #[test]

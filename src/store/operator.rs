@@ -8,6 +8,7 @@ use crate::job::{EventKind, JobRecord, Status};
 use crate::metrics::CounterKind;
 
 use super::counter;
+use super::dependency;
 use super::read::{ListFilter, job, list};
 use super::tx::event;
 
@@ -55,6 +56,7 @@ pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> 
         current.attempt,
         &detail,
     )?;
+    dependency::job_ended(conn, id, Status::Cancelled, now)?;
     job(conn, id)
 }
 
@@ -90,6 +92,16 @@ pub(super) fn retry(
             ));
         }
     }
+    // A job that runs after others waits for them again, and never for one that cannot
+    // succeed: the operator retries that one first.
+    let waiting = match dependency::unmet(conn, id)? {
+        Ok(waiting) => waiting,
+        Err((dep, status)) => {
+            return Err(refuse(format!(
+                "it runs after job {dep}, which is {status}: retry job {dep} first"
+            )));
+        }
+    };
     let message = match reason {
         Some(r) if !r.trim().is_empty() => format!("manual retry: {}", r.trim()),
         _ => "manual retry after lease recovery".to_string(),
@@ -104,9 +116,9 @@ pub(super) fn retry(
              status = 'pending', scheduled_at = ?2, started_at = NULL, completed_at = NULL,
              heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL, worker_id = NULL,
              recovery_count = 0, attempt = 0, failed_attempts = 0, exit_code = NULL,
-             signal = NULL, error_kind = NULL, last_error = ?3
+             signal = NULL, error_kind = NULL, last_error = ?3, waiting = ?5
          WHERE id = ?1 AND status = ?4",
-        params![id, now, message, current.status.as_str()],
+        params![id, now, message, current.status.as_str(), waiting],
     )?;
     counter::bump(conn, CounterKind::ManualRetries, &current.queue, "")?;
     event(

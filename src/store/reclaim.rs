@@ -9,6 +9,7 @@ use crate::job::{EventKind, OnLost, Status};
 use crate::metrics::CounterKind;
 
 use super::counter;
+use super::dependency;
 use super::tx::event;
 
 /// The start of `last_error` for a job whose lease expired (or whose runner is dead).
@@ -210,6 +211,7 @@ pub(super) fn reclaim(
             EventKind::Reclaimed
         };
         event(conn, id, now, kind, attempt, &message)?;
+        dependency::job_ended(conn, id, status, now)?;
         report.reclaimed.push(Reclaimed {
             lost: LostAttempt {
                 job_id: id,

@@ -11,7 +11,10 @@ pub(super) const JOB_COLUMNS: &str =
     failed_attempts, recovery_count, on_lost, timeout_ms, idle_timeout_ms, created_at,
     scheduled_at, started_at, completed_at, heartbeat_at, lease_expires_at, run_token, worker_id,
     pid, pgid, exit_code, signal, error_kind, last_error, teardown_token IS NOT NULL,
-    unique_key, schedule, slot_at";
+    unique_key, schedule, slot_at,
+    (SELECT json_group_array(after_id) FROM job_deps WHERE job_id = jobs.id),
+    (SELECT json_group_array(d.after_id) FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
+         WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded')";
 
 pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
     let status: String = r.get(6)?;
@@ -57,6 +60,8 @@ pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
         unique_key: r.get(29)?,
         schedule: r.get(30)?,
         slot_at: r.get(31)?,
+        after: json_column(r, 32)?,
+        waiting_for: json_column(r, 33)?,
     })
 }
 
@@ -97,6 +102,12 @@ pub(super) trait JsonColumn: Sized {
 }
 
 impl JsonColumn for Vec<String> {
+    fn parse(text: &str) -> serde_json::Result<Self> {
+        serde_json::from_str(text)
+    }
+}
+
+impl JsonColumn for Vec<i64> {
     fn parse(text: &str) -> serde_json::Result<Self> {
         serde_json::from_str(text)
     }

@@ -11,6 +11,7 @@ mod jobs;
 mod numeric;
 mod progress;
 mod prune;
+mod queues;
 mod run;
 mod runbook;
 mod schedules;

@@ -7,6 +7,7 @@ mod util;
 mod helper;
 
 mod crash;
+mod flow;
 mod freeze;
 mod fulldisk;
 mod renewal;

@@ -8,6 +8,7 @@ mod helper;
 
 mod completion;
 mod enqueue;
+mod flow;
 mod lease;
 mod metrics;
 mod process;

@@ -25,6 +25,7 @@ pub fn claim_in(
         limit,
         queues,
         lease_ttl: TTL,
+        queue_caps: &[],
     };
     store.claim(&req, now).expect("claim")
 }

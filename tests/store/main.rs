@@ -7,12 +7,14 @@ mod util;
 mod helper;
 
 mod claim;
+mod dependency;
 mod ending;
 mod fence;
 mod metrics;
 mod migration;
 mod multiprocess;
 mod operator;
+mod queue;
 mod reclaim;
 mod renewal;
 mod retention;

@@ -11,6 +11,7 @@
 pub mod exposition;
 mod proc;
 mod runner;
+mod span;
 mod watchdog;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +26,7 @@ pub use proc::{
     token_holders,
 };
 pub use runner::{RUN_VARS, RunnerProcess, leasehold_vars};
+pub use span::{max_overlap, spans, timed};
 pub use watchdog::{WATCHDOG_DEFAULT_SECS, WATCHDOG_ENV, Watchdog};
 
 /// A fixed "now" for tests that pass time as a parameter: 2023-11-14T22:13:20Z.

@@ -1,0 +1,87 @@
+//! Dependencies between jobs: what the ending of a job does to the jobs that run after it.
+//!
+//! A job's `waiting` column counts its dependencies that have not succeeded; the claim indexes
+//! hold only jobs with `waiting = 0`, so a waiting job costs a claim nothing. Every function
+//! here runs inside the transaction of the ending that calls it.
+
+use rusqlite::{Connection, params};
+
+use crate::error::Result;
+use crate::job::{EventKind, Status};
+use crate::metrics::CounterKind;
+
+use super::counter;
+use super::tx::event;
+
+/// Job `id` has just ended in `status` (succeeded, failed or cancelled): a success counts
+/// down its dependents' `waiting`; a failure or a cancel cancels every pending job that runs
+/// after it, and the jobs after those, down the chain, each with `last_error` naming the
+/// dependency and how it ended.
+pub(super) fn job_ended(conn: &Connection, id: i64, status: Status, now: i64) -> Result<()> {
+    match status {
+        Status::Succeeded => {
+            conn.prepare_cached(
+                "UPDATE jobs SET waiting = waiting - 1
+                 WHERE id IN (SELECT job_id FROM job_deps WHERE after_id = ?1)
+                   AND status = 'pending' AND waiting > 0",
+            )?
+            .execute([id])?;
+            Ok(())
+        }
+        Status::Failed | Status::Cancelled => cancel_dependents(conn, id, status, now),
+        Status::Pending | Status::Running => Ok(()),
+    }
+}
+
+/// Cancels the pending dependents of `id`, which ended in `status`, and theirs in turn.
+fn cancel_dependents(conn: &Connection, id: i64, status: Status, now: i64) -> Result<()> {
+    // (the job that ended, how, and the job whose failure started the chain)
+    let mut ended = vec![(id, status, id)];
+    while let Some((dep, how, root)) = ended.pop() {
+        let message = if dep == root {
+            format!("dependency job {dep} {how}")
+        } else {
+            format!("dependency job {dep} {how} (after job {root} failed or was cancelled)")
+        };
+        let cancelled: Vec<(i64, i64, String)> = {
+            let mut stmt = conn.prepare_cached(
+                "UPDATE jobs SET status = 'cancelled', completed_at = ?2, last_error = ?3
+                 WHERE id IN (SELECT job_id FROM job_deps WHERE after_id = ?1)
+                   AND status = 'pending'
+                 RETURNING id, attempt, queue",
+            )?;
+            let rows = stmt.query_map(params![dep, now, message], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        for (job, attempt, queue) in cancelled {
+            event(conn, job, now, EventKind::Cancelled, attempt, &message)?;
+            // A cancelled job ended, as when an operator cancels it (the metrics' endings).
+            counter::bump(conn, CounterKind::JobsEnded, &queue, "cancelled")?;
+            ended.push((job, Status::Cancelled, root));
+        }
+    }
+    Ok(())
+}
+
+/// The `waiting` a job that an operator puts back to pending starts with: its dependencies
+/// still pending or running. Returns the first dependency that failed or was cancelled
+/// instead, if any: the job could never run, and the operator retries that one first.
+pub(super) fn unmet(conn: &Connection, id: i64) -> Result<std::result::Result<i64, (i64, Status)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT p.id, p.status FROM job_deps d JOIN jobs p ON p.id = d.after_id
+         WHERE d.job_id = ?1 AND p.status != 'succeeded' ORDER BY p.id",
+    )?;
+    let rows = stmt.query_map([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
+    let mut waiting = 0;
+    for row in rows {
+        let (dep, status) = row?;
+        match status.parse::<Status>()? {
+            Status::Pending | Status::Running => waiting += 1,
+            Status::Succeeded => {}
+            s @ (Status::Failed | Status::Cancelled) => return Ok(Err((dep, s))),
+        }
+    }
+    Ok(Ok(waiting))
+}

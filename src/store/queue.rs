@@ -1,0 +1,150 @@
+//! Queues: the limits and pauses stored in the file, which every claim on it respects, and
+//! what `queues ls` shows of each queue.
+
+use rusqlite::{Connection, params};
+
+use crate::error::{Error, Result};
+
+/// A queue's settings as a claim reads them: only queues with a limit or a pause have one.
+#[derive(Debug, Clone)]
+pub(super) struct Rule {
+    pub name: String,
+    pub max_running: Option<i64>,
+    pub paused: bool,
+    /// Its running jobs over every runner, counted for a limited queue only.
+    pub running: i64,
+}
+
+/// The queues whose jobs a claim must count or skip, with the running jobs of the limited
+/// ones: a small table, read in every claim, in one statement.
+pub(super) fn rules(conn: &Connection) -> Result<Vec<Rule>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT name, max_running, paused,
+                CASE WHEN max_running IS NOT NULL AND paused = 0 THEN
+                    (SELECT count(*) FROM jobs WHERE status = 'running' AND queue = queues.name)
+                ELSE 0 END
+         FROM queues WHERE paused != 0 OR max_running IS NOT NULL",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(Rule {
+            name: r.get(0)?,
+            max_running: r.get(1)?,
+            paused: r.get(2)?,
+            running: r.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The queues that have a ready job (not waiting, not marked for teardown), in one
+/// statement: a skip through the claim index, one step per queue, whatever the number of
+/// jobs.
+pub(super) const READY_QUEUES_SQL: &str = "WITH RECURSIVE q(name) AS (
+         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
+                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                 ORDER BY queue LIMIT 1)
+         UNION ALL
+         SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
+                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                   AND queue > q.name
+                 ORDER BY queue LIMIT 1)
+         FROM q WHERE q.name IS NOT NULL)
+     SELECT name FROM q WHERE name IS NOT NULL";
+
+pub(super) fn ready_queues(conn: &Connection) -> Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(READY_QUEUES_SQL)?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid("queue", "the queue name is empty"));
+    }
+    Ok(())
+}
+
+/// Sets (or with `None` removes) the limit of `name`.
+pub(super) fn set_limit(conn: &Connection, name: &str, limit: Option<u32>) -> Result<()> {
+    check_name(name)?;
+    conn.prepare_cached(
+        "INSERT INTO queues (name, max_running) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running",
+    )?
+    .execute(params![name, limit])?;
+    forget_if_plain(conn, name)
+}
+
+/// Pauses or resumes `name`.
+pub(super) fn set_paused(conn: &Connection, name: &str, paused: bool) -> Result<()> {
+    check_name(name)?;
+    conn.prepare_cached(
+        "INSERT INTO queues (name, paused) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET paused = excluded.paused",
+    )?
+    .execute(params![name, paused])?;
+    forget_if_plain(conn, name)
+}
+
+/// A queue without a limit or a pause needs no row.
+fn forget_if_plain(conn: &Connection, name: &str) -> Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM queues WHERE name = ?1 AND max_running IS NULL AND paused = 0",
+    )?
+    .execute([name])?;
+    Ok(())
+}
+
+/// A queue as [`Store::queues`](crate::Store::queues) shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueInfo {
+    /// The queue's name.
+    pub name: String,
+    /// Its pending jobs, those waiting for dependencies or a later time included.
+    pub pending: u64,
+    /// Of those, the jobs waiting for dependencies.
+    pub waiting: u64,
+    /// Its running jobs, over every runner.
+    pub running: u64,
+    /// At most this many of its jobs run at once over every runner; `None`: no limit.
+    pub limit: Option<u32>,
+    /// Whether its jobs are left unclaimed.
+    pub paused: bool,
+    /// How long its oldest ready job (due, not waiting) has been ready, in milliseconds.
+    pub oldest_ready_ms: Option<i64>,
+}
+
+/// Every queue that has an unfinished job or a setting, by name.
+pub(super) fn list(conn: &Connection, now: i64) -> Result<Vec<QueueInfo>> {
+    let mut stmt = conn.prepare_cached(
+        "WITH names AS (
+             SELECT DISTINCT queue AS name FROM jobs WHERE status IN ('pending', 'running')
+             UNION SELECT name FROM queues)
+         SELECT n.name,
+                (SELECT count(*) FROM jobs WHERE queue = n.name AND status = 'pending'),
+                (SELECT count(*) FROM jobs WHERE queue = n.name AND status = 'pending'
+                                                 AND waiting > 0),
+                (SELECT count(*) FROM jobs WHERE queue = n.name AND status = 'running'),
+                q.max_running, coalesce(q.paused, 0),
+                (SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_claim_queue
+                     WHERE queue = n.name AND status = 'pending' AND teardown_token IS NULL
+                       AND waiting = 0 AND scheduled_at <= ?1)
+         FROM names n LEFT JOIN queues q ON q.name = n.name
+         ORDER BY n.name",
+    )?;
+    let rows = stmt.query_map([now], |r| {
+        Ok(QueueInfo {
+            name: r.get(0)?,
+            pending: r.get::<_, i64>(1)? as u64,
+            waiting: r.get::<_, i64>(2)? as u64,
+            running: r.get::<_, i64>(3)? as u64,
+            limit: r
+                .get::<_, Option<i64>>(4)?
+                .map(|l| u32::try_from(l).unwrap_or(u32::MAX)),
+            paused: r.get(5)?,
+            oldest_ready_ms: r.get::<_, Option<i64>>(6)?.map(|t| now.saturating_sub(t)),
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

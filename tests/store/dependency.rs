@@ -1,0 +1,269 @@
+//! Dependencies: a job runs only after the jobs it names succeeded; a failure or a cancel
+//! cancels the jobs after it, down the chain, in the ending's own transaction; what cannot
+//! be satisfied is refused with nothing written; waiting jobs cost a claim nothing.
+
+use leasehold::protocol::{Claimed, Ending, Finished};
+use leasehold::{Error, Job, ListFilter, Status, Store};
+
+use crate::helper::{claim, claim_one, enqueue, exit, finish, sweep};
+use crate::util::{T0, TestDb, kinds};
+
+fn ids(claimed: &[Claimed]) -> Vec<i64> {
+    claimed.iter().map(|c| c.id).collect()
+}
+
+fn job(after: &[i64]) -> Job {
+    Job::shell("true").after(after.iter().copied())
+}
+
+#[test]
+fn a_chain_runs_in_order() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &job(&[]));
+    let b = enqueue(&store, &job(&[a]));
+    let c = enqueue(&store, &job(&[b]));
+    assert_eq!(store.job(c).unwrap().waiting_for, [b]);
+
+    for (step, expected) in [a, b, c].into_iter().enumerate() {
+        let now = T0 + step as i64;
+        let claimed = claim(&store, "w", 10, now);
+        assert_eq!(ids(&claimed), [expected], "step {step}");
+        assert_eq!(
+            finish(&store, &claimed[0], Ending::Succeeded, now),
+            Finished::Recorded(Status::Succeeded)
+        );
+    }
+    assert!(claim(&store, "w", 10, T0 + 10).is_empty());
+    let c = store.job(c).unwrap();
+    assert_eq!((c.after, c.waiting_for), (vec![b], vec![]));
+}
+
+#[test]
+fn a_diamond_waits_for_both_parents() {
+    let db = TestDb::new();
+    let store = db.store();
+    let root = enqueue(&store, &job(&[]));
+    let left = enqueue(&store, &job(&[root]));
+    let right = enqueue(&store, &job(&[root]));
+    let join = enqueue(&store, &job(&[left, right]));
+
+    let r = claim_one(&store, "w", T0);
+    finish(&store, &r, Ending::Succeeded, T0);
+    let both = claim(&store, "w", 10, T0 + 1);
+    assert_eq!(ids(&both), [left, right]);
+    finish(&store, &both[0], Ending::Succeeded, T0 + 2);
+    assert!(claim(&store, "w", 10, T0 + 3).is_empty(), "one parent left");
+    assert_eq!(store.job(join).unwrap().waiting_for, [right]);
+    finish(&store, &both[1], Ending::Succeeded, T0 + 4);
+    assert_eq!(ids(&claim(&store, "w", 10, T0 + 5)), [join]);
+}
+
+#[test]
+fn a_failure_cancels_the_chain_after_it_with_the_reason() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &job(&[]));
+    let b = enqueue(&store, &job(&[a]));
+    let c = enqueue(&store, &job(&[b]));
+    let unrelated = enqueue(&store, &job(&[]));
+
+    let claimed = claim_one(&store, "w", T0);
+    assert_eq!(claimed.id, a);
+    assert_eq!(
+        finish(&store, &claimed, exit(3), T0 + 1),
+        Finished::Recorded(Status::Failed)
+    );
+    let b = store.job(b).unwrap();
+    assert_eq!(b.status, Status::Cancelled);
+    assert_eq!(
+        b.last_error.as_deref(),
+        Some(format!("dependency job {a} failed").as_str())
+    );
+    assert_eq!(b.completed_at, Some(T0 + 1));
+    assert_eq!(kinds(&store, b.id), ["enqueued", "cancelled"]);
+    let c = store.job(c).unwrap();
+    assert_eq!(c.status, Status::Cancelled);
+    let reason = c.last_error.unwrap();
+    assert!(
+        reason.starts_with(&format!("dependency job {} cancelled", b.id))
+            && reason.contains(&a.to_string()),
+        "{reason}"
+    );
+    assert_eq!(store.job(unrelated).unwrap().status, Status::Pending);
+}
+
+#[test]
+fn a_retry_scheduled_after_a_failure_keeps_the_dependents_waiting() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &Job::shell("true").max_attempts(2));
+    let b = enqueue(&store, &job(&[a]));
+    let claimed = claim_one(&store, "w", T0);
+    assert_eq!(
+        finish(&store, &claimed, exit(1), T0 + 1),
+        Finished::Recorded(Status::Pending)
+    );
+    let b = store.job(b).unwrap();
+    assert_eq!((b.status, b.waiting_for), (Status::Pending, vec![a]));
+}
+
+#[test]
+fn a_cancel_or_a_lost_attempt_that_fails_cancels_the_dependents_too() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &job(&[]));
+    let b = enqueue(&store, &job(&[a]));
+    store.cancel(a, T0 + 1).unwrap();
+    let b = store.job(b).unwrap();
+    assert_eq!(b.status, Status::Cancelled);
+    assert_eq!(
+        b.last_error.as_deref(),
+        Some(format!("dependency job {a} cancelled").as_str())
+    );
+
+    // Lost beyond a budget of 0: failed as lost, in the sweep's transaction.
+    let x = enqueue(&store, &job(&[]));
+    let y = enqueue(&store, &job(&[x]));
+    claim_one(&store, "w", T0);
+    let report = store
+        .reclaim(&sweep(0, 10), crate::helper::EXPIRED)
+        .unwrap();
+    assert_eq!(report.reclaimed.len(), 1);
+    assert_eq!(store.job(x).unwrap().status, Status::Failed);
+    let y = store.job(y).unwrap();
+    assert_eq!(y.status, Status::Cancelled);
+    assert_eq!(
+        y.last_error.as_deref(),
+        Some(format!("dependency job {x} failed").as_str())
+    );
+}
+
+#[test]
+fn a_retry_of_the_failed_dependency_does_not_revive_its_dependents() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &job(&[]));
+    let b = enqueue(&store, &job(&[a]));
+    let claimed = claim_one(&store, "w", T0);
+    finish(&store, &claimed, exit(1), T0);
+
+    // The dependent first: refused while its dependency cannot succeed.
+    let e = store.retry(b, None, T0 + 1).unwrap_err();
+    assert!(
+        e.to_string().contains(&format!("retry job {a} first")),
+        "{e}"
+    );
+    store.retry(a, None, T0 + 2).unwrap();
+    assert_eq!(store.job(b).unwrap().status, Status::Cancelled);
+    // Retried in turn, it waits for the dependency again.
+    let b = store.retry(b, None, T0 + 3).unwrap();
+    assert_eq!((b.status, b.waiting_for), (Status::Pending, vec![a]));
+    assert_eq!(ids(&claim(&store, "w", 10, T0 + 4)), [a]);
+}
+
+#[test]
+fn a_dependency_that_already_succeeded_is_satisfied_at_once() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &job(&[]));
+    let claimed = claim_one(&store, "w", T0);
+    finish(&store, &claimed, Ending::Succeeded, T0);
+    let b = enqueue(&store, &job(&[a]));
+    let record = store.job(b).unwrap();
+    assert_eq!((record.after, record.waiting_for), (vec![a], vec![]));
+    assert_eq!(ids(&claim(&store, "w", 10, T0 + 1)), [b]);
+}
+
+#[test]
+fn a_dependency_that_is_running_is_waited_for() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &job(&[]));
+    let running = claim_one(&store, "w", T0);
+    let b = enqueue(&store, &job(&[a]));
+    assert!(claim(&store, "w", 10, T0 + 1).is_empty());
+    finish(&store, &running, Ending::Succeeded, T0 + 2);
+    assert_eq!(ids(&claim(&store, "w", 10, T0 + 3)), [b]);
+}
+
+/// Everything in the file, to compare before and after a refused enqueue.
+fn snapshot(store: &Store) -> (Vec<i64>, usize) {
+    let jobs = store.list(&ListFilter::default()).unwrap();
+    let events: usize = jobs.iter().map(|j| store.events(j.id).unwrap().len()).sum();
+    (jobs.iter().map(|j| j.id).collect(), events)
+}
+
+#[test]
+fn naming_an_unknown_failed_or_cancelled_job_or_itself_is_refused_with_nothing_written() {
+    let db = TestDb::new();
+    let store = db.store();
+    let failed = enqueue(&store, &job(&[]));
+    let claimed = claim_one(&store, "w", T0);
+    finish(&store, &claimed, exit(1), T0);
+    let cancelled = enqueue(&store, &job(&[]));
+    store.cancel(cancelled, T0).unwrap();
+    let pending = enqueue(&store, &job(&[]));
+    let before = snapshot(&store);
+    // The id the next job would get: naming it names the job itself. (A job can only name
+    // jobs that exist before it, so no cycle can be made; naming itself is the one loop.)
+    let itself = pending + 1;
+
+    for (dep, reason) in [
+        (9_999, "no such job"),
+        (failed, "it is failed"),
+        (cancelled, "it is cancelled"),
+        (itself, "a job cannot run after itself"),
+    ] {
+        for result in [
+            store.enqueue(&job(&[pending, dep]), T0),
+            store
+                .enqueue_many(&[job(&[dep]), job(&[pending])], T0)
+                .map(|ids| ids[0]),
+        ] {
+            match result {
+                Err(Error::Dependency { id, reason: r }) => {
+                    assert_eq!(id, dep);
+                    assert!(r.starts_with(reason), "{r}");
+                }
+                other => panic!("naming {dep}: expected a refusal, got {other:?}"),
+            }
+            assert_eq!(snapshot(&store), before, "nothing written for {dep}");
+        }
+    }
+    // The id was not used up: the next job gets it, and may name the others.
+    assert_eq!(enqueue(&store, &job(&[pending])), itself);
+}
+
+#[test]
+fn a_hundred_thousand_waiting_jobs_do_not_change_which_ready_job_is_claimed_next() {
+    let ready: Vec<Job> = (0..1_000)
+        .map(|i| {
+            Job::shell("true")
+                .priority(i % 7)
+                .queue(if i % 2 == 0 { "a" } else { "b" })
+        })
+        .collect();
+    let order = |waiting: usize| -> Vec<i64> {
+        let db = TestDb::new();
+        let store = db.store();
+        let blocker = enqueue(&store, &Job::shell("true").queue("blocker"));
+        store.pause_queue("blocker").unwrap();
+        // Waiting jobs first, at a higher priority than any ready one.
+        let waiting: Vec<Job> = (0..waiting)
+            .map(|_| Job::shell("true").priority(100).after([blocker]))
+            .collect();
+        let skip = store.enqueue_many(&waiting, T0).unwrap().len() as i64;
+        store.enqueue_many(&ready, T0).unwrap();
+        // The ids of the ready jobs, counted from the first of them.
+        let first = 2 + skip;
+        let mut taken = Vec::new();
+        for i in 0..20 {
+            taken.extend(claim(&store, "w", 3, T0 + i).iter().map(|c| c.id - first));
+        }
+        taken
+    };
+    let alone = order(0);
+    assert_eq!(alone.len(), 60);
+    assert_eq!(order(100_000), alone);
+}

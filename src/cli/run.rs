@@ -46,28 +46,12 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
     })?;
 
     let mut signals = Some(signals);
+    // With --until-idle, every ending of this runner is a moment to look again; the check
+    // interval bounds how late an ending in another process is seen. The first look is at
+    // once, so that an empty file costs no wait at all.
+    let endings = args.until_idle.then(|| runner.subscribe());
+    let (no_signals, no_endings) = (crossbeam_channel::never(), crossbeam_channel::never());
     loop {
-        let received = match &signals {
-            Some(rx) => rx.recv_timeout(IDLE_CHECK),
-            None => {
-                std::thread::sleep(IDLE_CHECK);
-                Err(RecvTimeoutError::Timeout)
-            }
-        };
-        match received {
-            Ok(sig) => {
-                log::info!(
-                    "{sig} received: shutting down, running jobs have {}s to finish",
-                    args.shutdown_grace
-                );
-                break;
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                log::error!("the signal thread has stopped: SIGINT and SIGTERM are not handled");
-                signals = None;
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-        }
         // A runner thread that failed has fenced the runner: stop, and exit 1 with the cause
         // (the shutdown below returns it).
         if runner.health().is_err() {
@@ -82,6 +66,27 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
                 Ok(true) => {}
                 Err(e) => log::warn!("cannot tell whether jobs are left: {e:#}"),
             }
+        }
+        let sigs = signals.as_ref().unwrap_or(&no_signals);
+        let ends = endings.as_ref().unwrap_or(&no_endings);
+        let received = crossbeam_channel::select! {
+            recv(sigs) -> sig => sig.map_err(|_| RecvTimeoutError::Disconnected),
+            recv(ends) -> _ => Err(RecvTimeoutError::Timeout),
+            default(IDLE_CHECK) => Err(RecvTimeoutError::Timeout),
+        };
+        match received {
+            Ok(sig) => {
+                log::info!(
+                    "{sig} received: shutting down, running jobs have {}s to finish",
+                    args.shutdown_grace
+                );
+                break;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                log::error!("the signal thread has stopped: SIGINT and SIGTERM are not handled");
+                signals = None;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
         }
     }
     runner

@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::job::{Job, JobRecord, Outcome, duration_ms, now_ms};
 use crate::process;
 use crate::process::StopReason;
+use crate::store::wake;
 use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
 
 pub use builder::{
@@ -64,6 +65,8 @@ struct Threads {
     writer: Option<(Writer, JoinHandle<()>)>,
     background: Vec<JoinHandle<()>>,
     stop_background: Option<Sender<()>>,
+    /// Ends the wake-up listener's blocking wait.
+    stop_listener: Option<wake::Closer>,
     done: bool,
 }
 
@@ -135,9 +138,24 @@ impl Runner {
     }
 
     fn start(config: Config, callbacks: Vec<Callback>) -> Result<Runner> {
-        let api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
+        let mut api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
         let pid = std::process::id() as i64;
-        let worker_id = format!("{}:{}:{}", process::hostname(), pid, random_hex());
+        let suffix = random_hex();
+        let worker_id = format!("{}:{}:{}", process::hostname(), pid, suffix);
+        // Bound before the first claim, so that no enqueue committed after that claim goes
+        // unnoticed. Without it the runner still works, on its poll.
+        let listener = match wake::Listener::bind(&config.path, &format!("{pid}-{suffix}")) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                log::warn!(
+                    "no wake-up socket beside {} ({e}): jobs enqueued by other processes \
+                     start on the next poll",
+                    config.path.display()
+                );
+                None
+            }
+        };
+        api.set_own_socket(listener.as_ref().map(|l| l.path().to_path_buf()));
         let now = now_ms();
         api.register_runner(&RunnerRecord {
             worker_id: worker_id.clone(),
@@ -213,6 +231,23 @@ impl Runner {
                         shared.test_hook("sweeper");
                         sweeper.sweep_and_log(now_ms());
                     }
+                    Ok(())
+                },
+            )?);
+        }
+        if let Some(listener) = listener {
+            threads.stop_listener = Some(
+                listener
+                    .closer()
+                    .map_err(|e| Error::io("cannot set up the wake-up socket", e))?,
+            );
+            let shared = Arc::clone(&shared);
+            threads.background.push(spawn_thread(
+                "leasehold-wake",
+                "wake-up listener",
+                &Arc::clone(&shared),
+                move || {
+                    listen(&listener, &shared);
                     Ok(())
                 },
             )?);
@@ -479,6 +514,12 @@ impl Runner {
             let _ = handle.join();
         }
         drop(threads.stop_background.take());
+        if let Some(closer) = threads.stop_listener.take() {
+            closer.close();
+        }
+        // The notifier (and a listener whose socket failed) may be waiting for an ending:
+        // wake them to see the shutdown rather than wait out their poll.
+        self.shared.endings_changed();
         for t in threads.background.drain(..) {
             let _ = t.join();
         }
@@ -514,6 +555,22 @@ impl Drop for Runner {
         if let Err(e) = self.shutdown() {
             log::error!("runner shutdown: {e:#}");
         }
+    }
+}
+
+/// The wake-up listener's loop: every poke from another process wakes the dispatcher, as an
+/// enqueue in this process does. Ends when the runner closes the socket at shutdown; a socket
+/// that fails before that is logged and left (the dispatcher's poll still finds the work).
+fn listen(listener: &wake::Listener, shared: &Shared) {
+    while listener.wait() {
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        shared.wake_dispatcher();
+    }
+    while !shared.shutting_down.load(Ordering::SeqCst) {
+        // The socket failed (logged by `wait`): wait for the shutdown, which closes it.
+        shared.wait_for_endings(shared.endings_seen(), Duration::from_secs(60));
     }
 }
 

@@ -40,6 +40,7 @@ mod retention;
 mod row;
 mod runners;
 mod tx;
+pub(crate) mod wake;
 
 /// Test support shared with the runner's unit tests.
 #[cfg(test)]
@@ -81,6 +82,11 @@ pub struct Store {
     path: PathBuf,
     busy_timeout: Duration,
     migration: Migration,
+    /// Wakes the runners on this file after a write that made work ready.
+    poker: wake::Poker,
+    /// The wake-up socket of the runner this store belongs to, if any: not poked, as that
+    /// runner wakes its dispatcher itself.
+    own_socket: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Store {
@@ -114,6 +120,8 @@ impl Store {
             path: opened.path,
             busy_timeout: opened.busy_timeout,
             migration: opened.migration,
+            poker: wake::Poker::default(),
+            own_socket: None,
         })
     }
 
@@ -194,6 +202,18 @@ impl Store {
         }
     }
 
+    /// Wakes every runner on this file (but this store's own) at once, best-effort: after a
+    /// commit that made a job ready. A runner that misses it finds the job on its next poll.
+    pub(crate) fn poke(&self) {
+        self.poker
+            .poke(&wake::folder(&self.path), self.own_socket.as_deref());
+    }
+
+    /// Marks `socket` as the wake-up socket of the runner this store belongs to.
+    pub(crate) fn set_own_socket(&mut self, socket: Option<PathBuf>) {
+        self.own_socket = socket;
+    }
+
     pub(crate) fn conn(&self) -> &Connection {
         &self.conn
     }
@@ -206,7 +226,9 @@ impl Store {
     /// variable name), and [`Error::Sqlite`] when the database cannot be written.
     pub fn enqueue(&self, job: &Job, now: i64) -> Result<i64> {
         job.validate_at(now)?;
-        self.write(|c| enqueue::insert_job(c, job, now))
+        let id = self.write(|c| enqueue::insert_job(c, job, now))?;
+        self.poke();
+        Ok(id)
     }
 
     /// Enqueues many jobs in one transaction: all or none. Returns their ids in order.
@@ -218,7 +240,9 @@ impl Store {
         for job in jobs {
             job.validate_at(now)?;
         }
-        self.write(|c| enqueue::insert_many(c, jobs, now))
+        let ids = self.write(|c| enqueue::insert_many(c, jobs, now))?;
+        self.poke();
+        Ok(ids)
     }
 
     /// Claims up to `limit` ready jobs for `worker_id`, taking a lease of `lease_ttl` on each.
@@ -293,7 +317,9 @@ impl Store {
     /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a pending, succeeded or live
     /// running job, with the reason.
     pub fn retry(&self, id: i64, reason: Option<&str>, now: i64) -> Result<JobRecord> {
-        self.write(|c| operator::retry(c, id, reason, now))
+        let job = self.write(|c| operator::retry(c, id, reason, now))?;
+        self.poke();
+        Ok(job)
     }
 
     /// An operator's retry of the failed jobs that exhausted the recovery budget: `limit` of
@@ -309,7 +335,13 @@ impl Store {
         reason: Option<&str>,
         now: i64,
     ) -> Result<Vec<i64>> {
-        self.write(|c| operator::retry_failed_stale(c, limit, max_recovery_attempts, reason, now))
+        let ids = self.write(|c| {
+            operator::retry_failed_stale(c, limit, max_recovery_attempts, reason, now)
+        })?;
+        if !ids.is_empty() {
+            self.poke();
+        }
+        Ok(ids)
     }
 
     /// Lost attempts whose processes still have to be torn down.
@@ -334,7 +366,12 @@ impl Store {
         detail: &str,
         now: i64,
     ) -> Result<bool> {
-        self.write(|c| reclaim::record_teardown(c, job_id, token, detail, now))
+        let recorded = self.write(|c| reclaim::record_teardown(c, job_id, token, detail, now))?;
+        if recorded {
+            // The job can be claimed again.
+            self.poke();
+        }
+        Ok(recorded)
     }
 
     /// One job.

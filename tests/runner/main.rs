@@ -13,3 +13,4 @@ mod process;
 mod retention;
 mod retry;
 mod shutdown;
+mod wake;

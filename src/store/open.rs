@@ -36,6 +36,7 @@ pub struct OpenOptions {
     migrate: bool,
     durability: Durability,
     busy_timeout: Duration,
+    checkpoint_on_close: bool,
 }
 
 impl Default for OpenOptions {
@@ -45,6 +46,7 @@ impl Default for OpenOptions {
             migrate: true,
             durability: Durability::Full,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            checkpoint_on_close: true,
         }
     }
 }
@@ -87,6 +89,17 @@ impl OpenOptions {
     /// [`MAX_BUSY_TIMEOUT`]. By default, 10 s.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// Whether the last connection to the file to close copies the WAL into the main file
+    /// and deletes it (SQLite's default). A short-lived process that makes one write (a
+    /// command-line enqueue) turns it off: closing then costs nothing, where a checkpoint
+    /// costs two more flushes to disk and the next write one more to make a new WAL. Every
+    /// commit is as durable either way: the WAL is flushed at commit, and the next
+    /// connection (or the WAL's own size limit) checkpoints it. By default, true.
+    pub fn checkpoint_on_close(mut self, checkpoint: bool) -> Self {
+        self.checkpoint_on_close = checkpoint;
         self
     }
 }
@@ -203,6 +216,12 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
     };
     conn.pragma_update(None, "synchronous", sync)?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    if !options.checkpoint_on_close {
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+    }
     let mut migration = Migration {
         from: version,
         to: version,
@@ -221,7 +240,11 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
         retry_busy(deadline, || {
             conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
         })?;
-        migration = migrate(&conn, &path, deadline)?;
+        // A current file needs no migration: versions only go up, so the version read above
+        // cannot have become older. That spares every open a write lock.
+        if version < SCHEMA_VERSION {
+            migration = migrate(&conn, &path, deadline)?;
+        }
     }
     Ok(Opened {
         conn,

@@ -514,6 +514,7 @@ pub(crate) fn run(
         child,
         stdout,
         stderr,
+        start_time,
     } = match spawn(&spec.command(), program) {
         Ok(spawned) => spawned,
         Err(message) => return unstarted(Ending::SpawnFailed(message)),
@@ -522,12 +523,15 @@ pub(crate) fn run(
     let pidfd = pidfd_open(pid)
         .inspect_err(|e| log::warn!("pidfd_open({pid}): {e}; falling back to periodic checks"))
         .ok();
-    // The child is not reaped yet, so /proc/PID exists (possibly as a
+    // Known from the boot clock around the spawn, nearly always; otherwise
+    // read: the child is not reaped yet, so /proc/PID exists (possibly as a
     // zombie); only an unreadable /proc could leave this unknown.
-    let start_time = proc::start_time(pid).unwrap_or_else(|| {
-        log::error!("cannot read the start time of attempt pid {pid}");
-        0
-    });
+    let start_time = start_time
+        .or_else(|| proc::start_time(pid))
+        .unwrap_or_else(|| {
+            log::error!("cannot read the start time of attempt pid {pid}");
+            0
+        });
     on_started(&Started {
         pid,
         pgid: pid,

@@ -10,8 +10,11 @@ use nix::sys::signal::{SigSet, Signal};
 
 use super::{RunArgs, Usage};
 
-/// How often `--until-idle` looks whether any job is left.
+/// How often `--until-idle` looks whether any job is left (beyond after each ending).
 const IDLE_CHECK: Duration = Duration::from_millis(150);
+/// How often a runner in the foreground looks whether a thread of it failed: rarely, as an
+/// idle runner should cost next to no CPU, and a failed runner has fenced itself already.
+const HEALTH_CHECK: Duration = Duration::from_secs(1);
 
 /// The most `--workers` the command takes: the library's bound, so that a mistyped count
 /// (`--workers 9223372036854775808`) is a usage error naming it, before anything starts.
@@ -72,7 +75,9 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         let received = crossbeam_channel::select! {
             recv(sigs) -> sig => sig.map_err(|_| RecvTimeoutError::Disconnected),
             recv(ends) -> _ => Err(RecvTimeoutError::Timeout),
-            default(IDLE_CHECK) => Err(RecvTimeoutError::Timeout),
+            default(if args.until_idle { IDLE_CHECK } else { HEALTH_CHECK }) => {
+                Err(RecvTimeoutError::Timeout)
+            }
         };
         match received {
             Ok(sig) => {

@@ -47,7 +47,7 @@ pub struct Runner {
     shared: Arc<Shared>,
     api: Mutex<Store>,
     threads: Mutex<Threads>,
-    subscribers: Arc<Mutex<Vec<Sender<Completion>>>>,
+    subscribers: Arc<Mutex<Vec<notifier::Subscriber>>>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -186,7 +186,7 @@ impl Runner {
             ..Threads::default()
         };
         let last_event = api.last_event_id()?;
-        let subscribers: Arc<Mutex<Vec<Sender<Completion>>>> = Arc::default();
+        let subscribers: Arc<Mutex<Vec<notifier::Subscriber>>> = Arc::default();
         {
             let store = Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?;
             let (shared, stop, subs) = (
@@ -414,7 +414,19 @@ impl Runner {
     /// A channel that receives every ending from now on, as [`RunnerBuilder::on_complete`].
     pub fn subscribe(&self) -> Receiver<Completion> {
         let (tx, rx) = unbounded();
-        self.subscribers.lock().push(tx);
+        // From the last event now: the notifier of a runner nobody listened to has not been
+        // reading the events.
+        let from = self
+            .api
+            .lock()
+            .last_event_id()
+            .inspect_err(|e| log::warn!("subscribe: cannot read the last event: {e:#}"))
+            .ok();
+        self.subscribers
+            .lock()
+            .push(notifier::Subscriber { tx, from });
+        // Wakes a notifier that had nobody to tell.
+        self.shared.endings_changed();
         rx
     }
 

@@ -87,6 +87,17 @@ pub struct Store {
     /// The wake-up socket of the runner this store belongs to, if any: not poked, as that
     /// runner wakes its dispatcher itself.
     own_socket: Option<PathBuf>,
+    /// Whether SQLite checkpoints when this, the last connection, closes; if not, the store
+    /// keeps the WAL short itself (see [`OpenOptions::checkpoint_on_close`]).
+    checkpoint_on_close: bool,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if !self.checkpoint_on_close {
+            open::trim_wal(&self.conn, &self.path);
+        }
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -122,6 +133,7 @@ impl Store {
             migration: opened.migration,
             poker: wake::Poker::default(),
             own_socket: None,
+            checkpoint_on_close: options.checkpoints_on_close(),
         })
     }
 

@@ -23,7 +23,10 @@ use std::sync::OnceLock;
 /// The folder of wake-up sockets for the database at `db`: `<db>-wake`, beside SQLite's own
 /// `-wal` and `-shm` files.
 pub(crate) fn folder(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_os_string();
+    // Absolute, so that a process that changes its working folder later still finds the
+    // same sockets (and a runner can remove its own).
+    let db = std::path::absolute(db).unwrap_or_else(|_| db.to_path_buf());
+    let mut name = db.into_os_string();
     name.push("-wake");
     PathBuf::from(name)
 }

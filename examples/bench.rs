@@ -15,6 +15,8 @@
 //!                                               # what the metrics cost writes
 //! cargo run --release --example bench metrics-writes  # only the latter
 //! cargo run --release --example bench flow     # claims beside waiting jobs, paused queues
+//! cargo build --release && cargo run --release --example bench wake
+//!                                              # wake-up, start/stop, idle CPU, CLI feeding
 //! ```
 
 use std::time::{Duration, Instant};
@@ -38,6 +40,7 @@ const SECTIONS: &[(&str, bool, fn())] = &[
     ("metrics", true, metrics_benchmarks),
     ("metrics-writes", false, metrics_writes_only),
     ("flow", true, flow_benchmarks),
+    ("wake", true, wake_benchmarks),
 ];
 
 fn main() {
@@ -1277,4 +1280,320 @@ fn serve_benchmarks() {
     ));
     let _ = child.kill();
     let _ = child.wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wake-up, start and stop, the idle runner, and feeding a runner from a shell
+
+/// How many jobs the latency figures enqueue one at a time.
+const LATENCY_JOBS: usize = 200;
+/// How many `jobs add` calls feed a running runner (and `tsp -n` calls feed task-spooler).
+const FED_JOBS: usize = 2000;
+
+fn wake_benchmarks() {
+    println!();
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "wake-up, start/stop, idle", "leasehold", "baseline", "ratio"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    let cli = cli_binary();
+    if cli.is_none() {
+        println!("(no target/release/leasehold: `cargo build --release` first for the CLI rows)");
+    }
+    enqueue_to_start_latency(cli.as_deref());
+    start_to_stop(cli.as_deref());
+    idle_cpu();
+    if let Some(cli) = &cli {
+        fed_by_the_shell(cli);
+    }
+}
+
+/// The `leasehold` binary beside this example's folder (`target/release/leasehold`).
+fn cli_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let bin = exe.parent()?.parent()?.join("leasehold");
+    bin.is_file().then_some(bin)
+}
+
+/// Milliseconds at quantile `q` of `sorted`.
+fn quantile(sorted: &[i64], q: f64) -> i64 {
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i]
+}
+
+/// Enqueues `n` jobs one at a time with `enqueue`, waiting for each to end before the next;
+/// returns the milliseconds from each enqueue (its `created_at`) to its claim (`started_at`),
+/// sorted.
+fn latencies(watch: &Store, n: usize, mut enqueue: impl FnMut() -> i64) -> Vec<i64> {
+    let mut ms: Vec<i64> = (0..n)
+        .map(|_| {
+            let id = enqueue();
+            let job = loop {
+                let job = watch.job(id).expect("the job reads");
+                if job.completed_at.is_some() {
+                    break job;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            };
+            // Let the runner settle back into its wait: the ending of one job must not be
+            // what wakes it for the next.
+            std::thread::sleep(Duration::from_millis(5));
+            job.started_at.expect("it started") - job.created_at
+        })
+        .collect();
+    ms.sort_unstable();
+    ms
+}
+
+fn print_latency(label: &str, ours: &[i64], base: &[i64]) {
+    for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
+        let (a, b) = (quantile(ours, q), quantile(base, q));
+        println!(
+            "{:<50} {:>18} {:>18} {:>7}",
+            format!("{label}, {name}"),
+            format!("{a} ms"),
+            format!("{b} ms"),
+            if b > 0 {
+                format!("{:.2}", a as f64 / b as f64)
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+/// Enqueue-to-start from another process (the CLI, or a second `Store` when the binary is not
+/// built), beside an in-process `Runner::enqueue`, and beside the poll alone (the wake-up
+/// folder removed) as it was before the wake-up existed.
+fn enqueue_to_start_latency(cli: Option<&std::path::Path>) {
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("latency.db");
+    let runner = leasehold::Runner::builder(&path)
+        .workers(WORKERS)
+        .start()
+        .expect("the runner starts");
+    let watch = Store::open(&path).expect("the bench database opens");
+    let own = latencies(&watch, LATENCY_JOBS, || {
+        runner
+            .enqueue(&Job::command(["/bin/true"]))
+            .expect("enqueue")
+    });
+    let second = Store::open(&path).expect("the bench database opens");
+    let other = latencies(&watch, LATENCY_JOBS, || match cli {
+        Some(cli) => {
+            let out = std::process::Command::new(cli)
+                .arg("--db")
+                .arg(&path)
+                .args(["jobs", "add", "--json", "--", "/bin/true"])
+                .output()
+                .expect("leasehold jobs add runs");
+            assert!(out.status.success(), "{out:?}");
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            v["id"].as_i64().expect("an id")
+        }
+        None => second
+            .enqueue(&Job::command(["/bin/true"]), now_ms())
+            .expect("enqueue"),
+    });
+    let by = if cli.is_some() {
+        "`jobs add`"
+    } else {
+        "a 2nd Store"
+    };
+    print_latency(
+        &format!("enqueue-to-start by {by} / Runner::enqueue"),
+        &other,
+        &own,
+    );
+    // The poll alone: every socket gone, so the runner finds the job on its next poll.
+    let folder = {
+        let mut name = path.as_os_str().to_os_string();
+        name.push("-wake");
+        std::path::PathBuf::from(name)
+    };
+    std::fs::remove_dir_all(&folder).expect("the wake-up folder can be removed");
+    let polled = latencies(&watch, 50, || {
+        second
+            .enqueue(&Job::command(["/bin/true"]), now_ms())
+            .expect("enqueue")
+    });
+    print_latency(
+        "enqueue-to-start by a 2nd Store / the poll alone",
+        &other,
+        &polled,
+    );
+    println!(
+        "  {LATENCY_JOBS} jobs one at a time; the poll alone: 50 jobs with the wake-up folder \
+         removed (poll {} ms)",
+        leasehold::DEFAULT_POLL_INTERVAL.as_millis()
+    );
+    runner.shutdown().expect("the runner shuts down");
+}
+
+/// Start-to-stop of an idle runner: `Runner::start` then `shutdown` on an empty file, and
+/// `leasehold run --until-idle` beside starting `/bin/true`.
+fn start_to_stop(cli: Option<&std::path::Path>) {
+    const ROUNDS: usize = 20;
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("idle.db");
+    drop(Store::open(&path).expect("the bench database opens"));
+    let mut lib: Vec<Duration> = (0..ROUNDS)
+        .map(|_| {
+            let t = Instant::now();
+            let runner = leasehold::Runner::builder(&path)
+                .start()
+                .expect("the runner starts");
+            runner.shutdown().expect("the runner shuts down");
+            t.elapsed()
+        })
+        .collect();
+    lib.sort();
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "Runner::start + shutdown, idle, median",
+        ms(lib[ROUNDS / 2]),
+        "goal < 20 ms",
+        ""
+    );
+    if let Some(cli) = cli {
+        let time = |cmd: &mut std::process::Command| {
+            let mut runs: Vec<Duration> = (0..ROUNDS)
+                .map(|_| {
+                    let t = Instant::now();
+                    let status = cmd.status().expect("the command runs");
+                    assert!(status.success());
+                    t.elapsed()
+                })
+                .collect();
+            runs.sort();
+            runs[ROUNDS / 2]
+        };
+        let ours = time(
+            std::process::Command::new(cli)
+                .arg("--db")
+                .arg(&path)
+                .args(["run", "--until-idle"])
+                .env("RUST_LOG", "warn"),
+        );
+        let base = time(&mut std::process::Command::new("/bin/true"));
+        println!(
+            "{:<50} {:>18} {:>18} {:>7.2}",
+            "`run --until-idle` / `/bin/true`, median",
+            ms(ours),
+            ms(base),
+            ours.as_secs_f64() / base.as_secs_f64()
+        );
+    }
+    println!("  median of {ROUNDS} on an existing empty file");
+}
+
+/// The CPU an idle runner burns over 10 s, from `getrusage` of this process.
+fn idle_cpu() {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let cpu = || {
+        let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+        t(u.user_time()) + t(u.system_time())
+    };
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("idle-cpu.db");
+    let runner = leasehold::Runner::builder(&path)
+        .workers(WORKERS)
+        .start()
+        .expect("the runner starts");
+    // Let the start settle; then measure the idle runner alone.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = cpu();
+    std::thread::sleep(Duration::from_secs(10));
+    let used = cpu() - before;
+    runner.shutdown().expect("the runner shuts down");
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "idle runner CPU over 10 s (4 workers)",
+        format!("{used:.4} core-s"),
+        "goal < 0.01",
+        ""
+    );
+}
+
+/// 2,000 jobs of `sh -c true` fed one `leasehold jobs add` call each into a running runner
+/// (4 workers), first add to last ending, beside task-spooler's `tsp -n` fed the same way
+/// (4 slots).
+fn fed_by_the_shell(cli: &std::path::Path) {
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("fed.db");
+    let runner = leasehold::Runner::builder(&path)
+        .workers(WORKERS)
+        .start()
+        .expect("the runner starts");
+    let watch = Store::open(&path).expect("the bench database opens");
+    let t = Instant::now();
+    for _ in 0..FED_JOBS {
+        let status = std::process::Command::new(cli)
+            .arg("--db")
+            .arg(&path)
+            .args(["jobs", "add", "--", "sh", "-c", "true"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("leasehold jobs add runs");
+        assert!(status.success());
+    }
+    while watch.has_unfinished(&[]).expect("the bench database reads") {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let ours = t.elapsed();
+    assert_eq!(watch.counts().expect("counts").succeeded, FED_JOBS as u64);
+    runner.shutdown().expect("the runner shuts down");
+    let tsp = tsp_rate(dir.path());
+    let rate = |d: Duration| FED_JOBS as f64 / d.as_secs_f64();
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "2,000 `jobs add` into a runner / `tsp -n`",
+        format!("{} jobs/s", thousands(rate(ours))),
+        tsp.map_or("no tsp".to_string(), |d| format!(
+            "{} jobs/s",
+            thousands(rate(d))
+        )),
+        tsp.map_or(String::new(), |d| format!("{:.2}", rate(ours) / rate(d)))
+    );
+    println!(
+        "  `sh -c true`, one call per job from one thread, first add to last ending; ratio = \
+         leasehold's jobs/s / tsp's"
+    );
+}
+
+/// task-spooler fed `tsp -n sh -c true` once per job (4 slots, its own server), first add
+/// to last ending; None (with a note) when `tsp` is not installed.
+fn tsp_rate(dir: &std::path::Path) -> Option<Duration> {
+    let socket = dir.join("tsp.socket");
+    let tsp = |args: &[&str]| {
+        std::process::Command::new("tsp")
+            .args(args)
+            .env("TS_SOCKET", &socket)
+            .env("TS_SAVELIST", dir.join("tsp.list"))
+            .env("TMPDIR", dir)
+            .output()
+    };
+    if tsp(&["-S", "4"]).is_err() {
+        println!("(tsp not found: install the task-spooler package for its baseline)");
+        return None;
+    }
+    let t = Instant::now();
+    for _ in 0..FED_JOBS {
+        let out = tsp(&["-n", "sh", "-c", "true"]).expect("tsp runs");
+        assert!(out.status.success(), "{out:?}");
+    }
+    loop {
+        let out = tsp(&["-l"]).expect("tsp runs");
+        let list = String::from_utf8_lossy(&out.stdout);
+        if !list.contains("running") && !list.contains("queued") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let took = t.elapsed();
+    let _ = tsp(&["-K"]);
+    Some(took)
 }

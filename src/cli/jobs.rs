@@ -67,7 +67,7 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
         }
         job
     };
-    let store = Store::open(db)?;
+    let store = Store::open_with(db, &super::one_shot())?;
     let mut out = std::io::stdout().lock();
     match lines {
         None => {

@@ -475,7 +475,14 @@ fn open_read_only(db: &Path) -> leasehold::Result<Store> {
 
 /// Opens the database for a command that writes to jobs but must not create the file.
 fn open_existing(db: &Path) -> leasehold::Result<Store> {
-    Store::open_with(db, &OpenOptions::new().create(false))
+    Store::open_with(db, &one_shot().create(false))
+}
+
+/// Options for a command that opens the file for one short piece of work: no checkpoint when
+/// it closes (see [`OpenOptions::checkpoint_on_close`]), so that a command is one commit and
+/// one flush, not three flushes and a new WAL for the next caller.
+fn one_shot() -> OpenOptions {
+    OpenOptions::new().checkpoint_on_close(false)
 }
 
 /// A mistake in the arguments that clap cannot see: exit 2.

@@ -10,8 +10,11 @@ use nix::sys::signal::{SigSet, Signal};
 
 use super::{RunArgs, Usage};
 
-/// How often `--until-idle` looks whether any job is left.
+/// How often `--until-idle` looks whether any job is left (beyond after each ending).
 const IDLE_CHECK: Duration = Duration::from_millis(150);
+/// How often a runner in the foreground looks whether a thread of it failed: rarely, as an
+/// idle runner should cost next to no CPU, and a failed runner has fenced itself already.
+const HEALTH_CHECK: Duration = Duration::from_secs(1);
 
 /// The most `--workers` the command takes: the library's bound, so that a mistyped count
 /// (`--workers 9223372036854775808`) is a usage error naming it, before anything starts.
@@ -46,11 +49,33 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
     })?;
 
     let mut signals = Some(signals);
+    // With --until-idle, every ending of this runner is a moment to look again; the check
+    // interval bounds how late an ending in another process is seen. The first look is at
+    // once, so that an empty file costs no wait at all.
+    let endings = args.until_idle.then(|| runner.subscribe());
+    let (no_signals, no_endings) = (crossbeam_channel::never(), crossbeam_channel::never());
     loop {
-        let received = match &signals {
-            Some(rx) => rx.recv_timeout(IDLE_CHECK),
-            None => {
-                std::thread::sleep(IDLE_CHECK);
+        // A runner thread that failed has fenced the runner: stop, and exit 1 with the cause
+        // (the shutdown below returns it).
+        if runner.health().is_err() {
+            break;
+        }
+        if args.until_idle {
+            match runner.has_unfinished() {
+                Ok(false) => {
+                    log::info!("no job left to run: shutting down");
+                    break;
+                }
+                Ok(true) => {}
+                Err(e) => log::warn!("cannot tell whether jobs are left: {e:#}"),
+            }
+        }
+        let sigs = signals.as_ref().unwrap_or(&no_signals);
+        let ends = endings.as_ref().unwrap_or(&no_endings);
+        let received = crossbeam_channel::select! {
+            recv(sigs) -> sig => sig.map_err(|_| RecvTimeoutError::Disconnected),
+            recv(ends) -> _ => Err(RecvTimeoutError::Timeout),
+            default(if args.until_idle { IDLE_CHECK } else { HEALTH_CHECK }) => {
                 Err(RecvTimeoutError::Timeout)
             }
         };
@@ -67,21 +92,6 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
                 signals = None;
             }
             Err(RecvTimeoutError::Timeout) => {}
-        }
-        // A runner thread that failed has fenced the runner: stop, and exit 1 with the cause
-        // (the shutdown below returns it).
-        if runner.health().is_err() {
-            break;
-        }
-        if args.until_idle {
-            match runner.has_unfinished() {
-                Ok(false) => {
-                    log::info!("no job left to run: shutting down");
-                    break;
-                }
-                Ok(true) => {}
-                Err(e) => log::warn!("cannot tell whether jobs are left: {e:#}"),
-            }
         }
     }
     runner

@@ -35,6 +35,11 @@ use super::stop::{StopHandle, StopReason};
 /// often, which is the only periodic wake-up in that (unexpected) case.
 const NO_PIDFD_INTERVAL: Duration = Duration::from_millis(50);
 
+/// How long after the spawn the main process's pidfd is opened, if its
+/// pipes are still open by then (see `Supervisor::pidfd_due`); until then the
+/// loop wakes on output and checks for the exit after each wake-up.
+const LAZY_PIDFD: Duration = Duration::from_millis(10);
+
 /// What to run for one attempt and the limits to enforce on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AttemptSpec {
@@ -181,8 +186,12 @@ struct Supervisor<'a> {
     /// The main process's pid, which is also the attempt's process group.
     pgid: i32,
     /// Readable when the main process exits; `None` once reaped (or if the
-    /// kernel refused one).
+    /// kernel refused one), and until it is opened (see `pidfd_due`).
     pidfd: Option<OwnedFd>,
+    /// When to open the pidfd, if it is not open yet: most jobs of a stream
+    /// of short ones have exited and closed their pipes by then, and are
+    /// reaped without one (a pidfd costs the kernel a file of its own).
+    pidfd_due: Option<Instant>,
     /// The stdout pipe and tail.
     out: Stream,
     /// The stderr pipe and tail.
@@ -207,8 +216,20 @@ impl Supervisor<'_> {
     /// stop handle and their deadlines themselves.
     fn pump(&mut self, wait: Option<Duration>, watch_stop: bool) {
         let mut wait = wait;
+        if self.child.is_some()
+            && self.pidfd.is_none()
+            && let Some(due) = self.pidfd_due
+            // With its pipes closed, only a pidfd tells the exit without a poll.
+            && (!self.pipes_open() || Instant::now() >= due)
+        {
+            self.open_pidfd();
+        }
         if self.child.is_some() && self.pidfd.is_none() {
-            wait = Some(wait.map_or(NO_PIDFD_INTERVAL, |w| w.min(NO_PIDFD_INTERVAL)));
+            let cap = match self.pidfd_due {
+                Some(due) => due.saturating_duration_since(Instant::now()),
+                None => NO_PIDFD_INTERVAL,
+            };
+            wait = Some(wait.map_or(cap, |w| w.min(cap)));
         }
         let mut ready = [false; 4];
         let mut slots = [Slot::Stop; 4];
@@ -262,6 +283,18 @@ impl Supervisor<'_> {
         if self.pidfd.is_none() {
             self.reap();
         }
+    }
+
+    /// Opens the main process's pidfd (it is not reaped, so its pid is still
+    /// its own, if a zombie); without one, the loop checks it periodically.
+    fn open_pidfd(&mut self) {
+        self.pidfd_due = None;
+        let pid = self.pgid;
+        self.pidfd = pidfd_open(pid)
+            .inspect_err(|e| {
+                log::warn!("pidfd_open({pid}): {e}; falling back to periodic checks");
+            })
+            .ok();
     }
 
     /// Collects the main process's exit status if it has exited.
@@ -514,20 +547,21 @@ pub(crate) fn run(
         child,
         stdout,
         stderr,
+        start_time,
     } = match spawn(&spec.command(), program) {
         Ok(spawned) => spawned,
         Err(message) => return unstarted(Ending::SpawnFailed(message)),
     };
     let pid = child.pid;
-    let pidfd = pidfd_open(pid)
-        .inspect_err(|e| log::warn!("pidfd_open({pid}): {e}; falling back to periodic checks"))
-        .ok();
-    // The child is not reaped yet, so /proc/PID exists (possibly as a
+    // Known from the boot clock around the spawn, nearly always; otherwise
+    // read: the child is not reaped yet, so /proc/PID exists (possibly as a
     // zombie); only an unreadable /proc could leave this unknown.
-    let start_time = proc::start_time(pid).unwrap_or_else(|| {
-        log::error!("cannot read the start time of attempt pid {pid}");
-        0
-    });
+    let start_time = start_time
+        .or_else(|| proc::start_time(pid))
+        .unwrap_or_else(|| {
+            log::error!("cannot read the start time of attempt pid {pid}");
+            0
+        });
     on_started(&Started {
         pid,
         pgid: pid,
@@ -540,7 +574,8 @@ pub(crate) fn run(
         child: Some(child),
         status: None,
         pgid: pid,
-        pidfd,
+        pidfd: None,
+        pidfd_due: spawned.checked_add(LAZY_PIDFD),
         out: Stream::new(stdout, spec.tail_bytes),
         err: Stream::new(stderr, spec.tail_bytes),
         last_output: spawned,

@@ -11,6 +11,7 @@
 use std::io;
 
 use nix::errno::Errno;
+use nix::libc;
 use nix::sys::signal::killpg;
 use nix::unistd::Pid;
 
@@ -112,6 +113,51 @@ pub(crate) fn proc_info(pid: i32) -> Option<ProcInfo> {
 /// `/proc/PID/stat`), or `None` if the process does not exist.
 pub(crate) fn start_time(pid: i32) -> Option<u64> {
     proc_info(pid).map(|p| p.start_time)
+}
+
+/// The boot-time clock (`CLOCK_BOOTTIME`) now, in nanoseconds: the clock that
+/// `/proc/PID/stat`'s start times count.
+pub(crate) fn boot_clock_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec that outlives the call.
+    let ret = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if ret != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u64::try_from(ts.tv_nsec).ok()?;
+    secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+}
+
+/// The clock ticks per second of `/proc`'s times (`USER_HZ`), when it divides
+/// a second into whole nanoseconds (it is 100 on Linux).
+fn clock_ticks() -> Option<u64> {
+    static TICKS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        // SAFETY: sysconf only reads a system constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        u64::try_from(hz)
+            .ok()
+            .filter(|&hz| hz > 0 && 1_000_000_000 % hz == 0)
+    })
+}
+
+/// The start time, in clock ticks since boot as `/proc/PID/stat` gives it, of a
+/// process created between two readings of [`boot_clock_ns`]; None when the
+/// readings fall in different ticks (the caller then reads `/proc`).
+///
+/// The kernel stamps a new process with the boot clock when it clones it and
+/// reports that stamp divided down to whole ticks, so when both readings fall in
+/// one tick the process's start time is that tick, exactly. A spawn takes a
+/// fraction of a 10 ms tick, so this spares nearly every spawn the open, read
+/// and parse of `/proc/PID/stat`.
+pub(crate) fn start_time_between(before_ns: u64, after_ns: u64) -> Option<u64> {
+    let per_tick = 1_000_000_000 / clock_ticks()?;
+    let tick = before_ns / per_tick;
+    (before_ns <= after_ns && after_ns / per_tick == tick).then_some(tick)
 }
 
 /// The start time of the calling process, in clock ticks since boot.

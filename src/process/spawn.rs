@@ -25,7 +25,7 @@ use nix::libc;
 use nix::unistd::AccessFlags;
 
 use super::child::ChildProc;
-use super::proc::RUN_TOKEN_VAR;
+use super::proc::{self, RUN_TOKEN_VAR};
 
 /// The environment variable carrying the job id into the attempt.
 pub(crate) const JOB_ID_VAR: &str = "LEASEHOLD_JOB_ID";
@@ -441,6 +441,9 @@ pub(super) struct Spawned {
     pub stdout: OwnedFd,
     /// The read end of its stderr.
     pub stderr: OwnedFd,
+    /// Its start time in clock ticks since boot, when the spawn fell within one
+    /// tick (see [`proc::start_time_between`]).
+    pub start_time: Option<u64>,
 }
 
 /// Starts the attempt's main process (`program` is `cmd.argv[0]`). The
@@ -472,6 +475,7 @@ pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, String>
     let mut actions =
         FileActions::new(stdout_w.as_fd(), stderr_w.as_fd(), cwd_c.as_deref()).map_err(fail)?;
     let argv_p = c_pointers(argv.iter().map(CString::as_c_str));
+    let before = proc::boot_clock_ns();
     let pid = match posix_spawn(&path, &argv_p, &envp, &mut actions, &mut attr) {
         Err(e) if e.raw_os_error() == Some(libc::ENOEXEC) => {
             // What execvp does with a file that has no `#!` line.
@@ -485,6 +489,9 @@ pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, String>
         other => other,
     }
     .map_err(fail)?;
+    let start_time = before
+        .zip(proc::boot_clock_ns())
+        .and_then(|(before, after)| proc::start_time_between(before, after));
     // The child has its copies; with ours closed, EOF on the read ends means
     // every process of the attempt closed them.
     drop((stdout_w, stderr_w));
@@ -492,6 +499,7 @@ pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, String>
         child: ChildProc::new(pid),
         stdout,
         stderr,
+        start_time,
     })
 }
 
@@ -571,6 +579,7 @@ mod tests {
             mut child,
             stdout,
             stderr,
+            ..
         } = spec.start()?;
         let mut out = String::new();
         File::from(stdout)
@@ -579,6 +588,27 @@ mod tests {
         let status = reap(&mut child);
         drop(stderr);
         Ok((status.code(), out))
+    }
+
+    #[test]
+    fn the_start_time_from_the_boot_clock_is_the_one_proc_gives() {
+        let spec = sh("sleep 1", "start-time");
+        let mut known = 0;
+        for _ in 0..20 {
+            let mut spawned = spec.start().expect("spawn");
+            let from_proc = proc::start_time(spawned.child.pid).expect("/proc/PID/stat");
+            if let Some(t) = spawned.start_time {
+                assert_eq!(t, from_proc);
+                known += 1;
+            }
+            spawned.child.kill();
+            reap(&mut spawned.child);
+        }
+        // A spawn crosses a 10 ms tick now and then, not most of the time.
+        assert!(
+            known >= 10,
+            "only {known} of 20 spawns fell within one tick"
+        );
     }
 
     #[test]
@@ -639,6 +669,7 @@ mod tests {
                 mut child,
                 stdout: _stdout,
                 stderr: _stderr,
+                ..
             } = spec.start().expect("spawns");
             // `sleep` briefly opens files of its own while it starts
             // (locale data); an inherited fd would stay, so wait, with a

@@ -25,8 +25,9 @@ pub const DEFAULT_OUTPUT_TAIL: usize = 64 * 1024;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// After an attempt's main process exits, how long its pipes may stay open.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often an idle dispatcher looks for jobs enqueued by other processes.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How often an idle dispatcher looks for jobs that became due (scheduled, backed off) or
+/// whose wake-up it missed. Enqueues and retries in any process wake it at once.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// The most worker threads a runner starts: each is an OS thread supervising one process
 /// group, and past this many the machine, not the runner, is the limit.
 pub const MAX_WORKERS: usize = 1024;
@@ -242,8 +243,12 @@ impl RunnerBuilder {
         self
     }
 
-    /// How often an idle runner looks for jobs that other processes enqueued (its own
-    /// enqueues wake it at once). By default, 100 ms.
+    /// How often an idle runner looks for work nobody woke it for: jobs that became due (a
+    /// `run_at`, a retry's backoff) and enqueues whose wake-up was lost. Enqueues and retries
+    /// wake it at once, from this process or another (see the README's wake-up section), so
+    /// this bounds only how late a scheduled job starts, and what an idle runner costs. It
+    /// also bounds how late [`Runner::wait`](crate::Runner::wait) sees another process's
+    /// ending. By default, 500 ms.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.config.poll_interval = interval;
         self

@@ -27,6 +27,7 @@ use crate::metrics::{Metrics, RunnerFigures};
 use crate::process;
 use crate::process::StopReason;
 use crate::schedule::Schedule;
+use crate::store::wake;
 use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
 use crate::store::{Enqueued, ScheduleRecord};
 
@@ -52,7 +53,7 @@ pub struct Runner {
     /// Wakes the schedule firer when this runner changes a schedule.
     firer_wake: Sender<()>,
     threads: Mutex<Threads>,
-    subscribers: Arc<Mutex<Vec<Sender<Completion>>>>,
+    subscribers: Arc<Mutex<Vec<notifier::Subscriber>>>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -70,6 +71,8 @@ struct Threads {
     writer: Option<(Writer, JoinHandle<()>)>,
     background: Vec<JoinHandle<()>>,
     stop_background: Option<Sender<()>>,
+    /// Ends the wake-up listener's blocking wait.
+    stop_listener: Option<wake::Closer>,
     done: bool,
 }
 
@@ -141,9 +144,24 @@ impl Runner {
     }
 
     fn start(config: Config, callbacks: Vec<Callback>) -> Result<Runner> {
-        let api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
+        let mut api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
         let pid = std::process::id() as i64;
-        let worker_id = format!("{}:{}:{}", process::hostname(), pid, random_hex());
+        let suffix = random_hex();
+        let worker_id = format!("{}:{}:{}", process::hostname(), pid, suffix);
+        // Bound before the first claim, so that no enqueue committed after that claim goes
+        // unnoticed. Without it the runner still works, on its poll.
+        let listener = match wake::Listener::bind(&config.path, &format!("{pid}-{suffix}")) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                log::warn!(
+                    "no wake-up socket beside {} ({e}): jobs enqueued by other processes \
+                     start on the next poll",
+                    config.path.display()
+                );
+                None
+            }
+        };
+        api.set_own_socket(listener.as_ref().map(|l| l.path().to_path_buf()));
         let now = now_ms();
         api.register_runner(&RunnerRecord {
             worker_id: worker_id.clone(),
@@ -174,7 +192,7 @@ impl Runner {
             ..Threads::default()
         };
         let last_event = api.last_event_id()?;
-        let subscribers: Arc<Mutex<Vec<Sender<Completion>>>> = Arc::default();
+        let subscribers: Arc<Mutex<Vec<notifier::Subscriber>>> = Arc::default();
         {
             let store = Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?;
             let (shared, stop, subs) = (
@@ -233,6 +251,24 @@ impl Runner {
                         shared.test_hook("sweeper");
                         sweeper.sweep_and_log(now_ms());
                     }
+                    Ok(())
+                },
+            )?);
+        }
+        if let Some(listener) = listener {
+            threads.stop_listener = Some(
+                listener
+                    .closer()
+                    .map_err(|e| Error::io("cannot set up the wake-up socket", e))?,
+            );
+            let shared = Arc::clone(&shared);
+            let firer_wake = firer_wake.clone();
+            threads.background.push(spawn_thread(
+                "leasehold-wake",
+                "wake-up listener",
+                &Arc::clone(&shared),
+                move || {
+                    listen(&listener, &shared, &firer_wake);
                     Ok(())
                 },
             )?);
@@ -518,7 +554,19 @@ impl Runner {
     /// A channel that receives every ending from now on, as [`RunnerBuilder::on_complete`].
     pub fn subscribe(&self) -> Receiver<Completion> {
         let (tx, rx) = unbounded();
-        self.subscribers.lock().push(tx);
+        // From the last event now: the notifier of a runner nobody listened to has not been
+        // reading the events.
+        let from = self
+            .api
+            .lock()
+            .last_event_id()
+            .inspect_err(|e| log::warn!("subscribe: cannot read the last event: {e:#}"))
+            .ok();
+        self.subscribers
+            .lock()
+            .push(notifier::Subscriber { tx, from });
+        // Wakes a notifier that had nobody to tell.
+        self.shared.endings_changed();
         rx
     }
 
@@ -646,6 +694,12 @@ impl Runner {
             let _ = handle.join();
         }
         drop(threads.stop_background.take());
+        if let Some(closer) = threads.stop_listener.take() {
+            closer.close();
+        }
+        // The notifier (and a listener whose socket failed) may be waiting for an ending:
+        // wake them to see the shutdown rather than wait out their poll.
+        self.shared.endings_changed();
         for t in threads.background.drain(..) {
             let _ = t.join();
         }
@@ -681,6 +735,26 @@ impl Drop for Runner {
         if let Err(e) = self.shutdown() {
             log::error!("runner shutdown: {e:#}");
         }
+    }
+}
+
+/// The wake-up listener's loop: every poke from another process wakes the dispatcher, as an
+/// enqueue in this process does, and the schedule firer, which rereads the schedules (another
+/// process may have added or resumed one). Ends when the runner closes the socket at shutdown;
+/// a socket that fails before that is logged and left (the dispatcher's poll still finds the
+/// work, and the firer rereads the schedules every second).
+fn listen(listener: &wake::Listener, shared: &Shared, firer: &Sender<()>) {
+    while listener.wait() {
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        shared.wake_dispatcher();
+        // The firer ends only at shutdown; a send to it then is moot.
+        let _ = firer.send(());
+    }
+    while !shared.shutting_down.load(Ordering::SeqCst) {
+        // The socket failed (logged by `wait`): wait for the shutdown, which closes it.
+        shared.wait_for_endings(shared.endings_seen(), Duration::from_secs(60));
     }
 }
 

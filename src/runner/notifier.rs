@@ -10,31 +10,62 @@ use crate::store::Store;
 use super::builder::{Callback, Completion};
 use super::shared::{Shared, panic_message};
 
+/// How long a notifier with nobody to tell sleeps at most between looks at its subscribers.
+const IDLE_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A channel that receives every ending after the event `from` (when known).
+pub(super) struct Subscriber {
+    pub tx: Sender<Completion>,
+    pub from: Option<i64>,
+}
+
 /// Tails the endings in the database and tells callbacks, subscribers and waiters.
 pub(super) fn notify_loop(
     store: &Store,
     shared: &Shared,
     stop: &Receiver<()>,
-    subscribers: &Mutex<Vec<Sender<Completion>>>,
+    subscribers: &Mutex<Vec<Subscriber>>,
     callbacks: &[Callback],
-    mut last: i64,
+    last_event: i64,
 ) {
     let mut seen = shared.endings_seen();
+    // The last event read, while someone listens; None while nobody does.
+    let mut tail = Some(last_event);
     loop {
         shared.test_hook("notifier");
         // With nobody to tell, reading the endings would only cost: this runner's own endings
-        // wake its waiters directly, and a wait polls for other processes' endings.
+        // wake its waiters directly, and a wait polls for other processes' endings. An idle
+        // runner's notifier thus touches no database; a subscriber brings its own starting
+        // point (the last event when it subscribed), so nothing is missed meanwhile.
         let listening = !callbacks.is_empty() || !subscribers.lock().is_empty();
         if !listening {
-            last = store.last_event_id().unwrap_or(last);
+            tail = None;
             if matches!(
-                stop.recv_timeout(shared.config.poll_interval),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+                stop.try_recv(),
+                Err(crossbeam_channel::TryRecvError::Disconnected)
             ) {
                 return;
             }
+            // A new subscriber and the shutdown both signal the endings (see
+            // `Runner::subscribe` and `Runner::shutdown_within`); the timeout is a backstop.
+            seen = shared.wait_for_endings(seen, IDLE_BACKSTOP);
             continue;
         }
+        let last = match tail {
+            Some(last) => last,
+            None => {
+                let from = subscribers.lock().iter().filter_map(|s| s.from).min();
+                match from.map_or_else(|| store.last_event_id(), Ok) {
+                    Ok(last) => last,
+                    Err(e) => {
+                        log::warn!("notifier: cannot read events: {e:#}");
+                        seen = shared.wait_for_endings(seen, shared.config.poll_interval);
+                        continue;
+                    }
+                }
+            }
+        };
+        tail = Some(last);
         let stopping = matches!(
             stop.try_recv(),
             Err(crossbeam_channel::TryRecvError::Disconnected)
@@ -43,7 +74,7 @@ pub(super) fn notify_loop(
             Ok(events) => {
                 let any = !events.is_empty();
                 for e in events {
-                    last = e.id;
+                    tail = Some(e.id);
                     let completion = completion(store, &e);
                     for cb in callbacks {
                         // A caller's callback that panics is the caller's bug, not the
@@ -59,9 +90,10 @@ pub(super) fn notify_loop(
                             );
                         }
                     }
-                    subscribers
-                        .lock()
-                        .retain(|s| s.send(completion.clone()).is_ok());
+                    subscribers.lock().retain(|s| {
+                        s.from.is_some_and(|from| e.id <= from)
+                            || s.tx.send(completion.clone()).is_ok()
+                    });
                 }
                 if any {
                     shared.endings_changed();

@@ -48,6 +48,7 @@ mod row;
 mod runners;
 mod schedule;
 mod tx;
+pub(crate) mod wake;
 
 /// Test support shared with the runner's unit tests.
 #[cfg(test)]
@@ -92,6 +93,22 @@ pub struct Store {
     path: PathBuf,
     busy_timeout: Duration,
     migration: Migration,
+    /// Wakes the runners on this file after a write that made work ready.
+    poker: wake::Poker,
+    /// The wake-up socket of the runner this store belongs to, if any: not poked, as that
+    /// runner wakes its dispatcher itself.
+    own_socket: Option<PathBuf>,
+    /// Whether SQLite checkpoints when this, the last connection, closes; if not, the store
+    /// keeps the WAL short itself (see [`OpenOptions::checkpoint_on_close`]).
+    checkpoint_on_close: bool,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if !self.checkpoint_on_close {
+            open::trim_wal(&self.conn, &self.path);
+        }
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -125,6 +142,9 @@ impl Store {
             path: opened.path,
             busy_timeout: opened.busy_timeout,
             migration: opened.migration,
+            poker: wake::Poker::default(),
+            own_socket: None,
+            checkpoint_on_close: options.checkpoints_on_close(),
         })
     }
 
@@ -205,6 +225,18 @@ impl Store {
         }
     }
 
+    /// Wakes every runner on this file (but this store's own) at once, best-effort: after a
+    /// commit that made a job ready. A runner that misses it finds the job on its next poll.
+    pub(crate) fn poke(&self) {
+        self.poker
+            .poke(&wake::folder(&self.path), self.own_socket.as_deref());
+    }
+
+    /// Marks `socket` as the wake-up socket of the runner this store belongs to.
+    pub(crate) fn set_own_socket(&mut self, socket: Option<PathBuf>) {
+        self.own_socket = socket;
+    }
+
     pub(crate) fn conn(&self) -> &Connection {
         &self.conn
     }
@@ -218,7 +250,9 @@ impl Store {
     /// variable name), and [`Error::Sqlite`] when the database cannot be written.
     pub fn enqueue(&self, job: &Job, now: i64) -> Result<i64> {
         job.validate_at(now)?;
-        self.write(|c| enqueue::insert_job(c, job, now))
+        let id = self.write(|c| enqueue::insert_job(c, job, now))?;
+        self.poke();
+        Ok(id)
     }
 
     /// Enqueues one job and says whether it was a duplicate: a job with a
@@ -233,7 +267,11 @@ impl Store {
     /// As [`Store::enqueue`].
     pub fn enqueue_unique(&self, job: &Job, now: i64) -> Result<Enqueued> {
         job.validate_at(now)?;
-        self.write(|c| enqueue::enqueue(c, job, now, None))
+        let enqueued = self.write(|c| enqueue::enqueue(c, job, now, None))?;
+        if !enqueued.duplicate {
+            self.poke();
+        }
+        Ok(enqueued)
     }
 
     /// Enqueues many jobs in one transaction: all or none. Returns their ids in order.
@@ -261,7 +299,9 @@ impl Store {
         for job in jobs {
             job.validate_at(now)?;
         }
-        self.write(|c| enqueue::insert_many(c, jobs, now, &mut *progress))
+        let ids = self.write(|c| enqueue::insert_many(c, jobs, now, &mut *progress))?;
+        self.poke();
+        Ok(ids)
     }
 
     /// Stores a new schedule under `name`; its first slot is the first after `now` (an
@@ -281,7 +321,10 @@ impl Store {
     ) -> Result<ScheduleRecord> {
         schedule::check_name(name)?;
         schedule.validate(now)?;
-        self.write(|c| schedule::put(c, name, schedule, false, now))
+        let record = self.write(|c| schedule::put(c, name, schedule, false, now))?;
+        // Wakes the firers of the runners on this file: the new schedule may be due first.
+        self.poke();
+        Ok(record)
     }
 
     /// Stores a schedule under `name`, replacing one of that name if there is one (its
@@ -298,7 +341,10 @@ impl Store {
     ) -> Result<ScheduleRecord> {
         schedule::check_name(name)?;
         schedule.validate(now)?;
-        self.write(|c| schedule::put(c, name, schedule, true, now))
+        let record = self.write(|c| schedule::put(c, name, schedule, true, now))?;
+        // Wakes the firers of the runners on this file: the new schedule may be due first.
+        self.poke();
+        Ok(record)
     }
 
     /// Removes a schedule and its history; the jobs it enqueued stay.
@@ -326,7 +372,9 @@ impl Store {
     ///
     /// [`Error::NoSuchSchedule`].
     pub fn resume_schedule(&self, name: &str, now: i64) -> Result<ScheduleRecord> {
-        self.write(|c| schedule::set_paused(c, name, false, now))
+        let record = self.write(|c| schedule::set_paused(c, name, false, now))?;
+        self.poke();
+        Ok(record)
     }
 
     /// One schedule.
@@ -394,6 +442,9 @@ impl Store {
         }
         if let Some(e) = failed {
             return Err(e);
+        }
+        if report.enqueued > 0 {
+            self.poke();
         }
         report.next_due = schedule::next_due(&self.conn)?;
         Ok(report)
@@ -471,7 +522,9 @@ impl Store {
     /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a pending, succeeded or live
     /// running job, with the reason.
     pub fn retry(&self, id: i64, reason: Option<&str>, now: i64) -> Result<JobRecord> {
-        self.write(|c| operator::retry(c, id, reason, now))
+        let job = self.write(|c| operator::retry(c, id, reason, now))?;
+        self.poke();
+        Ok(job)
     }
 
     /// An operator's retry of the failed jobs that exhausted the recovery budget: `limit` of
@@ -487,7 +540,13 @@ impl Store {
         reason: Option<&str>,
         now: i64,
     ) -> Result<Vec<i64>> {
-        self.write(|c| operator::retry_failed_stale(c, limit, max_recovery_attempts, reason, now))
+        let ids = self.write(|c| {
+            operator::retry_failed_stale(c, limit, max_recovery_attempts, reason, now)
+        })?;
+        if !ids.is_empty() {
+            self.poke();
+        }
+        Ok(ids)
     }
 
     /// Lost attempts whose processes still have to be torn down.
@@ -512,7 +571,12 @@ impl Store {
         detail: &str,
         now: i64,
     ) -> Result<bool> {
-        self.write(|c| reclaim::record_teardown(c, job_id, token, detail, now))
+        let recorded = self.write(|c| reclaim::record_teardown(c, job_id, token, detail, now))?;
+        if recorded {
+            // The job can be claimed again.
+            self.poke();
+        }
+        Ok(recorded)
     }
 
     /// One job.
@@ -755,7 +819,10 @@ impl Store {
     /// [`Error::Invalid`] for an empty name, [`Error::Sqlite`] when the database cannot be
     /// written.
     pub fn set_queue_limit(&self, queue: &str, limit: Option<u32>) -> Result<()> {
-        self.write(|c| queue::set_limit(c, queue, limit))
+        self.write(|c| queue::set_limit(c, queue, limit))?;
+        // A raised or removed limit can make jobs claimable.
+        self.poke();
+        Ok(())
     }
 
     /// Pauses `queue` for every runner on this file: its pending jobs are not claimed until
@@ -776,7 +843,9 @@ impl Store {
     /// [`Error::Invalid`] for an empty name, [`Error::Sqlite`] when the database cannot be
     /// written.
     pub fn resume_queue(&self, queue: &str) -> Result<()> {
-        self.write(|c| queue::set_paused(c, queue, false))
+        self.write(|c| queue::set_paused(c, queue, false))?;
+        self.poke();
+        Ok(())
     }
 
     /// Every queue that has an unfinished job, a limit or a pause, by name, with its counts at

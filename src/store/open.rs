@@ -18,6 +18,10 @@ pub const SCHEMA_VERSION: i64 = 6;
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest busy timeout SQLite can take: a C `int` of milliseconds (about 24.8 days).
 pub const MAX_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// The WAL size past which a connection that does not checkpoint on close empties the WAL
+/// when it closes (see [`OpenOptions::checkpoint_on_close`]): 64 frames of 4 KiB pages.
+const ONE_SHOT_WAL_BYTES: u64 = 64 * (4096 + 24);
+
 /// How hard SQLite pushes each commit to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
@@ -36,6 +40,7 @@ pub struct OpenOptions {
     migrate: bool,
     durability: Durability,
     busy_timeout: Duration,
+    checkpoint_on_close: bool,
 }
 
 impl Default for OpenOptions {
@@ -45,6 +50,7 @@ impl Default for OpenOptions {
             migrate: true,
             durability: Durability::Full,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            checkpoint_on_close: true,
         }
     }
 }
@@ -88,6 +94,26 @@ impl OpenOptions {
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
+    }
+
+    /// Whether the last connection to the file to close copies the WAL into the main file
+    /// and deletes it (SQLite's default). A short-lived process that makes one write (a
+    /// command-line enqueue) turns it off: closing then costs nothing, where a checkpoint
+    /// costs two more flushes to disk and the next write one more to make a new WAL. Every
+    /// commit is as durable either way: the WAL is flushed at commit, and the next
+    /// connection checkpoints it. The next process to open the file alone reads the whole
+    /// WAL to rebuild its index, and cannot tell which frames were already copied (that
+    /// record lives in the `-shm` file, which it resets), so such a connection empties the
+    /// WAL when it closes once it is past 64 pages, if nobody else is using the file (a
+    /// TRUNCATE checkpoint that does not wait). By default, true.
+    pub fn checkpoint_on_close(mut self, checkpoint: bool) -> Self {
+        self.checkpoint_on_close = checkpoint;
+        self
+    }
+
+    /// Whether [`OpenOptions::checkpoint_on_close`] is on.
+    pub(crate) fn checkpoints_on_close(&self) -> bool {
+        self.checkpoint_on_close
     }
 }
 
@@ -207,6 +233,12 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
     };
     conn.pragma_update(None, "synchronous", sync)?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    if !options.checkpoint_on_close {
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+    }
     let mut migration = Migration {
         from: version,
         to: version,
@@ -225,7 +257,11 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
         retry_busy(deadline, || {
             conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
         })?;
-        migration = migrate(&conn, &path, deadline)?;
+        // A current file needs no migration: versions only go up, so the version read above
+        // cannot have become older. That spares every open a write lock.
+        if version < SCHEMA_VERSION {
+            migration = migrate(&conn, &path, deadline)?;
+        }
     }
     Ok(Opened {
         conn,
@@ -374,4 +410,18 @@ fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
             Err(e)
         }
     }
+}
+
+/// What a connection that does not checkpoint on close does as it closes: empties a WAL past
+/// [`ONE_SHOT_WAL_BYTES`], if no other connection is using the file (it never waits).
+pub(super) fn trim_wal(conn: &Connection, path: &Path) {
+    let mut wal = path.as_os_str().to_os_string();
+    wal.push("-wal");
+    let big = std::fs::metadata(&wal).is_ok_and(|m| m.len() > ONE_SHOT_WAL_BYTES);
+    if !big || conn.busy_timeout(Duration::ZERO).is_err() {
+        return;
+    }
+    // Busy when a runner or another reader holds the file: its connections keep the WAL
+    // cycling themselves.
+    let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
 }

@@ -16,3 +16,4 @@ mod retention;
 mod retry;
 mod schedule;
 mod shutdown;
+mod wake;

@@ -161,3 +161,55 @@ fn an_enqueue_waits_for_another_processes_write_transaction() {
     assert!(rest.iter().any(|l| l.contains("CHILD-DONE")));
     assert_eq!(store.counts().unwrap().pending, 2);
 }
+
+/// A one-shot writer (the CLI's `jobs add`) does not checkpoint when it closes: its commit
+/// stays in the WAL, where the next connection, here a separate process's, reads it.
+#[test]
+fn a_write_without_checkpoint_on_close_stays_in_the_wal_and_is_read_by_the_next_opener() {
+    let db = TestDb::new();
+    drop(db.store());
+    let id = {
+        let store = Store::open_with(
+            &db.path,
+            &leasehold::OpenOptions::new().checkpoint_on_close(false),
+        )
+        .unwrap();
+        store.enqueue(&Job::shell("true"), T0).unwrap()
+    };
+    let wal = db.sibling("jobs.db-wal");
+    assert!(
+        std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0),
+        "the commit is in the WAL"
+    );
+    // Another process reads it through a connection of its own.
+    let out = Command::new(assert_cmd::cargo::cargo_bin("leasehold"))
+        .arg("--db")
+        .arg(&db.path)
+        .args(["jobs", "inspect", "--json", &id.to_string()])
+        .env_remove("LEASEHOLD_DB")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "pending", "{v}");
+}
+
+/// One-shot writers one after another, each alone on the file: the WAL they leave stays
+/// short (each next opener rebuilds its index from the whole WAL), not growing by every write.
+#[test]
+fn one_shot_writes_one_after_another_keep_the_wal_short() {
+    let db = TestDb::new();
+    drop(db.store());
+    for _ in 0..200 {
+        let store = Store::open_with(
+            &db.path,
+            &leasehold::OpenOptions::new().checkpoint_on_close(false),
+        )
+        .unwrap();
+        store.enqueue(&Job::shell("true"), T0).unwrap();
+    }
+    let wal = std::fs::metadata(db.sibling("jobs.db-wal")).map_or(0, |m| m.len());
+    // 64 frames of 4 KiB pages before it is emptied, and the last write's few frames.
+    assert!(wal <= 80 * (4096 + 24), "the WAL is {wal} bytes");
+    assert_eq!(db.store().counts().unwrap().pending, 200);
+}

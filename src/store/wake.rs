@@ -1,0 +1,204 @@
+//! Wake-up across processes: a folder of Unix datagram sockets beside the database.
+//!
+//! SQLite has no LISTEN/NOTIFY. Each running runner binds one socket in `<db>-wake/`, named
+//! after its process and a random suffix; whoever commits work that a runner could start now
+//! (an enqueue, a retry, a cleared teardown marker) sends one byte to every socket there,
+//! best-effort and without blocking. A runner's listener turns a datagram into the same
+//! wake-up an enqueue in its own process gives its dispatcher.
+//!
+//! Nothing depends on a poke arriving: a runner still polls the database (slowly), so a lost
+//! datagram, a full socket buffer, a deleted socket or a folder that cannot be created costs
+//! latency, never a job. A socket whose runner died refuses datagrams (`ECONNREFUSED`); the
+//! first poke that finds it so deletes it.
+//!
+//! This lives in the store, beside the file it is named after, because both sides use it:
+//! [`Store`](super::Store)'s writes poke, and the runner (a layer up) listens.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The folder of wake-up sockets for the database at `db`: `<db>-wake`, beside SQLite's own
+/// `-wal` and `-shm` files.
+pub(crate) fn folder(db: &Path) -> PathBuf {
+    // Absolute, so that a process that changes its working folder later still finds the
+    // same sockets (and a runner can remove its own).
+    let db = std::path::absolute(db).unwrap_or_else(|_| db.to_path_buf());
+    let mut name = db.into_os_string();
+    name.push("-wake");
+    PathBuf::from(name)
+}
+
+/// The sending side: one unbound socket, made on first use, kept for the store's life.
+#[derive(Default)]
+pub(crate) struct Poker {
+    socket: OnceLock<Option<UnixDatagram>>,
+}
+
+impl Poker {
+    /// Sends one byte to every runner's socket in `folder`, skipping `own` (a runner's own
+    /// socket: its process wakes its dispatcher directly). Returns how many accepted it.
+    /// Never blocks and never fails: a missed poke only costs latency.
+    pub(crate) fn poke(&self, folder: &Path, own: Option<&Path>) -> usize {
+        let Ok(entries) = std::fs::read_dir(folder) else {
+            // No runner has made the folder: nobody to wake.
+            return 0;
+        };
+        let Some(socket) = self.socket.get_or_init(unbound) else {
+            return 0;
+        };
+        let mut woken = 0;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if own == Some(path.as_path()) || !is_socket_name(&path) {
+                continue;
+            }
+            match socket.send_to(&[1], &path) {
+                Ok(_) => woken += 1,
+                // Its runner is gone: the socket is stale. Another poker may have deleted it
+                // first; either way it is gone.
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                    let _ = std::fs::remove_file(&path);
+                }
+                // A full buffer means that runner has wake-ups waiting already.
+                Err(e) if e.kind() == ErrorKind::WouldBlock => woken += 1,
+                Err(e) => log::debug!("cannot wake {}: {e}", path.display()),
+            }
+        }
+        woken
+    }
+}
+
+fn unbound() -> Option<UnixDatagram> {
+    let socket = UnixDatagram::unbound()
+        .and_then(|s| s.set_nonblocking(true).map(|()| s))
+        .map_err(|e| log::debug!("cannot make a wake-up socket: {e}"))
+        .ok()?;
+    Some(socket)
+}
+
+/// Sockets are named `<pid>-<hex>.sock`; anything else in the folder is not ours to poke or
+/// delete.
+fn is_socket_name(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "sock")
+}
+
+/// A runner's bound socket: datagrams to it wake the runner.
+pub(crate) struct Listener {
+    socket: UnixDatagram,
+    path: PathBuf,
+}
+
+impl Listener {
+    /// Binds a socket named `name` (`.sock` is added) in the wake-up folder of `db`, creating
+    /// the folder (owner-only) when missing.
+    ///
+    /// # Errors
+    ///
+    /// The folder cannot be made, or the socket bound (its path may be longer than the 107
+    /// bytes a Unix socket address holds).
+    pub(crate) fn bind(db: &Path, name: &str) -> std::io::Result<Listener> {
+        let dir = folder(db);
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let path = dir.join(format!("{name}.sock"));
+        let socket = UnixDatagram::bind(&path)?;
+        Ok(Listener { socket, path })
+    }
+
+    /// The socket's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A handle that ends a blocked [`Listener::wait`] from another thread.
+    pub(crate) fn closer(&self) -> std::io::Result<Closer> {
+        Ok(Closer(self.socket.try_clone()?))
+    }
+
+    /// Blocks until a datagram comes (true) or the listener is closed (false). Drains every
+    /// datagram already queued, so a burst of pokes is one wake-up.
+    pub(crate) fn wait(&self) -> bool {
+        let mut buf = [0u8; 16];
+        match self.socket.recv(&mut buf) {
+            // A closed socket reads as an empty datagram.
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => return true,
+            Err(e) => {
+                log::warn!("wake-up socket {}: {e}", self.path.display());
+                return false;
+            }
+        }
+        if self.socket.set_nonblocking(true).is_ok() {
+            while matches!(self.socket.recv(&mut buf), Ok(n) if n > 0) {}
+            let _ = self.socket.set_nonblocking(false);
+        }
+        true
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Ends a listener's wait: see [`Listener::closer`].
+pub(crate) struct Closer(UnixDatagram);
+
+impl Closer {
+    /// Shuts the socket down: the listener's wait returns false, now and from then on.
+    pub(crate) fn close(&self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poke_wakes_a_bound_listener_and_a_stale_socket_is_deleted() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let db = dir.path().join("jobs.db");
+        let poker = Poker::default();
+        assert_eq!(
+            poker.poke(&folder(&db), None),
+            0,
+            "no folder, nobody to wake"
+        );
+        let listener = Listener::bind(&db, "1-aa").expect("bind");
+        // A socket whose runner died: bound, then its socket closed, its file left behind.
+        let stale = folder(&db).join("2-bb.sock");
+        drop(UnixDatagram::bind(&stale).expect("bind"));
+        assert!(stale.exists());
+        assert_eq!(poker.poke(&folder(&db), None), 1);
+        assert!(!stale.exists(), "the stale socket is deleted");
+        assert!(listener.wait());
+        // Its own socket is skipped.
+        assert_eq!(poker.poke(&folder(&db), Some(listener.path())), 0);
+    }
+
+    #[test]
+    fn a_closed_listener_stops_waiting_and_removes_its_socket() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let db = dir.path().join("jobs.db");
+        let listener = Listener::bind(&db, "1-aa").expect("bind");
+        let closer = listener.closer().expect("closer");
+        let path = listener.path().to_path_buf();
+        let t = std::thread::spawn(move || {
+            let woken = listener.wait();
+            drop(listener);
+            woken
+        });
+        closer.close();
+        assert!(!t.join().expect("the listener does not panic"));
+        assert!(!path.exists());
+    }
+}

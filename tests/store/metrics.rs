@@ -242,30 +242,11 @@ fn pruning_never_lowers_a_counter_and_the_job_gauges_follow_it() {
     assert_eq!(report.jobs, 5, "{report:?}");
     let after = scrape(&store, now + 1);
     // Every counter and histogram sample is there after the prune, with the same value.
-    let durable = |name: &str| {
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .fold(name, |n, suffix| n.strip_suffix(suffix).unwrap_or(n));
-        let kind = before.types.get(name).or_else(|| before.types.get(family));
-        matches!(kind.map(String::as_str), Some("counter" | "histogram"))
-    };
-    let mut checked = 0;
-    for s in before.samples.iter().filter(|s| durable(&s.name)) {
-        let pairs: Vec<(&str, &str)> = s
-            .labels
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        assert_eq!(
-            after.get(&s.name, &pairs),
-            Some(s.value),
-            "{} {:?}",
-            s.name,
-            s.labels
-        );
-        checked += 1;
+    let durable = before.durable_in(&after);
+    for (s, now) in &durable {
+        assert_eq!(*now, Some(s.value), "{} {:?}", s.name, s.labels);
     }
-    assert!(checked > 100, "{checked}");
+    assert!(durable.len() > 100, "{}", durable.len());
     assert!(before.sum("leasehold_jobs_ended_total") == 6.0);
     for q in ["a", "b", "c"] {
         for s in ["succeeded", "failed", "cancelled"] {

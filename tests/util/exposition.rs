@@ -45,6 +45,30 @@ impl Exposition {
         self.get(name, labels).unwrap_or(0.0)
     }
 
+    /// Each counter and histogram sample (the durable ones, which must never go down) with
+    /// the same sample's value in `after`, None when `after` lacks it.
+    pub fn durable_in<'a>(&'a self, after: &Exposition) -> Vec<(&'a Sample, Option<f64>)> {
+        let durable = |name: &str| {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .fold(name, |n, suffix| n.strip_suffix(suffix).unwrap_or(n));
+            let kind = self.types.get(name).or_else(|| self.types.get(family));
+            matches!(kind.map(String::as_str), Some("counter" | "histogram"))
+        };
+        self.samples
+            .iter()
+            .filter(|s| durable(&s.name))
+            .map(|s| {
+                let pairs: Vec<(&str, &str)> = s
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                (s, after.get(&s.name, &pairs))
+            })
+            .collect()
+    }
+
     /// The sum of every sample of `name` whatever its labels.
     pub fn sum(&self, name: &str) -> f64 {
         self.samples

@@ -10,7 +10,12 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
+use std::collections::BTreeMap;
+
+use leasehold::ListFilter;
+
 use crate::helper::{add, cli, fails, ok, run_until_idle};
+use crate::util::exposition::parse;
 use crate::util::{TestDb, leasehold_vars, poll};
 
 /// A `leasehold serve` on a free port; killed by pid when dropped.
@@ -194,6 +199,69 @@ fn every_route_answers_with_its_status_and_content_type() {
     delete.refused(405);
     assert_eq!(delete.header("allow"), Some("GET, HEAD"));
     server.get("/nothing/here").refused(404);
+}
+
+#[test]
+fn metrics_is_the_exposition_and_its_job_counts_are_the_databases() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let (_, failed, _) = three_jobs(&t);
+    ok(&mut cli(db, &["jobs", "retry", &failed.to_string()]));
+    let cancel = add(db, &["--queue", "mail"], &["true"]);
+    ok(&mut cli(db, &["jobs", "cancel", &cancel.to_string()]));
+    add(db, &["--queue", "mail"], &["true"]);
+    let server = Server::start(db, &[]);
+
+    let reply = server.get("/metrics");
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.content_type(),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    // Strict: every line a comment or a valid sample, each family typed before its samples.
+    let exposition = parse(&reply.body);
+    assert_eq!(
+        exposition.types.get("leasehold_jobs").map(String::as_str),
+        Some("gauge")
+    );
+    let mut held: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for j in t.store().list(&ListFilter::default()).unwrap() {
+        *held
+            .entry((j.queue.clone(), j.status.as_str().to_string()))
+            .or_default() += 1;
+    }
+    assert_eq!(held.values().sum::<u64>(), 5);
+    for ((queue, status), n) in &held {
+        assert_eq!(
+            exposition.value("leasehold_jobs", &[("queue", queue), ("status", status)]),
+            *n as f64,
+            "{queue} {status} in {}",
+            reply.body
+        );
+    }
+    assert_eq!(exposition.sum("leasehold_jobs"), 5.0, "{}", reply.body);
+
+    // HEAD has the headers and no body; anything else is refused and changes nothing.
+    let head =
+        server.raw(format!("HEAD /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).as_bytes());
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+    let before = t.store().counts().unwrap();
+    let post = server.post("/metrics", "");
+    post.refused(405);
+    assert_eq!(post.header("allow"), Some("GET, HEAD"));
+    assert_eq!(t.store().counts().unwrap(), before);
+    let jobs_lines = |body: &str| -> Vec<String> {
+        body.lines()
+            .filter(|l| l.starts_with("leasehold_jobs{") || l.contains("_total"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(
+        jobs_lines(&server.get("/metrics").body),
+        jobs_lines(&reply.body),
+        "a scrape changes no count"
+    );
 }
 
 #[test]

@@ -36,6 +36,8 @@ pub const PAGE_SIZE: u64 = 50;
 /// The deepest page served: 5,000,000 jobs in. A page is read with OFFSET, which steps over
 /// the jobs before it, so a bound keeps every page cheap.
 pub const MAX_PAGE: u64 = 100_000;
+/// What Prometheus expects of a text exposition.
+const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The longest queue name taken in a filter.
 const MAX_QUEUE_PARAM: usize = 256;
 
@@ -157,14 +159,14 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
         (["jobs"], true) => with_store(app, store, |s| jobs(s, app, &req.query)),
         (["jobs", id], true) => with_store(app, store, |s| job(s, app, id)),
         (["healthz"], true) => healthz(app, store),
-        // `/metrics` (the Prometheus exposition, issue 12's metrics half) is routed here.
+        (["metrics"], true) => with_store(app, store, metrics),
         (["jobs", id, verb @ ("retry" | "cancel")], false) if req.method == "POST" => {
             with_store(app, store, |s| action::post(s, app, id, verb, &req.body))
         }
         (["jobs", _, "retry" | "cancel"], _) => {
             error_page(405, "retry and cancel take a POST").header("Allow", "POST")
         }
-        ([] | ["jobs"] | ["jobs", _] | ["healthz"], false) => {
+        ([] | ["jobs"] | ["jobs", _] | ["healthz"] | ["metrics"], false) => {
             error_page(405, "this page takes GET").header("Allow", "GET, HEAD")
         }
         _ => error_page(404, "no such page"),
@@ -226,6 +228,18 @@ fn healthz(app: &App, store: &mut Option<Store>) -> Response {
             format!("database unreadable: {}\n", super::one_line(&e.to_string())),
         ),
     }
+}
+
+/// The Prometheus text exposition (format 0.0.4) of the file's metrics, read in one read
+/// transaction: a scrape never takes a write lock.
+fn metrics(store: &Store) -> Result<Response, Error> {
+    let text = store.metrics()?.to_prometheus();
+    Ok(Response {
+        status: 200,
+        content_type: PROMETHEUS_CONTENT_TYPE,
+        headers: Vec::new(),
+        body: text.into_bytes(),
+    })
 }
 
 /// Everything the overview shows.

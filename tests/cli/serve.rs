@@ -163,7 +163,7 @@ fn every_route_answers_with_its_status_and_content_type() {
     assert!(home.body.contains("stale_running"));
     for section in [
         "id=\"schedules\"",
-        "id=\"queue-limits\"",
+        "id=\"queue-counts\"",
         "id=\"dependencies\"",
     ] {
         assert!(home.body.contains(section), "{section} missing");
@@ -262,6 +262,107 @@ fn metrics_is_the_exposition_and_its_job_counts_are_the_databases() {
         jobs_lines(&reply.body),
         "a scrape changes no count"
     );
+}
+
+#[test]
+fn a_job_page_shows_its_dependencies_as_links_its_unique_key_and_its_schedule() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let first = add(db, &[], &["true"]);
+    run_until_idle(db, &[]);
+    let second = add(db, &[], &["true"]);
+    let dependent = add(
+        db,
+        &[
+            "--after",
+            &format!("{first},{second}"),
+            "--unique-key",
+            "report<2026>",
+        ],
+        &["true"],
+    );
+    let record = t.job(dependent);
+    assert_eq!(
+        (record.after.clone(), record.waiting_for.clone()),
+        (vec![first, second], vec![second])
+    );
+    let now = leasehold::now_ms();
+    let store = t.store();
+    store
+        .put_schedule(
+            "every-minute",
+            &leasehold::Schedule::every(Duration::from_secs(60))
+                .catch_up(leasehold::CatchUp::One)
+                .job(leasehold::Job::shell("true")),
+            now - 90_000,
+        )
+        .unwrap();
+    assert_eq!(store.fire_due(now).unwrap().enqueued, 1);
+    let fired = store
+        .list(&ListFilter::default())
+        .unwrap()
+        .into_iter()
+        .find(|j| j.schedule.is_some())
+        .unwrap();
+    let server = Server::start(db, &[]);
+
+    let page = server.get(&format!("/jobs/{dependent}"));
+    assert_eq!(page.status, 200, "{page:?}");
+    let after = &page.body[page.body.find("id=\"after\"").unwrap()..];
+    let after = &after[..after.find("</td>").unwrap()];
+    assert!(
+        after.contains(&format!("<a href=\"/jobs/{first}\">{first}</a>")),
+        "{after}"
+    );
+    assert!(
+        after.contains(&format!("<a href=\"/jobs/{second}\">{second}</a>")),
+        "{after}"
+    );
+    let waiting = &page.body[page.body.find("id=\"waiting-for\"").unwrap()..];
+    let waiting = &waiting[..waiting.find("</td>").unwrap()];
+    assert!(waiting.contains(&format!("/jobs/{second}\"")), "{waiting}");
+    assert!(!waiting.contains(&format!("/jobs/{first}\"")), "{waiting}");
+    assert!(
+        page.body.contains("<td>report&lt;2026&gt;</td>"),
+        "escaped: {}",
+        page.body
+    );
+
+    let page = server.get(&format!("/jobs/{}", fired.id));
+    assert!(
+        page.body.contains("<th>schedule</th><td>every-minute</td>"),
+        "{}",
+        page.body
+    );
+    let slot = fired.slot_at.expect("a fired job has its slot");
+    let shown = page.body.split("<th>slot_at</th><td>").nth(1).unwrap();
+    assert!(
+        shown.starts_with(&format!("{}<", render_time(slot))),
+        "{shown}"
+    );
+    assert!(page.body.contains("None: it runs without waiting"));
+
+    // The overview counts the waiting job.
+    let home = server.get("/");
+    assert!(
+        home.body.contains("<b id=\"waiting-total\">1</b>"),
+        "{}",
+        home.body
+    );
+}
+
+/// A time as the pages show it (`2024-01-31T12:00:00.000Z`), computed by date(1).
+fn render_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let out = Command::new("date")
+        .args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%dT%H:%M:%S"])
+        .output()
+        .unwrap();
+    format!(
+        "{}.{:03}Z",
+        String::from_utf8(out.stdout).unwrap().trim(),
+        ms.rem_euclid(1000)
+    )
 }
 
 #[test]
@@ -484,7 +585,19 @@ fn number_after(dom: &str, marker: &str) -> u64 {
         .unwrap_or_else(|| panic!("{marker} not in the DOM"));
     let rest = &dom[at + marker.len()..];
     let text = &rest[rest.find("\">").unwrap() + 2..];
-    text[..text.find('<').unwrap()].parse().unwrap()
+    let text = &text[..text.find('<').unwrap()];
+    text.parse()
+        .unwrap_or_else(|_| panic!("{marker}: {text:?} is not a number in {dom}"))
+}
+
+/// The text of the element after `marker`, up to the next tag.
+fn text_after<'a>(dom: &'a str, marker: &str) -> &'a str {
+    let at = dom
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} not in the DOM"));
+    let rest = &dom[at + marker.len()..];
+    let text = &rest[rest.find('>').unwrap() + 1..];
+    &text[..text.find('<').unwrap()]
 }
 
 #[test]
@@ -497,9 +610,32 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
     run_until_idle(db, &[]);
     let cancel = add(db, &[], &["true"]);
     ok(&mut cli(db, &["jobs", "cancel", &cancel.to_string()]));
-    for _ in 0..3 {
-        add(db, &["--queue", "mail"], &["true"]);
-    }
+    let mail: Vec<i64> = (0..3)
+        .map(|_| add(db, &["--queue", "mail"], &["true"]))
+        .collect();
+    // Two jobs that wait for a dependency, one of them in a paused queue with a limit.
+    add(
+        db,
+        &["--queue", "mail", "--after", &mail[0].to_string()],
+        &["true"],
+    );
+    add(db, &["--after", &mail[1].to_string()], &["true"]);
+    ok(&mut cli(db, &["queues", "limit", "mail", "2"]));
+    ok(&mut cli(db, &["queues", "pause", "mail"]));
+    ok(&mut cli(
+        db,
+        &[
+            "schedules",
+            "add",
+            "nightly<b>",
+            "--cron",
+            "0 3 * * *",
+            "--tz",
+            "Europe/Paris",
+            "--",
+            "true",
+        ],
+    ));
     let counts = t.store().counts().unwrap();
     assert_eq!(
         (
@@ -508,8 +644,11 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
             counts.failed,
             counts.cancelled
         ),
-        (3, 2, 1, 1)
+        (5, 2, 1, 1)
     );
+    let queues = t.store().queues(leasehold::now_ms()).unwrap();
+    let held_waiting: u64 = queues.iter().map(|q| q.waiting).sum();
+    assert_eq!(held_waiting, 2);
     let server = Server::start(db, &[]);
     let dom = dump_dom(&server.url("/"));
     for (status, n) in [
@@ -525,11 +664,57 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
             "{status} in {dom}"
         );
     }
-    assert_eq!(number_after(&dom, "id=\"total\""), 7);
+    assert_eq!(number_after(&dom, "id=\"total\""), 9);
     assert_eq!(
         number_after(&dom, "data-queue=\"mail\" data-queue-status=\"pending\""),
-        3,
+        4,
         "the queue's depth in {dom}"
+    );
+    // The queue's limit and pause, and its waiting job, as the database holds them.
+    let mail = queues.iter().find(|q| q.name == "mail").unwrap();
+    assert_eq!((mail.limit, mail.paused, mail.waiting), (Some(2), true, 1));
+    assert_eq!(
+        text_after(&dom, "data-queue=\"mail\" data-queue-field=\"limit\""),
+        "2",
+        "{dom}"
+    );
+    assert_eq!(
+        text_after(&dom, "data-queue=\"mail\" data-queue-field=\"paused\""),
+        "yes"
+    );
+    assert_eq!(
+        text_after(&dom, "data-queue=\"mail\" data-queue-status=\"waiting\""),
+        "1"
+    );
+    assert_eq!(
+        text_after(&dom, "data-queue=\"default\" data-queue-field=\"paused\""),
+        "no"
+    );
+    assert_eq!(
+        text_after(&dom, "id=\"waiting-total\""),
+        held_waiting.to_string()
+    );
+    // The schedule, its name shown as text (not markup), with its next slot in both zones.
+    let schedule = &t.store().schedules().unwrap()[0];
+    assert!(!dom.contains("nightly<b>"), "{dom}");
+    let row = &dom[dom
+        .find("data-schedule=\"nightly&lt;b&gt;\"")
+        .unwrap_or_else(|| panic!("no schedule row in {dom}"))..];
+    assert_eq!(text_after(row, "class=\"name\""), "nightly&lt;b&gt;");
+    assert_eq!(text_after(row, "class=\"zone\""), "Europe/Paris");
+    assert_eq!(text_after(row, "class=\"paused\""), "no");
+    assert!(row.contains("<code>0 3 * * *</code>"), "{row}");
+    let next = schedule
+        .next_slot_at
+        .expect("a cron schedule has a next slot");
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains(&schedule.schedule.local_time(next)),
+        "the next slot in Paris time in {row}"
+    );
+    assert!(
+        row.contains("T02:00:00.000Z") || row.contains("T01:00:00.000Z"),
+        "{row}"
     );
 
     let shot = screenshot_path();

@@ -246,7 +246,9 @@ fn metrics(store: &Store) -> Result<Response, Error> {
 pub struct Overview {
     pub size: leasehold::DatabaseSize,
     pub counts: leasehold::Counts,
-    pub queues: Vec<leasehold::QueueCounts>,
+    /// Every queue with an unfinished job or a setting: counts, limit, pause, lag.
+    pub queues: Vec<leasehold::QueueInfo>,
+    pub schedules: Vec<leasehold::ScheduleRecord>,
     pub leases: leasehold::LeaseCounts,
     pub settings: operator::LeaseSettings,
     pub runners: Vec<(leasehold::RunnerRecord, bool)>,
@@ -254,11 +256,13 @@ pub struct Overview {
 
 fn overview(store: &Store, app: &App) -> Result<Response, Error> {
     let settings = operator::lease_settings(store)?;
+    let now = now_ms();
     let data = Overview {
         size: store.size()?,
         counts: store.counts()?,
-        queues: store.queue_counts()?,
-        leases: store.lease_counts(settings.max_recovery_attempts, now_ms())?,
+        queues: store.queues(now)?,
+        schedules: store.schedules()?,
+        leases: store.lease_counts(settings.max_recovery_attempts, now)?,
         settings,
         runners: store
             .runners()?

@@ -1169,7 +1169,8 @@ fn thousands(x: f64) -> String {
 // The dashboard
 
 /// `leasehold serve` on a file of 1,000,000 jobs (98% succeeded, 1% failed, 1% pending, three
-/// queues): each page fetched over HTTP on a fresh connection (the request, the reads, the
+/// queues, one paused with a limit; three schedules; and 1,000 more jobs waiting for a
+/// dependency): each page fetched over HTTP on a fresh connection (the request, the reads, the
 /// HTML), beside a bare `SELECT count(*) FROM jobs` on the same file, the cheapest question
 /// one can ask it. The goal is under 100 ms a page.
 fn serve_benchmarks() {
@@ -1205,6 +1206,23 @@ fn serve_benchmarks() {
             N - N / 100
         ))
         .expect("finish 99% of the jobs");
+        // What the overview shows of schedules and flow control: a paused queue with a
+        // limit, a few schedules, and 1,000 jobs waiting for a pending one.
+        store.set_queue_limit("mail", Some(4)).expect("limit");
+        store.pause_queue("mail").expect("pause");
+        for (name, every) in [("minutely", 60), ("hourly", 3600), ("daily", 86_400)] {
+            let schedule = leasehold::Schedule::every(Duration::from_secs(every))
+                .job(Job::command(["true"]).queue("reports"));
+            store
+                .put_schedule(name, &schedule, now_ms())
+                .expect("put_schedule");
+        }
+        let waiting: Vec<Job> = (0..1000)
+            .map(|_| Job::command(["true"]).queue("reports").after([N as i64]))
+            .collect();
+        store
+            .enqueue_many(&waiting, now_ms())
+            .expect("waiting jobs");
     }
     let built = setup.elapsed();
     let mut child = std::process::Command::new(&bin)
@@ -1246,7 +1264,7 @@ fn serve_benchmarks() {
                 let n: i64 = conn
                     .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
                     .unwrap();
-                assert_eq!(n as usize, N);
+                assert_eq!(n as usize, N + 1000);
                 t.elapsed()
             })
             .collect(),
@@ -1254,6 +1272,7 @@ fn serve_benchmarks() {
     let mut table = Table::new("serve: 1,000,000 jobs, one GET each");
     let pages = [
         ("/", "overview /"),
+        ("/metrics", "/metrics (exposition)"),
         ("/jobs", "job list, page 1"),
         ("/jobs?status=failed", "job list, failed, page 1"),
         ("/jobs?queue=mail&page=2", "job list, queue mail, page 2"),

@@ -10,7 +10,12 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
+use std::collections::BTreeMap;
+
+use leasehold::ListFilter;
+
 use crate::helper::{add, cli, fails, ok, run_until_idle};
+use crate::util::exposition::parse;
 use crate::util::{TestDb, leasehold_vars, poll};
 
 /// A `leasehold serve` on a free port; killed by pid when dropped.
@@ -158,7 +163,7 @@ fn every_route_answers_with_its_status_and_content_type() {
     assert!(home.body.contains("stale_running"));
     for section in [
         "id=\"schedules\"",
-        "id=\"queue-limits\"",
+        "id=\"queue-counts\"",
         "id=\"dependencies\"",
     ] {
         assert!(home.body.contains(section), "{section} missing");
@@ -194,6 +199,170 @@ fn every_route_answers_with_its_status_and_content_type() {
     delete.refused(405);
     assert_eq!(delete.header("allow"), Some("GET, HEAD"));
     server.get("/nothing/here").refused(404);
+}
+
+#[test]
+fn metrics_is_the_exposition_and_its_job_counts_are_the_databases() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let (_, failed, _) = three_jobs(&t);
+    ok(&mut cli(db, &["jobs", "retry", &failed.to_string()]));
+    let cancel = add(db, &["--queue", "mail"], &["true"]);
+    ok(&mut cli(db, &["jobs", "cancel", &cancel.to_string()]));
+    add(db, &["--queue", "mail"], &["true"]);
+    let server = Server::start(db, &[]);
+
+    let reply = server.get("/metrics");
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.content_type(),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    // Strict: every line a comment or a valid sample, each family typed before its samples.
+    let exposition = parse(&reply.body);
+    assert_eq!(
+        exposition.types.get("leasehold_jobs").map(String::as_str),
+        Some("gauge")
+    );
+    let mut held: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for j in t.store().list(&ListFilter::default()).unwrap() {
+        *held
+            .entry((j.queue.clone(), j.status.as_str().to_string()))
+            .or_default() += 1;
+    }
+    assert_eq!(held.values().sum::<u64>(), 5);
+    for ((queue, status), n) in &held {
+        assert_eq!(
+            exposition.value("leasehold_jobs", &[("queue", queue), ("status", status)]),
+            *n as f64,
+            "{queue} {status} in {}",
+            reply.body
+        );
+    }
+    assert_eq!(exposition.sum("leasehold_jobs"), 5.0, "{}", reply.body);
+
+    // HEAD has the headers and no body; anything else is refused and changes nothing.
+    let head =
+        server.raw(format!("HEAD /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).as_bytes());
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+    let before = t.store().counts().unwrap();
+    let post = server.post("/metrics", "");
+    post.refused(405);
+    assert_eq!(post.header("allow"), Some("GET, HEAD"));
+    assert_eq!(t.store().counts().unwrap(), before);
+    let jobs_lines = |body: &str| -> Vec<String> {
+        body.lines()
+            .filter(|l| l.starts_with("leasehold_jobs{") || l.contains("_total"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(
+        jobs_lines(&server.get("/metrics").body),
+        jobs_lines(&reply.body),
+        "a scrape changes no count"
+    );
+}
+
+#[test]
+fn a_job_page_shows_its_dependencies_as_links_its_unique_key_and_its_schedule() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let first = add(db, &[], &["true"]);
+    run_until_idle(db, &[]);
+    let second = add(db, &[], &["true"]);
+    let dependent = add(
+        db,
+        &[
+            "--after",
+            &format!("{first},{second}"),
+            "--unique-key",
+            "report<2026>",
+        ],
+        &["true"],
+    );
+    let record = t.job(dependent);
+    assert_eq!(
+        (record.after.clone(), record.waiting_for.clone()),
+        (vec![first, second], vec![second])
+    );
+    let now = leasehold::now_ms();
+    let store = t.store();
+    store
+        .put_schedule(
+            "every-minute",
+            &leasehold::Schedule::every(Duration::from_secs(60))
+                .catch_up(leasehold::CatchUp::One)
+                .job(leasehold::Job::shell("true")),
+            now - 90_000,
+        )
+        .unwrap();
+    assert_eq!(store.fire_due(now).unwrap().enqueued, 1);
+    let fired = store
+        .list(&ListFilter::default())
+        .unwrap()
+        .into_iter()
+        .find(|j| j.schedule.is_some())
+        .unwrap();
+    let server = Server::start(db, &[]);
+
+    let page = server.get(&format!("/jobs/{dependent}"));
+    assert_eq!(page.status, 200, "{page:?}");
+    let after = &page.body[page.body.find("id=\"after\"").unwrap()..];
+    let after = &after[..after.find("</td>").unwrap()];
+    assert!(
+        after.contains(&format!("<a href=\"/jobs/{first}\">{first}</a>")),
+        "{after}"
+    );
+    assert!(
+        after.contains(&format!("<a href=\"/jobs/{second}\">{second}</a>")),
+        "{after}"
+    );
+    let waiting = &page.body[page.body.find("id=\"waiting-for\"").unwrap()..];
+    let waiting = &waiting[..waiting.find("</td>").unwrap()];
+    assert!(waiting.contains(&format!("/jobs/{second}\"")), "{waiting}");
+    assert!(!waiting.contains(&format!("/jobs/{first}\"")), "{waiting}");
+    assert!(
+        page.body.contains("<td>report&lt;2026&gt;</td>"),
+        "escaped: {}",
+        page.body
+    );
+
+    let page = server.get(&format!("/jobs/{}", fired.id));
+    assert!(
+        page.body.contains("<th>schedule</th><td>every-minute</td>"),
+        "{}",
+        page.body
+    );
+    let slot = fired.slot_at.expect("a fired job has its slot");
+    let shown = page.body.split("<th>slot_at</th><td>").nth(1).unwrap();
+    assert!(
+        shown.starts_with(&format!("{}<", render_time(slot))),
+        "{shown}"
+    );
+    assert!(page.body.contains("None: it runs without waiting"));
+
+    // The overview counts the waiting job.
+    let home = server.get("/");
+    assert!(
+        home.body.contains("<b id=\"waiting-total\">1</b>"),
+        "{}",
+        home.body
+    );
+}
+
+/// A time as the pages show it (`2024-01-31T12:00:00.000Z`), computed by date(1).
+fn render_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let out = Command::new("date")
+        .args(["-u", "-d", &format!("@{secs}"), "+%Y-%m-%dT%H:%M:%S"])
+        .output()
+        .unwrap();
+    format!(
+        "{}.{:03}Z",
+        String::from_utf8(out.stdout).unwrap().trim(),
+        ms.rem_euclid(1000)
+    )
 }
 
 #[test]
@@ -416,7 +585,19 @@ fn number_after(dom: &str, marker: &str) -> u64 {
         .unwrap_or_else(|| panic!("{marker} not in the DOM"));
     let rest = &dom[at + marker.len()..];
     let text = &rest[rest.find("\">").unwrap() + 2..];
-    text[..text.find('<').unwrap()].parse().unwrap()
+    let text = &text[..text.find('<').unwrap()];
+    text.parse()
+        .unwrap_or_else(|_| panic!("{marker}: {text:?} is not a number in {dom}"))
+}
+
+/// The text of the element after `marker`, up to the next tag.
+fn text_after<'a>(dom: &'a str, marker: &str) -> &'a str {
+    let at = dom
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} not in the DOM"));
+    let rest = &dom[at + marker.len()..];
+    let text = &rest[rest.find('>').unwrap() + 1..];
+    &text[..text.find('<').unwrap()]
 }
 
 #[test]
@@ -429,9 +610,32 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
     run_until_idle(db, &[]);
     let cancel = add(db, &[], &["true"]);
     ok(&mut cli(db, &["jobs", "cancel", &cancel.to_string()]));
-    for _ in 0..3 {
-        add(db, &["--queue", "mail"], &["true"]);
-    }
+    let mail: Vec<i64> = (0..3)
+        .map(|_| add(db, &["--queue", "mail"], &["true"]))
+        .collect();
+    // Two jobs that wait for a dependency, one of them in a paused queue with a limit.
+    add(
+        db,
+        &["--queue", "mail", "--after", &mail[0].to_string()],
+        &["true"],
+    );
+    add(db, &["--after", &mail[1].to_string()], &["true"]);
+    ok(&mut cli(db, &["queues", "limit", "mail", "2"]));
+    ok(&mut cli(db, &["queues", "pause", "mail"]));
+    ok(&mut cli(
+        db,
+        &[
+            "schedules",
+            "add",
+            "nightly<b>",
+            "--cron",
+            "0 3 * * *",
+            "--tz",
+            "Europe/Paris",
+            "--",
+            "true",
+        ],
+    ));
     let counts = t.store().counts().unwrap();
     assert_eq!(
         (
@@ -440,8 +644,11 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
             counts.failed,
             counts.cancelled
         ),
-        (3, 2, 1, 1)
+        (5, 2, 1, 1)
     );
+    let queues = t.store().queues(leasehold::now_ms()).unwrap();
+    let held_waiting: u64 = queues.iter().map(|q| q.waiting).sum();
+    assert_eq!(held_waiting, 2);
     let server = Server::start(db, &[]);
     let dom = dump_dom(&server.url("/"));
     for (status, n) in [
@@ -457,11 +664,57 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
             "{status} in {dom}"
         );
     }
-    assert_eq!(number_after(&dom, "id=\"total\""), 7);
+    assert_eq!(number_after(&dom, "id=\"total\""), 9);
     assert_eq!(
         number_after(&dom, "data-queue=\"mail\" data-queue-status=\"pending\""),
-        3,
+        4,
         "the queue's depth in {dom}"
+    );
+    // The queue's limit and pause, and its waiting job, as the database holds them.
+    let mail = queues.iter().find(|q| q.name == "mail").unwrap();
+    assert_eq!((mail.limit, mail.paused, mail.waiting), (Some(2), true, 1));
+    assert_eq!(
+        text_after(&dom, "data-queue=\"mail\" data-queue-field=\"limit\""),
+        "2",
+        "{dom}"
+    );
+    assert_eq!(
+        text_after(&dom, "data-queue=\"mail\" data-queue-field=\"paused\""),
+        "yes"
+    );
+    assert_eq!(
+        text_after(&dom, "data-queue=\"mail\" data-queue-status=\"waiting\""),
+        "1"
+    );
+    assert_eq!(
+        text_after(&dom, "data-queue=\"default\" data-queue-field=\"paused\""),
+        "no"
+    );
+    assert_eq!(
+        text_after(&dom, "id=\"waiting-total\""),
+        held_waiting.to_string()
+    );
+    // The schedule, its name shown as text (not markup), with its next slot in both zones.
+    let schedule = &t.store().schedules().unwrap()[0];
+    assert!(!dom.contains("nightly<b>"), "{dom}");
+    let row = &dom[dom
+        .find("data-schedule=\"nightly&lt;b&gt;\"")
+        .unwrap_or_else(|| panic!("no schedule row in {dom}"))..];
+    assert_eq!(text_after(row, "class=\"name\""), "nightly&lt;b&gt;");
+    assert_eq!(text_after(row, "class=\"zone\""), "Europe/Paris");
+    assert_eq!(text_after(row, "class=\"paused\""), "no");
+    assert!(row.contains("<code>0 3 * * *</code>"), "{row}");
+    let next = schedule
+        .next_slot_at
+        .expect("a cron schedule has a next slot");
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains(&schedule.schedule.local_time(next)),
+        "the next slot in Paris time in {row}"
+    );
+    assert!(
+        row.contains("T02:00:00.000Z") || row.contains("T01:00:00.000Z"),
+        "{row}"
     );
 
     let shot = screenshot_path();

@@ -36,6 +36,8 @@ pub const PAGE_SIZE: u64 = 50;
 /// The deepest page served: 5,000,000 jobs in. A page is read with OFFSET, which steps over
 /// the jobs before it, so a bound keeps every page cheap.
 pub const MAX_PAGE: u64 = 100_000;
+/// What Prometheus expects of a text exposition.
+const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The longest queue name taken in a filter.
 const MAX_QUEUE_PARAM: usize = 256;
 
@@ -157,14 +159,14 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
         (["jobs"], true) => with_store(app, store, |s| jobs(s, app, &req.query)),
         (["jobs", id], true) => with_store(app, store, |s| job(s, app, id)),
         (["healthz"], true) => healthz(app, store),
-        // `/metrics` (the Prometheus exposition, issue 12's metrics half) is routed here.
+        (["metrics"], true) => with_store(app, store, metrics),
         (["jobs", id, verb @ ("retry" | "cancel")], false) if req.method == "POST" => {
             with_store(app, store, |s| action::post(s, app, id, verb, &req.body))
         }
         (["jobs", _, "retry" | "cancel"], _) => {
             error_page(405, "retry and cancel take a POST").header("Allow", "POST")
         }
-        ([] | ["jobs"] | ["jobs", _] | ["healthz"], false) => {
+        ([] | ["jobs"] | ["jobs", _] | ["healthz"] | ["metrics"], false) => {
             error_page(405, "this page takes GET").header("Allow", "GET, HEAD")
         }
         _ => error_page(404, "no such page"),
@@ -228,11 +230,25 @@ fn healthz(app: &App, store: &mut Option<Store>) -> Response {
     }
 }
 
+/// The Prometheus text exposition (format 0.0.4) of the file's metrics, read in one read
+/// transaction: a scrape never takes a write lock.
+fn metrics(store: &Store) -> Result<Response, Error> {
+    let text = store.metrics()?.to_prometheus();
+    Ok(Response {
+        status: 200,
+        content_type: PROMETHEUS_CONTENT_TYPE,
+        headers: Vec::new(),
+        body: text.into_bytes(),
+    })
+}
+
 /// Everything the overview shows.
 pub struct Overview {
     pub size: leasehold::DatabaseSize,
     pub counts: leasehold::Counts,
-    pub queues: Vec<leasehold::QueueCounts>,
+    /// Every queue with an unfinished job or a setting: counts, limit, pause, lag.
+    pub queues: Vec<leasehold::QueueInfo>,
+    pub schedules: Vec<leasehold::ScheduleRecord>,
     pub leases: leasehold::LeaseCounts,
     pub settings: operator::LeaseSettings,
     pub runners: Vec<(leasehold::RunnerRecord, bool)>,
@@ -240,11 +256,13 @@ pub struct Overview {
 
 fn overview(store: &Store, app: &App) -> Result<Response, Error> {
     let settings = operator::lease_settings(store)?;
+    let now = now_ms();
     let data = Overview {
         size: store.size()?,
         counts: store.counts()?,
-        queues: store.queue_counts()?,
-        leases: store.lease_counts(settings.max_recovery_attempts, now_ms())?,
+        queues: store.queues(now)?,
+        schedules: store.schedules()?,
+        leases: store.lease_counts(settings.max_recovery_attempts, now)?,
         settings,
         runners: store
             .runners()?

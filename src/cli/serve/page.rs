@@ -2,7 +2,7 @@
 //! every value it interpolates, so whatever a job contributes (argv, env, output, errors) is
 //! shown as text.
 
-use leasehold::{Event, JobRecord, Output, Status};
+use leasehold::{Event, JobRecord, Output, ScheduleRecord, Status};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::{ListQuery, MAX_PAGE, Overview};
@@ -95,21 +95,34 @@ pub fn overview(o: &Overview, actions: bool) -> String {
 
         h2 #queues { "Queues" }
         @if o.queues.is_empty() {
-            p { "No job is pending or running in any queue." }
+            p { "No queue has a pending or running job, a limit or a pause." }
         } @else {
             table #queue-counts {
-                tr { th { "queue" } th { "pending" } th { "running" } th { "all its jobs" } }
+                tr {
+                    th { "queue" } th { "pending" } th { "waiting" } th { "running" }
+                    th { "limit" } th { "paused" } th { "oldest ready" } th { "all its jobs" }
+                }
                 @for q in &o.queues {
-                    @let queue = super::http::percent_encode(&q.queue);
+                    @let queue = super::http::percent_encode(&q.name);
                     tr {
-                        td { (q.queue) }
-                        td.n data-queue=(q.queue) data-queue-status="pending" { a href={ "/jobs?status=pending&queue=" (queue) } { (q.pending) } }
-                        td.n data-queue=(q.queue) data-queue-status="running" { a href={ "/jobs?status=running&queue=" (queue) } { (q.running) } }
+                        td { (q.name) }
+                        td.n data-queue=(q.name) data-queue-status="pending" { a href={ "/jobs?status=pending&queue=" (queue) } { (q.pending) } }
+                        td.n data-queue=(q.name) data-queue-status="waiting" { (q.waiting) }
+                        td.n data-queue=(q.name) data-queue-status="running" { a href={ "/jobs?status=running&queue=" (queue) } { (q.running) } }
+                        td.n data-queue=(q.name) data-queue-field="limit" { (q.limit.map_or_else(|| "-".to_string(), |l| l.to_string())) }
+                        td data-queue=(q.name) data-queue-field="paused" class=[q.paused.then_some("bad")] { (if q.paused { "yes" } else { "no" }) }
+                        td.n data-queue=(q.name) data-queue-field="oldest-ready" { (q.oldest_ready_ms.map_or_else(|| "-".to_string(), age)) }
                         td { a href={ "/jobs?queue=" (queue) } { "list" } }
                     }
                 }
             }
-            p.later { "Queues with pending or running jobs. Finished jobs are counted by status above, not by queue: that would read every finished row; the job list filters them by queue." }
+            p.later {
+                "Queues with pending or running jobs, and those with a limit or a pause. "
+                "Waiting: pending jobs whose dependencies have not all succeeded (counted in pending). "
+                "Limit: at most this many of its jobs run at once over every runner. "
+                "Oldest ready: how long its oldest due, unblocked job has waited. "
+                "Finished jobs are counted by status above, not by queue: that would read every finished row; the job list filters them by queue."
+            }
         }
 
         h2 #job-leases { "Lease counters (job_leases)" }
@@ -156,13 +169,37 @@ pub fn overview(o: &Overview, actions: bool) -> String {
             tr { th { "wal_bytes" } td.n { (o.size.wal_bytes) " (" (human(o.size.wal_bytes)) ")" } }
         }
 
-        // Places for what the schedules and flow-control issues add, once they land.
         h2 #schedules { "Schedules" }
-        p.later { "Not in this build yet: schedules will be listed here." }
-        h2 #queue-limits { "Queue limits and pauses" }
-        p.later { "Not in this build yet: queue limits and pauses will be shown here." }
+        @if o.schedules.is_empty() {
+            p { "No schedule is stored (" code { "leasehold schedules add" } " adds one)." }
+        } @else {
+            table #schedule-list {
+                tr {
+                    th { "name" } th { "expression" } th { "zone" } th { "paused" }
+                    th { "last slot" } th { "next slot" } th { "command" }
+                }
+                @for r in &o.schedules {
+                    tr data-schedule=(r.name) {
+                        td.name { (r.name) }
+                        td.expression { code { (r.expression()) } }
+                        td.zone { (r.schedule.zone_name()) }
+                        td.paused class=[r.paused.then_some("bad")] { (if r.paused { "yes" } else { "no" }) }
+                        td.t.last { (slot(r, r.last_slot_at)) }
+                        td.t.next { (slot(r, r.next_slot_at)) }
+                        td { code { (render::cut(&render::command_line(r.schedule.job_template().argv()), 80)) } }
+                    }
+                }
+            }
+            p.later { "Slots in UTC, and below in the schedule's zone." }
+        }
+
         h2 #dependencies { "Dependencies" }
-        p.later { "Not in this build yet: jobs waiting for dependencies will be counted here." }
+        @let waiting: u64 = o.queues.iter().map(|q| q.waiting).sum();
+        p {
+            "Pending jobs waiting for a dependency: "
+            b #waiting-total { (waiting) }
+            @if waiting > 0 { " (by queue in the Queues table; a job's page lists what it waits for)" }
+        }
     };
     layout("Overview", true, actions, body)
 }
@@ -248,6 +285,9 @@ pub fn job(
         ("heartbeat_at", render::opt_time(j.heartbeat_at)),
         ("lease_expires_at", render::opt_time(j.lease_expires_at)),
         ("completed_at", render::opt_time(j.completed_at)),
+        ("unique_key", j.unique_key.clone().unwrap_or("-".into())),
+        ("schedule", j.schedule.clone().unwrap_or("-".into())),
+        ("slot_at", render::opt_time(j.slot_at)),
     ];
     let retryable = matches!(
         j.status,
@@ -285,6 +325,21 @@ pub fn job(
         }
         h2 { "Fields" }
         table #fields { @for (k, v) in &fields { tr { th { (k) } td { (v) } } } }
+        h2 #dependencies { "Dependencies" }
+        @if j.after.is_empty() {
+            p { "None: it runs without waiting for another job." }
+        } @else {
+            table #deps {
+                tr { th { "after" } td #after { (job_links(&j.after)) } }
+                tr {
+                    th { "waiting_for" }
+                    td #waiting-for {
+                        @if j.waiting_for.is_empty() { "-" } @else { (job_links(&j.waiting_for)) }
+                    }
+                }
+            }
+            p.later { "It runs only after every job in after succeeded; waiting_for: those that have not (yet)." }
+        }
         h2 { "Events" }
         table #events {
             tr { th { "at" } th { "attempt" } th { "kind" } th { "detail" } }
@@ -309,6 +364,41 @@ pub fn job(
         }
     };
     layout(&format!("Job {}", j.id), false, token.is_some(), body)
+}
+
+/// A slot in UTC and, when the zone is not UTC, in the schedule's zone; `-` when none.
+fn slot(r: &ScheduleRecord, at: Option<i64>) -> Markup {
+    match at {
+        None => html! { "-" },
+        Some(t) => html! {
+            (render::time(t))
+            @if r.schedule.zone_name() != "UTC" { br; span.later { (r.schedule.local_time(t)) } }
+        },
+    }
+}
+
+/// Links to jobs, comma-separated.
+fn job_links(ids: &[i64]) -> Markup {
+    html! {
+        @for (i, id) in ids.iter().enumerate() {
+            @if i > 0 { ", " }
+            a href={ "/jobs/" (id) } { (id) }
+        }
+    }
+}
+
+/// A duration in milliseconds, in the largest unit that keeps it readable.
+fn age(ms: i64) -> String {
+    let s = ms.max(0) as f64 / 1000.0;
+    if s < 120.0 {
+        format!("{s:.1} s")
+    } else if s < 7200.0 {
+        format!("{:.1} min", s / 60.0)
+    } else if s < 172_800.0 {
+        format!("{:.1} h", s / 3600.0)
+    } else {
+        format!("{:.1} d", s / 86_400.0)
+    }
 }
 
 /// Bytes in binary units, one decimal.

@@ -170,6 +170,53 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     Ok(claimed)
 }
 
+/// The earliest `scheduled_at` after `now` among the claimable pending jobs of one queue: the
+/// first entry past `now` in that queue's part of `jobs_pending_due`, one seek. Parameters:
+/// queue, now.
+const QUEUE_NEXT_DUE_SQL: &str = "SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
+     WHERE queue = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0
+       AND scheduled_at > ?2";
+
+/// The same over every queue: a skip through `jobs_pending_due` from one queue to the next
+/// (one seek each), then one seek per queue past `now`. Parameter: now.
+const NEXT_DUE_SQL: &str = "WITH RECURSIVE q(name) AS (
+         SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
+                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                 ORDER BY queue LIMIT 1)
+         UNION ALL
+         SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
+                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                   AND queue > q.name
+                 ORDER BY queue LIMIT 1)
+         FROM q WHERE q.name IS NOT NULL)
+     SELECT min((SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
+                 WHERE queue = q.name AND status = 'pending' AND teardown_token IS NULL
+                   AND waiting = 0 AND scheduled_at > ?1))
+     FROM q WHERE q.name IS NOT NULL";
+
+/// When the next claimable job of `queues` (all queues when empty) that is not due at `now`
+/// becomes due: the earliest `scheduled_at` after `now`, or None. A runner sleeps no longer
+/// than this, so that a job enqueued to run later, a retry's backoff or a schedule's slot
+/// starts on time without a poke. Reads only index entries, a seek or two per queue, whatever
+/// the size of the table. Jobs already due are not counted: a dispatcher that could not take
+/// them (no free worker, a queue at its limit or paused) is woken by what changes that.
+pub(crate) fn next_due(conn: &Connection, queues: &[String], now: i64) -> Result<Option<i64>> {
+    if queues.is_empty() {
+        let mut stmt = conn.prepare_cached(NEXT_DUE_SQL)?;
+        return Ok(stmt.query_row(params![now], |r| r.get(0))?);
+    }
+    let mut stmt = conn.prepare_cached(QUEUE_NEXT_DUE_SQL)?;
+    let mut earliest: Option<i64> = None;
+    for queue in queues {
+        let due: Option<i64> = stmt.query_row(params![queue, now], |r| r.get(0))?;
+        earliest = match (earliest, due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(earliest)
+}
+
 /// The ids a claim may take when some queue is paused or limited (in the file, or by the
 /// runner's caps): the best ready jobs of each queue the claim serves, as many as the queue
 /// still allows, merged in claim order and cut to the request's limit. Reads, per queue, the

@@ -413,12 +413,21 @@ fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
 }
 
 /// What a connection that does not checkpoint on close does as it closes: empties a WAL past
-/// [`ONE_SHOT_WAL_BYTES`], if no other connection is using the file (it never waits).
+/// [`ONE_SHOT_WAL_BYTES`], if no runner is on the file and no other connection is using it
+/// (it never waits).
 pub(super) fn trim_wal(conn: &Connection, path: &Path) {
     let mut wal = path.as_os_str().to_os_string();
     wal.push("-wal");
     let big = std::fs::metadata(&wal).is_ok_and(|m| m.len() > ONE_SHOT_WAL_BYTES);
-    if !big || conn.busy_timeout(Duration::ZERO).is_err() {
+    // A runner's connections checkpoint the WAL as it grows (SQLite's autocheckpoint). A
+    // one-shot command that emptied it while a runner ran, between the runner's transactions,
+    // would cost two fsyncs of its own, and the next commit a third (a restarted WAL's
+    // header is synced): with one `jobs add` per job, three times the disk work of its one
+    // commit.
+    if !big || super::wake::any_runner(&super::wake::folder(path)) {
+        return;
+    }
+    if conn.busy_timeout(Duration::ZERO).is_err() {
         return;
     }
     // Busy when a runner or another reader holds the file: its connections keep the WAL

@@ -645,6 +645,72 @@ fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<
 mod tests {
     use super::*;
 
+    /// The next due time among claimable jobs: the earliest after `now`, per served queue,
+    /// leaving out due, running and waiting jobs; and read from an index, not the table.
+    #[test]
+    fn next_due_is_the_earliest_future_claimable_job_of_the_served_queues() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let store = crate::Store::open(dir.path().join("jobs.db")).expect("open");
+        let at = |queue: &str, ms: i64| {
+            crate::Job::shell("true")
+                .queue(queue)
+                .run_at(std::time::UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs()))
+        };
+        let first = store.enqueue(&at("a", 1_000), 0).expect("enqueue");
+        store.enqueue(&at("a", 3_000), 0).expect("enqueue");
+        store.enqueue(&at("b", 2_000), 0).expect("enqueue");
+        // Waits for `first`: not claimable, so not counted, however early.
+        store
+            .enqueue(&at("b", 500).after([first]), 0)
+            .expect("enqueue");
+        let conn = store.conn();
+        let all: &[String] = &[];
+        let b = ["b".to_string()];
+        let none = ["c".to_string()];
+        assert_eq!(next_due(conn, all, 0).unwrap(), Some(1_000));
+        assert_eq!(next_due(conn, all, 1_000).unwrap(), Some(2_000));
+        assert_eq!(next_due(conn, &b, 0).unwrap(), Some(2_000));
+        assert_eq!(next_due(conn, &none, 0).unwrap(), None);
+        assert_eq!(next_due(conn, all, 3_000).unwrap(), None);
+        // A claimed job is no longer pending.
+        let req = ClaimRequest {
+            worker_id: "w",
+            limit: 1,
+            queues: &["a".to_string()],
+            lease_ttl: Duration::from_secs(30),
+            queue_caps: &[],
+        };
+        assert_eq!(claim(conn, &req, 1_500).unwrap().len(), 1);
+        assert_eq!(next_due(conn, &["a".to_string()], 0).unwrap(), Some(3_000));
+        let plans = [
+            (
+                QUEUE_NEXT_DUE_SQL,
+                vec![rusqlite::types::Value::from("a".to_string()), 0.into()],
+            ),
+            (NEXT_DUE_SQL, vec![0.into()]),
+        ];
+        for (sql, values) in plans {
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(params_from_iter(values), |r| r.get(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert!(
+                plan.iter().any(
+                    |l| l.contains("USING INDEX jobs_pending_due (queue=? AND scheduled_at>?)")
+                ),
+                "{plan:?}"
+            );
+            assert!(
+                plan.iter()
+                    .all(|l| !l.starts_with("SCAN jobs") || l.contains("INDEX")),
+                "{plan:?}"
+            );
+        }
+    }
+
     /// The wait before jitter, as `backoff_ms` computes it.
     fn unjittered(base: i64, cap: i64, failures: i64) -> i64 {
         let doublings = failures.saturating_sub(1).clamp(0, 40);

@@ -40,11 +40,16 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
             0
         };
         let mut claimed_all = false;
+        // Whether the writer's latest time of the next due job can be trusted: it read it
+        // with this claim. Without a claim (no worker free) the dispatcher waits for a worker
+        // to free up, or for the poll.
+        let mut fresh_due = false;
         if want > 0 {
             let caps = shared.queue_caps();
             match writer.claim(u32::try_from(want).unwrap_or(u32::MAX), caps) {
                 Ok(jobs) => {
                     claimed_all = jobs.len() == want;
+                    fresh_due = true;
                     for job in jobs {
                         let stop = match StopHandle::new() {
                             Ok(s) => s,
@@ -82,7 +87,13 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
             .claim_short
             .store(want > 0 && !claimed_all, Ordering::Relaxed);
         if !claimed_all {
-            shared.wait_for_wake(shared.config.poll_interval);
+            let poll = shared.config.poll_interval;
+            let sleep = if fresh_due {
+                shared.sleep_before_due(poll, crate::job::now_ms())
+            } else {
+                poll
+            };
+            shared.wait_for_wake(sleep);
         }
     }
 }

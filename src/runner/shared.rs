@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
@@ -45,6 +45,9 @@ pub(crate) struct Shared {
     /// The dispatcher's last claim took fewer jobs than it asked for: the writer wakes it
     /// once an ending is committed, which may let it take more.
     pub claim_short: AtomicBool,
+    /// When the next claimable job that was not due at the last claim becomes due (wall
+    /// clock, ms; `i64::MAX` for none): the dispatcher sleeps no longer than that.
+    next_due: AtomicI64,
     /// Wakes the dispatcher (an enqueue, a free worker, shutdown).
     wake: (Mutex<bool>, Condvar),
     /// Bumped whenever an ending is committed or observed; waiters block on it.
@@ -77,6 +80,7 @@ impl Shared {
             renew_nanos: AtomicU64::new(0),
             refill_at: AtomicUsize::new(0),
             claim_short: AtomicBool::new(false),
+            next_due: AtomicI64::new(i64::MAX),
             wake: (Mutex::new(false), Condvar::new()),
             endings: (Mutex::new(0), Condvar::new()),
             counters: Mutex::new(SweepCounters::default()),
@@ -92,6 +96,30 @@ impl Shared {
     pub(crate) fn wake_dispatcher(&self) {
         *self.wake.0.lock() = true;
         self.wake.1.notify_all();
+    }
+
+    /// Records when the next job not yet due becomes due, as the writer read it. Read
+    /// without a claim (an ending scheduled a retry), a time earlier than the one the
+    /// dispatcher may be sleeping towards wakes it, to sleep again with the new time; read
+    /// with a claim, the dispatcher reads it once the claim's reply is in.
+    pub(crate) fn set_next_due(&self, due: Option<i64>, with_claim: bool) {
+        let due = due.unwrap_or(i64::MAX);
+        let before = self.next_due.swap(due, Ordering::SeqCst);
+        if !with_claim && due < before {
+            self.wake_dispatcher();
+        }
+    }
+
+    /// How long the dispatcher may sleep at `now` (wall clock, ms): the poll interval, or
+    /// less when a job becomes due sooner. At least a millisecond: a job due by now is taken
+    /// by the claim that follows, which reads the next time again.
+    pub(crate) fn sleep_before_due(&self, poll: Duration, now: i64) -> Duration {
+        let due = self.next_due.load(Ordering::SeqCst);
+        if due == i64::MAX {
+            return poll;
+        }
+        let ms = u64::try_from(due.saturating_sub(now)).unwrap_or(0).max(1);
+        poll.min(Duration::from_millis(ms))
     }
 
     pub(crate) fn wait_for_wake(&self, timeout: Duration) {

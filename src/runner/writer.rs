@@ -25,6 +25,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use rusqlite::Connection;
 
 use crate::error::{Error, Result};
+use crate::job::Status;
 use crate::store::{self, ClaimRequest, Claimed, Finish, Finished, Store};
 
 use super::shared::{LINGER, Op, Shared, WriterLoop};
@@ -118,23 +119,27 @@ fn commit(
         };
         let commit_started = Instant::now();
         let mut write_failed = false;
+        let mut next_due = None;
         let attempt = store::transaction(store.conn(), &mut |conn| {
-            if savepoints {
-                return batch
+            let applied = if savepoints {
+                batch
                     .iter()
                     .map(|op| apply(conn, op, &ctx))
-                    .collect::<Result<Vec<_>>>();
-            }
-            let mut applied = Vec::with_capacity(batch.len());
-            for op in &batch {
-                match apply_op(conn, op, &ctx) {
-                    Ok(a) => applied.push(a),
-                    Err(e) => {
-                        write_failed = true;
-                        return Err(e);
+                    .collect::<Result<Vec<_>>>()?
+            } else {
+                let mut applied = Vec::with_capacity(batch.len());
+                for op in &batch {
+                    match apply_op(conn, op, &ctx) {
+                        Ok(a) => applied.push(a),
+                        Err(e) => {
+                            write_failed = true;
+                            return Err(e);
+                        }
                     }
                 }
-            }
+                applied
+            };
+            next_due = look_ahead(conn, &batch, &applied, &ctx);
             Ok(applied)
         });
         match attempt {
@@ -163,6 +168,10 @@ fn commit(
             Err(_) if write_failed => savepoints = true,
             Ok(results) => {
                 full.recovered(batch.len());
+                if let Some(due) = next_due {
+                    let with_claim = batch.iter().any(|op| matches!(op, Op::Claim { .. }));
+                    shared.set_next_due(due, with_claim);
+                }
                 // A slow commit counts at once and is forgotten slowly (an eighth a commit):
                 // the dispatcher sizes its claim-ahead for the disk's bad moments, not its mean.
                 let took = u64::try_from(commit_started.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -328,6 +337,34 @@ struct Ctx<'a> {
     queues: &'a [String],
     lease_ttl: Duration,
     now: i64,
+}
+
+/// When the next job not due yet becomes due, read in the transaction of a claim (which took
+/// what was due) or of an ending that scheduled a retry; None when the batch has neither (or
+/// the read failed: the fallback poll then covers it).
+fn look_ahead(
+    conn: &Connection,
+    batch: &[Op],
+    applied: &[Applied],
+    ctx: &Ctx<'_>,
+) -> Option<Option<i64>> {
+    let wanted = batch.iter().zip(applied).any(|(op, a)| {
+        matches!(op, Op::Claim { .. })
+            || matches!(
+                a,
+                Applied::Finished(Ok(Finished::Recorded(Status::Pending)))
+            )
+    });
+    if !wanted {
+        return None;
+    }
+    match store::next_due(conn, ctx.queues, ctx.now) {
+        Ok(due) => Some(due),
+        Err(e) => {
+            log::warn!("cannot read when the next job is due: {e:#}");
+            None
+        }
+    }
 }
 
 /// Applies one write as plain statements; a failure may leave part of it applied.

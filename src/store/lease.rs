@@ -170,6 +170,53 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     Ok(claimed)
 }
 
+/// The earliest `scheduled_at` after `now` among the claimable pending jobs of one queue: the
+/// first entry past `now` in that queue's part of `jobs_pending_due`, one seek. Parameters:
+/// queue, now.
+const QUEUE_NEXT_DUE_SQL: &str = "SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
+     WHERE queue = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0
+       AND scheduled_at > ?2";
+
+/// The same over every queue: a skip through `jobs_pending_due` from one queue to the next
+/// (one seek each), then one seek per queue past `now`. Parameter: now.
+const NEXT_DUE_SQL: &str = "WITH RECURSIVE q(name) AS (
+         SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
+                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                 ORDER BY queue LIMIT 1)
+         UNION ALL
+         SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
+                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                   AND queue > q.name
+                 ORDER BY queue LIMIT 1)
+         FROM q WHERE q.name IS NOT NULL)
+     SELECT min((SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
+                 WHERE queue = q.name AND status = 'pending' AND teardown_token IS NULL
+                   AND waiting = 0 AND scheduled_at > ?1))
+     FROM q WHERE q.name IS NOT NULL";
+
+/// When the next claimable job of `queues` (all queues when empty) that is not due at `now`
+/// becomes due: the earliest `scheduled_at` after `now`, or None. A runner sleeps no longer
+/// than this, so that a job enqueued to run later, a retry's backoff or a schedule's slot
+/// starts on time without a poke. Reads only index entries, a seek or two per queue, whatever
+/// the size of the table. Jobs already due are not counted: a dispatcher that could not take
+/// them (no free worker, a queue at its limit or paused) is woken by what changes that.
+pub(crate) fn next_due(conn: &Connection, queues: &[String], now: i64) -> Result<Option<i64>> {
+    if queues.is_empty() {
+        let mut stmt = conn.prepare_cached(NEXT_DUE_SQL)?;
+        return Ok(stmt.query_row(params![now], |r| r.get(0))?);
+    }
+    let mut stmt = conn.prepare_cached(QUEUE_NEXT_DUE_SQL)?;
+    let mut earliest: Option<i64> = None;
+    for queue in queues {
+        let due: Option<i64> = stmt.query_row(params![queue, now], |r| r.get(0))?;
+        earliest = match (earliest, due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(earliest)
+}
+
 /// The ids a claim may take when some queue is paused or limited (in the file, or by the
 /// runner's caps): the best ready jobs of each queue the claim serves, as many as the queue
 /// still allows, merged in claim order and cut to the request's limit. Reads, per queue, the
@@ -597,6 +644,72 @@ fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The next due time among claimable jobs: the earliest after `now`, per served queue,
+    /// leaving out due, running and waiting jobs; and read from an index, not the table.
+    #[test]
+    fn next_due_is_the_earliest_future_claimable_job_of_the_served_queues() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let store = crate::Store::open(dir.path().join("jobs.db")).expect("open");
+        let at = |queue: &str, ms: i64| {
+            crate::Job::shell("true")
+                .queue(queue)
+                .run_at(std::time::UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs()))
+        };
+        let first = store.enqueue(&at("a", 1_000), 0).expect("enqueue");
+        store.enqueue(&at("a", 3_000), 0).expect("enqueue");
+        store.enqueue(&at("b", 2_000), 0).expect("enqueue");
+        // Waits for `first`: not claimable, so not counted, however early.
+        store
+            .enqueue(&at("b", 500).after([first]), 0)
+            .expect("enqueue");
+        let conn = store.conn();
+        let all: &[String] = &[];
+        let b = ["b".to_string()];
+        let none = ["c".to_string()];
+        assert_eq!(next_due(conn, all, 0).unwrap(), Some(1_000));
+        assert_eq!(next_due(conn, all, 1_000).unwrap(), Some(2_000));
+        assert_eq!(next_due(conn, &b, 0).unwrap(), Some(2_000));
+        assert_eq!(next_due(conn, &none, 0).unwrap(), None);
+        assert_eq!(next_due(conn, all, 3_000).unwrap(), None);
+        // A claimed job is no longer pending.
+        let req = ClaimRequest {
+            worker_id: "w",
+            limit: 1,
+            queues: &["a".to_string()],
+            lease_ttl: Duration::from_secs(30),
+            queue_caps: &[],
+        };
+        assert_eq!(claim(conn, &req, 1_500).unwrap().len(), 1);
+        assert_eq!(next_due(conn, &["a".to_string()], 0).unwrap(), Some(3_000));
+        let plans = [
+            (
+                QUEUE_NEXT_DUE_SQL,
+                vec![rusqlite::types::Value::from("a".to_string()), 0.into()],
+            ),
+            (NEXT_DUE_SQL, vec![0.into()]),
+        ];
+        for (sql, values) in plans {
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(params_from_iter(values), |r| r.get(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert!(
+                plan.iter().any(
+                    |l| l.contains("USING INDEX jobs_pending_due (queue=? AND scheduled_at>?)")
+                ),
+                "{plan:?}"
+            );
+            assert!(
+                plan.iter()
+                    .all(|l| !l.starts_with("SCAN jobs") || l.contains("INDEX")),
+                "{plan:?}"
+            );
+        }
+    }
 
     /// The wait before jitter, as `backoff_ms` computes it.
     fn unjittered(base: i64, cap: i64, failures: i64) -> i64 {

@@ -187,8 +187,11 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
         }
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(&path, flags)?;
+    let mut conn = Connection::open_with_flags(&path, flags)?;
     conn.busy_timeout(options.busy_timeout)?;
+    if options.busy_timeout == DEFAULT_BUSY_TIMEOUT {
+        conn.busy_handler(Some(quick_busy))?;
+    }
     let deadline = Instant::now() + options.busy_timeout;
     let not_a_db = |e: rusqlite::Error| match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
@@ -293,6 +296,38 @@ pub(super) fn probe_version(path: impl AsRef<Path>) -> Result<i64> {
 
 pub(super) fn schema_version(conn: &Connection) -> Result<i64> {
     Ok(conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+}
+
+/// A busy handler that retries soon, for connections with the default busy timeout.
+///
+/// SQLite's own (what `busy_timeout` installs) sleeps 1, 2, 5, 10 ms and more between
+/// tries. The locks leasehold's connections wait for are held for one short transaction,
+/// a commit's fsync at most (a fraction of a millisecond here): a `jobs add` fed into a
+/// busy runner slept a whole millisecond, often two, for a lock free again after 0.2.
+/// This one tries every 0.1 ms for the first 2 ms, every millisecond up to 22 ms, then
+/// every 10 ms, and gives up after [`DEFAULT_BUSY_TIMEOUT`] in all, as SQLite's would.
+/// (A handler takes no state, so a connection with another timeout keeps SQLite's.)
+fn quick_busy(tries: i32) -> bool {
+    let tries = u32::try_from(tries).unwrap_or(0);
+    let (slept, next) = match tries {
+        0..20 => (
+            Duration::from_micros(100) * tries,
+            Duration::from_micros(100),
+        ),
+        20..40 => (
+            Duration::from_millis(2) + Duration::from_millis(1) * (tries - 20),
+            Duration::from_millis(1),
+        ),
+        _ => (
+            Duration::from_millis(22) + Duration::from_millis(10) * (tries - 40),
+            Duration::from_millis(10),
+        ),
+    };
+    if slept >= DEFAULT_BUSY_TIMEOUT {
+        return false;
+    }
+    std::thread::sleep(next);
+    true
 }
 
 /// Refuses a busy timeout that SQLite cannot take (rusqlite would panic on it).
@@ -413,12 +448,21 @@ fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
 }
 
 /// What a connection that does not checkpoint on close does as it closes: empties a WAL past
-/// [`ONE_SHOT_WAL_BYTES`], if no other connection is using the file (it never waits).
+/// [`ONE_SHOT_WAL_BYTES`], if no runner is on the file and no other connection is using it
+/// (it never waits).
 pub(super) fn trim_wal(conn: &Connection, path: &Path) {
     let mut wal = path.as_os_str().to_os_string();
     wal.push("-wal");
     let big = std::fs::metadata(&wal).is_ok_and(|m| m.len() > ONE_SHOT_WAL_BYTES);
-    if !big || conn.busy_timeout(Duration::ZERO).is_err() {
+    // A runner's connections checkpoint the WAL as it grows (SQLite's autocheckpoint). A
+    // one-shot command that emptied it while a runner ran, between the runner's transactions,
+    // would cost two fsyncs of its own, and the next commit a third (a restarted WAL's
+    // header is synced): with one `jobs add` per job, three times the disk work of its one
+    // commit.
+    if !big || super::wake::any_runner(&super::wake::folder(path)) {
+        return;
+    }
+    if conn.busy_timeout(Duration::ZERO).is_err() {
         return;
     }
     // Busy when a runner or another reader holds the file: its connections keep the WAL

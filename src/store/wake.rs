@@ -81,6 +81,13 @@ fn unbound() -> Option<UnixDatagram> {
 
 /// Sockets are named `<pid>-<hex>.sock`; anything else in the folder is not ours to poke or
 /// delete.
+/// Whether a runner has its socket in `folder`: one may be running on the file (or one
+/// crashed and its socket was not yet found stale).
+pub(crate) fn any_runner(folder: &Path) -> bool {
+    std::fs::read_dir(folder)
+        .is_ok_and(|entries| entries.flatten().any(|e| is_socket_name(&e.path())))
+}
+
 fn is_socket_name(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "sock")
 }

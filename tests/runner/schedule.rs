@@ -67,3 +67,65 @@ fn a_unique_job_enqueued_twice_through_the_runner_runs_once() {
     assert!(!again.duplicate, "a finished job frees its key");
     runner.shutdown().unwrap();
 }
+
+/// A runner that polls only every 30 s: whatever starts sooner was not found by the poll.
+fn slow_poll(db: &TestDb) -> leasehold::Runner {
+    fast(&db.path)
+        .poll_interval(Duration::from_secs(30))
+        .start()
+        .expect("start")
+}
+
+#[test]
+fn a_job_to_run_later_starts_on_time_without_a_poll() {
+    let db = TestDb::new();
+    let runner = slow_poll(&db);
+    // Another job first, so that the dispatcher has claimed and gone to sleep before the
+    // delayed job is enqueued by a second store (its poke wakes the dispatcher, which must
+    // then sleep until the job is due, not for the poll).
+    let first = runner.enqueue(&Job::shell("true")).unwrap();
+    assert!(matches!(outcome(&runner, first), Outcome::Succeeded));
+    let store = Store::open(&db.path).unwrap();
+    let id = store
+        .enqueue(
+            &Job::shell("true").delay(Duration::from_millis(1200)),
+            leasehold::now_ms(),
+        )
+        .unwrap();
+    assert!(matches!(outcome(&runner, id), Outcome::Succeeded));
+    let job = store.job(id).unwrap();
+    let started = job.started_at.expect("started");
+    let late = started - job.scheduled_at;
+    // The goal is a few milliseconds; the deadline is generous, far below the 30 s poll.
+    assert!(
+        (0..1000).contains(&late),
+        "started {late} ms after it was due"
+    );
+    runner.shutdown().unwrap();
+}
+
+#[test]
+fn a_retry_starts_when_its_backoff_ends_without_a_poll() {
+    let db = TestDb::new();
+    let runner = slow_poll(&db);
+    let id = runner
+        .enqueue(
+            &Job::shell("exit 3")
+                .max_attempts(2)
+                .backoff(Duration::from_millis(1200), Duration::from_millis(1200)),
+        )
+        .unwrap();
+    assert!(matches!(outcome(&runner, id), Outcome::Failed { .. }));
+    let store = Store::open(&db.path).unwrap();
+    let job = store.job(id).unwrap();
+    assert_eq!(job.attempt, 2);
+    // The second attempt's claim is when it started; the retry set scheduled_at to the end
+    // of the backoff.
+    let started = job.started_at.expect("started");
+    let late = started - job.scheduled_at;
+    assert!(
+        (0..1000).contains(&late),
+        "the retry started {late} ms after its backoff ended"
+    );
+    runner.shutdown().unwrap();
+}

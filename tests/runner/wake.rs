@@ -174,3 +174,45 @@ fn an_idle_runner_starts_and_stops_in_under_200_ms() {
     let took = started.elapsed();
     assert!(took < Duration::from_millis(200), "{took:?}");
 }
+
+/// A one-shot writer (the CLI's `jobs add`) beside a running runner leaves the WAL alone when
+/// it closes, however long it is: the runner's connections checkpoint it as it grows, and
+/// emptying it would cost the one-shot write two more fsyncs and the next commit a third.
+#[test]
+fn a_one_shot_write_beside_a_runner_leaves_the_wal_to_the_runner() {
+    let db = TestDb::new();
+    // The runner serves another queue: the jobs below stay pending, its WAL only grows.
+    let runner = fast(&db.path)
+        .queue("elsewhere", None)
+        .poll_interval(Duration::from_secs(30))
+        .start()
+        .expect("the runner starts");
+    let wal = {
+        let mut name = db.path.as_os_str().to_os_string();
+        name.push("-wal");
+        PathBuf::from(name)
+    };
+    let wal_len = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+    let store = db.store();
+    let big = "x".repeat(4000);
+    let jobs: Vec<Job> = (0..150)
+        .map(|_| Job::shell("true").env("BIG", &big))
+        .collect();
+    store.enqueue_many(&jobs, now_ms()).expect("enqueue");
+    let before = wal_len();
+    // Past the 64 frames a one-shot writer alone on the file would empty.
+    assert!(before > 80 * (4096 + 24), "the WAL is {before} bytes");
+    {
+        let one_shot = Store::open_with(
+            &db.path,
+            &leasehold::OpenOptions::new().checkpoint_on_close(false),
+        )
+        .expect("open");
+        one_shot
+            .enqueue(&Job::shell("true"), now_ms())
+            .expect("enqueue");
+    }
+    assert!(wal_len() >= before, "the one-shot writer emptied the WAL");
+    assert_eq!(store.counts().expect("counts").pending, 151);
+    runner.shutdown().expect("shutdown");
+}

@@ -30,34 +30,11 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
         (Some(file), true) => Some(read_lines(file)?),
         (None, false) => None,
     };
-    let cwd = match &args.cwd {
-        Some(dir) => Some(
-            std::path::absolute(dir)
-                .with_context(|| format!("cannot resolve --cwd {}", dir.display()))?,
-        ),
-        None => None,
-    };
+    let options = args.job.applier()?;
     let with_options = |mut job: Job| {
-        job = job
-            .queue(&args.queue)
-            .priority(args.priority)
-            .max_attempts(args.max_attempts)
-            .on_lost(args.on_lost)
-            .after(args.after.iter().copied());
-        if let Some(t) = args.timeout {
-            job = job.timeout(t.0);
-        }
-        if let Some(t) = args.idle_timeout {
-            job = job.idle_timeout(t.0);
-        }
+        job = options(job).after(args.after.iter().copied());
         if let Some(d) = args.delay {
             job = job.delay(d.0);
-        }
-        if let Some(dir) = &cwd {
-            job = job.cwd(dir);
-        }
-        for e in &args.env {
-            job = job.env(&e.0, &e.1);
         }
         if let Some(key) = &args.unique_key {
             job = job.unique_key(key);

@@ -4,6 +4,7 @@
 mod arg;
 mod db;
 mod jobs;
+mod options;
 mod progress;
 mod queues;
 mod render;
@@ -18,11 +19,11 @@ use std::process::ExitCode;
 use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use leasehold::{
-    DEFAULT_MAX_RECOVERY_ATTEMPTS, DEFAULT_RECLAIM_BATCH, DEFAULT_WORKERS, OnLost, OpenOptions,
-    Status, Store,
+    DEFAULT_MAX_RECOVERY_ATTEMPTS, DEFAULT_RECLAIM_BATCH, DEFAULT_WORKERS, OpenOptions, Status,
+    Store,
 };
 
-use self::arg::{EnvPair, Keep, Secs};
+use self::arg::{Keep, Secs};
 
 // Numbers are taken with `allow_hyphen_values`, so that `--timeout -1` or `--limit -inf` is
 // refused by the number's parser, naming the flag, and not as an unknown option `-1`.
@@ -220,42 +221,11 @@ struct QueueNameArgs {
                       leasehold jobs add [OPTIONS] --from-file FILE"
 )]
 struct AddArgs {
-    /// The queue.
-    #[arg(long, value_name = "Q", default_value = leasehold::DEFAULT_QUEUE,
-          value_parser = OsStringValueParser::new().try_map(arg::queue))]
-    queue: String,
-    /// Higher runs first.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 0,
-        allow_hyphen_values = true
-    )]
-    priority: i64,
-    /// Kill an attempt that runs longer than this.
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
-    timeout: Option<Secs>,
-    /// Kill an attempt that writes no output for this long.
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
-    idle_timeout: Option<Secs>,
+    #[command(flatten)]
+    job: options::JobOptions,
     /// Make the job ready only after this long.
     #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     delay: Option<Secs>,
-    /// How many attempts may fail before the job fails.
-    #[arg(long, value_name = "N", allow_hyphen_values = true, default_value_t = leasehold::DEFAULT_MAX_ATTEMPTS,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    max_attempts: u32,
-    /// What to do when an attempt is lost: requeue (within the recovery budget) or fail.
-    #[arg(long, value_name = "POLICY", default_value = "requeue", value_parser = arg::on_lost)]
-    on_lost: OnLost,
-    /// An environment variable for the command (repeatable).
-    #[arg(long = "env", value_name = "K=V",
-          value_parser = OsStringValueParser::new().try_map(arg::env_pair))]
-    env: Vec<EnvPair>,
-    /// The folder the command runs in.
-    #[arg(long, value_name = "DIR",
-          value_parser = OsStringValueParser::new().try_map(arg::utf8_path))]
-    cwd: Option<PathBuf>,
     /// Run only after these jobs succeeded (repeatable, or comma-separated). The job is
     /// cancelled if one of them fails or is cancelled.
     #[arg(

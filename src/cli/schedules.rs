@@ -1,17 +1,14 @@
 //! `leasehold schedules ...`: add, ls, rm, pause, resume, next.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::Context;
 use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Args, Subcommand};
-use leasehold::{
-    CatchUp, Job, OnLost, Overlap, Schedule, ScheduleRecord, Store, now_ms, parse_rfc3339,
-};
+use leasehold::{CatchUp, Job, Overlap, Schedule, ScheduleRecord, Store, now_ms, parse_rfc3339};
 use serde_json::{Value, json};
 
-use super::arg::{self, EnvPair, Secs};
+use super::arg::{self, Secs};
 use super::render::{self, print_json};
 use super::{Usage, open_existing, open_read_only};
 
@@ -96,39 +93,8 @@ pub struct AddArgs {
     /// Replace a schedule of the same name instead of refusing.
     #[arg(long)]
     replace: bool,
-    /// The queue of each slot's job.
-    #[arg(long, value_name = "Q", default_value = leasehold::DEFAULT_QUEUE,
-          value_parser = OsStringValueParser::new().try_map(arg::queue))]
-    queue: String,
-    /// Higher runs first.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 0,
-        allow_hyphen_values = true
-    )]
-    priority: i64,
-    /// Kill an attempt that runs longer than this.
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
-    timeout: Option<Secs>,
-    /// Kill an attempt that writes no output for this long.
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
-    idle_timeout: Option<Secs>,
-    /// How many attempts may fail before the job fails.
-    #[arg(long, value_name = "N", allow_hyphen_values = true, default_value_t = leasehold::DEFAULT_MAX_ATTEMPTS,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    max_attempts: u32,
-    /// What to do when an attempt is lost: requeue (within the recovery budget) or fail.
-    #[arg(long, value_name = "POLICY", default_value = "requeue", value_parser = arg::on_lost)]
-    on_lost: OnLost,
-    /// An environment variable for the command (repeatable).
-    #[arg(long = "env", value_name = "K=V",
-          value_parser = OsStringValueParser::new().try_map(arg::env_pair))]
-    env: Vec<EnvPair>,
-    /// The folder the command runs in.
-    #[arg(long, value_name = "DIR",
-          value_parser = OsStringValueParser::new().try_map(arg::utf8_path))]
-    cwd: Option<PathBuf>,
+    #[command(flatten)]
+    job: super::options::JobOptions,
     /// A unique key for each slot's job (a slot whose key matches an unfinished job enqueues
     /// nothing).
     #[arg(long, value_name = "KEY", value_parser = OsStringValueParser::new().try_map(arg::unique_key))]
@@ -186,30 +152,7 @@ fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
     if args.command.is_empty() {
         return Err(Usage("schedules add needs a command (`-- CMD [ARG...]`)".into()).into());
     }
-    let cwd = match &args.cwd {
-        Some(dir) => Some(
-            std::path::absolute(dir)
-                .with_context(|| format!("cannot resolve --cwd {}", dir.display()))?,
-        ),
-        None => None,
-    };
-    let mut job = Job::command(&args.command)
-        .queue(&args.queue)
-        .priority(args.priority)
-        .max_attempts(args.max_attempts)
-        .on_lost(args.on_lost);
-    if let Some(t) = args.timeout {
-        job = job.timeout(t.0);
-    }
-    if let Some(t) = args.idle_timeout {
-        job = job.idle_timeout(t.0);
-    }
-    if let Some(dir) = &cwd {
-        job = job.cwd(dir);
-    }
-    for e in &args.env {
-        job = job.env(&e.0, &e.1);
-    }
+    let mut job = args.job.applier()?(Job::command(&args.command));
     match (&args.unique_key, args.unique_window) {
         (Some(key), _) => job = job.unique_key(key),
         (None, Some(_)) => job = job.unique_key(format!("schedule:{}", args.name)),

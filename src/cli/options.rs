@@ -1,0 +1,82 @@
+//! The job options that `jobs add` and `schedules add` share: how a job runs, whichever
+//! command makes it.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use clap::builder::{OsStringValueParser, TypedValueParser};
+use leasehold::{Job, OnLost};
+
+use super::arg::{self, EnvPair, Secs};
+
+#[derive(Debug, Args)]
+pub struct JobOptions {
+    /// The queue.
+    #[arg(long, value_name = "Q", default_value = leasehold::DEFAULT_QUEUE,
+          value_parser = OsStringValueParser::new().try_map(arg::queue))]
+    pub queue: String,
+    /// Higher runs first.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        allow_hyphen_values = true
+    )]
+    pub priority: i64,
+    /// Kill an attempt that runs longer than this.
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
+    pub timeout: Option<Secs>,
+    /// Kill an attempt that writes no output for this long.
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
+    pub idle_timeout: Option<Secs>,
+    /// How many attempts may fail before the job fails.
+    #[arg(long, value_name = "N", allow_hyphen_values = true, default_value_t = leasehold::DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: u32,
+    /// What to do when an attempt is lost: requeue (within the recovery budget) or fail.
+    #[arg(long, value_name = "POLICY", default_value = "requeue", value_parser = arg::on_lost)]
+    pub on_lost: OnLost,
+    /// An environment variable for the command (repeatable).
+    #[arg(long = "env", value_name = "K=V",
+          value_parser = OsStringValueParser::new().try_map(arg::env_pair))]
+    pub env: Vec<EnvPair>,
+    /// The folder the command runs in.
+    #[arg(long, value_name = "DIR",
+          value_parser = OsStringValueParser::new().try_map(arg::utf8_path))]
+    pub cwd: Option<PathBuf>,
+}
+
+impl JobOptions {
+    /// A function that gives a job these options, with `--cwd` made absolute once (the job
+    /// runs wherever its runner was started).
+    pub fn applier(&self) -> anyhow::Result<impl Fn(Job) -> Job + '_> {
+        let cwd = match &self.cwd {
+            Some(dir) => Some(
+                std::path::absolute(dir)
+                    .with_context(|| format!("cannot resolve --cwd {}", dir.display()))?,
+            ),
+            None => None,
+        };
+        Ok(move |mut job: Job| {
+            job = job
+                .queue(&self.queue)
+                .priority(self.priority)
+                .max_attempts(self.max_attempts)
+                .on_lost(self.on_lost);
+            if let Some(t) = self.timeout {
+                job = job.timeout(t.0);
+            }
+            if let Some(t) = self.idle_timeout {
+                job = job.idle_timeout(t.0);
+            }
+            if let Some(dir) = &cwd {
+                job = job.cwd(dir);
+            }
+            for e in &self.env {
+                job = job.env(&e.0, &e.1);
+            }
+            job
+        })
+    }
+}

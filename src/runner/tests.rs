@@ -1,0 +1,313 @@
+//! The runner's unit tests: thread faults injected by panic, and the builder's bounds.
+
+use super::*;
+use crate::job::Status;
+
+/// A runner with short timings on a new file in `dir`.
+fn fast(dir: &Path) -> RunnerBuilder {
+    Runner::builder(dir.join("jobs.db"))
+        .workers(2)
+        .lease_ttl(Duration::from_secs(3))
+        .heartbeat_interval(Duration::from_millis(200))
+        .sweep_interval(Duration::from_millis(200))
+        .kill_grace(Duration::from_millis(300))
+        .drain_timeout(Duration::from_millis(300))
+        .poll_interval(Duration::from_millis(20))
+        .shutdown_grace(Duration::from_millis(200))
+}
+
+fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn event_kinds(store: &Store, id: i64) -> Vec<String> {
+    let events = store.events(id).expect("events");
+    events.into_iter().map(|e| e.kind.to_string()).collect()
+}
+
+/// A thread of the runner panics while a job runs: the runner fences itself (kills the
+/// attempt's group, records the attempt as lost, refuses every later call) instead of
+/// running on half-alive.
+fn a_dead_thread_fences_the_runner(thread: &'static str) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let runner = fast(dir.path()).start().expect("the runner starts");
+    let store = Store::open(dir.path().join("jobs.db")).expect("the store opens");
+    let id = runner.enqueue(&Job::shell("sleep 30")).expect("enqueue");
+    let pgid = wait_until("the job to start", || {
+        let job = store.job(id).expect("job");
+        job.pgid.filter(|_| job.status == Status::Running)
+    });
+    runner.inject_panic(thread);
+    if thread == "writer" {
+        // The writer runs only when there is something to write: a second job's claim.
+        let _ = runner.enqueue(&Job::shell("true"));
+    }
+    let err = wait_until("the runner to fence itself", || runner.health().err());
+    match &err {
+        Error::RunnerFailed { thread: t, cause } => {
+            assert_eq!(*t, thread);
+            assert!(cause.contains("injected panic"), "{cause}");
+        }
+        other => panic!("{other:?}"),
+    }
+    wait_until("the attempt's group to be killed", || {
+        (!crate::process::group_has_live_members(pgid as i32)).then_some(())
+    });
+    assert!(matches!(
+        runner.enqueue(&Job::shell("true")),
+        Err(Error::RunnerFailed { .. })
+    ));
+    assert!(matches!(
+        runner.wait(id, Duration::MAX),
+        Err(Error::RunnerFailed { .. })
+    ));
+    assert!(matches!(runner.shutdown(), Err(Error::RunnerFailed { .. })));
+    // Recorded as a lost attempt (a self-fence), whichever thread was left to write it:
+    // back to pending within the recovery budget, with a `reclaimed` event.
+    let job = store.job(id).expect("job");
+    assert_eq!(job.status, Status::Pending, "{job:?}");
+    assert_eq!(job.recovery_count, 1, "{job:?}");
+    assert_eq!(
+        event_kinds(&store, id),
+        ["enqueued", "claimed", "started", "reclaimed"]
+    );
+}
+
+#[test]
+fn a_panicking_heartbeat_fences_the_runner() {
+    a_dead_thread_fences_the_runner("heartbeat");
+}
+
+#[test]
+fn a_panicking_writer_fences_the_runner_and_its_endings_are_recorded_at_shutdown() {
+    a_dead_thread_fences_the_runner("writer");
+}
+
+#[test]
+fn a_panicking_dispatcher_fences_the_runner() {
+    a_dead_thread_fences_the_runner("dispatcher");
+}
+
+#[test]
+fn a_panicking_sweeper_fences_the_runner() {
+    a_dead_thread_fences_the_runner("sweeper");
+}
+
+#[test]
+fn a_panicking_notifier_fences_the_runner() {
+    a_dead_thread_fences_the_runner("notifier");
+}
+
+#[test]
+fn a_panicking_firer_fences_the_runner() {
+    a_dead_thread_fences_the_runner("firer");
+}
+
+#[test]
+fn a_panicking_worker_loses_only_its_attempt_and_goes_on() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let runner = fast(dir.path())
+        .workers(1)
+        .start()
+        .expect("the runner starts");
+    let store = Store::open(dir.path().join("jobs.db")).expect("the store opens");
+    // The panic comes right after the spawn, while the attempt's process lives; the
+    // script leaves a child in its group that the teardown must kill too.
+    let marker = dir.path().join("child.pid");
+    runner.inject_panic("worker");
+    let id = runner
+        .enqueue(&Job::shell(format!(
+            "sleep 30 & echo $! >> {}; sleep 0.3; echo done",
+            marker.display()
+        )))
+        .expect("enqueue");
+    assert_eq!(
+        runner.wait(id, Duration::from_secs(30)).expect("wait"),
+        Some(Outcome::Succeeded)
+    );
+    runner.health().expect("the runner is healthy");
+    let job = store.job(id).expect("job");
+    assert_eq!(job.recovery_count, 1, "{job:?}");
+    let events = store.events(id).expect("events");
+    let lost = events
+        .iter()
+        .find(|e| e.kind == "reclaimed")
+        .expect("a reclaimed event for the lost attempt");
+    assert!(
+        lost.detail.as_deref().unwrap_or("").contains("panicked"),
+        "{lost:?}"
+    );
+    // The first attempt's background child, if it got to start, is gone.
+    if let Ok(pids) = std::fs::read_to_string(&marker) {
+        let first: i32 = pids.lines().next().expect("a pid").parse().expect("a pid");
+        wait_until("the first attempt's child to be killed", || {
+            (!crate::process::is_alive(first)).then_some(())
+        });
+    }
+    runner.shutdown().expect("shutdown");
+}
+
+#[test]
+fn extreme_durations_in_wait_and_shutdown_do_not_panic() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let runner = fast(dir.path()).start().expect("the runner starts");
+    let id = runner.enqueue(&Job::shell("true")).expect("enqueue");
+    assert_eq!(
+        runner.wait(id, Duration::MAX).expect("wait"),
+        Some(Outcome::Succeeded)
+    );
+    runner.shutdown_within(Duration::MAX).expect("shutdown");
+}
+
+#[test]
+fn settings_beyond_what_the_runner_can_represent_are_refused_by_name() {
+    let b = || Runner::builder("/nonexistent/x.db");
+    let cases: Vec<(RunnerBuilder, &str)> = vec![
+        (b().workers(0), "workers"),
+        (b().workers(MAX_WORKERS + 1), "workers"),
+        (b().workers(usize::MAX), "workers"),
+        (b().lease_ttl(Duration::from_secs(10_000_000)), "lease_ttl"),
+        (b().lease_ttl(Duration::MAX), "lease_ttl"),
+        (b().heartbeat_interval(Duration::MAX), "heartbeat_interval"),
+        (b().sweep_interval(Duration::MAX), "sweep_interval"),
+        (b().kill_grace(Duration::MAX), "kill_grace"),
+        (b().shutdown_grace(Duration::MAX), "shutdown_grace"),
+        (b().drain_timeout(Duration::MAX), "drain_timeout"),
+        (b().poll_interval(Duration::MAX), "poll_interval"),
+        (b().poll_interval(Duration::ZERO), "poll_interval"),
+        (b().output_tail(usize::MAX), "output_tail"),
+    ];
+    for (builder, name) in cases {
+        match builder.start() {
+            Err(Error::Invalid { setting, .. }) => assert_eq!(setting, name),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
+/// A duration from a mix of the interesting values (0, 1 ns, around each bound, huge)
+/// and ordinary ones.
+fn any_duration() -> impl proptest::strategy::Strategy<Value = Duration> {
+    use proptest::prelude::*;
+    // Weighted so that about a third of the runs start a runner (every setting in range
+    // and the ladder in order); the rest probe the edges.
+    prop_oneof![
+        1 => Just(Duration::ZERO),
+        1 => Just(Duration::from_nanos(1)),
+        1 => Just(MAX_SETTING_DURATION),
+        1 => Just(MAX_SETTING_DURATION + Duration::from_millis(1)),
+        1 => Just(Duration::MAX),
+        1 => (0u64..u64::MAX).prop_map(Duration::from_nanos),
+        1 => (0u64..u64::MAX).prop_map(Duration::from_millis),
+        1 => (0u64..u64::MAX, 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        80 => (1u64..2_000).prop_map(Duration::from_millis),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 48,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })]
+
+    /// Whatever the settings, `start` either refuses them with `Error::Invalid` or starts
+    /// a runner whose threads all keep working and that shuts down cleanly: no panic, in
+    /// this thread or in one of the runner's.
+    #[test]
+    fn any_builder_settings_start_cleanly_or_are_refused_by_name(
+        workers in proptest::prop_oneof![
+            1 => proptest::strategy::Just(0usize),
+            1 => proptest::strategy::Just(usize::MAX),
+            1 => 0usize..5000,
+            20 => 1usize..4,
+        ],
+        lease_ttl in any_duration(),
+        // Mostly a fraction of the lease, as a sane ladder has it; sometimes anything.
+        heartbeat in (any_duration(), proptest::option::weighted(0.75, 3u32..10)),
+        sweep in (any_duration(), proptest::option::weighted(0.75, 1u32..10)),
+        kill_grace in any_duration(),
+        shutdown_grace in any_duration(),
+        drain in any_duration(),
+        poll in any_duration(),
+        output_tail in proptest::prop_oneof![
+            1 => proptest::strategy::Just(usize::MAX),
+            1 => 0usize..(2 * MAX_OUTPUT_TAIL),
+            10 => 0usize..100_000,
+        ],
+        max_recovery in proptest::num::u32::ANY,
+        reclaim_batch in proptest::num::u32::ANY,
+    ) {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let started = Runner::builder(dir.path().join("jobs.db"))
+            .workers(workers)
+            .lease_ttl(lease_ttl)
+            .heartbeat_interval(heartbeat.1.map_or(heartbeat.0, |k| lease_ttl / k))
+            .sweep_interval(sweep.1.map_or(sweep.0, |k| lease_ttl / k))
+            .kill_grace(kill_grace)
+            .shutdown_grace(shutdown_grace)
+            .drain_timeout(drain)
+            .poll_interval(poll)
+            .output_tail(output_tail)
+            .max_recovery_attempts(max_recovery)
+            .reclaim_batch(reclaim_batch)
+            .start();
+        match started {
+            Ok(runner) => {
+                runner.health().expect("a started runner is healthy");
+                runner.shutdown().expect("a started runner shuts down cleanly");
+            }
+            Err(Error::Invalid { setting, reason }) => {
+                proptest::prop_assert!(!setting.is_empty() && !reason.is_empty());
+            }
+            Err(other) => proptest::prop_assert!(false, "unexpected error: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_lease_shorter_than_the_least_renewal_budget_still_renews() {
+    // 0.2 s lease, 0.05 s heartbeat: the renewal budget's bounds cross (250 ms least,
+    // 200 ms lease); the heartbeat must go on renewing, not panic.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let runner = Runner::builder(dir.path().join("jobs.db"))
+        .lease_ttl(Duration::from_millis(200))
+        .heartbeat_interval(Duration::from_millis(50))
+        .sweep_interval(Duration::from_millis(100))
+        .poll_interval(Duration::from_millis(20))
+        .start()
+        .expect("the runner starts");
+    let id = runner.enqueue(&Job::shell("sleep 0.6")).expect("enqueue");
+    assert_eq!(
+        runner.wait(id, Duration::from_secs(20)).expect("wait"),
+        Some(Outcome::Succeeded)
+    );
+    runner.health().expect("no thread failed");
+    let job = runner.job(id).expect("job");
+    assert_eq!(job.recovery_count, 0, "{job:?}");
+    runner.shutdown().expect("shutdown");
+}
+
+#[test]
+fn misordered_timing_ladder_names_the_setting() {
+    let b = || Runner::builder("/nonexistent/x.db").lease_ttl(Duration::from_secs(3));
+    match b().heartbeat_interval(Duration::from_secs(2)).start() {
+        Err(Error::Invalid { setting, .. }) => assert_eq!(setting, "heartbeat_interval"),
+        other => panic!("{other:?}"),
+    }
+    match b()
+        .heartbeat_interval(Duration::from_secs(1))
+        .sweep_interval(Duration::from_secs(4))
+        .start()
+    {
+        Err(Error::Invalid { setting, .. }) => assert_eq!(setting, "sweep_interval"),
+        other => panic!("{other:?}"),
+    }
+}

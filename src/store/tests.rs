@@ -1,0 +1,288 @@
+//! The store's own tests: query plans and virtual-machine step counts of its statements,
+//! which only code inside the store can reach.
+
+use rusqlite::params_from_iter;
+
+use super::lease::{QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
+use super::queue::READY_QUEUES_SQL;
+use super::read::QUEUE_COUNTS_SQL;
+use super::reclaim::RECLAIM_CANDIDATES_SQL;
+use super::*;
+
+/// The rendered query plan of `sql` with `values` bound.
+fn plan(conn: &Connection, sql: &str, values: Vec<rusqlite::types::Value>) -> String {
+    let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+    let mut rows = stmt.query(params_from_iter(values)).unwrap();
+    let mut lines = Vec::new();
+    while let Some(row) = rows.next().unwrap() {
+        lines.push(row.get::<_, String>(3).unwrap());
+    }
+    lines.join("\n")
+}
+
+/// Whether a line of `plan` reads the index `name`.
+fn uses_index(plan: &str, name: &str) -> bool {
+    plan.lines().any(|l| {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        words.windows(2).any(|w| w == ["INDEX", name])
+    })
+}
+
+#[test]
+fn the_dashboards_queue_counts_read_job_counts_not_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    let p = plan(store.conn(), QUEUE_COUNTS_SQL, vec![]);
+    assert!(p.contains("job_counts"), "{p}");
+    assert!(
+        !p.lines()
+            .any(|l| l.contains(" jobs ") || l.ends_with(" jobs")),
+        "reads the jobs table: {p}"
+    );
+}
+
+#[test]
+fn counts_and_queue_counts_agree_with_the_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    let now = 1_700_000_000_000i64;
+    let jobs: Vec<crate::Job> = (0..10)
+        .map(|i| crate::Job::shell("true").queue(if i < 6 { "a" } else { "b" }))
+        .collect();
+    store.enqueue_many(&jobs, now).unwrap();
+    let conn = store.conn();
+    conn.execute_batch(
+        "UPDATE jobs SET status = 'succeeded', completed_at = 1 WHERE id IN (1, 2);
+         UPDATE jobs SET status = 'failed', completed_at = 1 WHERE id = 3;
+         UPDATE jobs SET status = 'cancelled', completed_at = 1 WHERE id = 7;
+         UPDATE jobs SET status = 'running', run_token = 't', worker_id = 'w',
+             lease_expires_at = 1 WHERE id IN (4, 8);
+         UPDATE jobs SET teardown_token = 'x' WHERE id = 9;",
+    )
+    .unwrap();
+    let c = store.counts().unwrap();
+    assert_eq!(
+        (c.pending, c.running, c.succeeded, c.failed, c.cancelled),
+        (4, 2, 2, 1, 1)
+    );
+    let q = store.queue_counts().unwrap();
+    let q: Vec<(&str, u64, u64)> = q
+        .iter()
+        .map(|q| (q.queue.as_str(), q.pending, q.running))
+        .collect();
+    // The teardown-marked pending job 9 counts too.
+    assert_eq!(q, vec![("a", 2, 1), ("b", 2, 1)]);
+}
+
+#[test]
+fn list_page_is_newest_first_after_the_offset_with_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    let jobs: Vec<crate::Job> = (0..7)
+        .map(|i| crate::Job::shell("true").queue(if i % 2 == 0 { "a" } else { "b" }))
+        .collect();
+    store.enqueue_many(&jobs, 1_700_000_000_000).unwrap();
+    let ids = |filter: &ListFilter, offset| -> Vec<i64> {
+        store
+            .list_page(filter, offset)
+            .unwrap()
+            .iter()
+            .map(|j| j.id)
+            .collect()
+    };
+    let page = |limit| ListFilter {
+        limit: Some(limit),
+        ..ListFilter::default()
+    };
+    assert_eq!(ids(&page(3), 0), vec![7, 6, 5]);
+    assert_eq!(ids(&page(3), 3), vec![4, 3, 2]);
+    assert_eq!(ids(&page(3), 6), vec![1]);
+    assert!(ids(&page(3), u64::MAX).is_empty());
+    let queue_a = ListFilter {
+        queue: Some("a".into()),
+        ..page(2)
+    };
+    assert_eq!(ids(&queue_a, 1), vec![5, 3]);
+    let failed = ListFilter {
+        status: Some(crate::Status::Failed),
+        ..page(2)
+    };
+    assert!(ids(&failed, 0).is_empty());
+}
+
+/// The virtual-machine steps one claim of one job takes on a file of `pending` ready jobs,
+/// half in queue `a` and half in `b`, beside `waiting` jobs (of both queues, at a higher
+/// priority) that wait for a job still pending: a count of work, the same on any machine,
+/// where a timing would be noise.
+fn claim_steps(pending: usize, waiting: usize, queues: &[String]) -> i32 {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    let now = 1_700_000_000_000i64;
+    let queue = |i: usize| if i % 2 == 0 { "a" } else { "b" };
+    if waiting > 0 {
+        // The dependency sits in a queue the claim does not read.
+        let first = store
+            .enqueue(&crate::Job::shell("true").queue("c"), now)
+            .unwrap();
+        let jobs: Vec<crate::Job> = (0..waiting)
+            .map(|i| {
+                crate::Job::shell("true")
+                    .queue(queue(i))
+                    .priority(10)
+                    .after([first])
+            })
+            .collect();
+        store.enqueue_many(&jobs, now).unwrap();
+    }
+    let jobs: Vec<crate::Job> = (0..pending)
+        .map(|i| crate::Job::shell("true").queue(queue(i)))
+        .collect();
+    store.enqueue_many(&jobs, now).unwrap();
+    let conn = store.conn();
+    let mut values: Vec<rusqlite::types::Value> = vec![
+        "w".to_string().into(),
+        now.into(),
+        (now + 30_000).into(),
+        1i64.into(),
+    ];
+    values.extend(queues.iter().map(|q| q.clone().into()));
+    let mut stmt = conn.prepare(&claim_sql(queues)).unwrap();
+    let mut rows = stmt.query(params_from_iter(values)).unwrap();
+    let mut claimed = 0;
+    while rows.next().unwrap().is_some() {
+        claimed += 1;
+    }
+    drop(rows);
+    assert_eq!(claimed, 1);
+    stmt.get_status(rusqlite::StatementStatus::VmStep)
+}
+
+#[test]
+fn a_claim_does_the_same_work_from_a_thousand_or_a_hundred_thousand_pending_jobs() {
+    for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+        let (few, many) = (
+            claim_steps(1_000, 0, &queues),
+            claim_steps(100_000, 0, &queues),
+        );
+        // Measured: 261, 264 and 312 steps at both sizes. A claim that scanned or sorted
+        // the pending rows of its queues would take at least one step per row read:
+        // 50,000 and more here.
+        assert!(
+            many <= few * 2,
+            "queues {queues:?}: {many} steps from 100,000 jobs, {few} from 1,000"
+        );
+    }
+}
+
+#[test]
+fn a_hundred_thousand_waiting_jobs_cost_a_claim_nothing() {
+    for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+        let (alone, beside) = (
+            claim_steps(1_000, 0, &queues),
+            claim_steps(1_000, 100_000, &queues),
+        );
+        // The waiting jobs are not in the claim indexes: a claim that read them would
+        // take a step for each, 100,000 here.
+        assert!(
+            beside <= alone + alone / 5,
+            "queues {queues:?}: {beside} steps beside 100,000 waiting jobs, {alone} without"
+        );
+    }
+}
+
+#[test]
+fn claim_reclaim_and_renew_statements_read_their_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    // No ANALYZE: a user's file has no statistics, and the planner's choice is what it is
+    // then.
+    let conn = store.conn();
+    let now = 1_700_000_000_000i64;
+    let v = |x: &str| rusqlite::types::Value::from(x.to_string());
+    // The claim names its index; the index must serve the claim's order without a sort,
+    // for all queues or one queue. (For several queues SQLite reads the index once per
+    // queue and sorts what it read: only the index use is checked then.)
+    for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+        let mut values = vec![v("w"), now.into(), (now + 30_000).into(), 8i64.into()];
+        values.extend(queues.iter().map(|q| v(q)));
+        let p = plan(conn, &claim_sql(&queues), values);
+        let index = if queues.is_empty() {
+            "jobs_claim"
+        } else {
+            "jobs_claim_queue"
+        };
+        assert!(uses_index(&p, index), "{queues:?}: {p}");
+        if queues.len() <= 1 {
+            assert!(!p.contains("TEMP B-TREE"), "{queues:?}: {p}");
+        }
+    }
+    // The sweeper's query reads the running rows only (through either index on them):
+    // their number is bounded by the runners' workers, whatever the size of the table.
+    for (exclude, expired) in [(Some("me"), true), (None, false)] {
+        let values = vec![
+            exclude.map(v).unwrap_or(rusqlite::types::Value::Null),
+            i64::from(expired).into(),
+            now.into(),
+            v(r#"["dead"]"#),
+            100i64.into(),
+        ];
+        let p = plan(conn, RECLAIM_CANDIDATES_SQL, values);
+        let running_only = uses_index(&p, "jobs_running_lease")
+            || uses_index(&p, "jobs_running_worker")
+            || p.contains("INDEX jobs_status (status=?)");
+        let full_scan = p.lines().any(|l| l.trim() == "SCAN jobs");
+        assert!(running_only && !full_scan, "{p}");
+    }
+    let values = vec![
+        v("w"),
+        now.into(),
+        (now + 30_000).into(),
+        v(r#"["t1","t2"]"#),
+    ];
+    let p = plan(conn, RENEW_SQL, values);
+    assert!(uses_index(&p, "jobs_running_worker"), "{p}");
+    // A claim under queue limits reads each queue's index head, finds the queues with a
+    // ready job by skipping through that index, and takes its ids by primary key.
+    let p = plan(conn, QUEUE_HEAD_SQL, vec![v("a"), now.into(), 8i64.into()]);
+    assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
+    assert!(!p.contains("TEMP B-TREE"), "{p}");
+    let p = plan(conn, READY_QUEUES_SQL, vec![]);
+    assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
+    assert!(!p.contains("TEMP B-TREE"), "{p}");
+    // A dependent's ending reads its dependents through their index.
+    let p = plan(
+        conn,
+        "SELECT job_id FROM job_deps WHERE after_id = ?1",
+        vec![1i64.into()],
+    );
+    assert!(uses_index(&p, "job_deps_after"), "{p}");
+}
+
+#[test]
+fn a_failed_savepoint_undoes_only_its_own_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    let job = Job::shell("true");
+    let (kept, undone) = transaction(store.conn(), &mut |conn| {
+        let kept = savepoint(conn, |c| enqueue::insert_job(c, &job, 1));
+        let undone = savepoint(conn, |c| {
+            let id = enqueue::insert_job(c, &job, 1)?;
+            Err::<i64, _>(crate::Error::NoSuchJob(id))
+        });
+        Ok((kept, undone))
+    })
+    .unwrap();
+    let kept = kept.unwrap();
+    assert!(
+        matches!(undone, Err(crate::Error::NoSuchJob(_))),
+        "{undone:?}"
+    );
+    let ids: Vec<i64> = store
+        .list(&ListFilter::default())
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(ids, [kept]);
+    assert_eq!(store.events(kept).unwrap().len(), 1);
+}

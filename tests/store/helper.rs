@@ -123,3 +123,28 @@ pub fn files_in(dir: &Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// Runs the ignored test `test` (its full name in this binary, e.g.
+/// `multiprocess::child_process`) in a child process of this test binary, with `envs` set;
+/// its stdout and stderr are piped back.
+pub fn spawn_test_child(test: &str, envs: &[(&str, &str)]) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--ignored", "--nocapture"])
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the test binary can run itself")
+}
+
+/// Ends the children still running, by pid, when a test fails half-way.
+pub struct Children(pub Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

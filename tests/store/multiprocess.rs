@@ -3,13 +3,13 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use leasehold::{Job, SCHEMA_VERSION, Store, now_ms};
 
-use crate::helper::files_in;
+use crate::helper::{Children, files_in, spawn_test_child};
 use crate::util::{self, T0, TestDb, bare, wait_until};
 
 const CHILD_DB: &str = "LEASEHOLD_TEST_CHILD_DB";
@@ -59,27 +59,10 @@ fn spawn_child(path: &Path, mode: &str) -> Child {
     let (_crate, module) = module_path!()
         .split_once("::")
         .expect("this module is inside the test binary");
-    let name = format!("{module}::child_process");
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", &name, "--ignored", "--nocapture"])
-        .env(CHILD_DB, path)
-        .env(CHILD_MODE, mode)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the test binary can run itself")
-}
-
-/// Ends the children still running, by pid, when a test fails half-way.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+    spawn_test_child(
+        &format!("{module}::child_process"),
+        &[(CHILD_DB, &path.display().to_string()), (CHILD_MODE, mode)],
+    )
 }
 
 fn expect_child_done(child: Child) {

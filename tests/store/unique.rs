@@ -2,13 +2,13 @@
 //! that key) enqueues nothing, across processes.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use leasehold::protocol::Ending;
 use leasehold::{Error, Job, ListFilter, Status, Store, now_ms};
 
-use crate::helper::{claim_one, files_in, finish};
+use crate::helper::{Children, claim_one, files_in, finish, spawn_test_child};
 use crate::util::{self, T0, TestDb, wait_until};
 
 const CHILD_DB: &str = "LEASEHOLD_TEST_UNIQUE_DB";
@@ -47,30 +47,10 @@ fn spawn_child(path: &Path) -> Child {
     let (_crate, module) = module_path!()
         .split_once("::")
         .expect("this module is inside the test binary");
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &format!("{module}::unique_child_process"),
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_DB, path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the test binary can run itself")
-}
-
-/// Ends the children still running, by pid, when a test fails half-way.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+    spawn_test_child(
+        &format!("{module}::unique_child_process"),
+        &[(CHILD_DB, &path.display().to_string())],
+    )
 }
 
 #[test]

@@ -191,6 +191,14 @@ fn every_route_answers_with_its_status_and_content_type() {
     assert_eq!(health.content_type(), "text/plain; charset=utf-8");
     assert_eq!(health.body, "ok\n");
 
+    // The stylesheet is its own route: the CSP allows no inline style.
+    assert!(home.body.contains("href=\"/style.css\""));
+    assert!(csp.contains("style-src 'self'"), "{csp}");
+    let css = server.get("/style.css");
+    assert_eq!(css.status, 200);
+    assert_eq!(css.content_type(), "text/css; charset=utf-8");
+    assert!(css.body.contains("font"), "{css:?}");
+
     let head = server.raw(format!("HEAD / HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).as_bytes());
     assert_eq!(head.status, 200);
     assert!(head.body.is_empty());

@@ -243,7 +243,7 @@ pub fn write_response(stream: &mut TcpStream, response: &Response, head_only: bo
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\
          Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n\
          X-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\n\
-         Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'; \
+         Content-Security-Policy: default-src 'none'; style-src 'self'; \
          form-action 'self'; frame-ancestors 'none'; base-uri 'none'\r\n",
         response.status,
         reason(response.status),

@@ -159,6 +159,12 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
         (["jobs"], true) => with_store(app, store, |s| jobs(s, app, &req.query)),
         (["jobs", id], true) => with_store(app, store, |s| job(s, app, id)),
         (["healthz"], true) => healthz(app, store),
+        (["style.css"], true) => Response {
+            status: 200,
+            content_type: "text/css; charset=utf-8",
+            headers: Vec::new(),
+            body: page::CSS.as_bytes().to_vec(),
+        },
         (["metrics"], true) => with_store(app, store, metrics),
         (["jobs", id, verb @ ("retry" | "cancel")], false) if req.method == "POST" => {
             with_store(app, store, |s| action::post(s, app, id, verb, &req.body))
@@ -166,7 +172,7 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
         (["jobs", _, "retry" | "cancel"], _) => {
             error_page(405, "retry and cancel take a POST").header("Allow", "POST")
         }
-        ([] | ["jobs"] | ["jobs", _] | ["healthz"] | ["metrics"], false) => {
+        ([] | ["jobs"] | ["jobs", _] | ["healthz"] | ["metrics"] | ["style.css"], false) => {
             error_page(405, "this page takes GET").header("Allow", "GET, HEAD")
         }
         _ => error_page(404, "no such page"),

@@ -3,12 +3,14 @@
 //! shown as text.
 
 use leasehold::{Event, JobRecord, Output, ScheduleRecord, Status};
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, html};
 
 use super::{ListQuery, MAX_PAGE, Overview};
 use crate::cli::render;
 
-const CSS: &str = "
+/// The stylesheet every page links, served at `/style.css` (the CSP allows styles from the
+/// dashboard itself only, no inline ones).
+pub const CSS: &str = "
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
 header{background:#243447;color:#fff;padding:.5em 1em;display:flex;gap:1.5em;align-items:baseline}
 header a{color:#fff;text-decoration:none}header b{font-size:1.1em}
@@ -36,7 +38,7 @@ fn layout(title: &str, refresh: bool, actions: bool, body: Markup) -> String {
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 @if refresh { meta http-equiv="refresh" content="5"; }
                 title { (title) " · leasehold" }
-                style { (PreEscaped(CSS)) }
+                link rel="stylesheet" href="/style.css";
             }
             body {
                 header {

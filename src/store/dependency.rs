@@ -50,9 +50,7 @@ fn cancel_dependents(conn: &Connection, id: i64, status: Status, now: i64) -> Re
                    AND status = 'pending'
                  RETURNING id, attempt, queue",
             )?;
-            let rows = stmt.query_map(params![dep, now, message], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })?;
+            let rows = stmt.query_map(params![dep, now, message], |r| r.try_into())?;
             rows.collect::<rusqlite::Result<_>>()?
         };
         for (job, attempt, queue) in cancelled {

@@ -255,9 +255,7 @@ fn allowed_heads(
             continue;
         }
         let mut stmt = conn.prepare_cached(QUEUE_HEAD_SQL)?;
-        let rows = stmt.query_map(params![name, now, allowed], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })?;
+        let rows = stmt.query_map(params![name, now, allowed], |r| r.try_into())?;
         for row in rows {
             heads.push(row?);
         }
@@ -434,17 +432,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
                     recovery_count, on_lost, attempt
              FROM jobs WHERE id = ?1 AND status = 'running' AND run_token = ?2",
         )?
-        .query_row(params![f.job_id, f.run_token], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-                r.get(6)?,
-            ))
-        })
+        .query_row(params![f.job_id, f.run_token], |r| r.try_into())
         .optional()?;
     let Some((failed, max_attempts, base, cap, recovery, on_lost, attempt)) = row else {
         return fenced(conn, f, now);

@@ -49,7 +49,7 @@ pub(super) fn size(conn: &Connection, path: &Path) -> Result<DatabaseSize> {
                 (SELECT freelist_count FROM pragma_freelist_count),
                 (SELECT page_size FROM pragma_page_size)",
         [],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        |r| r.try_into(),
     )?;
     Ok(DatabaseSize {
         path: path.to_path_buf(),
@@ -133,7 +133,7 @@ fn check_space(conn: &Connection, path: &Path, operation: &'static str) -> Resul
         "SELECT (SELECT page_count FROM pragma_page_count),
                 (SELECT page_size FROM pragma_page_size)",
         [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| r.try_into(),
     )?;
     let (pages, page_size) = (count(pages), count(page_size));
     let bytes = file_len(path)?.max(pages * page_size);

@@ -208,7 +208,7 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
             "SELECT (SELECT user_version FROM pragma_user_version),
                         (SELECT count(*) FROM sqlite_master WHERE type = 'table')",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| r.try_into(),
         )
     })
     .map_err(not_a_db)?;

@@ -129,19 +129,7 @@ pub(super) fn reclaim(
         let mut stmt = conn.prepare_cached(RECLAIM_CANDIDATES_SQL)?;
         let rows = stmt.query_map(
             params![req.exclude_worker, req.expired, now, dead_json, req.batch],
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                    r.get(7)?,
-                    r.get(8)?,
-                ))
-            },
+            |r| r.try_into(),
         )?;
         rows.collect::<rusqlite::Result<_>>()?
     };

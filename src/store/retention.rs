@@ -422,7 +422,7 @@ pub(super) fn checkpoint_if_large(conn: &Connection, path: &Path) -> Result<bool
     // claim waiting 1.5 s); the TRUNCATE then only has the tail to copy.
     let checkpoint = |mode: &str| -> Result<Option<(i64, i64, i64)>> {
         match conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            r.try_into()
         }) {
             Ok(row) => Ok(Some(row)),
             Err(e) if crate::error::is_busy(&e) => Ok(None),

@@ -62,7 +62,7 @@ pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
 };
 pub use queue::QueueInfo;
-pub use read::{Counts, LeaseCounts, ListFilter, QueueCounts};
+pub use read::{Counts, LeaseCounts, ListFilter};
 pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
 pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
 pub use retention::{
@@ -641,17 +641,6 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn counts(&self) -> Result<Counts> {
         read::counts(&self.conn)
-    }
-
-    /// Pending and running jobs per queue, by queue name; a queue with neither is not
-    /// listed. It reads the `job_counts` table (a few rows a queue), never the jobs, so it
-    /// costs the same on a file of a million jobs as on an empty one.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Sqlite`] when the database cannot be read.
-    pub fn queue_counts(&self) -> Result<Vec<QueueCounts>> {
-        read::queue_counts(&self.conn)
     }
 
     /// One page of [`Store::list`]: at most `filter.limit` jobs, newest first, after the

@@ -136,26 +136,6 @@ pub(super) fn counts(conn: &Connection) -> Result<Counts> {
     Ok(counts)
 }
 
-/// Pending and running jobs per queue, from `job_counts` (a few rows whatever the table's
-/// size); a queue with neither is left out.
-pub(super) const QUEUE_COUNTS_SQL: &str = "
-    SELECT queue, coalesce(sum(n) FILTER (WHERE status = 'pending'), 0),
-           coalesce(sum(n) FILTER (WHERE status = 'running'), 0)
-        FROM job_counts WHERE status IN ('pending', 'running')
-        GROUP BY queue HAVING sum(n) > 0 ORDER BY queue";
-
-pub(super) fn queue_counts(conn: &Connection) -> Result<Vec<QueueCounts>> {
-    let mut stmt = conn.prepare_cached(QUEUE_COUNTS_SQL)?;
-    let rows = stmt.query_map([], |r| {
-        Ok(QueueCounts {
-            queue: r.get(0)?,
-            pending: r.get::<_, i64>(1)? as u64,
-            running: r.get::<_, i64>(2)? as u64,
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
-}
-
 /// One page of [`list`]: `filter.limit` jobs (newest first) after skipping `offset`.
 pub(super) fn list_page(
     conn: &Connection,
@@ -242,19 +222,6 @@ pub struct Counts {
     pub failed: u64,
     /// Cancelled.
     pub cancelled: u64,
-}
-
-/// How many jobs of one queue are waiting and running: see
-/// [`Store::queue_counts`](crate::Store::queue_counts).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct QueueCounts {
-    /// The queue.
-    pub queue: String,
-    /// Waiting to run (due or not).
-    pub pending: u64,
-    /// Being run.
-    pub running: u64,
 }
 
 /// The runbook's lease counters.

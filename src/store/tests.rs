@@ -5,7 +5,6 @@ use rusqlite::params_from_iter;
 
 use super::lease::{QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
 use super::queue::READY_QUEUES_SQL;
-use super::read::QUEUE_COUNTS_SQL;
 use super::reclaim::RECLAIM_CANDIDATES_SQL;
 use super::*;
 
@@ -29,20 +28,7 @@ fn uses_index(plan: &str, name: &str) -> bool {
 }
 
 #[test]
-fn the_dashboards_queue_counts_read_job_counts_not_jobs() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("jobs.db")).unwrap();
-    let p = plan(store.conn(), QUEUE_COUNTS_SQL, vec![]);
-    assert!(p.contains("job_counts"), "{p}");
-    assert!(
-        !p.lines()
-            .any(|l| l.contains(" jobs ") || l.ends_with(" jobs")),
-        "reads the jobs table: {p}"
-    );
-}
-
-#[test]
-fn counts_and_queue_counts_agree_with_the_rows() {
+fn counts_and_queues_agree_with_the_rows() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("jobs.db")).unwrap();
     let now = 1_700_000_000_000i64;
@@ -65,10 +51,10 @@ fn counts_and_queue_counts_agree_with_the_rows() {
         (c.pending, c.running, c.succeeded, c.failed, c.cancelled),
         (4, 2, 2, 1, 1)
     );
-    let q = store.queue_counts().unwrap();
+    let q = store.queues(now).unwrap();
     let q: Vec<(&str, u64, u64)> = q
         .iter()
-        .map(|q| (q.queue.as_str(), q.pending, q.running))
+        .map(|q| (q.name.as_str(), q.pending, q.running))
         .collect();
     // The teardown-marked pending job 9 counts too.
     assert_eq!(q, vec![("a", 2, 1), ("b", 2, 1)]);

@@ -260,11 +260,15 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
         retry_busy(deadline, || {
             conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
         })?;
-        // A current file needs no migration: versions only go up, so the version read above
-        // cannot have become older. That spares every open a write lock.
-        if version < SCHEMA_VERSION {
-            migration = migrate(&conn, &path, deadline)?;
-        }
+        // The first read since a switch to WAL opens (or creates) the WAL, which the next
+        // step must see.
+        schema_version(&conn)?;
+    }
+    sync_folder_of_new_wal(&path);
+    // A current file needs no migration: versions only go up, so the version read above
+    // cannot have become older. That spares every open a write lock.
+    if options.migrate && version < SCHEMA_VERSION {
+        migration = migrate(&conn, &path, deadline)?;
     }
     Ok(Opened {
         conn,
@@ -272,6 +276,44 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
         busy_timeout: options.busy_timeout,
         migration,
     })
+}
+
+/// The WAL beside the database at `path`.
+fn wal_path(path: &Path) -> PathBuf {
+    let mut wal = path.as_os_str().to_os_string();
+    wal.push("-wal");
+    PathBuf::from(wal)
+}
+
+/// Makes a new WAL's entry in its folder durable before anything is committed into it.
+///
+/// A commit is durable once its frames in the WAL are flushed, and only if the WAL file
+/// itself is still there after a power cut: a new file's entry in its folder needs a flush
+/// of the folder. SQLite does that on every connection's first commit, since it cannot tell
+/// whether the WAL it opened is new; for a one-shot `leasehold jobs add` beside a running
+/// runner, that was the second of its two fsyncs, for a WAL the runner's connections had made
+/// long before. leasehold's own builds compile SQLite without it (`SQLITE_DISABLE_DIRSYNC`,
+/// set in `.cargo/config.toml`) and flush the folder here instead, when it can matter: when
+/// the WAL is missing or empty as this connection opens it (the first read has opened or
+/// created it by now). A WAL with frames in it was written by a connection that opened it
+/// while it was empty and flushed the folder first, and it is the same file for as long as
+/// any connection has it open, this one included. An empty WAL costs the flush again, as
+/// after `db prune` or a one-shot command empties it, which SQLite's way pays every time.
+/// Built by someone else's flags, SQLite flushes the folder too: twice is harmless.
+///
+/// Best effort, as SQLite's own: a folder that cannot be opened or flushed is logged.
+fn sync_folder_of_new_wal(path: &Path) {
+    let empty = std::fs::metadata(wal_path(path)).map_or(true, |m| m.len() == 0);
+    if !empty {
+        return;
+    }
+    let folder = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if let Err(e) = std::fs::File::open(folder).and_then(|f| f.sync_all()) {
+        log::warn!("cannot flush folder {} to disk: {e}", folder.display());
+    }
 }
 
 pub(super) fn probe_version(path: impl AsRef<Path>) -> Result<i64> {
@@ -451,9 +493,7 @@ fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
 /// [`ONE_SHOT_WAL_BYTES`], if no runner is on the file and no other connection is using it
 /// (it never waits).
 pub(super) fn trim_wal(conn: &Connection, path: &Path) {
-    let mut wal = path.as_os_str().to_os_string();
-    wal.push("-wal");
-    let big = std::fs::metadata(&wal).is_ok_and(|m| m.len() > ONE_SHOT_WAL_BYTES);
+    let big = std::fs::metadata(wal_path(path)).is_ok_and(|m| m.len() > ONE_SHOT_WAL_BYTES);
     // A runner's connections checkpoint the WAL as it grows (SQLite's autocheckpoint). A
     // one-shot command that emptied it while a runner ran, between the runner's transactions,
     // would cost two fsyncs of its own, and the next commit a third (a restarted WAL's

@@ -7,6 +7,7 @@ mod util;
 mod helper;
 
 mod db;
+mod fsync;
 mod jobs;
 mod numeric;
 mod progress;

@@ -1,4 +1,4 @@
--- leasehold schema, version 6 (PRAGMA user_version = 6).
+-- leasehold schema, version 7 (PRAGMA user_version = 7).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -239,3 +239,16 @@ CREATE TABLE job_deps (
 ) WITHOUT ROWID;
 -- The dependents of a job that just ended.
 CREATE INDEX job_deps_after ON job_deps (after_id, job_id);
+
+-- Jobs handed to a running runner by a command (version 7). A command that gets no answer
+-- stores the job itself under the same token: whichever commits first stores the job and its
+-- token, and the other finds the token and stores nothing. Rows are deleted some time after
+-- the command could still be waiting, by the next hand-off.
+CREATE TABLE handoffs (
+    token       TEXT    PRIMARY KEY,
+    job_id      INTEGER NOT NULL,
+    -- 1: the job's unique key matched a job, and job_id is that job.
+    duplicate   INTEGER NOT NULL CHECK (duplicate IN (0, 1)),
+    expires_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX handoffs_expiry ON handoffs (expires_at);

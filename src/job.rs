@@ -680,6 +680,47 @@ impl Job {
         .to_string()
     }
 
+    /// The job as a command hands it to a runner (see `store::handoff`): its template, its
+    /// dependencies, and when it is due if not at once, as a time (a delay counts from `now`,
+    /// the command's enqueue time, as it would in the command's own enqueue).
+    pub(crate) fn to_handoff(&self, now: i64) -> String {
+        let due = match self.schedule {
+            Schedule::Now => None,
+            _ => Some(self.scheduled_at(now)),
+        };
+        format!(
+            r#"{{"template":{},"after":{},"due_ms":{}}}"#,
+            self.to_template(),
+            serde_json::json!(self.after),
+            serde_json::json!(due)
+        )
+    }
+
+    /// The job that [`Job::to_handoff`] wrote.
+    pub(crate) fn from_handoff(v: &serde_json::Value) -> std::result::Result<Job, String> {
+        let template = v["template"].to_string();
+        let mut job = Job::from_template(&template)?;
+        let after: Vec<i64> = serde_json::from_value(v["after"].clone())
+            .map_err(|_| "the handed job's after is malformed".to_string())?;
+        job = job.after(after);
+        match &v["due_ms"] {
+            serde_json::Value::Null => {}
+            due => {
+                let ms = due
+                    .as_i64()
+                    .ok_or_else(|| "the handed job's due_ms is malformed".to_string())?;
+                let d = Duration::from_millis(ms.unsigned_abs());
+                let at = if ms >= 0 {
+                    UNIX_EPOCH.checked_add(d)
+                } else {
+                    UNIX_EPOCH.checked_sub(d)
+                };
+                job = job.run_at(at.ok_or("the handed job's due_ms is out of range")?);
+            }
+        }
+        Ok(job)
+    }
+
     /// The job a template written by [`Job::to_template`] describes.
     pub(crate) fn from_template(text: &str) -> std::result::Result<Job, String> {
         use serde_json::Value;
@@ -926,6 +967,43 @@ impl JobRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handed_job_reads_back_as_the_job_it_was() {
+        let now = 1_700_000_000_000i64;
+        let full = Job::command(["printf", "%s", "a b"])
+            .env("A", "1")
+            .cwd("/tmp")
+            .queue("media")
+            .priority(-3)
+            .timeout(Duration::from_millis(1500))
+            .idle_timeout(Duration::from_secs(7))
+            .max_attempts(4)
+            .backoff(Duration::from_secs(2), Duration::from_secs(60))
+            .on_lost(OnLost::Fail)
+            .unique_key("k")
+            .unique_window(Duration::from_secs(30))
+            .after([3, 5]);
+        let cases = [
+            (full.clone(), now),
+            (full.clone().delay(Duration::from_secs(90)), now + 90_000),
+            (
+                full.clone().run_at(UNIX_EPOCH + Duration::from_millis(5)),
+                5,
+            ),
+            (Job::shell("true"), now),
+        ];
+        for (job, due) in cases {
+            let v: serde_json::Value = serde_json::from_str(&job.to_handoff(now)).unwrap();
+            let back = Job::from_handoff(&v).unwrap();
+            assert_eq!(back.to_template(), job.to_template());
+            assert_eq!(back.dependencies(), job.dependencies());
+            assert_eq!(back.scheduled_at(now), due);
+        }
+        let bad: serde_json::Value =
+            serde_json::json!({"template": {}, "after": [], "due_ms": null});
+        assert!(Job::from_handoff(&bad).is_err());
+    }
 
     #[test]
     fn statuses_round_trip_through_their_spelling() {

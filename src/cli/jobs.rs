@@ -44,12 +44,12 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
         }
         job
     };
-    let store = Store::open_with(db, &super::one_shot())?;
     let mut out = std::io::stdout().lock();
     match lines {
         None => {
             let job = with_options(Job::command(&args.command));
-            let done = store.enqueue_unique(&job, now_ms())?;
+            // Handed to a running runner when there is one: see Store::hand_off.
+            let done = Store::hand_off(db, &super::one_shot(), &job, now_ms())?;
             if args.json {
                 print_json(
                     &mut out,
@@ -60,6 +60,7 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
             }
         }
         Some(lines) => {
+            let store = Store::open_with(db, &super::one_shot())?;
             let jobs: Vec<Job> = lines
                 .into_iter()
                 .map(|l| with_options(Job::shell(l)))

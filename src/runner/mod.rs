@@ -27,9 +27,9 @@ use crate::metrics::{Metrics, RunnerFigures};
 use crate::process;
 use crate::process::StopReason;
 use crate::schedule::Schedule;
-use crate::store::wake;
-use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
+use crate::store::{DEFAULT_BUSY_TIMEOUT, Durability, OpenOptions, RunnerRecord, Store};
 use crate::store::{Enqueued, ScheduleRecord};
+use crate::store::{handoff, wake};
 
 pub use builder::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
@@ -263,12 +263,13 @@ impl Runner {
             );
             let shared = Arc::clone(&shared);
             let firer_wake = firer_wake.clone();
+            let config = cfg.clone();
             threads.background.push(spawn_thread(
                 "leasehold-wake",
                 "wake-up listener",
                 &Arc::clone(&shared),
                 move || {
-                    listen(&listener, &shared, &firer_wake);
+                    listen(&listener, &shared, &firer_wake, &config);
                     Ok(())
                 },
             )?);
@@ -743,8 +744,26 @@ impl Drop for Runner {
 /// process may have added or resumed one). Ends when the runner closes the socket at shutdown;
 /// a socket that fails before that is logged and left (the dispatcher's poll still finds the
 /// work, and the firer rereads the schedules every second).
-fn listen(listener: &wake::Listener, shared: &Shared, firer: &Sender<()>) {
-    while listener.wait() {
+fn listen(listener: &wake::Listener, shared: &Shared, firer: &Sender<()>, config: &Config) {
+    // Opened at the first job a command hands over, so that a runner nobody hands jobs to
+    // keeps one connection fewer. Always FULL: the command reports the job stored when this
+    // answers, as it would after a commit of its own.
+    let mut store: Option<Store> = None;
+    while let Some(requests) = listener.wait() {
+        for request in requests {
+            let accepting = !shared.shutting_down.load(Ordering::SeqCst);
+            if store.is_none() && accepting {
+                store = handoff_store(config, listener)
+                    .map_err(|e| log::warn!("cannot store handed jobs: {e}"))
+                    .ok();
+            }
+            // Without a connection the request goes unanswered, and the command stores its
+            // job itself.
+            if let Some(s) = &store {
+                let answer = handoff::answer(s, &request.body, now_ms(), accepting);
+                listener.answer(&request.from, &answer);
+            }
+        }
         if shared.shutting_down.load(Ordering::SeqCst) {
             return;
         }
@@ -756,6 +775,19 @@ fn listen(listener: &wake::Listener, shared: &Shared, firer: &Sender<()>) {
         // The socket failed (logged by `wait`): wait for the shutdown, which closes it.
         shared.wait_for_endings(shared.endings_seen(), Duration::from_secs(60));
     }
+}
+
+/// The listener's connection, for jobs that commands hand over (see [`handoff`]).
+fn handoff_store(config: &Config, listener: &wake::Listener) -> Result<Store> {
+    let mut store = Store::open_with(
+        &config.path,
+        &OpenOptions::new()
+            .create(false)
+            .migrate(false)
+            .durability(Durability::Full),
+    )?;
+    store.set_own_socket(Some(listener.path().to_path_buf()));
+    Ok(store)
 }
 
 /// Eight random hex digits, to tell apart runners that reuse a pid.

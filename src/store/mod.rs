@@ -35,6 +35,7 @@ use crate::schedule::Schedule;
 mod counter;
 mod dependency;
 mod enqueue;
+pub(crate) mod handoff;
 mod lease;
 mod maintenance;
 mod metrics;
@@ -272,6 +273,64 @@ impl Store {
             self.poke();
         }
         Ok(enqueued)
+    }
+
+    /// Enqueues one job, at `now`, into the database at `path` from a process that does not
+    /// keep it open: a command, a script, a second program. When a runner is running on the
+    /// file, the job is handed to it over its wake-up socket, and the runner stores it with a
+    /// durable (FULL) commit of its own connection and answers with the id: this process
+    /// opens no SQLite connection, and the job is on disk when this returns. Otherwise, or
+    /// when the runner declines or does not answer within 3 s, this opens the file with
+    /// `options` and enqueues the job itself, once: a runner that stored it before it stopped
+    /// answering is found by the request's token (see the README's *A `jobs add` handed to a
+    /// running runner*). Returns what [`Store::enqueue_unique`] would.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::open_with`] and [`Store::enqueue_unique`]; a job the store refuses is
+    /// refused the same way, whichever path it took.
+    pub fn hand_off(
+        path: impl AsRef<Path>,
+        options: &OpenOptions,
+        job: &Job,
+        now: i64,
+    ) -> Result<Enqueued> {
+        let path = path.as_ref();
+        job.validate_at(now)?;
+        match handoff::hand_off(path, job, now) {
+            handoff::HandOff::Stored(done) => Ok(done),
+            handoff::HandOff::NotSent => Store::open_with(path, options)?.enqueue_unique(job, now),
+            handoff::HandOff::Unanswered(token) => Store::open_with(path, options)?
+                .enqueue_handed(job, &token, None, now)?
+                // Without a deadline, the token's job is found or enqueued: never None.
+                .ok_or_else(|| {
+                    crate::error::Error::invalid("deadline", "a handed job was refused")
+                }),
+        }
+    }
+
+    /// Enqueues a job that a command handed to a runner under `token` (see
+    /// [`handoff`](self::handoff)), once: the job the token names when a transaction already
+    /// stored it, else the job enqueued now, with its token. `None`, with nothing enqueued,
+    /// when `deadline` (the runner's, for a request) has passed at `now`; the command, which
+    /// stores the job itself when the runner did not answer, passes none.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`].
+    pub(crate) fn enqueue_handed(
+        &self,
+        job: &Job,
+        token: &str,
+        deadline: Option<i64>,
+        now: i64,
+    ) -> Result<Option<Enqueued>> {
+        job.validate_at(now)?;
+        let done = self.write(|c| handoff::enqueue(c, job, token, deadline, now))?;
+        if done.is_some_and(|(_, new)| new) {
+            self.poke();
+        }
+        Ok(done.map(|(e, _)| e))
     }
 
     /// Enqueues many jobs in one transaction: all or none. Returns their ids in order.

@@ -272,3 +272,91 @@ fn a_failed_savepoint_undoes_only_its_own_writes() {
     assert_eq!(ids, [kept]);
     assert_eq!(store.events(kept).unwrap().len(), 1);
 }
+
+#[test]
+fn a_handed_job_is_stored_once_under_its_token_and_not_past_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    let now = 1_700_000_000_000i64;
+    let job = crate::Job::shell("true");
+    let token = "0123456789abcdef0123456789abcdef";
+    let jobs = |s: &Store| -> i64 {
+        s.conn()
+            .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
+            .unwrap()
+    };
+
+    // Past its deadline, a request stores nothing.
+    let late = store
+        .enqueue_handed(&job, token, Some(now - 1), now)
+        .unwrap();
+    assert_eq!(late, None);
+    assert_eq!(jobs(&store), 0);
+
+    // The runner stores it before its deadline; the command, which got no answer, then finds
+    // the token and stores nothing; so does the runner should the request come again.
+    let first = store
+        .enqueue_handed(&job, token, Some(now + 2000), now)
+        .unwrap()
+        .unwrap();
+    let again = store.enqueue_handed(&job, token, None, now + 3000).unwrap();
+    let late_again = store
+        .enqueue_handed(&job, token, Some(now + 2000), now + 4000)
+        .unwrap();
+    assert_eq!(again, Some(first));
+    assert_eq!(
+        late_again,
+        Some(first),
+        "a stored token answers even past its deadline"
+    );
+    assert_eq!(jobs(&store), 1);
+
+    // Another token is another job; the first token expires and is deleted by a later
+    // hand-off, and only then could its request store a job again (were it not refused for
+    // its deadline, long past by then).
+    let other = store
+        .enqueue_handed(&job, "ffffffffffffffffffffffffffffffff", None, now)
+        .unwrap()
+        .unwrap();
+    assert_ne!(other.id, first.id);
+    let tokens = |s: &Store| -> i64 {
+        s.conn()
+            .query_row("SELECT count(*) FROM handoffs", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(tokens(&store), 2);
+    let much_later = now + 2000 + super::handoff::TOKEN_KEPT_MS + 1;
+    store
+        .enqueue_handed(&job, "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee", None, much_later)
+        .unwrap();
+    assert_eq!(
+        tokens(&store),
+        1,
+        "both older tokens expired and were deleted"
+    );
+}
+
+#[test]
+fn a_handed_duplicate_is_answered_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    let now = 1_700_000_000_000i64;
+    let job = crate::Job::shell("true").unique_key("k");
+    let held = store.enqueue_unique(&job, now).unwrap();
+    let handed = store
+        .enqueue_handed(&job, "0123456789abcdef0123456789abcdef", None, now)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        handed,
+        Enqueued {
+            id: held.id,
+            duplicate: true
+        }
+    );
+    let again = store
+        .enqueue_handed(&job, "0123456789abcdef0123456789abcdef", None, now)
+        .unwrap()
+        .unwrap();
+    assert_eq!(again, handed);
+}

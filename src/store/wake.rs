@@ -16,7 +16,7 @@
 
 use std::io::ErrorKind;
 use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::net::UnixDatagram;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -79,8 +79,6 @@ fn unbound() -> Option<UnixDatagram> {
     Some(socket)
 }
 
-/// Sockets are named `<pid>-<hex>.sock`; anything else in the folder is not ours to poke or
-/// delete.
 /// Whether a runner has its socket in `folder`: one may be running on the file (or one
 /// crashed and its socket was not yet found stale).
 pub(crate) fn any_runner(folder: &Path) -> bool {
@@ -88,7 +86,9 @@ pub(crate) fn any_runner(folder: &Path) -> bool {
         .is_ok_and(|entries| entries.flatten().any(|e| is_socket_name(&e.path())))
 }
 
-fn is_socket_name(path: &Path) -> bool {
+/// Sockets are named `<pid>-<hex>.sock`; anything else in the folder is not ours to poke or
+/// delete.
+pub(crate) fn is_socket_name(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "sock")
 }
 
@@ -128,25 +128,55 @@ impl Listener {
         Ok(Closer(self.socket.try_clone()?))
     }
 
-    /// Blocks until a datagram comes (true) or the listener is closed (false). Drains every
-    /// datagram already queued, so a burst of pokes is one wake-up.
-    pub(crate) fn wait(&self) -> bool {
-        let mut buf = [0u8; 16];
-        match self.socket.recv(&mut buf) {
+    /// Blocks until a datagram comes, then drains every datagram already queued, so a burst
+    /// of pokes is one wake-up. Returns the hand-off requests among them (a JSON object, see
+    /// [`handoff`](super::handoff)), each with its sender, or `None` once the listener is
+    /// closed.
+    pub(crate) fn wait(&self) -> Option<Vec<Request>> {
+        let mut buf = vec![0u8; super::handoff::MAX_REQUEST];
+        let mut requests = Vec::new();
+        match self.socket.recv_from(&mut buf) {
             // A closed socket reads as an empty datagram.
-            Ok(0) => return false,
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => return true,
+            Ok((0, _)) => return None,
+            Ok((n, from)) => keep_request(&buf[..n], from, &mut requests),
+            Err(e) if e.kind() == ErrorKind::Interrupted => return Some(requests),
             Err(e) => {
                 log::warn!("wake-up socket {}: {e}", self.path.display());
-                return false;
+                return None;
             }
         }
         if self.socket.set_nonblocking(true).is_ok() {
-            while matches!(self.socket.recv(&mut buf), Ok(n) if n > 0) {}
+            while let Ok((n, from)) = self.socket.recv_from(&mut buf)
+                && n > 0
+            {
+                keep_request(&buf[..n], from, &mut requests);
+            }
             let _ = self.socket.set_nonblocking(false);
         }
-        true
+        Some(requests)
+    }
+
+    /// Sends `answer` to the sender of a request; a sender that has gone misses it.
+    pub(crate) fn answer(&self, to: &SocketAddr, answer: &[u8]) {
+        if let Err(e) = self.socket.send_to_addr(answer, to) {
+            log::debug!("cannot answer a handed job: {e}");
+        }
+    }
+}
+
+/// A hand-off request a listener received, and who sent it.
+pub(crate) struct Request {
+    pub(crate) body: Vec<u8>,
+    pub(crate) from: SocketAddr,
+}
+
+/// Keeps a datagram that is a hand-off request (a JSON object); a poke is one byte.
+fn keep_request(datagram: &[u8], from: SocketAddr, requests: &mut Vec<Request>) {
+    if datagram.first() == Some(&b'{') {
+        requests.push(Request {
+            body: datagram.to_vec(),
+            from,
+        });
     }
 }
 
@@ -160,7 +190,7 @@ impl Drop for Listener {
 pub(crate) struct Closer(UnixDatagram);
 
 impl Closer {
-    /// Shuts the socket down: the listener's wait returns false, now and from then on.
+    /// Shuts the socket down: the listener's wait returns `None`, now and from then on.
     pub(crate) fn close(&self) {
         let _ = self.0.shutdown(std::net::Shutdown::Both);
     }
@@ -187,7 +217,7 @@ mod tests {
         assert!(stale.exists());
         assert_eq!(poker.poke(&folder(&db), None), 1);
         assert!(!stale.exists(), "the stale socket is deleted");
-        assert!(listener.wait());
+        assert!(listener.wait().is_some_and(|requests| requests.is_empty()));
         // Its own socket is skipped.
         assert_eq!(poker.poke(&folder(&db), Some(listener.path())), 0);
     }
@@ -200,7 +230,7 @@ mod tests {
         let closer = listener.closer().expect("closer");
         let path = listener.path().to_path_buf();
         let t = std::thread::spawn(move || {
-            let woken = listener.wait();
+            let woken = listener.wait().is_some();
             drop(listener);
             woken
         });

@@ -6,12 +6,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
-use nix::sys::signal::Signal;
-
-use crate::helper::{FAST, cli, inspect, ok};
-use crate::util::{RunnerProcess, TestDb, leasehold_vars, wait_until};
+use crate::helper::{add, cli, idle_runner, inspect, ok, stop};
+use crate::util::{TestDb, leasehold_vars};
 
 /// One file flushed to disk, in the order the command flushed them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,32 +142,46 @@ fn assert_folder_flushed_before_first_commit(db: &Path, events: &[Event]) {
 }
 
 #[test]
-fn a_jobs_add_beside_a_runner_flushes_once_its_commit() {
+fn a_one_shot_write_beside_a_runner_flushes_once_its_commit() {
     let t = TestDb::new();
     let db = t.path.as_path();
     ok(&mut cli(db, &["db", "migrate"]));
-    let mut args = FAST.to_vec();
-    args.extend(["--queue", "elsewhere"]);
-    let mut runner = RunnerProcess::start(db, &args);
-    // The runner has registered (a commit into the WAL its connections keep open).
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            let v: serde_json::Value =
-                serde_json::from_str(&ok(&mut cli(db, &["status", "--json"]))).unwrap();
-            v["runners"].as_array().is_some_and(|r| r.len() == 1)
-        }),
-        "the runner registers"
-    );
+    let runner = idle_runner(db);
+    let id = add(db, &["--queue", "here"], &["true"]);
 
-    let (events, stdout) = traced(db, &["jobs", "add", "--queue", "here", "--", "true"]);
+    let (events, _) = traced(db, &["jobs", "cancel", &id.to_string()]);
     assert_eq!(
         flushes(&events),
         [wal(db).as_str()],
         "one flush, the commit's: {events:#?}"
     );
-    assert_eq!(inspect(db, id(&stdout))["status"], "pending");
-    runner.signal(Signal::SIGTERM);
-    assert_eq!(runner.wait(Duration::from_secs(10)).0, Some(0));
+    assert_eq!(inspect(db, id)["status"], "cancelled");
+    stop(runner);
+}
+
+#[test]
+fn a_jobs_add_beside_a_runner_is_handed_over_and_opens_no_database() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    let runner = idle_runner(db);
+
+    let (events, stdout) = traced(db, &["jobs", "add", "--queue", "here", "--", "true"]);
+    let ours = |e: &Event| match e {
+        Event::Opened(p) | Event::Flushed(p) => {
+            p.starts_with(&db.display().to_string()) && !p.contains("-wake")
+        }
+    };
+    assert!(
+        !events.iter().any(ours) && flushes(&events).is_empty(),
+        "the command neither opens the database nor flushes anything: {events:#?}"
+    );
+    // The runner stored it before it answered: it is there, with its event.
+    let id = id(&stdout);
+    let job = inspect(db, id);
+    assert_eq!(job["status"], "pending");
+    assert_eq!(job["queue"], "here");
+    stop(runner);
 }
 
 #[test]

@@ -5,9 +5,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use assert_cmd::Command;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::util::{leasehold_vars, wait_until};
+use crate::util::{RunnerProcess, leasehold_vars, wait_until};
 
 /// The runner settings that make a test fast: a short lease, quick heartbeats and sweeps.
 pub const FAST: [&str; 8] = [
@@ -118,4 +119,27 @@ pub fn wait_running(db: &Path, id: i64) -> Value {
     });
     assert!(started, "job {id} did not start: {job}");
     job
+}
+
+/// A runner on `db` serving only the queue `elsewhere`, once it has registered (a commit into
+/// the WAL its connections keep open).
+pub fn idle_runner(db: &Path) -> RunnerProcess {
+    let mut args = FAST.to_vec();
+    args.extend(["--queue", "elsewhere"]);
+    let runner = RunnerProcess::start(db, &args);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let v: serde_json::Value =
+                serde_json::from_str(&ok(&mut cli(db, &["status", "--json"]))).unwrap();
+            v["runners"].as_array().is_some_and(|r| r.len() == 1)
+        }),
+        "the runner registers"
+    );
+    runner
+}
+
+/// Stops a runner with SIGTERM and checks it exits 0.
+pub fn stop(mut runner: RunnerProcess) {
+    runner.signal(Signal::SIGTERM);
+    assert_eq!(runner.wait(Duration::from_secs(10)).0, Some(0));
 }

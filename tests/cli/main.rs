@@ -8,6 +8,7 @@ mod helper;
 
 mod db;
 mod fsync;
+mod handoff;
 mod jobs;
 mod numeric;
 mod progress;

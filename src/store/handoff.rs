@@ -1,0 +1,250 @@
+//! A job handed to a running runner: how `leasehold jobs add` stores a job without opening
+//! SQLite itself when a runner is on the file.
+//!
+//! A one-shot command that opens the database pays for SQLite's start (reading the schema,
+//! preparing each statement) on top of its commit. A runner's connections have paid for
+//! theirs. So a command that finds a runner's socket in the wake-up folder (see
+//! [`wake`](super::wake)) sends it the job as one datagram, from a socket of its own, and the
+//! runner stores it with a durable (FULL) commit of its own connection and answers with the
+//! id. The command prints the id only after that answer: the job is on disk as surely as if
+//! the command had committed it.
+//!
+//! A command that gets no answer (the runner is frozen, busy past the wait, or died) cannot
+//! tell whether the job was stored. It then stores the job itself, under the token it sent:
+//! the job and its token are written in one transaction, and a transaction that finds the
+//! token stores nothing and returns the job it names. Whichever of the runner and the command
+//! commits first stores the job, once. A runner refuses a request past its deadline (which
+//! the command waits out before storing the job itself), so one that wakes up hours later
+//! does not store a job whose token has since expired.
+//!
+//! A runner declines (and the command stores the job itself, with every error it would have
+//! had) anything it cannot store: a request it cannot read, a job the store refuses, a
+//! runner shutting down.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::{Value, json};
+
+use super::Store;
+use super::enqueue::{self, Enqueued};
+use crate::error::Result;
+use crate::job::Job;
+
+/// The largest request a command sends; a larger job (a huge environment) is stored by the
+/// command itself.
+pub(crate) const MAX_REQUEST: usize = 64 * 1024;
+
+/// How long a token is kept after its deadline: long past the last moment a command could
+/// still be storing the job itself (its wait, then a busy timeout of 10 s).
+pub(super) const TOKEN_KEPT_MS: i64 = 10 * 60 * 1000;
+
+/// The command's side: see [`Store::hand_off`].
+mod client {
+    use std::io::{ErrorKind, Read};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    use serde_json::Value;
+
+    use super::MAX_REQUEST;
+    use crate::job::Job;
+    use crate::store::enqueue::Enqueued;
+    use crate::store::wake;
+
+    /// How long a runner has to store a handed job: it refuses the request after this.
+    const DEADLINE: Duration = Duration::from_secs(2);
+
+    /// How long a command waits for the answer: past the runner's deadline, so that a runner
+    /// that did not answer has stopped trying when the command stores the job itself.
+    const WAIT: Duration = Duration::from_secs(3);
+
+    /// What became of a command's attempt to hand its job to a runner.
+    #[derive(Debug)]
+    pub(crate) enum HandOff {
+        /// No runner got the request (none is on the file, or none could be sent it): nothing
+        /// was sent, and the command stores the job as it would without runners.
+        NotSent,
+        /// A runner stored the job (or found its unique key taken): its answer.
+        Stored(Enqueued),
+        /// A runner got the request and did not store the job, or did not answer: the command
+        /// stores it itself under this token ([`Store::enqueue_handed`]).
+        Unanswered(String),
+    }
+
+    /// Hands `job`, enqueued at `now`, to a runner on the database at `db`, and waits for the
+    /// answer. Never fails: whatever goes wrong leaves the job for the command to store.
+    pub(crate) fn hand_off(db: &Path, job: &Job, now: i64) -> HandOff {
+        let folder = wake::folder(db);
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            return HandOff::NotSent;
+        };
+        let runners: Vec<_> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| wake::is_socket_name(p))
+            .collect();
+        if runners.is_empty() {
+            return HandOff::NotSent;
+        }
+        let Some(token) = new_token() else {
+            return HandOff::NotSent;
+        };
+        let request = format!(
+            r#"{{"token":"{token}","deadline_ms":{},"job":{}}}"#,
+            now.saturating_add(DEADLINE.as_millis() as i64),
+            job.to_handoff(now)
+        );
+        if request.len() > MAX_REQUEST {
+            return HandOff::NotSent;
+        }
+        let socket = match SocketAddr::from_abstract_name(format!("leasehold-{token}"))
+            .and_then(|addr| UnixDatagram::bind_addr(&addr))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                log::debug!("cannot make a socket to hand the job over: {e}");
+                return HandOff::NotSent;
+            }
+        };
+        let sent_at = Instant::now();
+        let sent = runners
+            .iter()
+            .any(|path| match socket.send_to(request.as_bytes(), path) {
+                Ok(_) => true,
+                Err(e) => {
+                    // A dead runner's socket refuses; the wake-up's pokes delete such sockets too.
+                    if e.kind() == ErrorKind::ConnectionRefused {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    log::debug!("cannot hand the job to {}: {e}", path.display());
+                    false
+                }
+            });
+        if !sent {
+            return HandOff::NotSent;
+        }
+        match wait_for_answer(&socket, &token, sent_at + WAIT) {
+            Some(stored) => HandOff::Stored(stored),
+            None => HandOff::Unanswered(token),
+        }
+    }
+
+    /// The runner's answer to the request `token`, or `None` when it declined or did not answer
+    /// by `until`.
+    fn wait_for_answer(socket: &UnixDatagram, token: &str, until: Instant) -> Option<Enqueued> {
+        let mut buf = [0u8; 512];
+        loop {
+            let left = until.checked_duration_since(Instant::now())?;
+            socket
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .ok()?;
+            let n = match socket.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            };
+            let Ok(answer) = serde_json::from_slice::<Value>(&buf[..n]) else {
+                continue;
+            };
+            if answer["token"] != token {
+                continue;
+            }
+            if let Some(reason) = answer["declined"].as_str() {
+                log::debug!("the runner declined the job: {reason}");
+                return None;
+            }
+            return Some(Enqueued {
+                id: answer["id"].as_i64()?,
+                duplicate: answer["duplicate"].as_bool()?,
+            });
+        }
+    }
+
+    /// A token no other request has: 128 random bits, in hex.
+    fn new_token() -> Option<String> {
+        let mut bytes = [0u8; 16];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .map_err(|e| log::debug!("cannot read /dev/urandom: {e}"))
+            .ok()?;
+        Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
+pub(super) use client::{HandOff, hand_off};
+
+/// A token as [`new_token`] makes them: anything else is not read as one.
+fn is_token(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// What a runner answers to a request datagram, after storing its job with `store` at `now`
+/// (or declining to). `accepting` is false while the runner shuts down.
+pub(crate) fn answer(store: &Store, request: &[u8], now: i64, accepting: bool) -> Vec<u8> {
+    let v: Value = serde_json::from_slice(request).unwrap_or(Value::Null);
+    let token = v["token"].as_str().filter(|t| is_token(t)).unwrap_or("");
+    let declined = |reason: &str| json!({"token": token, "declined": reason}).to_string();
+    let answer = if token.is_empty() {
+        declined("no token")
+    } else if !accepting {
+        declined("the runner is shutting down")
+    } else {
+        match (Job::from_handoff(&v["job"]), v["deadline_ms"].as_i64()) {
+            (Err(e), _) => declined(&e),
+            (_, None) => declined("no deadline"),
+            (Ok(job), Some(deadline)) => {
+                match store.enqueue_handed(&job, token, Some(deadline), now) {
+                    Ok(Some(e)) => {
+                        json!({"token": token, "id": e.id, "duplicate": e.duplicate}).to_string()
+                    }
+                    Ok(None) => declined("past its deadline"),
+                    Err(e) => {
+                        log::debug!("a handed job was not stored: {e}");
+                        declined(&e.to_string())
+                    }
+                }
+            }
+        }
+    };
+    answer.into_bytes()
+}
+
+/// In the caller's transaction: the job the token `token` names, or the job enqueued now
+/// under it; `None` (and nothing enqueued) when `deadline` has passed at `now`. Expired
+/// tokens are deleted first. The bool says whether the job was enqueued by this call.
+pub(super) fn enqueue(
+    conn: &Connection,
+    job: &Job,
+    token: &str,
+    deadline: Option<i64>,
+    now: i64,
+) -> Result<Option<(Enqueued, bool)>> {
+    conn.prepare_cached("DELETE FROM handoffs WHERE expires_at < ?1")?
+        .execute([now])?;
+    let found = conn
+        .prepare_cached("SELECT job_id, duplicate FROM handoffs WHERE token = ?1")?
+        .query_row([token], |r| {
+            Ok(Enqueued {
+                id: r.get(0)?,
+                duplicate: r.get(1)?,
+            })
+        })
+        .optional()?;
+    if let Some(e) = found {
+        return Ok(Some((e, false)));
+    }
+    if deadline.is_some_and(|d| now > d) {
+        return Ok(None);
+    }
+    let e = enqueue::enqueue(conn, job, now, None)?;
+    let expires = deadline
+        .unwrap_or(now)
+        .max(now)
+        .saturating_add(TOKEN_KEPT_MS);
+    conn.prepare_cached(
+        "INSERT INTO handoffs (token, job_id, duplicate, expires_at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![token, e.id, e.duplicate, expires])?;
+    Ok(Some((e, !e.duplicate)))
+}

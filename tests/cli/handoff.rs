@@ -1,0 +1,139 @@
+//! A `jobs add` handed to a running runner (see `Store::hand_off`): when the runner does not
+//! answer, is dead or refuses the job, the command stores the job itself, once, with the errors it would
+//! have had without a runner.
+
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::helper::{add, cli, fails, idle_runner, inspect, json, ok, stop};
+use crate::util::{TestDb, bare};
+
+/// The job ids a `handoffs` row names: the jobs stored under a command's token.
+fn handed(db: &Path) -> Vec<i64> {
+    let conn = bare(db);
+    let mut stmt = conn
+        .prepare("SELECT job_id FROM handoffs ORDER BY job_id")
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn job_ids(db: &Path) -> Vec<i64> {
+    let v = json(&mut cli(db, &["jobs", "ls", "--json"]));
+    let mut ids: Vec<i64> = v
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|j| j["id"].as_i64().expect("an id"))
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+#[test]
+fn a_runner_that_does_not_answer_leaves_the_job_to_the_command_which_stores_it_once() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    // A socket that takes requests and never answers, as a frozen or hung runner's does. (A
+    // real runner frozen by SIGSTOP would do the same, but may freeze inside a transaction,
+    // and then no process can write to the file until it thaws, whatever path it takes.)
+    let folder = PathBuf::from(format!("{}-wake", db.display()));
+    std::fs::create_dir(&folder).unwrap();
+    let silent = UnixDatagram::bind(folder.join("1-silent.sock")).unwrap();
+
+    let first = add(db, &["--queue", "here"], &["true"]);
+    assert_eq!(
+        handed(db),
+        [first],
+        "stored by the command, under its token"
+    );
+    assert_eq!(job_ids(db), [first]);
+
+    // The request the silent runner got, read only now: as a runner that thaws would.
+    let mut request = vec![0u8; 64 * 1024];
+    silent.set_nonblocking(true).unwrap();
+    let n = silent
+        .recv(&mut request)
+        .expect("the command sent its request");
+    request.truncate(n);
+    drop(silent);
+    std::fs::remove_file(folder.join("1-silent.sock")).unwrap();
+
+    // A real runner given that request late finds its token and stores nothing.
+    let runner = idle_runner(db);
+    let runner_socket = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "sock"))
+        .expect("the runner's socket");
+    let us = UnixDatagram::bind_addr(
+        &SocketAddr::from_abstract_name(format!("leasehold-test-{}", std::process::id())).unwrap(),
+    )
+    .unwrap();
+    us.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    us.send_to(&request, &runner_socket).unwrap();
+    let mut answer = vec![0u8; 512];
+    let n = us.recv(&mut answer).expect("the runner answers");
+    let answer: serde_json::Value = serde_json::from_slice(&answer[..n]).unwrap();
+    assert_eq!(answer["id"], first, "{answer}");
+    assert_eq!(answer["duplicate"], false, "{answer}");
+    assert_eq!(job_ids(db), [first], "no job twice");
+
+    // And the runner takes the next command's job itself.
+    let second = add(db, &["--queue", "here"], &["true"]);
+    assert_eq!(handed(db), [first, second]);
+    assert_eq!(job_ids(db), [first, second]);
+    stop(runner);
+}
+
+#[test]
+fn a_dead_runners_socket_is_passed_over_and_deleted() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    let mut runner = idle_runner(db);
+    runner.crash();
+    let folder = format!("{}-wake", db.display());
+    let sockets = || std::fs::read_dir(&folder).unwrap().count();
+    assert_eq!(sockets(), 1, "a SIGKILLed runner leaves its socket behind");
+
+    let id = add(db, &["--queue", "here"], &["true"]);
+    assert_eq!(inspect(db, id)["status"], "pending");
+    assert_eq!(sockets(), 0, "the refusing socket was deleted");
+    assert!(handed(db).is_empty(), "nothing was handed over: no token");
+}
+
+#[test]
+fn a_job_the_store_refuses_is_refused_as_without_a_runner() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    let args = ["jobs", "add", "--after", "4242", "--", "true"];
+    let alone = fails(&mut cli(db, &args), 1);
+
+    let runner = idle_runner(db);
+    let beside = fails(&mut cli(db, &args), 1);
+    assert_eq!(beside, alone);
+    assert!(job_ids(db).is_empty(), "nothing is stored");
+    assert!(handed(db).is_empty());
+    stop(runner);
+}
+
+#[test]
+fn a_job_too_large_to_hand_over_is_stored_by_the_command() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    let runner = idle_runner(db);
+    let big = format!("BIG={}", "x".repeat(70_000));
+    let id = add(db, &["--queue", "here", "--env", &big], &["true"]);
+    assert!(handed(db).is_empty(), "stored by the command itself");
+    let job = inspect(db, id);
+    assert_eq!(job["env"]["BIG"].as_str().map(str::len), Some(70_000));
+    stop(runner);
+}

@@ -110,7 +110,7 @@ mod client {
         let sent_at = Instant::now();
         let sent = runners
             .iter()
-            .any(|path| match socket.send_to(request.as_bytes(), path) {
+            .find(|path| match socket.send_to(request.as_bytes(), path) {
                 Ok(_) => true,
                 Err(e) => {
                     // A dead runner's socket refuses; the wake-up's pokes delete such sockets too.
@@ -121,10 +121,10 @@ mod client {
                     false
                 }
             });
-        if !sent {
+        let Some(runner) = sent else {
             return HandOff::NotSent;
-        }
-        match wait_for_answer(&socket, &token, sent_at + WAIT) {
+        };
+        match wait_for_answer(&socket, runner, &token, sent_at + WAIT) {
             Some(stored) => HandOff::Stored(stored),
             None => HandOff::Unanswered(token),
         }
@@ -132,15 +132,26 @@ mod client {
 
     /// The runner's answer to the request `token`, or `None` when it declined or did not answer
     /// by `until`.
-    fn wait_for_answer(socket: &UnixDatagram, token: &str, until: Instant) -> Option<Enqueued> {
+    ///
+    /// Only a datagram from `runner`'s own socket counts. The command's socket is abstract,
+    /// and any local user can read its name (in `/proc/net/unix`) and send to it, but none
+    /// can send from the runner's socket, which is in an owner-only folder: a forged answer
+    /// would make the command report a job stored that no one stored.
+    fn wait_for_answer(
+        socket: &UnixDatagram,
+        runner: &Path,
+        token: &str,
+        until: Instant,
+    ) -> Option<Enqueued> {
         let mut buf = [0u8; 512];
         loop {
             let left = until.checked_duration_since(Instant::now())?;
             socket
                 .set_read_timeout(Some(left.max(Duration::from_millis(1))))
                 .ok()?;
-            let n = match socket.recv(&mut buf) {
-                Ok(n) => n,
+            let n = match socket.recv_from(&mut buf) {
+                Ok((n, from)) if from.as_pathname() == Some(runner) => n,
+                Ok(_) => continue,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return None,
             };

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::helper::{add, cli, fails, idle_runner, inspect, json, ok, stop};
-use crate::util::{TestDb, bare};
+use crate::util::{TestDb, bare, leasehold_vars};
 
 /// The job ids a `handoffs` row names: the jobs stored under a command's token.
 fn handed(db: &Path) -> Vec<i64> {
@@ -136,4 +136,56 @@ fn a_job_too_large_to_hand_over_is_stored_by_the_command() {
     let job = inspect(db, id);
     assert_eq!(job["env"]["BIG"].as_str().map(str::len), Some(70_000));
     stop(runner);
+}
+
+#[test]
+fn an_answer_from_anyone_but_the_runner_is_ignored() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    let folder = PathBuf::from(format!("{}-wake", db.display()));
+    std::fs::create_dir(&folder).unwrap();
+    let silent = UnixDatagram::bind(folder.join("1-silent.sock")).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+
+    let mut command = std::process::Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
+    for var in leasehold_vars() {
+        command.env_remove(var);
+    }
+    let child = command
+        .arg("--db")
+        .arg(db)
+        .args(["jobs", "add", "--queue", "here", "--", "true"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The command's socket is abstract: any local process can learn its name and send to it.
+    // One that is not the runner answers first, with a job that was never stored.
+    let mut request = vec![0u8; 64 * 1024];
+    let n = silent
+        .recv(&mut request)
+        .expect("the command sent its request");
+    let request: serde_json::Value = serde_json::from_slice(&request[..n]).unwrap();
+    let token = request["token"].as_str().unwrap();
+    let forger = UnixDatagram::unbound().unwrap();
+    let forged = serde_json::json!({"token": token, "id": 4242, "duplicate": false});
+    forger
+        .send_to_addr(
+            forged.to_string().as_bytes(),
+            &SocketAddr::from_abstract_name(format!("leasehold-{token}")).unwrap(),
+        )
+        .unwrap();
+
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let id: i64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(id, 4242, "the forged answer was taken");
+    assert_eq!(job_ids(db), [id], "the command stored the job itself");
+    assert_eq!(handed(db), [id]);
 }

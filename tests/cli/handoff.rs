@@ -34,17 +34,23 @@ fn job_ids(db: &Path) -> Vec<i64> {
     ids
 }
 
+/// A socket in the wake-up folder of `db` that takes requests and never answers, as a frozen
+/// or hung runner's does, and the folder. (A real runner frozen by SIGSTOP would do the same,
+/// but may freeze inside a transaction, and then no process can write to the file until it
+/// thaws, whatever path it takes.)
+fn silent_runner(db: &Path) -> (PathBuf, UnixDatagram) {
+    let folder = PathBuf::from(format!("{}-wake", db.display()));
+    std::fs::create_dir(&folder).unwrap();
+    let silent = UnixDatagram::bind(folder.join("1-silent.sock")).unwrap();
+    (folder, silent)
+}
+
 #[test]
 fn a_runner_that_does_not_answer_leaves_the_job_to_the_command_which_stores_it_once() {
     let t = TestDb::new();
     let db = t.path.as_path();
     ok(&mut cli(db, &["db", "migrate"]));
-    // A socket that takes requests and never answers, as a frozen or hung runner's does. (A
-    // real runner frozen by SIGSTOP would do the same, but may freeze inside a transaction,
-    // and then no process can write to the file until it thaws, whatever path it takes.)
-    let folder = PathBuf::from(format!("{}-wake", db.display()));
-    std::fs::create_dir(&folder).unwrap();
-    let silent = UnixDatagram::bind(folder.join("1-silent.sock")).unwrap();
+    let (folder, silent) = silent_runner(db);
 
     let first = add(db, &["--queue", "here"], &["true"]);
     assert_eq!(
@@ -143,9 +149,7 @@ fn an_answer_from_anyone_but_the_runner_is_ignored() {
     let t = TestDb::new();
     let db = t.path.as_path();
     ok(&mut cli(db, &["db", "migrate"]));
-    let folder = PathBuf::from(format!("{}-wake", db.display()));
-    std::fs::create_dir(&folder).unwrap();
-    let silent = UnixDatagram::bind(folder.join("1-silent.sock")).unwrap();
+    let (_, silent) = silent_runner(db);
     silent
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();

@@ -760,8 +760,12 @@ fn listen(listener: &wake::Listener, shared: &Shared, firer: &Sender<()>, config
             // Without a connection the request goes unanswered, and the command stores its
             // job itself.
             if let Some(s) = &store {
-                let answer = handoff::answer(s, &request.body, now_ms(), accepting);
+                let (answer, new) = handoff::answer(s, &request.body, now_ms(), accepting);
                 listener.answer(&request.from, &answer);
+                // Other runners on the file may take it (this one is woken below).
+                if new {
+                    s.poke();
+                }
             }
         }
         if shared.shutting_down.load(Ordering::SeqCst) {

@@ -191,34 +191,36 @@ fn is_token(s: &str) -> bool {
 }
 
 /// What a runner answers to a request datagram, after storing its job with `store` at `now`
-/// (or declining to). `accepting` is false while the runner shuts down.
-pub(crate) fn answer(store: &Store, request: &[u8], now: i64, accepting: bool) -> Vec<u8> {
+/// (or declining to), and whether it enqueued a job (the runner then wakes the other runners,
+/// after it has answered). `accepting` is false while the runner shuts down.
+pub(crate) fn answer(store: &Store, request: &[u8], now: i64, accepting: bool) -> (Vec<u8>, bool) {
     let v: Value = serde_json::from_slice(request).unwrap_or(Value::Null);
     let token = v["token"].as_str().filter(|t| is_token(t)).unwrap_or("");
     let declined = |reason: &str| json!({"token": token, "declined": reason}).to_string();
-    let answer = if token.is_empty() {
-        declined("no token")
+    let (answer, new) = if token.is_empty() {
+        (declined("no token"), false)
     } else if !accepting {
-        declined("the runner is shutting down")
+        (declined("the runner is shutting down"), false)
     } else {
         match (Job::from_handoff(&v["job"]), v["deadline_ms"].as_i64()) {
-            (Err(e), _) => declined(&e),
-            (_, None) => declined("no deadline"),
+            (Err(e), _) => (declined(&e), false),
+            (_, None) => (declined("no deadline"), false),
             (Ok(job), Some(deadline)) => {
                 match store.enqueue_handed(&job, token, Some(deadline), now) {
-                    Ok(Some(e)) => {
-                        json!({"token": token, "id": e.id, "duplicate": e.duplicate}).to_string()
-                    }
-                    Ok(None) => declined("past its deadline"),
+                    Ok(Some((e, new))) => (
+                        json!({"token": token, "id": e.id, "duplicate": e.duplicate}).to_string(),
+                        new,
+                    ),
+                    Ok(None) => (declined("past its deadline"), false),
                     Err(e) => {
                         log::debug!("a handed job was not stored: {e}");
-                        declined(&e.to_string())
+                        (declined(&e.to_string()), false)
                     }
                 }
             }
         }
     };
-    answer.into_bytes()
+    (answer.into_bytes(), new)
 }
 
 /// In the caller's transaction: the job the token `token` names, or the job enqueued now

@@ -300,12 +300,20 @@ impl Store {
         match handoff::hand_off(path, job, now) {
             handoff::HandOff::Stored(done) => Ok(done),
             handoff::HandOff::NotSent => Store::open_with(path, options)?.enqueue_unique(job, now),
-            handoff::HandOff::Unanswered(token) => Store::open_with(path, options)?
-                .enqueue_handed(job, &token, None, now)?
+            handoff::HandOff::Unanswered(token) => {
+                let store = Store::open_with(path, options)?;
                 // Without a deadline, the token's job is found or enqueued: never None.
-                .ok_or_else(|| {
-                    crate::error::Error::invalid("deadline", "a handed job was refused")
-                }),
+                let (done, new) =
+                    store
+                        .enqueue_handed(job, &token, None, now)?
+                        .ok_or_else(|| {
+                            crate::error::Error::invalid("deadline", "a handed job was refused")
+                        })?;
+                if new {
+                    store.poke();
+                }
+                Ok(done)
+            }
         }
     }
 
@@ -318,19 +326,18 @@ impl Store {
     /// # Errors
     ///
     /// As [`Store::enqueue`].
+    ///
+    /// The bool says whether this call enqueued the job. Unlike [`Store::enqueue`], this wakes
+    /// no runner: the caller pokes ([`Store::poke`]) once it has answered whoever waits.
     pub(crate) fn enqueue_handed(
         &self,
         job: &Job,
         token: &str,
         deadline: Option<i64>,
         now: i64,
-    ) -> Result<Option<Enqueued>> {
+    ) -> Result<Option<(Enqueued, bool)>> {
         job.validate_at(now)?;
-        let done = self.write(|c| handoff::enqueue(c, job, token, deadline, now))?;
-        if done.is_some_and(|(_, new)| new) {
-            self.poke();
-        }
-        Ok(done.map(|(e, _)| e))
+        self.write(|c| handoff::enqueue(c, job, token, deadline, now))
     }
 
     /// Enqueues many jobs in one transaction: all or none. Returns their ids in order.

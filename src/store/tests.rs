@@ -295,18 +295,19 @@ fn a_handed_job_is_stored_once_under_its_token_and_not_past_its_deadline() {
 
     // The runner stores it before its deadline; the command, which got no answer, then finds
     // the token and stores nothing; so does the runner should the request come again.
-    let first = store
+    let (first, new) = store
         .enqueue_handed(&job, token, Some(now + 2000), now)
         .unwrap()
         .unwrap();
+    assert!(new);
     let again = store.enqueue_handed(&job, token, None, now + 3000).unwrap();
     let late_again = store
         .enqueue_handed(&job, token, Some(now + 2000), now + 4000)
         .unwrap();
-    assert_eq!(again, Some(first));
+    assert_eq!(again, Some((first, false)));
     assert_eq!(
         late_again,
-        Some(first),
+        Some((first, false)),
         "a stored token answers even past its deadline"
     );
     assert_eq!(jobs(&store), 1);
@@ -314,7 +315,7 @@ fn a_handed_job_is_stored_once_under_its_token_and_not_past_its_deadline() {
     // Another token is another job; the first token expires and is deleted by a later
     // hand-off, and only then could its request store a job again (were it not refused for
     // its deadline, long past by then).
-    let other = store
+    let (other, _) = store
         .enqueue_handed(&job, "ffffffffffffffffffffffffffffffff", None, now)
         .unwrap()
         .unwrap();
@@ -347,13 +348,11 @@ fn a_handed_duplicate_is_answered_as_one() {
         .enqueue_handed(&job, "0123456789abcdef0123456789abcdef", None, now)
         .unwrap()
         .unwrap();
-    assert_eq!(
-        handed,
-        Enqueued {
-            id: held.id,
-            duplicate: true
-        }
-    );
+    let duplicate = Enqueued {
+        id: held.id,
+        duplicate: true,
+    };
+    assert_eq!(handed, (duplicate, false), "nothing new was enqueued");
     let again = store
         .enqueue_handed(&job, "0123456789abcdef0123456789abcdef", None, now)
         .unwrap()

@@ -60,6 +60,15 @@ pub(super) struct Attempt {
 }
 
 impl Attempt {
+    /// The facts of an attempt read by its caller (from an UPDATE's RETURNING).
+    pub(super) fn new(queue: String, scheduled_at: i64, started_at: Option<i64>) -> Attempt {
+        Attempt {
+            queue,
+            scheduled_at,
+            started_at,
+        }
+    }
+
     /// The row of job `id` as it is now; None when there is no such job.
     pub(super) fn read(conn: &Connection, id: i64) -> Result<Option<Attempt>> {
         Ok(conn

@@ -547,22 +547,28 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
 /// A successful ending: the fenced UPDATE returns the attempt, so the common case needs no
 /// read before it; no row back means the lease is gone, and only the fenced event is written.
 fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
-    let attempt: Option<i64> = conn
+    // The success leaves queue, scheduled_at and started_at as they were: what the metrics
+    // need of the attempt comes back from the UPDATE itself.
+    let updated: Option<(i64, counter::Attempt)> = conn
         .prepare_cached(
             "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
                  signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
-             WHERE id = ?1 AND status = 'running' AND run_token = ?2 RETURNING attempt",
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2
+             RETURNING attempt, queue, scheduled_at, started_at",
         )?
-        .query_row(params![f.job_id, f.run_token, now], |r| r.get(0))
+        .query_row(params![f.job_id, f.run_token, now], |r| {
+            Ok((
+                r.get(0)?,
+                counter::Attempt::new(r.get(1)?, r.get(2)?, r.get(3)?),
+            ))
+        })
         .optional()?;
-    let Some(attempt) = attempt else {
+    let Some((attempt, facts)) = updated else {
         return fenced(conn, f, now);
     };
     finish_rest(conn, f, now, attempt)?;
     event(conn, f.job_id, now, EventKind::Succeeded, attempt, "exit 0")?;
-    // The success leaves scheduled_at and started_at as they were: read them after it.
-    let facts = counter::Attempt::read(conn, f.job_id)?;
-    counter::attempt_ended(conn, facts.as_ref(), &f.ending, Status::Succeeded, now)?;
+    counter::attempt_ended(conn, Some(&facts), &f.ending, Status::Succeeded, now)?;
     dependency::job_ended(conn, f.job_id, Status::Succeeded, now)?;
     Ok(Finished::Recorded(Status::Succeeded))
 }

@@ -205,7 +205,10 @@ pub(super) fn has_unfinished(conn: &Connection, queues: &[String]) -> Result<boo
         "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'running') {})",
         queue_filter(queues, 1)
     );
-    Ok(conn.query_row(&sql, params_from_iter(queues.iter()), |r| r.get(0))?)
+    // Cached: a caller waiting for a runner to finish asks this in a loop.
+    Ok(conn
+        .prepare_cached(&sql)?
+        .query_row(params_from_iter(queues.iter()), |r| r.get(0))?)
 }
 
 /// How many jobs are in each status.

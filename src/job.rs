@@ -698,8 +698,7 @@ impl Job {
 
     /// The job that [`Job::to_handoff`] wrote.
     pub(crate) fn from_handoff(v: &serde_json::Value) -> std::result::Result<Job, String> {
-        let template = v["template"].to_string();
-        let mut job = Job::from_template(&template)?;
+        let mut job = Job::from_template_value(&v["template"])?;
         let after: Vec<i64> = serde_json::from_value(v["after"].clone())
             .map_err(|_| "the handed job's after is malformed".to_string())?;
         job = job.after(after);
@@ -723,8 +722,13 @@ impl Job {
 
     /// The job a template written by [`Job::to_template`] describes.
     pub(crate) fn from_template(text: &str) -> std::result::Result<Job, String> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        Job::from_template_value(&v)
+    }
+
+    /// The job a template, already parsed, describes.
+    fn from_template_value(v: &serde_json::Value) -> std::result::Result<Job, String> {
         use serde_json::Value;
-        let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let bad = |what: &str| format!("the job template's {what} is malformed");
         let argv: Vec<String> =
             serde_json::from_value(v["argv"].clone()).map_err(|_| bad("argv"))?;

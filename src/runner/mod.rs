@@ -255,7 +255,7 @@ impl Runner {
                 },
             )?);
         }
-        if let Some(listener) = listener {
+        if let Some(mut listener) = listener {
             threads.stop_listener = Some(
                 listener
                     .closer()
@@ -269,7 +269,7 @@ impl Runner {
                 "wake-up listener",
                 &Arc::clone(&shared),
                 move || {
-                    listen(&listener, &shared, &firer_wake, &config);
+                    listen(&mut listener, &shared, &firer_wake, &config);
                     Ok(())
                 },
             )?);
@@ -744,7 +744,7 @@ impl Drop for Runner {
 /// process may have added or resumed one). Ends when the runner closes the socket at shutdown;
 /// a socket that fails before that is logged and left (the dispatcher's poll still finds the
 /// work, and the firer rereads the schedules every second).
-fn listen(listener: &wake::Listener, shared: &Shared, firer: &Sender<()>, config: &Config) {
+fn listen(listener: &mut wake::Listener, shared: &Shared, firer: &Sender<()>, config: &Config) {
     // Opened at the first job a command hands over, so that a runner nobody hands jobs to
     // keeps one connection fewer. Always FULL: the command reports the job stored when this
     // answers, as it would after a commit of its own.

@@ -385,12 +385,7 @@ impl Store {
         schedule: &Schedule,
         now: i64,
     ) -> Result<ScheduleRecord> {
-        schedule::check_name(name)?;
-        schedule.validate(now)?;
-        let record = self.write(|c| schedule::put(c, name, schedule, false, now))?;
-        // Wakes the firers of the runners on this file: the new schedule may be due first.
-        self.poke();
-        Ok(record)
+        self.store_schedule(name, schedule, false, now)
     }
 
     /// Stores a schedule under `name`, replacing one of that name if there is one (its
@@ -405,9 +400,20 @@ impl Store {
         schedule: &Schedule,
         now: i64,
     ) -> Result<ScheduleRecord> {
+        self.store_schedule(name, schedule, true, now)
+    }
+
+    /// [`Store::put_schedule`], or with `replace` [`Store::replace_schedule`].
+    fn store_schedule(
+        &self,
+        name: &str,
+        schedule: &Schedule,
+        replace: bool,
+        now: i64,
+    ) -> Result<ScheduleRecord> {
         schedule::check_name(name)?;
         schedule.validate(now)?;
-        let record = self.write(|c| schedule::put(c, name, schedule, true, now))?;
+        let record = self.write(|c| schedule::put(c, name, schedule, replace, now))?;
         // Wakes the firers of the runners on this file: the new schedule may be due first.
         self.poke();
         Ok(record)

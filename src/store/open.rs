@@ -261,9 +261,11 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
         retry_busy(deadline, || {
             conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
         })?;
-        // The first read since a switch to WAL opens (or creates) the WAL, which the next
-        // step must see.
-        schema_version(&conn)?;
+        // A file just switched to WAL (a new one, or one from before WAL) has no WAL until
+        // the next read opens it, and the next step must see it.
+        if !wal_path(&path).exists() {
+            schema_version(&conn)?;
+        }
     }
     sync_folder_of_new_wal(&path);
     // A current file needs no migration: versions only go up, so the version read above

@@ -41,16 +41,7 @@ pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<JobReco
     } else {
         "jobs"
     };
-    let mut sql = format!("SELECT {JOB_COLUMNS} FROM {from} WHERE 1");
-    let mut values: Vec<rusqlite::types::Value> = Vec::new();
-    if let Some(s) = filter.status {
-        values.push(s.as_str().to_string().into());
-        sql.push_str(&format!(" AND status = ?{}", values.len()));
-    }
-    if let Some(q) = &filter.queue {
-        values.push(q.clone().into());
-        sql.push_str(&format!(" AND queue = ?{}", values.len()));
-    }
+    let (mut sql, mut values) = select_jobs(from, filter);
     if let Some(max) = filter.failed_stale {
         values.push(i64::from(max).into());
         sql.push_str(&format!(
@@ -65,7 +56,32 @@ pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<JobReco
         values.push((limit.min(i64::MAX as u64) as i64).into());
         sql.push_str(&format!(" LIMIT ?{}", values.len()));
     }
-    let mut stmt = conn.prepare(&sql)?;
+    query_jobs(conn, &sql, values)
+}
+
+/// `SELECT` of the job columns from `from` with `filter`'s status and queue, and the values
+/// bound so far: the callers add their order, their limits and their values after them.
+fn select_jobs(from: &str, filter: &ListFilter) -> (String, Vec<rusqlite::types::Value>) {
+    let mut sql = format!("SELECT {JOB_COLUMNS} FROM {from} WHERE 1");
+    let mut values: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(s) = filter.status {
+        values.push(s.as_str().to_string().into());
+        sql.push_str(&format!(" AND status = ?{}", values.len()));
+    }
+    if let Some(q) = &filter.queue {
+        values.push(q.clone().into());
+        sql.push_str(&format!(" AND queue = ?{}", values.len()));
+    }
+    (sql, values)
+}
+
+/// The jobs that `sql`, with `values` bound, selects.
+fn query_jobs(
+    conn: &Connection,
+    sql: &str,
+    values: Vec<rusqlite::types::Value>,
+) -> Result<Vec<JobRecord>> {
+    let mut stmt = conn.prepare(sql)?;
     let rows = stmt.query_map(params_from_iter(values), job_row)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
@@ -142,16 +158,7 @@ pub(super) fn list_page(
     filter: &ListFilter,
     offset: u64,
 ) -> Result<Vec<JobRecord>> {
-    let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE 1");
-    let mut values: Vec<rusqlite::types::Value> = Vec::new();
-    if let Some(s) = filter.status {
-        values.push(s.as_str().to_string().into());
-        sql.push_str(&format!(" AND status = ?{}", values.len()));
-    }
-    if let Some(q) = &filter.queue {
-        values.push(q.clone().into());
-        sql.push_str(&format!(" AND queue = ?{}", values.len()));
-    }
+    let (mut sql, mut values) = select_jobs("jobs", filter);
     // Newest first: the rowid backwards, or `jobs_status` (status, id) backwards.
     sql.push_str(" ORDER BY id DESC");
     let limit = filter.limit.unwrap_or(u64::MAX).min(i64::MAX as u64) as i64;
@@ -159,9 +166,7 @@ pub(super) fn list_page(
     sql.push_str(&format!(" LIMIT ?{}", values.len()));
     values.push((offset.min(i64::MAX as u64) as i64).into());
     sql.push_str(&format!(" OFFSET ?{}", values.len()));
-    let mut stmt = conn.prepare(&sql)?;
-    let rows = stmt.query_map(params_from_iter(values), job_row)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    query_jobs(conn, &sql, values)
 }
 
 pub(super) fn lease_counts(

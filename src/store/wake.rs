@@ -96,6 +96,8 @@ pub(crate) fn is_socket_name(path: &Path) -> bool {
 pub(crate) struct Listener {
     socket: UnixDatagram,
     path: PathBuf,
+    /// Where each datagram is read into: room for the largest hand-off request.
+    buf: Vec<u8>,
 }
 
 impl Listener {
@@ -115,7 +117,11 @@ impl Listener {
         }
         let path = dir.join(format!("{name}.sock"));
         let socket = UnixDatagram::bind(&path)?;
-        Ok(Listener { socket, path })
+        Ok(Listener {
+            socket,
+            path,
+            buf: vec![0; super::handoff::MAX_REQUEST],
+        })
     }
 
     /// The socket's path.
@@ -132,10 +138,10 @@ impl Listener {
     /// of pokes is one wake-up. Returns the hand-off requests among them (a JSON object, see
     /// [`handoff`](super::handoff)), each with its sender, or `None` once the listener is
     /// closed.
-    pub(crate) fn wait(&self) -> Option<Vec<Request>> {
-        let mut buf = vec![0u8; super::handoff::MAX_REQUEST];
+    pub(crate) fn wait(&mut self) -> Option<Vec<Request>> {
+        let buf = &mut self.buf;
         let mut requests = Vec::new();
-        match self.socket.recv_from(&mut buf) {
+        match self.socket.recv_from(buf) {
             // A closed socket reads as an empty datagram.
             Ok((0, _)) => return None,
             Ok((n, from)) => keep_request(&buf[..n], from, &mut requests),
@@ -146,7 +152,7 @@ impl Listener {
             }
         }
         if self.socket.set_nonblocking(true).is_ok() {
-            while let Ok((n, from)) = self.socket.recv_from(&mut buf)
+            while let Ok((n, from)) = self.socket.recv_from(buf)
                 && n > 0
             {
                 keep_request(&buf[..n], from, &mut requests);
@@ -210,7 +216,7 @@ mod tests {
             0,
             "no folder, nobody to wake"
         );
-        let listener = Listener::bind(&db, "1-aa").expect("bind");
+        let mut listener = Listener::bind(&db, "1-aa").expect("bind");
         // A socket whose runner died: bound, then its socket closed, its file left behind.
         let stale = folder(&db).join("2-bb.sock");
         drop(UnixDatagram::bind(&stale).expect("bind"));
@@ -226,7 +232,7 @@ mod tests {
     fn a_closed_listener_stops_waiting_and_removes_its_socket() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let db = dir.path().join("jobs.db");
-        let listener = Listener::bind(&db, "1-aa").expect("bind");
+        let mut listener = Listener::bind(&db, "1-aa").expect("bind");
         let closer = listener.closer().expect("closer");
         let path = listener.path().to_path_buf();
         let t = std::thread::spawn(move || {

@@ -452,11 +452,11 @@ const WORKERS: usize = 4;
 /// is the baseline, since this machine is shared and noisy.
 fn runner_benchmarks() {
     println!();
-    println!(
-        "{:<50} {:>18} {:>18} {:>7}",
-        "runner: 2,000 × /bin/true, 4 workers", "jobs/s", "bare jobs/s", "ratio"
+    heading(
+        "runner: 2,000 × /bin/true, 4 workers",
+        "jobs/s",
+        "bare jobs/s",
     );
-    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
     let before = bare_spawn_rate();
     let full = runner_rate(Durability::Full);
     let normal = runner_rate(Durability::Normal);
@@ -540,11 +540,7 @@ fn runner_rate(durability: Durability) -> f64 {
 fn retention_benchmarks() {
     println!();
     println!("retention");
-    println!(
-        "{:<50} {:>18} {:>18} {:>7}",
-        "", "with pruning", "baseline", "ratio"
-    );
-    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    heading("", "with pruning", "baseline");
     prune_cost();
     steady_state();
     claim_latency_during_prune();
@@ -846,11 +842,8 @@ fn flow_benchmarks() {
     const CLAIMS: usize = 200;
     const BESIDE: usize = 100_000;
     let dir = tempfile::tempdir().expect("a temporary folder can be created");
-    println!(
-        "\n{:<50} {:>18} {:>18} {:>7}",
-        "flow (NORMAL)", "beside", "alone", "ratio"
-    );
-    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    println!();
+    heading("flow (NORMAL)", "beside", "alone");
     let ready = vec![Job::command(["true"]); 1000];
     let build = |name: &str, extra: &dyn Fn(&Store, i64)| {
         let path = dir.path().join(format!("{name}.db"));
@@ -1037,11 +1030,12 @@ fn metrics_write_cost(dir: &TempDir) {
     const ROUNDS: usize = 5;
     const ENQUEUES: usize = 100_000;
     const CYCLES: usize = 3_000;
-    println!(
-        "\n{:<50} {:>18} {:>18} {:>7}",
-        "metrics: cost on writes (leasehold, NORMAL)", "with triggers", "without", "ratio"
+    println!();
+    heading(
+        "metrics: cost on writes (leasehold, NORMAL)",
+        "with triggers",
+        "without",
     );
-    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
     let fresh = |name: String, with: bool| {
         let path = dir.path().join(name);
         let store = open(&path, Durability::Normal);
@@ -1124,16 +1118,18 @@ fn metrics_write_cost(dir: &TempDir) {
 // ---------------------------------------------------------------------------------------------
 // Printing
 
+/// A table's heading: its title and what its two columns of figures are, over a rule.
+fn heading(title: &str, ours: &str, baseline: &str) {
+    println!("{title:<50} {ours:>18} {baseline:>18} {:>7}", "ratio");
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+}
+
 /// An aligned table printed as it goes, so a long run shows progress.
 struct Table;
 
 impl Table {
     fn new(title: &str) -> Table {
-        println!(
-            "{:<50} {:>18} {:>18} {:>7}",
-            title, "leasehold", "bare rusqlite", "ratio"
-        );
-        println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+        heading(title, "leasehold", "bare rusqlite");
         Table
     }
 
@@ -1321,11 +1317,7 @@ const FED_JOBS: usize = 2000;
 
 fn wake_benchmarks() {
     println!();
-    println!(
-        "{:<50} {:>18} {:>18} {:>7}",
-        "wake-up, start/stop, idle", "leasehold", "baseline", "ratio"
-    );
-    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    heading("wake-up, start/stop, idle", "leasehold", "baseline");
     let cli = cli_binary();
     if cli.is_none() {
         println!("(no target/release/leasehold: `cargo build --release` first for the CLI rows)");

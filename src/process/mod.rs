@@ -31,7 +31,7 @@ mod spawn;
 mod stop;
 mod teardown;
 
-pub(crate) use attempt::{AttemptResult, AttemptSpec, Ending, run};
+pub(crate) use attempt::{AttemptResult, AttemptSpec, Ending, Started, run};
 pub(crate) use proc::{boot_id, hostname, proc_info, self_start_time};
 #[cfg(test)]
 pub(crate) use proc::{group_has_live_members, is_alive, start_time};

@@ -812,7 +812,14 @@ fn random_hex() -> String {
 impl Runner {
     /// Makes `thread` panic the next time it runs its loop (once).
     fn inject_panic(&self, thread: &'static str) {
-        *self.shared.inject_panic.lock() = Some(thread);
+        *self.shared.inject_panic.lock() = Some((thread, None));
+        self.shared.wake_dispatcher();
+    }
+
+    /// Makes `thread` panic the next time it runs its loop (once), after `file` appears
+    /// (or 20 s passed).
+    fn inject_panic_after(&self, thread: &'static str, file: &Path) {
+        *self.shared.inject_panic.lock() = Some((thread, Some(file.to_path_buf())));
         self.shared.wake_dispatcher();
     }
 }

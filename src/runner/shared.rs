@@ -59,9 +59,10 @@ pub(crate) struct Shared {
     /// Endings that could not be handed to the writer (it had failed): the runner records
     /// them itself when it shuts down.
     pub unwritten: Mutex<Vec<Finish>>,
-    /// A panic to inject into a named thread, for the tests of the fault handling.
+    /// A panic to inject into a named thread, for the tests of the fault handling, and the
+    /// file whose appearance it waits for first, if any.
     #[cfg(test)]
-    pub(super) inject_panic: Mutex<Option<&'static str>>,
+    pub(super) inject_panic: Mutex<Option<(&'static str, Option<std::path::PathBuf>)>>,
     /// The environment attempts start from: the process's, taken once when the runner
     /// starts (it is not expected to change while the runner runs), so that a spawn does not
     /// read and convert it again.
@@ -216,9 +217,15 @@ impl Shared {
         #[cfg(test)]
         {
             let mut inject = self.inject_panic.lock();
-            if *inject == Some(thread) {
-                *inject = None;
+            if inject.as_ref().is_some_and(|(t, _)| *t == thread) {
+                let after = inject.take().and_then(|(_, file)| file);
                 drop(inject);
+                if let Some(file) = after {
+                    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                    while !file.exists() && std::time::Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
                 panic!("injected panic in the {thread} thread");
             }
         }

@@ -118,14 +118,15 @@ fn a_panicking_worker_loses_only_its_attempt_and_goes_on() {
         .start()
         .expect("the runner starts");
     let store = Store::open(dir.path().join("jobs.db")).expect("the store opens");
-    // The panic comes right after the spawn, while the attempt's process lives; the
-    // script leaves a child in its group that the teardown must kill too.
+    // The panic comes once the first attempt has left a child in its group, a child that
+    // dropped the run token from its environment: only a kill of the whole group reaches it.
     let marker = dir.path().join("child.pid");
-    runner.inject_panic("worker");
+    runner.inject_panic_after("worker", &marker);
     let id = runner
         .enqueue(&Job::shell(format!(
-            "sleep 30 & echo $! >> {}; sleep 0.3; echo done",
-            marker.display()
+            "m={m}; if [ ! -e $m ]; then env -u LEASEHOLD_RUN_TOKEN sleep 30 & \
+             echo $! > $m.new && mv $m.new $m; fi; sleep 0.3; echo done",
+            m = marker.display()
         )))
         .expect("enqueue");
     assert_eq!(
@@ -144,13 +145,27 @@ fn a_panicking_worker_loses_only_its_attempt_and_goes_on() {
         lost.detail.as_deref().unwrap_or("").contains("panicked"),
         "{lost:?}"
     );
-    // The first attempt's background child, if it got to start, is gone.
-    if let Ok(pids) = std::fs::read_to_string(&marker) {
-        let first: i32 = pids.lines().next().expect("a pid").parse().expect("a pid");
-        wait_until("the first attempt's child to be killed", || {
-            (!crate::process::is_alive(first)).then_some(())
-        });
+    let child: i32 = std::fs::read_to_string(&marker)
+        .expect("the first attempt's child pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // Should the teardown miss it, the child is killed when the test ends, failed or not.
+    struct KillOnDrop(i32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if crate::process::is_alive(self.0) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.0),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
     }
+    let _child = KillOnDrop(child);
+    wait_until("the first attempt's child to be killed", || {
+        (!crate::process::is_alive(child)).then_some(())
+    });
     runner.shutdown().expect("shutdown");
 }
 

@@ -1,5 +1,6 @@
 //! A worker thread: runs one attempt at a time, from spawn to its recorded ending.
 
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -53,8 +54,12 @@ fn run_guarded(
     stop: &process::StopHandle,
     writer: &Writer,
 ) -> Finish {
+    // What the spawn reported, kept outside the unwind: with the process group known, the
+    // teardown kills the group as a whole, which a scan for the token alone can miss (a child
+    // caught in the middle of its exec shows no environment for a moment).
+    let spawned = Cell::new(None);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_one(shared, job, stop, writer)
+        run_one(shared, job, stop, writer, &spawned)
     }));
     match outcome {
         Ok(finish) => finish,
@@ -68,8 +73,8 @@ fn run_guarded(
             );
             let teardown = crate::process::teardown(
                 &crate::process::AttemptIdentity {
-                    pgid: None,
-                    start_time: None,
+                    pgid: spawned.get().map(|s: process::Started| s.pgid),
+                    start_time: spawned.get().map(|s| s.start_time),
                     token: job.run_token.clone(),
                 },
                 shared.config.kill_grace,
@@ -90,7 +95,13 @@ fn run_guarded(
     }
 }
 
-fn run_one(shared: &Shared, job: &Claimed, stop: &process::StopHandle, writer: &Writer) -> Finish {
+fn run_one(
+    shared: &Shared,
+    job: &Claimed,
+    stop: &process::StopHandle,
+    writer: &Writer,
+    spawned: &Cell<Option<process::Started>>,
+) -> Finish {
     let cfg = &shared.config;
     let spec = AttemptSpec {
         argv: job.argv.clone(),
@@ -112,6 +123,7 @@ fn run_one(shared: &Shared, job: &Claimed, stop: &process::StopHandle, writer: &
         job.argv
     );
     let result = process::run(&spec, stop, |s| {
+        spawned.set(Some(*s));
         shared.test_hook("worker");
         writer.send(Op::Start(AttemptStart {
             job_id: job.id,

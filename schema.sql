@@ -1,4 +1,4 @@
--- leasehold schema, version 7 (PRAGMA user_version = 7).
+-- leasehold schema, version 8 (PRAGMA user_version = 8).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -22,7 +22,9 @@ CREATE TABLE jobs (
     cwd                 TEXT,
     priority            INTEGER NOT NULL DEFAULT 0,
     status              TEXT    NOT NULL DEFAULT 'pending'
-                        CHECK (status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
+                        -- Chains of equalities, not IN lists (version 8): see 0008_check_lists.sql.
+                        CHECK (status = 'pending' OR status = 'running' OR status = 'succeeded'
+                               OR status = 'failed' OR status = 'cancelled'),
     -- Claims so far; the attempt being run while running.
     attempt             INTEGER NOT NULL DEFAULT 0,
     max_attempts        INTEGER NOT NULL DEFAULT 1 CHECK (max_attempts >= 1),
@@ -51,7 +53,9 @@ CREATE TABLE jobs (
     exit_code           INTEGER,
     signal              INTEGER,
     error_kind          TEXT
-                        CHECK (error_kind IN ('exit', 'signal', 'timeout', 'idle_timeout', 'lost', 'spawn')),
+                        CHECK (error_kind = 'exit' OR error_kind = 'signal' OR error_kind = 'timeout'
+                               OR error_kind = 'idle_timeout' OR error_kind = 'lost'
+                               OR error_kind = 'spawn'),
     last_error          TEXT,
     -- A lost attempt whose processes still have to be torn down. While teardown_token is set
     -- the job cannot be claimed: two attempts of one job never run at once.

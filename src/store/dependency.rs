@@ -20,12 +20,22 @@ use super::tx::event;
 pub(super) fn job_ended(conn: &Connection, id: i64, status: Status, now: i64) -> Result<()> {
     match status {
         Status::Succeeded => {
-            conn.prepare_cached(
-                "UPDATE jobs SET waiting = waiting - 1
-                 WHERE id IN (SELECT job_id FROM job_deps WHERE after_id = ?1)
-                   AND status = 'pending' AND waiting > 0",
-            )?
-            .execute([id])?;
+            // Read first, then update by id: most jobs have no dependents, and an UPDATE
+            // whose rows come from `IN (SELECT ...)` builds a temporary b-tree of them even
+            // when there are none.
+            let dependents: Vec<i64> = {
+                let mut stmt =
+                    conn.prepare_cached("SELECT job_id FROM job_deps WHERE after_id = ?1")?;
+                let rows = stmt.query_map([id], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            for job in dependents {
+                conn.prepare_cached(
+                    "UPDATE jobs SET waiting = waiting - 1
+                     WHERE id = ?1 AND status = 'pending' AND waiting > 0",
+                )?
+                .execute([job])?;
+            }
             Ok(())
         }
         Status::Failed | Status::Cancelled => cancel_dependents(conn, id, status, now),

@@ -66,29 +66,34 @@ pub struct Claimed {
     scheduled_at: i64,
 }
 
-/// What a claim writes into each job it takes. Parameters: worker id, now, lease expiry.
-const CLAIM_SET: &str = "UPDATE jobs SET status = 'running', attempt = attempt + 1,
-         run_token = lower(hex(randomblob(16))), worker_id = ?1, started_at = ?2,
-         heartbeat_at = ?2, lease_expires_at = ?3, completed_at = NULL, pid = NULL,
-         pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
-         error_kind = NULL";
+/// What a claim writes into each job it takes, guarded by the status it read. Parameters: id,
+/// attempt, run token, worker id, now, lease expiry.
+const CLAIM_ONE_SQL: &str = "UPDATE jobs SET status = 'running', attempt = ?2, run_token = ?3,
+         worker_id = ?4, started_at = ?5, heartbeat_at = ?5, lease_expires_at = ?6,
+         completed_at = NULL, pid = NULL, pgid = NULL, proc_start_time = NULL, exit_code = NULL,
+         signal = NULL, error_kind = NULL
+     WHERE id = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0";
 
-/// What a claim reads back from each job it took.
-const CLAIM_RETURNING: &str = "RETURNING id, queue, attempt, run_token, argv, env, cwd,
-               timeout_ms, idle_timeout_ms, priority, scheduled_at";
+/// What a claim reads of each job it takes, with the attempt it starts and a new run token.
+const CANDIDATE_COLUMNS: &str = "id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
+         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at";
 
-/// The claim, with `{index}` and `{queues}` to fill: see [`claim_sql`]. Parameters: worker id,
-/// now, lease expiry, limit, then the queues from `?5`.
+/// The jobs a claim takes, with `{index}` and `{queues}` to fill: see [`claim_sql`].
+/// Parameters: now, limit, then the queues from `?3`.
 ///
-/// Limits go through a subquery here and below: a bare parameter in LIMIT makes SQLite (built
-/// with STAT4) prepare the statement again on every run.
-pub(super) const CLAIM_WHERE: &str = "WHERE id IN (SELECT id FROM jobs INDEXED BY {index}
-                  WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
-                  AND scheduled_at <= ?2 {queues}
-                  ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?4))";
+/// The limit goes through a subquery here and below: a bare parameter in LIMIT makes SQLite
+/// (built with STAT4) prepare the statement again on every run.
+const CANDIDATES_SQL: &str = "SELECT {columns} FROM jobs INDEXED BY {index}
+     WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+       AND scheduled_at <= ?1 {queues}
+     ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?2)";
 
-/// The claim statement for `queues` (all queues when empty), when no queue has a limit or a
-/// pause.
+/// One job a claim takes by id, when queue rules chose it. Parameter: id.
+const CANDIDATE_SQL: &str = "SELECT {columns} FROM jobs
+     WHERE id = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0";
+
+/// The read of the jobs a claim takes from `queues` (all queues when empty), when no queue has
+/// a limit or a pause.
 pub(super) fn claim_sql(queues: &[String]) -> String {
     // Without statistics the planner prefers jobs_status (an equality on status) and then
     // sorts every pending row: a claim costs O(pending) instead of reading an index head.
@@ -97,10 +102,10 @@ pub(super) fn claim_sql(queues: &[String]) -> String {
     } else {
         "jobs_claim_queue"
     };
-    let filter = CLAIM_WHERE
+    CANDIDATES_SQL
+        .replace("{columns}", CANDIDATE_COLUMNS)
         .replace("{index}", index)
-        .replace("{queues}", &queue_filter(queues, 5));
-    format!("{CLAIM_SET} {filter} {CLAIM_RETURNING}")
+        .replace("{queues}", &queue_filter(queues, 3))
 }
 
 /// The ready jobs of one queue, best first. Parameters: queue, now, limit.
@@ -110,54 +115,66 @@ pub(super) const QUEUE_HEAD_SQL: &str = "SELECT id, priority, scheduled_at
        AND scheduled_at <= ?2
      ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?3)";
 
+/// Claims up to `req.limit` ready jobs: reads them best first, then takes each with a guarded
+/// single-row UPDATE, in the caller's IMMEDIATE transaction. No `UPDATE ... WHERE id IN
+/// (SELECT ...) RETURNING ...`: SQLite gathers both the subquery's ids and the returned rows
+/// in temporary b-trees, and their page caches cost more than the rows' own writes.
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
     if req.limit == 0 {
         return Ok(Vec::new());
     }
     let expires = now.saturating_add(duration_ms(req.lease_ttl));
     let rules = queue::rules(conn)?;
-    let mut values: Vec<rusqlite::types::Value> =
-        vec![req.worker_id.to_string().into(), now.into(), expires.into()];
-    let sql = if rules.is_empty() && req.queue_caps.is_empty() {
-        // Nothing limits a queue: one statement reads the head of one index.
-        values.push(i64::from(req.limit).into());
-        values.extend(req.queues.iter().map(|q| q.clone().into()));
-        claim_sql(req.queues)
-    } else {
-        let ids = allowed_heads(conn, req, &rules, now)?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        values.push(serde_json::to_string(&ids).unwrap_or_default().into());
-        format!(
-            "{CLAIM_SET} WHERE id IN (SELECT value FROM json_each(?4))
-                 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0
-             {CLAIM_RETURNING}"
-        )
+    let candidate = |r: &rusqlite::Row<'_>| {
+        Ok(Claimed {
+            id: r.get(0)?,
+            queue: r.get(1)?,
+            attempt: r.get(2)?,
+            run_token: r.get(3)?,
+            argv: json_column(r, 4)?,
+            env: json_column(r, 5)?,
+            cwd: r.get(6)?,
+            timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
+            idle_timeout: r.get::<_, Option<i64>>(8)?.map(ms_duration),
+            lease_expires_at: expires,
+            priority: r.get(9)?,
+            scheduled_at: r.get(10)?,
+        })
     };
-    let mut claimed = {
+    let mut candidates: Vec<Claimed> = if rules.is_empty() && req.queue_caps.is_empty() {
+        // Nothing limits a queue: one statement reads the head of one index.
+        let mut values: Vec<rusqlite::types::Value> = vec![now.into(), i64::from(req.limit).into()];
+        values.extend(req.queues.iter().map(|q| q.clone().into()));
+        let mut stmt = conn.prepare_cached(&claim_sql(req.queues))?;
+        let rows = stmt.query_map(params_from_iter(values), candidate)?;
+        rows.collect::<rusqlite::Result<_>>()?
+    } else {
+        let sql = CANDIDATE_SQL.replace("{columns}", CANDIDATE_COLUMNS);
         let mut stmt = conn.prepare_cached(&sql)?;
-        let rows = stmt.query_map(params_from_iter(values), |r| {
-            Ok(Claimed {
-                id: r.get(0)?,
-                queue: r.get(1)?,
-                attempt: r.get(2)?,
-                run_token: r.get(3)?,
-                argv: json_column(r, 4)?,
-                env: json_column(r, 5)?,
-                cwd: r.get(6)?,
-                timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
-                idle_timeout: r.get::<_, Option<i64>>(8)?.map(ms_duration),
-                lease_expires_at: expires,
-                priority: r.get(9)?,
-                scheduled_at: r.get(10)?,
-            })
-        })?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()?
+        let mut found = Vec::new();
+        for id in allowed_heads(conn, req, &rules, now)? {
+            if let Some(c) = stmt.query_row([id], candidate).optional()? {
+                found.push(c);
+            }
+        }
+        found
     };
     // Reverse, not negation: a priority of i64::MIN has no negative.
-    claimed.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
-    for c in &claimed {
+    candidates.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
+    let mut claimed = Vec::with_capacity(candidates.len());
+    for c in candidates {
+        let taken = conn.prepare_cached(CLAIM_ONE_SQL)?.execute(params![
+            c.id,
+            c.attempt,
+            c.run_token,
+            req.worker_id,
+            now,
+            expires
+        ])?;
+        // Read in this transaction, so it is still pending; checked all the same.
+        if taken == 0 {
+            continue;
+        }
         event(
             conn,
             c.id,
@@ -166,6 +183,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
             c.attempt,
             &format!("worker {}", req.worker_id),
         )?;
+        claimed.push(c);
     }
     Ok(claimed)
 }
@@ -281,30 +299,35 @@ pub struct AttemptStart {
 }
 
 pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Result<bool> {
-    let attempt: Option<i64> = conn
+    // No RETURNING: SQLite gathers a RETURNING's rows in a temporary b-tree, which costs more
+    // than this whole UPDATE. The event reads the attempt from the row just written.
+    let changed = conn
         .prepare_cached(
             "UPDATE jobs SET pid = ?3, pgid = ?4, proc_start_time = ?5
-             WHERE id = ?1 AND status = 'running' AND run_token = ?2 RETURNING attempt",
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2",
         )?
-        .query_row(
-            params![s.job_id, s.run_token, s.pid, s.pgid, s.start_time as i64],
-            |r| r.get(0),
-        )
-        .optional()?;
-    match attempt {
-        Some(attempt) => {
-            event(
-                conn,
-                s.job_id,
-                now,
-                EventKind::Started,
-                attempt,
-                &format!("pid {} pgid {}", s.pid, s.pgid),
-            )?;
-            Ok(true)
-        }
-        None => Ok(false),
+        .execute(params![
+            s.job_id,
+            s.run_token,
+            s.pid,
+            s.pgid,
+            s.start_time as i64
+        ])?;
+    if changed == 0 {
+        return Ok(false);
     }
+    let attempt: i64 = conn
+        .prepare_cached("SELECT attempt FROM jobs WHERE id = ?1")?
+        .query_row([s.job_id], |r| r.get(0))?;
+    event(
+        conn,
+        s.job_id,
+        now,
+        EventKind::Started,
+        attempt,
+        &format!("pid {} pgid {}", s.pid, s.pgid),
+    )?;
+    Ok(true)
 }
 
 /// What [`Store::renew`](crate::Store::renew) found.
@@ -544,28 +567,29 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
     Ok(Finished::Recorded(status))
 }
 
-/// A successful ending: the fenced UPDATE returns the attempt, so the common case needs no
-/// read before it; no row back means the lease is gone, and only the fenced event is written.
+/// A successful ending: the fenced UPDATE needs no read before it; no row changed means the
+/// lease is gone, and only the fenced event is written.
 fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
-    // The success leaves queue, scheduled_at and started_at as they were: what the metrics
-    // need of the attempt comes back from the UPDATE itself.
-    let updated: Option<(i64, counter::Attempt)> = conn
+    // No RETURNING (see `record_start`): the success leaves attempt, queue, scheduled_at and
+    // started_at as they were, so what the metrics need of the attempt is read after it.
+    let changed = conn
         .prepare_cached(
             "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
                  signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
-             WHERE id = ?1 AND status = 'running' AND run_token = ?2
-             RETURNING attempt, queue, scheduled_at, started_at",
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2",
         )?
-        .query_row(params![f.job_id, f.run_token, now], |r| {
+        .execute(params![f.job_id, f.run_token, now])?;
+    if changed == 0 {
+        return fenced(conn, f, now);
+    }
+    let (attempt, facts): (i64, counter::Attempt) = conn
+        .prepare_cached("SELECT attempt, queue, scheduled_at, started_at FROM jobs WHERE id = ?1")?
+        .query_row([f.job_id], |r| {
             Ok((
                 r.get(0)?,
                 counter::Attempt::new(r.get(1)?, r.get(2)?, r.get(3)?),
             ))
-        })
-        .optional()?;
-    let Some((attempt, facts)) = updated else {
-        return fenced(conn, f, now);
-    };
+        })?;
     finish_rest(conn, f, now, attempt)?;
     event(conn, f.job_id, now, EventKind::Succeeded, attempt, "exit 0")?;
     counter::attempt_ended(conn, Some(&facts), &f.ending, Status::Succeeded, now)?;

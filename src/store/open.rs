@@ -12,7 +12,7 @@ use super::maintenance::{self, AUTO_VACUUM_INCREMENTAL};
 use crate::error::{Error, Result, is_busy};
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// How long a connection waits for another to release the database before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -137,7 +137,7 @@ pub(super) struct Opened {
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 /// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
 /// file: see [`migrate`].
-const MIGRATIONS: [&str; 7] = [
+const MIGRATIONS: [&str; 8] = [
     include_str!("../migrations/0001_initial.sql"),
     include_str!("../migrations/0002_auto_vacuum.sql"),
     include_str!("../migrations/0003_failed_stale.sql"),
@@ -145,6 +145,25 @@ const MIGRATIONS: [&str; 7] = [
     include_str!("../migrations/0005_schedules.sql"),
     include_str!("../migrations/0006_flow.sql"),
     include_str!("../migrations/0007_handoff.sql"),
+    include_str!("../migrations/0008_check_lists.sql"),
+];
+
+/// The version whose migration is [`rewrite_check_lists`], done in code.
+const CHECK_LISTS_AT: i64 = 8;
+
+/// The CHECK constraints of `jobs` as versions 1 to 7 wrote them, and as version 8 has them:
+/// see `0008_check_lists.sql`.
+const CHECK_LISTS: [(&str, &str); 2] = [
+    (
+        "CHECK (status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled'))",
+        "CHECK (status = 'pending' OR status = 'running' OR status = 'succeeded' \
+         OR status = 'failed' OR status = 'cancelled')",
+    ),
+    (
+        "CHECK (error_kind IN ('exit', 'signal', 'timeout', 'idle_timeout', 'lost', 'spawn'))",
+        "CHECK (error_kind = 'exit' OR error_kind = 'signal' OR error_kind = 'timeout' \
+         OR error_kind = 'idle_timeout' OR error_kind = 'lost' OR error_kind = 'spawn')",
+    ),
 ];
 
 /// The first version whose files are `auto_vacuum = INCREMENTAL`.
@@ -475,6 +494,9 @@ fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
                 break;
             }
             conn.execute_batch(sql)?;
+            if to == CHECK_LISTS_AT {
+                rewrite_check_lists(conn)?;
+            }
             conn.pragma_update(None, "user_version", to)?;
             step.to = to;
         }
@@ -490,6 +512,38 @@ fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
             Err(e)
         }
     }
+}
+
+/// Migration 8 (see `0008_check_lists.sql`): the list CHECKs of `jobs` become chains of
+/// equalities, by an edit of the table's definition in the open migration transaction. A
+/// definition that does not hold the old text (a file edited by hand) is left as it is: its
+/// constraints still hold, only at the old cost.
+fn rewrite_check_lists(conn: &Connection) -> rusqlite::Result<()> {
+    let sql: String = conn.query_row(
+        "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'jobs'",
+        [],
+        |r| r.get(0),
+    )?;
+    let mut new = sql.clone();
+    for (old, replacement) in CHECK_LISTS {
+        if new.matches(old).count() == 1 {
+            new = new.replacen(old, replacement, 1);
+        }
+    }
+    if new == sql {
+        return Ok(());
+    }
+    let version: i64 = conn.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    conn.pragma_update(None, "writable_schema", true)?;
+    let edited = conn
+        .execute(
+            "UPDATE sqlite_schema SET sql = ?1 WHERE type = 'table' AND name = 'jobs'",
+            [&new],
+        )
+        // Other connections prepare their statements again, from the new definition.
+        .and_then(|_| conn.pragma_update(None, "schema_version", version + 1));
+    let off = conn.pragma_update(None, "writable_schema", false);
+    edited.and(off)
 }
 
 /// What a connection that does not checkpoint on close does as it closes: empties a WAL past

@@ -657,3 +657,55 @@ fn a_v1_file_without_room_for_the_vacuum_is_refused_and_left_byte_for_byte_uncha
     drop(store);
     assert_eq!(auto_vacuum(&path), INCREMENTAL);
 }
+
+/// Version 8 rewrites two CHECK constraints of `jobs` in the table's stored definition (see
+/// `0008_check_lists.sql`): on a file with jobs, the file stays sound and the constraints
+/// still refuse what they refused.
+#[test]
+fn the_list_checks_of_an_older_file_become_equalities_that_refuse_the_same_values() {
+    let db = TestDb::new();
+    let copy = db.sibling("v1.db");
+    std::fs::copy(v1_fixture(), &copy).unwrap();
+    let before = bare(&copy)
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE name = 'jobs'",
+            [],
+            |r| r.get::<_, String>(0),
+        )
+        .unwrap();
+    assert!(before.contains("status IN ("), "{before}");
+    let store = Store::open(&copy).unwrap();
+    assert_eq!(store.migration().to, SCHEMA_VERSION);
+    drop(store);
+
+    let conn = bare(&copy);
+    let after: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE name = 'jobs'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(!after.contains(" IN ('pending'"), "{after}");
+    assert!(
+        after.contains("status = 'pending' OR status = 'running'"),
+        "{after}"
+    );
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    for (column, value) in [("status", "done"), ("error_kind", "oops")] {
+        let err = conn
+            .execute(&format!("UPDATE jobs SET {column} = '{value}'"), [])
+            .expect_err("a value outside the list is refused");
+        assert!(
+            err.to_string().contains("CHECK constraint failed"),
+            "{column}: {err}"
+        );
+    }
+    for (column, value) in [("status", "cancelled"), ("error_kind", "spawn")] {
+        conn.execute(&format!("UPDATE jobs SET {column} = '{value}'"), [])
+            .expect("a value of the list is taken");
+    }
+}

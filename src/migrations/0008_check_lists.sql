@@ -1,0 +1,15 @@
+-- Migration 8: the two CHECK constraints of `jobs` that list values, rewritten as chains of
+-- equalities.
+--
+-- SQLite tests `x IN (a, b, c, ...)` of more than two constants by building a temporary
+-- b-tree of the list, once per statement run. In a CHECK constraint that is once per INSERT
+-- and once per UPDATE that sets the column: every enqueue, claim and ending paid for two
+-- such b-trees (and the allocator's churn of their page caches), more than the rest of the
+-- statement. `x = a OR x = b OR ...` admits the same values and builds nothing.
+--
+-- SQLite cannot alter a constraint, and rebuilding `jobs` would copy every row. A CHECK that
+-- admits exactly the rows the old one admitted changes nothing on disk, so the migration
+-- edits the table's definition in `sqlite_schema` and bumps the schema version, as SQLite's
+-- documentation describes for changes of constraints ("Making Other Kinds Of Table Schema
+-- Changes"). That needs the version read inside the transaction, so it is done in code:
+-- `rewrite_check_lists` in src/store/open.rs. This file holds no statement.

@@ -111,14 +111,15 @@ pub(super) fn notify_loop(
 }
 
 fn completion(store: &Store, e: &Event) -> Completion {
-    let job = store.job(e.job_id).ok();
-    let detail = e.detail.clone().unwrap_or_default();
     let outcome = match e.kind {
         EventKind::Succeeded => Outcome::Succeeded,
         EventKind::Cancelled => Outcome::Cancelled,
         kind => {
-            // The row may have moved on since (an operator retried it): take the columns
-            // only while they still describe this ending.
+            let detail = e.detail.clone().unwrap_or_default();
+            // Only a failure needs the row (its exit code, signal and kind). It may have
+            // moved on since (an operator retried it): take the columns only while they
+            // still describe this ending.
+            let job = store.job(e.job_id).ok();
             let same = job
                 .as_ref()
                 .filter(|j| j.attempt == e.attempt && j.status == Status::Failed);

@@ -236,7 +236,7 @@ impl Shared {
 
 /// How long a start or an ending may wait for others to share its commit. A claim cuts the
 /// wait short.
-pub(crate) const LINGER: Duration = Duration::from_millis(2);
+pub(crate) const LINGER: Duration = Duration::from_millis(6);
 
 /// One write for the writer thread.
 pub(crate) enum Op {

@@ -751,25 +751,36 @@ fn listen(listener: &mut wake::Listener, shared: &Shared, firer: &Sender<()>, co
     let mut store: Option<Store> = None;
     while let Some(requests) = listener.wait() {
         for request in requests {
-            let accepting = !shared.shutting_down.load(Ordering::SeqCst);
-            if store.is_none() && accepting {
+            if shared.shutting_down.load(Ordering::SeqCst) {
+                // Declined at once, so the command stores its job itself now rather than
+                // after waiting out its deadline.
+                let answer = handoff::decline(&request.body, handoff::SHUTTING_DOWN);
+                listener.answer(&request.from, &answer);
+                continue;
+            }
+            if store.is_none() {
                 store = handoff_store(config, listener)
                     .map_err(|e| log::warn!("cannot store handed jobs: {e}"))
                     .ok();
             }
-            // Without a connection the request goes unanswered, and the command stores its
-            // job itself.
-            if let Some(s) = &store {
-                let (answer, new) = handoff::answer(s, &request.body, now_ms(), accepting);
+            let Some(s) = &store else {
+                // The command stores its job itself, with the error it gets, if any.
+                let answer = handoff::decline(&request.body, "the runner cannot store it");
                 listener.answer(&request.from, &answer);
-                // Other runners on the file may take it (this one is woken below).
-                if new {
-                    s.poke();
-                }
+                continue;
+            };
+            let (answer, new) = handoff::answer(s, &request.body, now_ms());
+            listener.answer(&request.from, &answer);
+            // Other runners on the file may take it (this one is woken below).
+            if new {
+                s.poke();
             }
         }
         if shared.shutting_down.load(Ordering::SeqCst) {
-            return;
+            // Drain: requests sent before the runner closes the socket are still queued in
+            // it, and are declined above; the wait ends once they are read and the socket
+            // is closed.
+            continue;
         }
         shared.wake_dispatcher();
         // The firer ends only at shutdown; a send to it then is moot.

@@ -326,3 +326,53 @@ fn misordered_timing_ladder_names_the_setting() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A command that hands a job to a runner that is shutting down is declined at once, and
+/// stores the job itself without a token (the path of a refused hand-off), instead of waiting
+/// out its deadline and storing it under its token.
+#[test]
+fn a_runner_shutting_down_declines_a_handed_job_which_the_command_stores_itself() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("jobs.db");
+    let runner = fast(dir.path()).start().expect("the runner starts");
+    let store = Store::open(&path).expect("the store opens");
+    // A running job holds the shutdown (and the runner's socket open) until it is cancelled.
+    let long = runner.enqueue(&Job::shell("sleep 30")).expect("enqueue");
+    wait_until("the job to run", || {
+        (store.job(long).expect("job").status == Status::Running).then_some(())
+    });
+    std::thread::scope(|s| {
+        let stopping = s.spawn(|| runner.shutdown_within(Duration::from_secs(30)));
+        wait_until("the shutdown to begin", || {
+            runner
+                .shared
+                .shutting_down
+                .load(Ordering::SeqCst)
+                .then_some(())
+        });
+        let handed = Store::hand_off(
+            &path,
+            &OpenOptions::new(),
+            &Job::shell("true"),
+            crate::job::now_ms(),
+        )
+        .expect("the job is stored");
+        let tokens: i64 = store
+            .conn()
+            .query_row("SELECT count(*) FROM handoffs", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(tokens, 0, "declined, not left unanswered");
+        assert_eq!(
+            store.job(handed.id).expect("job").status,
+            Status::Pending,
+            "stored by the command, for a later runner"
+        );
+        store
+            .cancel(long, crate::job::now_ms())
+            .expect("cancel the long job");
+        stopping
+            .join()
+            .expect("the shutdown does not panic")
+            .expect("the runner shuts down");
+    });
+}

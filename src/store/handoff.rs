@@ -67,9 +67,19 @@ mod client {
         NotSent,
         /// A runner stored the job (or found its unique key taken): its answer.
         Stored(Enqueued),
-        /// A runner got the request and did not store the job, or did not answer: the command
-        /// stores it itself under this token ([`Store::enqueue_handed`]).
+        /// A runner answered that it did not store the job (it refused it, or is shutting
+        /// down): the command stores it as it would without runners, and gets the error the
+        /// runner got, if any.
+        Declined,
+        /// A runner got the request and did not answer in time: it may yet store the job, so
+        /// the command stores it under this token ([`Store::enqueue_handed`]), once.
         Unanswered(String),
+    }
+
+    /// A runner's answer to a request.
+    enum Answer {
+        Stored(Enqueued),
+        Declined,
     }
 
     /// Hands `job`, enqueued at `now`, to a runner on the database at `db`, and waits for the
@@ -125,13 +135,14 @@ mod client {
             return HandOff::NotSent;
         };
         match wait_for_answer(&socket, runner, &token, sent_at + WAIT) {
-            Some(stored) => HandOff::Stored(stored),
+            Some(Answer::Stored(stored)) => HandOff::Stored(stored),
+            Some(Answer::Declined) => HandOff::Declined,
             None => HandOff::Unanswered(token),
         }
     }
 
-    /// The runner's answer to the request `token`, or `None` when it declined or did not answer
-    /// by `until`.
+    /// The runner's answer to the request `token`, or `None` when it did not answer by `until`
+    /// (or its answer cannot be read).
     ///
     /// Only a datagram from `runner`'s own socket counts. The command's socket is abstract,
     /// and any local user can read its name (in `/proc/net/unix`) and send to it, but none
@@ -142,7 +153,7 @@ mod client {
         runner: &Path,
         token: &str,
         until: Instant,
-    ) -> Option<Enqueued> {
+    ) -> Option<Answer> {
         let mut buf = [0u8; 512];
         loop {
             let left = until.checked_duration_since(Instant::now())?;
@@ -163,12 +174,12 @@ mod client {
             }
             if let Some(reason) = answer["declined"].as_str() {
                 log::debug!("the runner declined the job: {reason}");
-                return None;
+                return Some(Answer::Declined);
             }
-            return Some(Enqueued {
+            return Some(Answer::Stored(Enqueued {
                 id: answer["id"].as_i64()?,
                 duplicate: answer["duplicate"].as_bool()?,
-            });
+            }));
         }
     }
 
@@ -192,15 +203,13 @@ fn is_token(s: &str) -> bool {
 
 /// What a runner answers to a request datagram, after storing its job with `store` at `now`
 /// (or declining to), and whether it enqueued a job (the runner then wakes the other runners,
-/// after it has answered). `accepting` is false while the runner shuts down.
-pub(crate) fn answer(store: &Store, request: &[u8], now: i64, accepting: bool) -> (Vec<u8>, bool) {
+/// after it has answered). A runner that is shutting down answers [`decline`] instead.
+pub(crate) fn answer(store: &Store, request: &[u8], now: i64) -> (Vec<u8>, bool) {
     let v: Value = serde_json::from_slice(request).unwrap_or(Value::Null);
     let token = v["token"].as_str().filter(|t| is_token(t)).unwrap_or("");
     let declined = |reason: &str| json!({"token": token, "declined": reason}).to_string();
     let (answer, new) = if token.is_empty() {
         (declined("no token"), false)
-    } else if !accepting {
-        (declined("the runner is shutting down"), false)
     } else {
         match (Job::from_handoff(&v["job"]), v["deadline_ms"].as_i64()) {
             (Err(e), _) => (declined(&e), false),
@@ -221,6 +230,19 @@ pub(crate) fn answer(store: &Store, request: &[u8], now: i64, accepting: bool) -
         }
     };
     (answer.into_bytes(), new)
+}
+
+/// Why a runner that is shutting down declines a request.
+pub(crate) const SHUTTING_DOWN: &str = "the runner is shutting down";
+
+/// The answer that declines `request` for `reason`, which needs no database: the command then
+/// stores its job itself at once, instead of waiting out its deadline.
+pub(crate) fn decline(request: &[u8], reason: &str) -> Vec<u8> {
+    let v: Value = serde_json::from_slice(request).unwrap_or(Value::Null);
+    let token = v["token"].as_str().filter(|t| is_token(t)).unwrap_or("");
+    json!({"token": token, "declined": reason})
+        .to_string()
+        .into_bytes()
 }
 
 /// In the caller's transaction: the job the token `token` names, or the job enqueued now

@@ -299,7 +299,9 @@ impl Store {
         job.validate_at(now)?;
         match handoff::hand_off(path, job, now) {
             handoff::HandOff::Stored(done) => Ok(done),
-            handoff::HandOff::NotSent => Store::open_with(path, options)?.enqueue_unique(job, now),
+            handoff::HandOff::NotSent | handoff::HandOff::Declined => {
+                Store::open_with(path, options)?.enqueue_unique(job, now)
+            }
             handoff::HandOff::Unanswered(token) => {
                 let store = Store::open_with(path, options)?;
                 // Without a deadline, the token's job is found or enqueued: never None.

@@ -844,6 +844,7 @@ impl Store {
                 if options
                     .batch_limit()
                     .is_some_and(|max| report.batches >= u64::from(max))
+                    || options.past_deadline()
                 {
                     report.more = true;
                     break;
@@ -862,7 +863,7 @@ impl Store {
             }
         }
         // Also when nothing was pruned: a bounded prune may have left free pages behind.
-        report.bytes_freed = retention::incremental_vacuum(&self.conn, options.vacuum_limit())?;
+        report.bytes_freed = retention::incremental_vacuum(&self.conn, options)?;
         // Never wait for another connection here: a checkpoint that finds one busy gives up,
         // and the next prune tries again.
         self.conn.busy_timeout(Duration::ZERO)?;

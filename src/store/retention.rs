@@ -12,7 +12,7 @@
 //! only slower on a large file.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
 
@@ -155,6 +155,7 @@ pub struct PruneOptions {
     batch: u32,
     max_batches: Option<u32>,
     vacuum_steps: Option<u32>,
+    deadline: Option<Instant>,
     dry_run: bool,
 }
 
@@ -164,6 +165,7 @@ impl Default for PruneOptions {
             batch: DEFAULT_PRUNE_BATCH,
             max_batches: None,
             vacuum_steps: None,
+            deadline: None,
             dry_run: false,
         }
     }
@@ -191,6 +193,14 @@ impl PruneOptions {
         self
     }
 
+    /// Starts no batch and no vacuum step once this instant has passed, leaving the rest for
+    /// the next prune (`more` says when jobs were left). One transaction under way is
+    /// finished, so a prune may run past it by one batch or step. By default, none.
+    pub fn deadline(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
     /// Counts what would be pruned and changes nothing. By default, off.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
@@ -211,6 +221,11 @@ impl PruneOptions {
         self.vacuum_steps
     }
 
+    /// Whether the deadline, if any, has passed.
+    pub(super) fn past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
     pub(super) fn is_dry_run(&self) -> bool {
         self.dry_run
     }
@@ -228,7 +243,7 @@ pub struct PruneReport {
     pub outputs: u64,
     /// Delete transactions run.
     pub batches: u64,
-    /// True when the batch limit stopped the prune with jobs still due.
+    /// True when the batch limit or the deadline stopped the prune with jobs still due.
     pub more: bool,
     /// Bytes the incremental vacuum gave back to the file system (0 on a file without
     /// `auto_vacuum = INCREMENTAL`).
@@ -375,7 +390,8 @@ pub(super) fn delete_batch(
 
 /// Gives free pages back to the file system, a bounded number per transaction, and returns the
 /// bytes given back. A file without `auto_vacuum = INCREMENTAL` has nothing to give: 0.
-pub(super) fn incremental_vacuum(conn: &Connection, max_steps: Option<u32>) -> Result<u64> {
+pub(super) fn incremental_vacuum(conn: &Connection, options: &PruneOptions) -> Result<u64> {
+    let max_steps = options.vacuum_limit();
     let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
     // 2 is INCREMENTAL; NONE (0) keeps free pages in the file, FULL (1) already gave them back.
     if mode != 2 {
@@ -386,7 +402,7 @@ pub(super) fn incremental_vacuum(conn: &Connection, max_steps: Option<u32>) -> R
     let mut steps = 0u32;
     loop {
         let before: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
-        if before == 0 || max_steps.is_some_and(|max| steps >= max) {
+        if before == 0 || max_steps.is_some_and(|max| steps >= max) || options.past_deadline() {
             break;
         }
         steps += 1;

@@ -344,6 +344,32 @@ fn batches_are_bounded_and_a_limit_leaves_the_rest_for_later() {
     assert!(!rest.more);
 }
 
+#[test]
+fn a_prune_past_its_deadline_starts_nothing_and_leaves_it_all_for_later() {
+    let f = fixture();
+    let store = f.store();
+    let before = present(&store);
+    // A deadline already passed: no batch and no vacuum step starts.
+    let passed = PruneOptions::default().deadline(Some(std::time::Instant::now()));
+    let report = store
+        .prune_with(&Retention::keep_all().keep_max(Some(0)), &passed, NOW)
+        .unwrap();
+    assert_eq!(
+        (report.jobs, report.batches, report.bytes_freed, report.more),
+        (0, 0, 0, true),
+        "{report:?}"
+    );
+    assert_eq!(present(&store), before);
+    // A deadline far ahead bounds nothing.
+    let ahead = PruneOptions::default()
+        .deadline(std::time::Instant::now().checked_add(std::time::Duration::from_secs(3600)));
+    let report = store
+        .prune_with(&Retention::keep_all().keep_max(Some(0)), &ahead, NOW)
+        .unwrap();
+    assert_eq!((report.jobs, report.more), (6 * N as u64, false));
+    assert!(report.bytes_freed > 0, "{report:?}");
+}
+
 /// Moves everything in the WAL to the main file, so that its size is what it holds.
 fn checkpoint(t: &TestDb) {
     t.bare()

@@ -229,7 +229,9 @@ impl Targets for Lost<'_> {
 ///
 /// The recorded group is signalled only if its identity is verified (see
 /// `verify_group`); every process carrying the attempt's token is signalled
-/// regardless, since the token itself proves identity. Targets go through
+/// regardless, since the token itself proves identity. With no recorded group,
+/// the group led by a token carrier (the attempt's main process) is the
+/// attempt's, and is signalled as a group. Targets go through
 /// the kill sequence ([`kill_all`]): SIGTERM, then SIGKILL once `grace` has
 /// passed if any is still alive.
 pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
@@ -242,9 +244,21 @@ pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
     };
 
     let first_carriers = lost.carriers();
-    lost.group = match id.pgid.filter(|&p| p > 1) {
+    // With no group recorded (the runner died before it recorded the attempt's start), the
+    // attempt's main process names it, found by its token: the spawn made it its group's
+    // leader. Its group then takes the group's signal, and with it the children that left
+    // the token out of their environment (or were in the middle of an exec).
+    let recorded = id.pgid.filter(|&p| p > 1).map(|p| (p, id.start_time));
+    let from_token = || {
+        first_carriers
+            .iter()
+            .filter(|c| c.pgid == c.pid && c.pid > 1)
+            .min_by_key(|c| c.start_time)
+            .map(|c| (c.pid, Some(c.start_time)))
+    };
+    lost.group = match recorded.or_else(from_token) {
         None => None,
-        Some(p) => match verify_group(p, id.start_time) {
+        Some((p, start)) => match verify_group(p, start) {
             Ok(()) => Some(p),
             Err((pids, reason)) => {
                 // Token carriers are proven ours even inside an unverified
@@ -404,6 +418,38 @@ mod tests {
         assert_eq!(t.killed, vec![escapee], "{t:?}");
         assert!(processes_with_token(&tok).is_empty());
         assert_eq!(t.describe(), format!("killed 1 process (pid {escapee})"));
+    }
+
+    #[test]
+    fn without_a_pgid_the_token_carrying_leader_names_the_group_and_its_tokenless_members_die() {
+        let tok = token("leader");
+        let mut g = spawn_group(
+            "env -u LEASEHOLD_RUN_TOKEN sleep 300 & env -u LEASEHOLD_RUN_TOKEN sleep 300 & wait",
+            &tok,
+        );
+        let pgid = g.child.id() as i32;
+        assert!(wait_until(Duration::from_secs(3), || group_members(pgid)
+            .len()
+            == 3));
+        // Only the leader carries the token.
+        assert_eq!(
+            processes_with_token(&tok)
+                .iter()
+                .map(|p| p.pid)
+                .collect::<Vec<_>>(),
+            [pgid]
+        );
+        let id = AttemptIdentity {
+            pgid: None,
+            start_time: None,
+            token: tok.clone(),
+        };
+        let t = teardown(&id, Duration::from_millis(300));
+        assert_eq!(t.killed.len(), 3, "{t:?}");
+        assert!(t.unverified.is_empty() && t.survivors.is_empty(), "{t:?}");
+        assert!(!group_has_live_members(pgid));
+        let status = g.child.wait().expect("reap");
+        assert!(!status.success());
     }
 
     #[test]

@@ -205,9 +205,9 @@ fn is_token(s: &str) -> bool {
 /// (or declining to), and whether it enqueued a job (the runner then wakes the other runners,
 /// after it has answered). A runner that is shutting down answers [`decline`] instead.
 pub(crate) fn answer(store: &Store, request: &[u8], now: i64) -> (Vec<u8>, bool) {
-    let v: Value = serde_json::from_slice(request).unwrap_or(Value::Null);
-    let token = v["token"].as_str().filter(|t| is_token(t)).unwrap_or("");
-    let declined = |reason: &str| json!({"token": token, "declined": reason}).to_string();
+    let v = parse(request);
+    let token = token_of(&v);
+    let declined = |reason: &str| declined(token, reason);
     let (answer, new) = if token.is_empty() {
         (declined("no token"), false)
     } else {
@@ -238,11 +238,25 @@ pub(crate) const SHUTTING_DOWN: &str = "the runner is shutting down";
 /// The answer that declines `request` for `reason`, which needs no database: the command then
 /// stores its job itself at once, instead of waiting out its deadline.
 pub(crate) fn decline(request: &[u8], reason: &str) -> Vec<u8> {
-    let v: Value = serde_json::from_slice(request).unwrap_or(Value::Null);
-    let token = v["token"].as_str().filter(|t| is_token(t)).unwrap_or("");
-    json!({"token": token, "declined": reason})
-        .to_string()
-        .into_bytes()
+    declined(token_of(&parse(request)), reason).into_bytes()
+}
+
+/// A request datagram as JSON; `Null` when it is not JSON.
+fn parse(request: &[u8]) -> Value {
+    serde_json::from_slice(request).unwrap_or(Value::Null)
+}
+
+/// The request's token, or "" when it has none that [`new_token`] could have made.
+fn token_of(request: &Value) -> &str {
+    request["token"]
+        .as_str()
+        .filter(|t| is_token(t))
+        .unwrap_or("")
+}
+
+/// The answer that declines the request `token` for `reason`.
+fn declined(token: &str, reason: &str) -> String {
+    json!({"token": token, "declined": reason}).to_string()
 }
 
 /// In the caller's transaction: the job the token `token` names, or the job enqueued now

@@ -23,6 +23,7 @@ fn two_hundred_sleeping_jobs_cost_the_runner_almost_no_cpu() {
         .workers(200)
         .lease_ttl(Duration::from_secs(6))
         .heartbeat_interval(Duration::from_secs(1))
+        .kill_grace(Duration::from_secs(1))
         .sweep_interval(Duration::from_secs(1))
         .start()
         .unwrap();

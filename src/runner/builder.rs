@@ -190,7 +190,8 @@ impl RunnerBuilder {
         self
     }
 
-    /// Between SIGTERM and SIGKILL when an attempt's group is killed. By default, 5 s.
+    /// Between SIGTERM and SIGKILL when an attempt's group is killed; with two heartbeats,
+    /// at most the lease TTL. By default, 5 s.
     pub fn kill_grace(mut self, grace: Duration) -> Self {
         self.config.kill_grace = grace;
         self
@@ -324,6 +325,26 @@ pub(super) fn validate(c: &Config) -> Result<()> {
             "heartbeat_interval",
             format!(
                 "heartbeat {}s × 3 exceeds the lease TTL of {}s: a lease must survive two missed renewals",
+                secs(c.heartbeat_interval),
+                secs(c.lease_ttl)
+            ),
+        ));
+    }
+    // An attempt whose renewal is late is killed by its lease's expiry less the kill grace
+    // (see the heartbeat), so that it is dead before another runner may reclaim it. With the
+    // grace and two heartbeats inside the lease, a renewal that misses one beat still has a
+    // heartbeat's time before any attempt is killed; a longer grace would make one slow
+    // renewal kill every attempt.
+    if c.kill_grace
+        .checked_add(c.heartbeat_interval.saturating_mul(2))
+        .is_none_or(|d| d > c.lease_ttl)
+    {
+        return Err(Error::invalid(
+            "kill_grace",
+            format!(
+                "kill grace {}s plus two heartbeats of {}s exceeds the lease TTL of {}s: a \
+                 renewal that misses one beat would kill every attempt",
+                secs(c.kill_grace),
                 secs(c.heartbeat_interval),
                 secs(c.lease_ttl)
             ),

@@ -295,6 +295,7 @@ fn a_lease_shorter_than_the_least_renewal_budget_still_renews() {
     let runner = Runner::builder(dir.path().join("jobs.db"))
         .lease_ttl(Duration::from_millis(200))
         .heartbeat_interval(Duration::from_millis(50))
+        .kill_grace(Duration::from_millis(50))
         .sweep_interval(Duration::from_millis(100))
         .poll_interval(Duration::from_millis(20))
         .start()
@@ -317,8 +318,18 @@ fn misordered_timing_ladder_names_the_setting() {
         Err(Error::Invalid { setting, .. }) => assert_eq!(setting, "heartbeat_interval"),
         other => panic!("{other:?}"),
     }
+    // The case: a 3 s lease, a 1 s heartbeat and the default 5 s kill grace, where
+    // one slow renewal would kill every attempt.
+    match b().heartbeat_interval(Duration::from_secs(1)).start() {
+        Err(Error::Invalid { setting, reason }) => {
+            assert_eq!(setting, "kill_grace");
+            assert!(reason.contains("two heartbeats"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
     match b()
         .heartbeat_interval(Duration::from_secs(1))
+        .kill_grace(Duration::from_secs(1))
         .sweep_interval(Duration::from_secs(4))
         .start()
     {

@@ -77,6 +77,9 @@ pub enum EventKind {
     Interrupted,
     /// A caller cancelled the job.
     Cancelled,
+    /// The attempt a cancel stopped has ended, as its runner saw it: the detail says how. The
+    /// job stays cancelled; this is the cancel's expected end, not a late result.
+    AttemptStopped,
     /// An operator retried the job.
     ManualRetry,
     /// A result arrived for an attempt that no longer held the lease, and changed nothing.
@@ -91,7 +94,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 16] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::Enqueued,
         EventKind::Claimed,
         EventKind::Started,
@@ -104,6 +107,7 @@ impl EventKind {
         EventKind::Leaked,
         EventKind::Interrupted,
         EventKind::Cancelled,
+        EventKind::AttemptStopped,
         EventKind::ManualRetry,
         EventKind::LateResultDiscarded,
         EventKind::ScheduleMissed,
@@ -125,6 +129,7 @@ impl EventKind {
             EventKind::Leaked => "leaked",
             EventKind::Interrupted => "interrupted",
             EventKind::Cancelled => "cancelled",
+            EventKind::AttemptStopped => "attempt_stopped",
             EventKind::ManualRetry => "manual_retry",
             EventKind::LateResultDiscarded => "late_result_discarded",
             EventKind::ScheduleMissed => "schedule_missed",

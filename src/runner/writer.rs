@@ -425,6 +425,11 @@ fn after_commit(shared: &Shared, done: Vec<Done>) {
                     Ok(Finished::Recorded(status)) => {
                         log::debug!("job {} attempt {}: {}", f.job_id, f.attempt, status);
                     }
+                    Ok(Finished::Stopped) => log::debug!(
+                        "job {} attempt {}: stopped by its cancel",
+                        f.job_id,
+                        f.attempt
+                    ),
                     Ok(Finished::Fenced) => log::info!(
                         "job {} attempt {}: lease no longer held, result discarded",
                         f.job_id,

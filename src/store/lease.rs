@@ -427,6 +427,10 @@ pub enum Finished {
     /// The attempt no longer held its lease: nothing changed but a `late_result_discarded`
     /// event.
     Fenced,
+    /// The job was cancelled while this attempt ran: the job stays cancelled, and the
+    /// attempt's output and an `attempt_stopped` event record how it ended. Not a late
+    /// result: it is what the cancel asked for.
+    Stopped,
 }
 
 /// The wait before retry number `failures` (1 for the first retry), with ±20% jitter: within
@@ -598,25 +602,47 @@ fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished>
 }
 
 /// An ending whose attempt no longer holds its lease: nothing changes but the
-/// `late_result_discarded` event.
+/// `late_result_discarded` event; or, for the attempt a cancel stopped, its output and an
+/// `attempt_stopped` event.
 fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
     let what = match &f.ending {
         Ending::Succeeded => "exit 0",
         Ending::Failed { message, .. } => message,
         Ending::Lost { message } | Ending::Interrupted { message } => message,
     };
+    // A job pruned since its attempt lost the lease (a short keep rule, another process's
+    // prune) has no row left to hang the event on: the result is discarded all the same.
+    let Some(stopped_by_cancel) = conn
+        .prepare_cached(
+            "SELECT status = 'cancelled' AND run_token IS ?2 AND attempt = ?3
+             FROM jobs WHERE id = ?1",
+        )?
+        .query_row(params![f.job_id, f.run_token, f.attempt], |r| {
+            r.get::<_, bool>(0)
+        })
+        .optional()?
+    else {
+        counter::bump(conn, CounterKind::LateResultsDiscarded, "", "")?;
+        return Ok(Finished::Fenced);
+    };
+    if stopped_by_cancel {
+        // The cancel kept this attempt's token on the row: this is the ending it asked for.
+        finish_rest(conn, f, now, f.attempt)?;
+        let detail = format!("the cancelled attempt ended: {what}");
+        event(
+            conn,
+            f.job_id,
+            now,
+            EventKind::AttemptStopped,
+            f.attempt,
+            &detail,
+        )?;
+        return Ok(Finished::Stopped);
+    }
     counter::bump(conn, CounterKind::LateResultsDiscarded, "", "")?;
     let mut detail = format!("attempt no longer holds its lease; discarded result: {what}");
     for (kind, note) in &f.notes {
         detail.push_str(&format!("; {kind}: {note}"));
-    }
-    // A job pruned since its attempt lost the lease (a short keep rule, another process's
-    // prune) has no row left to hang the event on: the result is discarded all the same.
-    if !conn
-        .prepare_cached("SELECT 1 FROM jobs WHERE id = ?1")?
-        .exists(params![f.job_id])?
-    {
-        return Ok(Finished::Fenced);
     }
     event(
         conn,

@@ -105,13 +105,14 @@ fn the_exposition_agrees_with_the_database_and_survives_a_restart_and_a_prune() 
     assert!(matches!(outcome(&runner, flaky), Outcome::Failed { .. }));
     assert!(matches!(outcome(&runner, spawn), Outcome::Failed { .. }));
     assert_eq!(outcome(&runner, sleeper), Outcome::Cancelled);
-    // The cancelled attempt's own ending is discarded, and a sweep tears down its processes
-    // (as it did the ghost's).
-    let m = wait_for("the cancel's late result and teardown", WAIT, || {
+    // The cancelled attempt's own ending is recorded as the cancel's (not a late result),
+    // and a sweep tears down its processes (as it did the ghost's).
+    wait_for("the cancelled attempt's ending", WAIT, || {
+        events(&db, "attempt_stopped").eq(&1.0).then_some(())
+    });
+    let m = wait_for("the cancel's teardown", WAIT, || {
         let m = scrape(&runner);
-        (m.value("leasehold_late_results_discarded_total", &[]) >= 1.0
-            && m.value("leasehold_teardowns_total", &[]) >= 2.0)
-            .then_some(m)
+        (m.value("leasehold_teardowns_total", &[]) >= 2.0).then_some(m)
     });
 
     let ended = |q: &str, o: &str| {
@@ -140,7 +141,7 @@ fn the_exposition_agrees_with_the_database_and_survives_a_restart_and_a_prune() 
         1.0
     );
     assert_eq!(m.value("leasehold_teardowns_total", &[]), 2.0);
-    assert_eq!(m.value("leasehold_late_results_discarded_total", &[]), 1.0);
+    assert_eq!(m.value("leasehold_late_results_discarded_total", &[]), 0.0);
     assert_eq!(m.sum("leasehold_self_fences_total"), 0.0);
     // The counters agree with the history the database kept.
     assert_eq!(

@@ -1,7 +1,7 @@
 //! Fences: a stale run token changes nothing, and its late result is only logged.
 
 use leasehold::protocol::{AttemptStart, Ending, Finish, Finished};
-use leasehold::{Job, Output, Status};
+use leasehold::{CounterKind, Job, Output, Status};
 
 use crate::helper::{EXPIRED, claim_and_lose, claim_one, enqueue, exit, finish, last_event};
 use crate::util::{T0, TestDb, kinds, raw_job_row};
@@ -114,15 +114,19 @@ fn a_cancel_that_lands_before_a_late_finish_wins() {
     assert_eq!(store.cancel(id, T0 + 1).unwrap().status, Status::Cancelled);
     assert_eq!(
         finish(&store, &c, Ending::Succeeded, T0 + 2),
-        Finished::Fenced
+        Finished::Stopped
     );
     let job = store.job(id).unwrap();
     assert_eq!(job.status, Status::Cancelled);
     assert_eq!(job.exit_code, None);
+    // The cancel's own attempt ending is what the cancel asked for, not a late result: it
+    // neither counts as one nor says so.
     assert_eq!(
         kinds(&store, id),
-        ["enqueued", "claimed", "cancelled", "late_result_discarded"]
+        ["enqueued", "claimed", "cancelled", "attempt_stopped"]
     );
+    let m = store.metrics().unwrap();
+    assert_eq!(m.counter_total(CounterKind::LateResultsDiscarded), 0);
 }
 
 #[test]

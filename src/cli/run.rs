@@ -94,11 +94,40 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
             Err(RecvTimeoutError::Timeout) => {}
         }
     }
-    runner
-        .shutdown_within(args.shutdown_grace.0)
-        .context("the runner did not shut down cleanly")?;
+    // A signal while the shutdown is under way (a second Ctrl-C, a second SIGTERM) forces
+    // the exit: the attempts are killed now, and the command exits 1 without waiting out the
+    // shutdown grace or a database another process holds.
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+    let kill_wait = args.kill_grace.0 + FORCED_EXIT_MARGIN;
+    std::thread::scope(|scope| {
+        if let Some(sigs) = &signals {
+            let runner = &runner;
+            scope.spawn(move || {
+                crossbeam_channel::select! {
+                    recv(sigs) -> sig => {
+                        if let Ok(sig) = sig {
+                            log::warn!("{sig} received again: killing running jobs and exiting");
+                            if !runner.abort(kill_wait) {
+                                log::error!("running jobs did not end within {kill_wait:?}");
+                            }
+                            std::process::exit(1);
+                        }
+                    }
+                    recv(done_rx) -> _ => {}
+                }
+            });
+        }
+        let stopped = runner
+            .shutdown_within(args.shutdown_grace.0)
+            .context("the runner did not shut down cleanly");
+        let _ = done_tx.send(());
+        stopped
+    })?;
     Ok(())
 }
+
+/// How long a forced exit waits, beyond the kill grace, for the killed attempts to end.
+const FORCED_EXIT_MARGIN: Duration = Duration::from_secs(2);
 
 /// Blocks SIGINT and SIGTERM in this thread (and so in every thread started after), and
 /// starts a thread that waits for them and sends each on the returned channel.

@@ -104,6 +104,13 @@ fn spawn_thread(
         .map_err(|e| Error::io(format!("cannot start thread {name}"), e))
 }
 
+/// The busy timeout of the connections whose loops retry a busy database themselves (the
+/// writer, the schedule firer): at most a lease TTL, so that a shutdown beside another
+/// process's write lock is not held behind one long wait.
+fn short_busy(cfg: &Config) -> Duration {
+    DEFAULT_BUSY_TIMEOUT.min(cfg.lease_ttl)
+}
+
 /// `now + d`, or None when that is past what `Instant` can represent (wait for ever).
 fn deadline_after(d: Duration) -> Option<Instant> {
     Instant::now().checked_add(d)
@@ -116,8 +123,8 @@ impl RunnerBuilder {
     /// # Errors
     ///
     /// [`Error::Invalid`] naming the setting for a misordered timing ladder (heartbeat × 3
-    /// must not exceed the lease TTL, nor the sweep interval the lease TTL) or a zero
-    /// value; the errors of [`Store::open`]; [`Error::Io`] when a thread cannot start.
+    /// must not exceed the lease TTL, nor the kill grace plus two heartbeats, nor the sweep
+    /// interval) or a zero value; the errors of [`Store::open`]; [`Error::Io`] when a thread cannot start.
     pub fn start(self) -> Result<Runner> {
         validate(&self.config)?;
         Runner::start(self.config, self.callbacks)
@@ -225,7 +232,7 @@ impl Runner {
         }
         let (firer_wake, firer_wake_rx) = unbounded::<()>();
         {
-            let firer = firer::Firer::new(Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?);
+            let firer = firer::Firer::new(Runner::open(cfg, short_busy(cfg), false)?);
             let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
             threads.background.push(spawn_thread(
                 "leasehold-firer",
@@ -276,7 +283,7 @@ impl Runner {
         }
         let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
         let writer_thread = {
-            let store = Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?;
+            let store = Runner::open(cfg, short_busy(cfg), false)?;
             let shared = Arc::clone(&shared);
             spawn_thread(
                 "leasehold-writer",
@@ -631,6 +638,39 @@ impl Runner {
         self.shared.check()
     }
 
+    /// Kills every running attempt now, without a shutdown grace, and waits up to `timeout`
+    /// for their processes to end: for an application that must exit before a shutdown could
+    /// finish (`leasehold run` on a second SIGINT or SIGTERM). Each attempt's group gets
+    /// SIGTERM, then SIGKILL after the kill grace. Their jobs go back to pending without
+    /// spending their recovery budget when the database takes the write; otherwise their
+    /// leases run out and a sweeper reclaims them. From then on the runner is fenced: every
+    /// call returns [`Error::RunnerFailed`], and [`Runner::shutdown`] only joins its threads.
+    /// Safe to call from another thread while a shutdown is under way.
+    ///
+    /// Returns whether every attempt ended within `timeout`.
+    pub fn abort(&self, timeout: Duration) -> bool {
+        self.shared.abort();
+        let deadline = deadline_after(timeout);
+        let workers = self.shared.config.workers;
+        loop {
+            if self.shared.idle_workers.load(Ordering::SeqCst) >= workers {
+                return true;
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::MAX,
+            };
+            if left.is_zero() {
+                return false;
+            }
+            // A worker bumps the endings when its attempt's ending is committed; a poll covers
+            // the ending the writer cannot commit.
+            let seen = self.shared.endings_seen();
+            self.shared
+                .wait_for_endings(seen, left.min(Duration::from_millis(20)));
+        }
+    }
+
     /// Shuts down with the configured shutdown grace; see [`Runner::shutdown_within`].
     ///
     /// # Errors
@@ -706,7 +746,10 @@ impl Runner {
         }
         // Every thread ends through `spawn_thread`, which catches its panic: a join error
         // cannot happen, so the joins above only wait.
-        let api = self.api.lock();
+        let mut api = self.api.lock();
+        // Beside another process's write lock, recording the stop waits no longer than the
+        // writer did.
+        api.set_busy_timeout(short_busy(&self.shared.config));
         let unwritten = std::mem::take(&mut *self.shared.unwritten.lock());
         for finish in &unwritten {
             // The writer had failed: record these endings here (each fenced as usual).

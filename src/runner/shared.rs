@@ -196,6 +196,28 @@ impl Shared {
         self.endings_changed();
     }
 
+    /// The application aborts the runner (see [`Runner::abort`](super::Runner::abort)): it
+    /// fences itself as a failed thread makes it, but its attempts are stopped as at
+    /// shutdown, so that their jobs go back without spending their recovery budget.
+    pub(crate) fn abort(&self) {
+        {
+            let mut fault = self.fault.lock();
+            if fault.is_none() {
+                log::warn!(
+                    "runner {}: aborted: killing its running attempts now",
+                    self.worker_id
+                );
+                *fault = Some(("caller", "the runner was aborted".to_string()));
+            }
+        }
+        self.shutting_down.store(true, Ordering::SeqCst);
+        for r in self.running.lock().values() {
+            r.stop.stop(StopReason::Shutdown);
+        }
+        self.wake_dispatcher();
+        self.endings_changed();
+    }
+
     /// Whether a thread has failed.
     pub(crate) fn failed(&self) -> bool {
         self.fault.lock().is_some()

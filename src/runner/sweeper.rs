@@ -205,11 +205,15 @@ impl Sweeper {
         for (id, why) in &dead {
             log::info!("runner {id} is dead: {why}");
         }
+        // Read before the reclaim: a token taken later comes with a fresh lease, which the
+        // reclaim does not find expired.
+        let held: Vec<String> = self.shared.running.lock().keys().cloned().collect();
         let reclaimed = self.store.reclaim(
             &ReclaimRequest {
                 max_recovery_attempts: cfg.max_recovery_attempts,
                 batch: cfg.reclaim_batch,
                 exclude_worker: Some(&self.shared.worker_id),
+                held_tokens: Some(&held),
                 dead_workers: &dead,
                 expired: !settling,
             },
@@ -323,6 +327,11 @@ mod tests {
     }
 
     fn claim_one(store: &Store, worker: &str) -> i64 {
+        claim_token(store, worker).0
+    }
+
+    /// Claims a new job as `worker`: its id and run token.
+    fn claim_token(store: &Store, worker: &str) -> (i64, String) {
         let id = store.enqueue(&Job::shell("true"), now_ms()).unwrap();
         let claimed = store
             .claim(
@@ -337,7 +346,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(claimed[0].id, id);
-        id
+        (id, claimed[0].run_token.clone())
     }
 
     #[test]
@@ -379,14 +388,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.db");
         let store = Store::open(&path).unwrap();
-        let id = claim_one(&store, "me");
+        let (id, token) = claim_token(&store, "me");
         let later = now_ms() + 3_600_000;
-        let report = sweeper(&path, "me").sweep_once(later).unwrap();
+        let me = sweeper(&path, "me");
+        me.shared.running.lock().insert(
+            token,
+            crate::runner::shared::Running {
+                job_id: id,
+                queue: "default".into(),
+                stop: process::StopHandle::new().unwrap(),
+                lease_expires_at: now_ms(),
+            },
+        );
+        let report = me.sweep_once(later).unwrap();
         assert_eq!(report.reclaimed_pending + report.reclaimed_failed, 0);
         assert_eq!(store.job(id).unwrap().status, Status::Running);
         // Another runner's sweeper at the same time reclaims it.
         let report = sweeper(&path, "other").sweep_once(later).unwrap();
         assert_eq!(report.reclaimed_pending, 1);
+    }
+
+    /// An own expired lease that no worker holds (its ending was given up on) is this
+    /// runner's to reclaim: nobody else would while it lives, and it no longer renews it.
+    #[test]
+    fn own_expired_leases_that_no_worker_holds_are_reclaimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let store = Store::open(&path).unwrap();
+        let id = claim_one(&store, "me");
+        let me = sweeper(&path, "me");
+        let report = me.sweep_once(now_ms()).unwrap();
+        assert_eq!(report.reclaimed_pending, 0, "its lease has not expired yet");
+        let report = me.sweep_once(now_ms() + 3_600_000).unwrap();
+        assert_eq!(report.reclaimed_pending, 1);
+        assert_eq!(store.job(id).unwrap().status, Status::Pending);
     }
 
     #[test]

@@ -44,10 +44,10 @@ impl WriterLoop {
     /// Commits batches until every handle is gone: the runner drops its handles only after
     /// its workers and dispatcher are joined, so no write is lost.
     pub(crate) fn run(self, store: &Store, shared: &Shared) {
-        let mut full = FullDisk::default();
+        let mut held = Held::default();
         while let Some(batch) = next_batch(&self.urgent, &self.lazy) {
             shared.test_hook("writer");
-            let done = commit(store, shared, &self, &mut full, batch);
+            let done = commit(store, shared, &self, &mut held, batch);
             after_commit(shared, done);
         }
     }
@@ -96,20 +96,22 @@ fn drain(rx: &Receiver<Op>, batch: &mut Vec<Op>) {
     }
 }
 
-/// Applies a batch in one transaction, retrying while the database is busy or full: a write
-/// queued here is never dropped, only delayed (and fenced, if the lease moved on meanwhile).
+/// Applies a batch in one transaction, retrying while the database is busy, full or failing:
+/// a write queued here is never dropped, only delayed (and fenced, if the lease moved on
+/// meanwhile). Only a runner that is shutting down gives up, once the trouble has lasted a
+/// lease TTL: its leases have run out by then, and a sweeper reclaims what it could not record.
 fn commit(
     store: &Store,
     shared: &Shared,
     queues: &WriterLoop,
-    full: &mut FullDisk,
+    held: &mut Held,
     mut batch: Vec<Op>,
 ) -> Vec<Done> {
     let started = Instant::now();
     let mut warned = false;
-    let mut failures = 0;
     // Plain statements first; savepoints only to retry a batch in which a write failed.
     let mut savepoints = false;
+    let stopping = || shared.shutting_down.load(Ordering::SeqCst);
     loop {
         let ctx = Ctx {
             worker_id: shared.worker_id.as_str(),
@@ -143,31 +145,13 @@ fn commit(
             Ok(applied)
         });
         match attempt {
-            // The disk or the database is full: nothing of the batch was stored. Keep it and
-            // try again until space is back; a claim is refused at once instead (a runner
-            // that cannot write a claim claims nothing).
-            Err(e) if e.is_full() => {
-                let lasted = full.failed(&batch);
-                if shared.shutting_down.load(Ordering::SeqCst) && lasted > shared.config.lease_ttl {
-                    // The runner is stopping and space is not coming back: do not hold its
-                    // shutdown forever. An ending given up on leaves its lease to expire.
-                    log::error!(
-                        "database or disk is full; giving up on {} writes to shut down",
-                        batch.len()
-                    );
-                    return give_up(batch, &e);
-                }
-                full.wait(&mut batch, queues, &e);
-                if batch.is_empty() {
-                    // Only claims, all refused.
-                    return Vec::new();
-                }
-                savepoints = false;
+            // The transaction is rolled back: apply the batch again, one savepoint a write
+            // (a full disk fails the whole transaction, below, whatever the mode).
+            Err(e) if write_failed && !savepoints && !e.is_full() && !e.is_busy() => {
+                savepoints = true;
             }
-            // The transaction is rolled back: apply the batch again, one savepoint a write.
-            Err(_) if write_failed => savepoints = true,
             Ok(results) => {
-                full.recovered(batch.len());
+                held.recovered(batch.len());
                 if let Some(due) = next_due {
                     let with_claim = batch.iter().any(|op| matches!(op, Op::Claim { .. }));
                     shared.set_next_due(due, with_claim);
@@ -180,36 +164,99 @@ fn commit(
                 shared
                     .commit_nanos
                     .store(took.max(before - before / 8), order);
-                return batch
-                    .into_iter()
-                    .zip(results)
-                    .map(|(op, result)| match (op, result) {
-                        (Op::Claim { reply, .. }, Applied::Claimed(r)) => Done::Claimed(reply, r),
-                        (Op::Finish(f), Applied::Finished(r)) => Done::Finished(f, r),
-                        _ => Done::Started,
-                    })
-                    .collect();
+                let mut done = Vec::with_capacity(batch.len());
+                let mut failed = Vec::new();
+                for (op, result) in batch.into_iter().zip(results) {
+                    match (op, result) {
+                        (Op::Claim { reply, .. }, Applied::Claimed(r)) => {
+                            done.push(Done::Claimed(reply, r));
+                        }
+                        // An ending that failed in its own savepoint is held and tried again,
+                        // as a full disk's are: given up on, it would leave its job running
+                        // under this runner until the lease ran out, and then run it again.
+                        (Op::Finish(f), Applied::Finished(Err(e))) => failed.push((f, e)),
+                        (Op::Finish(f), Applied::Finished(r)) => done.push(Done::Finished(f, r)),
+                        _ => done.push(Done::Started),
+                    }
+                }
+                let Some((_, e)) = failed.first() else {
+                    return done;
+                };
+                let e = Error::io(
+                    "cannot record an ending",
+                    std::io::Error::other(format!("{e:#}")),
+                );
+                // What was committed is acted on now; the failed endings wait their turn.
+                after_commit(shared, done);
+                batch = failed.into_iter().map(|(f, _)| Op::Finish(f)).collect();
+                let lasted = held.failed(&batch, &e);
+                if stopping() && lasted > shared.config.lease_ttl {
+                    log::error!("{e:#}; giving up on {} endings to shut down", batch.len());
+                    return give_up(batch, &e);
+                }
+                held.wait(&mut batch, queues, &e);
+                savepoints = false;
             }
             Err(e) if e.is_busy() => {
-                if !warned && started.elapsed() > Duration::from_secs(1) {
+                let since = started;
+                if stopping() {
+                    // Nobody needs a claim any more: answer them now, so that the dispatcher
+                    // (and the shutdown joining it) is not held behind another process's lock.
+                    batch = refuse_claims(batch, &e);
+                    if batch.is_empty() {
+                        return Vec::new();
+                    }
+                    if since.elapsed() > shared.config.lease_ttl {
+                        log::error!(
+                            "database is busy for {:.1?}; giving up on {} writes to shut down",
+                            since.elapsed(),
+                            batch.len()
+                        );
+                        return give_up(batch, &e);
+                    }
+                }
+                if !warned && since.elapsed() > Duration::from_secs(1) {
                     log::warn!("database is busy; {} writes are waiting", batch.len());
                     warned = true;
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
+            // The disk or the database is full, or the transaction itself failed (an I/O
+            // error): nothing of the batch was stored. Keep it and try again until the
+            // database takes writes again; claims are refused meanwhile (a runner that cannot
+            // write claims nothing).
             Err(e) => {
-                // The transaction itself failed, not one write in it (an I/O error). Retry a
-                // while; then give up, so that a claim is answered and the runner can shut
-                // down. An ending given up on leaves its lease to expire.
-                failures += 1;
-                log::error!("write transaction failed: {e:#}");
-                if failures >= 20 {
+                let lasted = held.failed(&batch, &e);
+                if stopping() && lasted > shared.config.lease_ttl {
+                    // The runner is stopping and the trouble is not going away: do not hold
+                    // its shutdown forever. An ending given up on leaves its lease to expire.
+                    log::error!("{e:#}; giving up on {} writes to shut down", batch.len());
                     return give_up(batch, &e);
                 }
-                std::thread::sleep(Duration::from_millis(100));
+                held.wait(&mut batch, queues, &e);
+                if batch.is_empty() {
+                    // Only claims, all refused.
+                    return Vec::new();
+                }
+                savepoints = false;
             }
         }
     }
+}
+
+/// Answers the claims of `batch` with an error and returns the rest.
+fn refuse_claims(batch: Vec<Op>, e: &Error) -> Vec<Op> {
+    batch
+        .into_iter()
+        .filter_map(|op| match op {
+            Op::Claim { reply, .. } => {
+                // The dispatcher waits for this reply; it is gone only if it died meanwhile.
+                let _ = reply.send(Err(refusal(e)));
+                None
+            }
+            other => Some(other),
+        })
+        .collect()
 }
 
 /// Answers every write of a batch that cannot be committed with an error.
@@ -230,44 +277,67 @@ fn give_up(batch: Vec<Op>, e: &Error) -> Vec<Done> {
         .collect()
 }
 
+/// The error a claim is refused with while writes fail with `e`: [`Error::Full`] for a full
+/// disk, so that the dispatcher waits it out quietly.
+fn refusal(e: &Error) -> Error {
+    if e.is_full() {
+        full_error(e)
+    } else {
+        Error::io(
+            "cannot write to the database",
+            std::io::Error::other(format!("{e:#}")),
+        )
+    }
+}
+
 /// The error a claim is refused with while the disk is full.
 fn full_error(e: &Error) -> Error {
     let code = rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL);
     Error::Full(rusqlite::Error::SqliteFailure(code, Some(format!("{e:#}"))))
 }
 
-/// The first wait after a write failed for space; it doubles up to [`FULL_BACKOFF_MAX`].
-const FULL_BACKOFF_MIN: Duration = Duration::from_millis(100);
-const FULL_BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// How often a full disk is logged while it lasts.
-const FULL_WARN_EVERY: Duration = Duration::from_secs(60);
+/// The first wait after a transaction failed; it doubles up to [`HELD_BACKOFF_MAX`].
+const HELD_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const HELD_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often held writes are logged while the trouble lasts.
+const HELD_WARN_EVERY: Duration = Duration::from_secs(60);
 
-/// A full disk, while it lasts: the writer holds its writes in memory and retries them. It
-/// lives as long as the writer, so that it is logged once a minute, not once a batch.
+/// Writes the database does not take (a full disk, an I/O error, an ending that fails), while
+/// that lasts: the writer holds them in memory and retries them. It lives as long as the
+/// writer, so that it is logged once a minute, not once a batch.
 #[derive(Default)]
-struct FullDisk {
-    /// When the writes began to fail for space; None while they do not.
+struct Held {
+    /// When the writes began to fail; None while they do not.
     since: Option<Instant>,
     backoff: Duration,
     /// When it was last logged.
     warned: Option<Instant>,
-    /// Transactions failed for space since `since`.
+    /// Transactions failed since `since`.
     failures: u64,
+    /// Whether the last failure was for space.
+    full: bool,
 }
 
-impl FullDisk {
-    /// Counts a failed transaction and logs it once a minute.
-    fn failed(&mut self, batch: &[Op]) -> Duration {
+impl Held {
+    /// Counts a failed transaction and logs it once a minute; returns how long writes have
+    /// been failing.
+    fn failed(&mut self, batch: &[Op], e: &Error) -> Duration {
         let since = *self.since.get_or_insert_with(Instant::now);
         self.failures += 1;
-        if self.warned.is_none_or(|at| at.elapsed() >= FULL_WARN_EVERY) {
+        self.full = e.is_full();
+        if self.warned.is_none_or(|at| at.elapsed() >= HELD_WARN_EVERY) {
             let endings = batch
                 .iter()
                 .filter(|op| matches!(op, Op::Finish(_)))
                 .count();
+            let what = if self.full {
+                "database or disk is full".to_string()
+            } else {
+                format!("{e:#}")
+            };
             log::warn!(
-                "database or disk is full: holding {} writes ({endings} endings) in memory \
-                 and retrying; {} failed attempts in {:.0?}",
+                "{what}: holding {} writes ({endings} endings) in memory and retrying; {} \
+                 failed attempts in {:.0?}",
                 batch.len(),
                 self.failures,
                 since.elapsed()
@@ -282,12 +352,12 @@ impl FullDisk {
     /// batch behind it, in their order; claims among them are refused at once, so that the
     /// dispatcher is not held (nor the runner's shutdown behind it).
     fn wait(&mut self, batch: &mut Vec<Op>, queues: &WriterLoop, e: &Error) {
-        let deadline = Instant::now() + self.backoff.max(FULL_BACKOFF_MIN);
-        self.backoff = (self.backoff * 2).clamp(FULL_BACKOFF_MIN, FULL_BACKOFF_MAX);
+        let deadline = Instant::now() + self.backoff.max(HELD_BACKOFF_MIN);
+        self.backoff = (self.backoff * 2).clamp(HELD_BACKOFF_MIN, HELD_BACKOFF_MAX);
         let take = |op: Op, batch: &mut Vec<Op>| match op {
             Op::Claim { reply, .. } => {
                 // The dispatcher waits for this reply; it is gone only if it died meanwhile.
-                let _ = reply.send(Err(full_error(e)));
+                let _ = reply.send(Err(refusal(e)));
             }
             other => batch.push(other),
         };
@@ -309,17 +379,21 @@ impl FullDisk {
         }
     }
 
-    /// A transaction committed: if writes were failing for space, they no longer are.
+    /// A transaction committed: if writes were failing, they no longer are.
     fn recovered(&mut self, writes: usize) {
         if let Some(since) = self.since.take() {
             log::warn!(
-                "space is back: {writes} held writes recorded after {:.1?} and {} failed \
-                 attempts",
+                "{}: {writes} held writes recorded after {:.1?} and {} failed attempts",
+                if self.full {
+                    "space is back"
+                } else {
+                    "the database takes writes again"
+                },
                 since.elapsed(),
                 self.failures
             );
             self.failures = 0;
-            self.backoff = FULL_BACKOFF_MIN;
+            self.backoff = HELD_BACKOFF_MIN;
         }
     }
 }
@@ -519,7 +593,7 @@ mod tests {
             let shared = Arc::clone(&shared);
             std::thread::spawn(move || {
                 let batch = vec![Op::Finish(Box::new(finish))];
-                let done = commit(&store, &shared, &queues, &mut FullDisk::default(), batch);
+                let done = commit(&store, &shared, &queues, &mut Held::default(), batch);
                 done.into_iter()
                     .map(|d| match d {
                         Done::Finished(_, r) => r.map_err(|e| e.to_string()),

@@ -26,6 +26,10 @@ pub struct ReclaimRequest<'a> {
     pub batch: u32,
     /// Never reclaim this runner's jobs: the caller's own, which it renews itself.
     pub exclude_worker: Option<&'a str>,
+    /// With `exclude_worker`: the run tokens that runner still holds (`None`: all of its
+    /// jobs are excluded). Its other expired leases are reclaimed as anyone's: an ending it
+    /// gave up on left its job running under it, and nobody would renew or end that lease.
+    pub held_tokens: Option<&'a [String]>,
     /// Runners known to be dead, with the evidence: their running jobs are reclaimed at once.
     pub dead_workers: &'a [(String, String)],
     /// Reclaim expired leases (false while a runner settles after a clock jump: only dead
@@ -89,13 +93,16 @@ impl ReclaimReport {
 }
 
 /// The running rows a sweep may reclaim. Parameters: the excluded worker (or NULL), whether
-/// expired leases count, now, dead workers (JSON), batch size.
+/// expired leases count, now, dead workers (JSON), batch size, the excluded worker's held
+/// tokens (JSON, or NULL for all of its rows).
 pub(super) const RECLAIM_CANDIDATES_SQL: &str =
     "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
             on_lost, recovery_count
      FROM jobs
      WHERE status = 'running'
-       AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1)
+       AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1
+            OR (?6 IS NOT NULL AND ?2 AND lease_expires_at < ?3
+                AND run_token NOT IN (SELECT value FROM json_each(?6))))
        AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
             OR (?2 AND lease_expires_at < ?3)
             OR worker_id IN (SELECT value FROM json_each(?4)))
@@ -112,6 +119,9 @@ pub(super) fn reclaim(
     }
     let dead: Vec<&str> = req.dead_workers.iter().map(|(w, _)| w.as_str()).collect();
     let dead_json = serde_json::to_string(&dead).unwrap_or_default();
+    let held_json = req
+        .held_tokens
+        .map(|t| serde_json::to_string(t).unwrap_or_default());
     /// A running row that may be reclaimed: id, attempt, run_token, worker_id, pgid,
     /// proc_start_time, lease_expires_at, on_lost, recovery_count.
     type Candidate = (
@@ -128,7 +138,14 @@ pub(super) fn reclaim(
     let candidates: Vec<Candidate> = {
         let mut stmt = conn.prepare_cached(RECLAIM_CANDIDATES_SQL)?;
         let rows = stmt.query_map(
-            params![req.exclude_worker, req.expired, now, dead_json, req.batch],
+            params![
+                req.exclude_worker,
+                req.expired,
+                now,
+                dead_json,
+                req.batch,
+                held_json
+            ],
             |r| r.try_into(),
         )?;
         rows.collect::<rusqlite::Result<_>>()?

@@ -199,13 +199,18 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
     }
     // The sweeper's query reads the running rows only (through either index on them):
     // their number is bounded by the runners' workers, whatever the size of the table.
-    for (exclude, expired) in [(Some("me"), true), (None, false)] {
+    for (exclude, expired, held) in [
+        (Some("me"), true, None),
+        (Some("me"), true, Some(r#"["t1"]"#)),
+        (None, false, None),
+    ] {
         let values = vec![
             exclude.map(v).unwrap_or(rusqlite::types::Value::Null),
             i64::from(expired).into(),
             now.into(),
             v(r#"["dead"]"#),
             100i64.into(),
+            held.map(v).unwrap_or(rusqlite::types::Value::Null),
         ];
         let p = plan(conn, RECLAIM_CANDIDATES_SQL, values);
         let running_only = uses_index(&p, "jobs_running_lease")

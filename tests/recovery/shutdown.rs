@@ -33,3 +33,35 @@ fn sigterm_shuts_down_gracefully_and_requeues_running_jobs() {
         assert_eq!(j.recovery_count, 0);
     }
 }
+
+/// A second SIGTERM while the shutdown waits out its grace forces the exit: the attempts'
+/// groups are killed now and the command exits 1. Before this was fixed, the second signal
+/// was ignored and the runner waited out the whole grace.
+#[test]
+fn a_second_sigterm_during_the_shutdown_kills_the_jobs_and_exits_1() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell("trap '' TERM; sleep 300"));
+    let r = c.start_runner(&[
+        "--lease-ttl",
+        "30",
+        "--heartbeat",
+        "0.5",
+        "--kill-grace",
+        "0.5",
+        "--shutdown-grace",
+        "300",
+    ]);
+    let pgid = c.running(id, 1).pgid.unwrap();
+    c.signal(r, Signal::SIGTERM);
+    c.wait_for("the shutdown to begin", |c| {
+        c.log(r).contains("shutting down").then_some(())
+    });
+    c.signal(r, Signal::SIGTERM);
+    let (code, log) = c.runners[r].wait(WAIT);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("received again"), "{log}");
+    assert!(!group_alive(pgid), "the job's group was killed");
+    // Given back without spending its recovery budget.
+    let j = c.job(id);
+    assert_eq!((j.status, j.recovery_count), (Status::Pending, 0), "{j:?}");
+}

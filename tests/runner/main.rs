@@ -17,3 +17,4 @@ mod retry;
 mod schedule;
 mod shutdown;
 mod wake;
+mod writer;

@@ -75,6 +75,7 @@ pub fn sweep(budget: u32, batch: u32) -> ReclaimRequest<'static> {
         max_recovery_attempts: budget,
         batch,
         exclude_worker: None,
+        held_tokens: None,
         dead_workers: &[],
         expired: true,
     }

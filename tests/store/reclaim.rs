@@ -242,6 +242,32 @@ fn reclaim_never_takes_the_excluded_workers_jobs() {
     assert_eq!(store.job(mine).unwrap().status, Status::Running);
 }
 
+/// A runner's own expired lease whose token none of its workers holds (an ending it gave
+/// up on) is reclaimed by its own sweep; the leases it holds are not, expired or not.
+#[test]
+fn reclaim_takes_the_excluded_workers_expired_leases_that_it_no_longer_holds() {
+    let db = TestDb::new();
+    let store = db.store();
+    let held = enqueue(&store, &Job::shell("true"));
+    let given_up = enqueue(&store, &Job::shell("true"));
+    let fresh = enqueue(&store, &Job::shell("true"));
+    let held_token = claim_one(&store, "me", T0).run_token;
+    claim_one(&store, "me", T0);
+    claim_one(&store, "me", EXPIRED + 59_000);
+    let tokens = [held_token];
+    let req = ReclaimRequest {
+        exclude_worker: Some("me"),
+        held_tokens: Some(&tokens),
+        ..sweep(3, 10)
+    };
+    let report = store.reclaim(&req, EXPIRED + 60_000).unwrap();
+    let ids: Vec<i64> = report.reclaimed.iter().map(|r| r.lost.job_id).collect();
+    assert_eq!(ids, [given_up]);
+    assert_eq!(store.job(given_up).unwrap().status, Status::Pending);
+    assert_eq!(store.job(held).unwrap().status, Status::Running);
+    assert_eq!(store.job(fresh).unwrap().status, Status::Running);
+}
+
 #[test]
 fn a_dead_runners_jobs_are_reclaimed_before_their_lease_expires() {
     let db = TestDb::new();

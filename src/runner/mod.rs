@@ -255,7 +255,7 @@ impl Runner {
                 },
             )?);
         }
-        if let Some(mut listener) = listener {
+        if let Some(listener) = listener {
             threads.stop_listener = Some(
                 listener
                     .closer()
@@ -269,7 +269,7 @@ impl Runner {
                 "wake-up listener",
                 &Arc::clone(&shared),
                 move || {
-                    listen(&mut listener, &shared, &firer_wake, &config);
+                    listen(listener, &shared, &firer_wake, &config);
                     Ok(())
                 },
             )?);
@@ -742,9 +742,10 @@ impl Drop for Runner {
 /// The wake-up listener's loop: every poke from another process wakes the dispatcher, as an
 /// enqueue in this process does, and the schedule firer, which rereads the schedules (another
 /// process may have added or resumed one). Ends when the runner closes the socket at shutdown;
-/// a socket that fails before that is logged and left (the dispatcher's poll still finds the
-/// work, and the firer rereads the schedules every second).
-fn listen(listener: &mut wake::Listener, shared: &Shared, firer: &Sender<()>, config: &Config) {
+/// a socket that fails before that is logged and removed, so that no command hands a job to
+/// a socket nobody reads (the dispatcher's poll still finds the work, and the firer rereads
+/// the schedules every second).
+fn listen(mut listener: wake::Listener, shared: &Shared, firer: &Sender<()>, config: &Config) {
     // Opened at the first job a command hands over, so that a runner nobody hands jobs to
     // keeps one connection fewer. Always FULL: the command reports the job stored when this
     // answers, as it would after a commit of its own.
@@ -759,7 +760,7 @@ fn listen(listener: &mut wake::Listener, shared: &Shared, firer: &Sender<()>, co
                 continue;
             }
             if store.is_none() {
-                store = handoff_store(config, listener)
+                store = handoff_store(config, &listener)
                     .map_err(|e| log::warn!("cannot store handed jobs: {e}"))
                     .ok();
             }
@@ -786,8 +787,10 @@ fn listen(listener: &mut wake::Listener, shared: &Shared, firer: &Sender<()>, co
         // The firer ends only at shutdown; a send to it then is moot.
         let _ = firer.send(());
     }
+    // Its file removed: commands no longer find it, and pass over to the next runner.
+    drop(listener);
     while !shared.shutting_down.load(Ordering::SeqCst) {
-        // The socket failed (logged by `wait`): wait for the shutdown, which closes it.
+        // The socket failed (logged by `wait`): wait for the shutdown.
         shared.wait_for_endings(shared.endings_seen(), Duration::from_secs(60));
     }
 }

@@ -117,6 +117,14 @@ mod client {
                 return HandOff::NotSent;
             }
         };
+        // No send may block: a runner that is frozen, or whose listener stopped reading, has
+        // a full queue (requests and pokes, `net.unix.max_dgram_qlen` of them), and a
+        // blocking send to it would wait for ever. A full queue means "not sent to that
+        // runner": the next one is tried, and with none left the command stores the job.
+        if let Err(e) = socket.set_nonblocking(true) {
+            log::debug!("cannot make the hand-off socket nonblocking: {e}");
+            return HandOff::NotSent;
+        }
         let sent_at = Instant::now();
         let sent = runners
             .iter()
@@ -134,6 +142,11 @@ mod client {
         let Some(runner) = sent else {
             return HandOff::NotSent;
         };
+        if let Err(e) = socket.set_nonblocking(false) {
+            // Sent, so the runner may store it: the command stores it under the token.
+            log::debug!("cannot wait for the runner's answer: {e}");
+            return HandOff::Unanswered(token);
+        }
         match wait_for_answer(&socket, runner, &token, sent_at + WAIT) {
             Some(Answer::Stored(stored)) => HandOff::Stored(stored),
             Some(Answer::Declined) => HandOff::Declined,

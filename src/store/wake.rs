@@ -162,10 +162,20 @@ impl Listener {
         Some(requests)
     }
 
-    /// Sends `answer` to the sender of a request; a sender that has gone misses it.
+    /// Sends `answer` to the sender of a request, without blocking: a sender that has gone, or
+    /// whose socket's queue is full (anyone can send to it), misses it and stores its job
+    /// itself after its wait.
     pub(crate) fn answer(&self, to: &SocketAddr, answer: &[u8]) {
-        if let Err(e) = self.socket.send_to_addr(answer, to) {
+        let sent = self
+            .socket
+            .set_nonblocking(true)
+            .and_then(|()| self.socket.send_to_addr(answer, to));
+        if let Err(e) = sent {
             log::debug!("cannot answer a handed job: {e}");
+        }
+        if let Err(e) = self.socket.set_nonblocking(false) {
+            // The next wait then fails, and the listener stops (removing its socket).
+            log::warn!("wake-up socket {}: {e}", self.path.display());
         }
     }
 }

@@ -148,9 +148,22 @@ mod client {
             return HandOff::Unanswered(token);
         }
         match wait_for_answer(&socket, runner, &token, sent_at + WAIT) {
-            Some(Answer::Stored(stored)) => HandOff::Stored(stored),
+            Some(Answer::Stored(stored)) => {
+                log::debug!(
+                    "job {} stored by the runner at {}",
+                    stored.id,
+                    runner.display()
+                );
+                HandOff::Stored(stored)
+            }
             Some(Answer::Declined) => HandOff::Declined,
-            None => HandOff::Unanswered(token),
+            None => {
+                log::debug!(
+                    "no answer from the runner at {} within {WAIT:?}: storing the job here",
+                    runner.display()
+                );
+                HandOff::Unanswered(token)
+            }
         }
     }
 

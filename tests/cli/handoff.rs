@@ -328,3 +328,64 @@ fn a_runner_socket_nobody_reads_does_not_make_jobs_add_hang() {
     assert_eq!(hung, 0, "adds hung on a socket nobody reads");
     each_stored_once(db, ids, MORE_THAN_A_QUEUE);
 }
+
+#[test]
+fn a_database_path_spelled_differently_is_still_handed_to_the_runner() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let dir = db.parent().unwrap();
+    ok(&mut cli(db, &["db", "migrate"]));
+    let runner = idle_runner(db);
+
+    // `../jobs.db` from a folder beside it; a symlink to the file from another folder; the
+    // file through a symlink to its folder.
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let file_link = elsewhere.path().join("link.db");
+    std::os::unix::fs::symlink(db, &file_link).unwrap();
+    let dir_link = elsewhere.path().join("dir");
+    std::os::unix::fs::symlink(dir, &dir_link).unwrap();
+    let spellings: [(&Path, PathBuf); 3] = [
+        (&sub, PathBuf::from("../jobs.db")),
+        (elsewhere.path(), file_link.clone()),
+        (elsewhere.path(), dir_link.join("jobs.db")),
+    ];
+    let mut ids = Vec::new();
+    for (cwd, spelled) in &spellings {
+        let mut command = std::process::Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
+        for var in leasehold_vars() {
+            command.env_remove(var);
+        }
+        let out = command
+            .env("RUST_LOG", "leasehold=debug")
+            .current_dir(cwd)
+            .arg("--db")
+            .arg(spelled)
+            .args(["jobs", "add", "--queue", "here", "--", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{spelled:?}: {out:?}");
+        // The answering path: the runner's answer was taken, not waited out.
+        assert!(
+            stderr.contains("stored by the runner"),
+            "{spelled:?} from {cwd:?}: the runner's answer was not taken: {stderr}"
+        );
+        assert!(!stderr.contains("no answer"), "{spelled:?}: {stderr}");
+        ids.push(
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        handed(db),
+        ids,
+        "each stored by the runner, under its token"
+    );
+    each_stored_once(db, ids, spellings.len());
+    stop(runner);
+}

@@ -178,6 +178,62 @@ impl Runner {
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
         })?;
         let shared = Arc::new(Shared::new(config, worker_id));
+        let (firer_wake, firer_wake_rx) = unbounded::<()>();
+        let runner = Runner {
+            shared: Arc::clone(&shared),
+            api: Mutex::new(api),
+            firer_wake,
+            threads: Mutex::new(Threads::default()),
+            subscribers: Arc::default(),
+        };
+        let started = {
+            let mut threads = runner.threads.lock();
+            runner.start_threads(&mut threads, listener, firer_wake_rx, callbacks)
+        };
+        if let Err(e) = started {
+            // Unwind what started, as a shutdown does: the threads joined, the listener
+            // closed and its socket removed (a command would hand it jobs), this runner's
+            // registration marked stopped. Nothing is running yet.
+            if let Err(stop) = runner.shutdown_within(Duration::ZERO) {
+                log::warn!(
+                    "runner {}: after a failed start: {stop:#}",
+                    shared.worker_id
+                );
+            }
+            return Err(e);
+        }
+        let cfg = &shared.config;
+        log::info!(
+            "runner {} started: {} workers, queues {}, lease {}s",
+            shared.worker_id,
+            cfg.workers,
+            if cfg.queues.is_empty() {
+                "all".to_string()
+            } else {
+                cfg.queues
+                    .iter()
+                    .map(|q| match cfg.queue_limits.iter().find(|(l, _)| l == q) {
+                        Some((_, n)) => format!("{q}={n}"),
+                        None => q.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            },
+            cfg.lease_ttl.as_secs_f64()
+        );
+        Ok(runner)
+    }
+
+    /// The runner's threads, started into `threads`; on an error, what started so far is in
+    /// `threads` for [`Runner::shutdown_within`] to end.
+    fn start_threads(
+        &self,
+        threads: &mut Threads,
+        listener: Option<wake::Listener>,
+        firer_wake_rx: Receiver<()>,
+        callbacks: Vec<Callback>,
+    ) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
         let cfg = &shared.config;
         // Recover what dead runners left before taking any work.
         let sweeper = Sweeper::new(
@@ -187,12 +243,9 @@ impl Runner {
         sweeper.sweep_and_log(now_ms());
 
         let (stop_tx, stop_rx) = unbounded::<()>();
-        let mut threads = Threads {
-            stop_background: Some(stop_tx),
-            ..Threads::default()
-        };
-        let last_event = api.last_event_id()?;
-        let subscribers: Arc<Mutex<Vec<notifier::Subscriber>>> = Arc::default();
+        threads.stop_background = Some(stop_tx);
+        let last_event = self.api.lock().last_event_id()?;
+        let subscribers = Arc::clone(&self.subscribers);
         {
             let store = Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?;
             let (shared, stop, subs) = (
@@ -223,7 +276,6 @@ impl Runner {
                 },
             )?);
         }
-        let (firer_wake, firer_wake_rx) = unbounded::<()>();
         {
             let firer = firer::Firer::new(Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?);
             let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
@@ -262,7 +314,7 @@ impl Runner {
                     .map_err(|e| Error::io("cannot set up the wake-up socket", e))?,
             );
             let shared = Arc::clone(&shared);
-            let firer_wake = firer_wake.clone();
+            let firer_wake = self.firer_wake.clone();
             let config = cfg.clone();
             threads.background.push(spawn_thread(
                 "leasehold-wake",
@@ -275,7 +327,7 @@ impl Runner {
             )?);
         }
         let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
-        let writer_thread = {
+        threads.writer = Some((writer.clone(), {
             let store = Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?;
             let shared = Arc::clone(&shared);
             spawn_thread(
@@ -287,7 +339,7 @@ impl Runner {
                     Ok(())
                 },
             )?
-        };
+        }));
         let (work_tx, work_rx) = unbounded();
         for i in 0..cfg.workers {
             let (shared, rx, writer) = (Arc::clone(&shared), work_rx.clone(), writer.clone());
@@ -313,32 +365,7 @@ impl Runner {
                 },
             )?);
         }
-        threads.writer = Some((writer, writer_thread));
-        log::info!(
-            "runner {} started: {} workers, queues {}, lease {}s",
-            shared.worker_id,
-            cfg.workers,
-            if cfg.queues.is_empty() {
-                "all".to_string()
-            } else {
-                cfg.queues
-                    .iter()
-                    .map(|q| match cfg.queue_limits.iter().find(|(l, _)| l == q) {
-                        Some((_, n)) => format!("{q}={n}"),
-                        None => q.clone(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(",")
-            },
-            cfg.lease_ttl.as_secs_f64()
-        );
-        Ok(Runner {
-            shared,
-            api: Mutex::new(api),
-            firer_wake,
-            threads: Mutex::new(threads),
-            subscribers,
-        })
+        Ok(())
     }
 
     /// This runner's worker id, written on every lease it holds.

@@ -389,3 +389,95 @@ fn a_database_path_spelled_differently_is_still_handed_to_the_runner() {
     each_stored_once(db, ids, spellings.len());
     stop(runner);
 }
+
+/// The descriptors of process `pid` open on `file`, by number.
+fn fds_on(pid: i32, file: &Path) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|target| target == file))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_runner_whose_start_fails_after_its_listener_started_unwinds_it() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    let db = std::fs::canonicalize(db).unwrap();
+    let wal = PathBuf::from(format!("{}-wal", db.display()));
+    let runner_args = |mut args: Vec<String>| {
+        args.extend(["--db".into(), db.display().to_string(), "run".into()]);
+        args.extend(crate::helper::FAST.iter().map(|s| s.to_string()));
+        args.extend(["--queue".into(), "elsewhere".into()]);
+        args
+    };
+
+    // A runner that starts: its last connection, the writer's, opened after the listener
+    // thread started, holds the highest descriptor on the WAL.
+    let measured = idle_runner(&db);
+    assert!(
+        wait_until(Duration::from_secs(10), || measured
+            .log()
+            .contains(" started: ")),
+        "the runner starts"
+    );
+    let last = *fds_on(measured.pid().as_raw(), &wal)
+        .iter()
+        .max()
+        .expect("the runner has the WAL open");
+    stop(measured);
+
+    // The same runner with one descriptor fewer: its writer cannot open its WAL, and its
+    // start fails after the wake-up listener is up.
+    let mut command = std::process::Command::new("prlimit");
+    for var in leasehold_vars() {
+        command.env_remove(var);
+    }
+    let log_path = db.with_file_name("failed-runner.log");
+    let mut child = command
+        .args(runner_args(vec![
+            format!("--nofile={last}:{last}"),
+            "--".into(),
+            assert_cmd::cargo::cargo_bin("leasehold")
+                .display()
+                .to_string(),
+        ]))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let status = crate::util::poll(Duration::from_secs(20), || child.try_wait().unwrap());
+    if status.is_none() {
+        // By its pid, not by name.
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let stderr = std::fs::read_to_string(&log_path).unwrap();
+    let status = status.unwrap_or_else(|| panic!("the runner started anyway: {stderr}"));
+    assert_eq!(status.code(), Some(1), "start fails: {stderr}");
+    assert!(stderr.contains("leasehold: "), "{stderr}");
+
+    // Nothing it set up is left: no socket bound (a command would hand it jobs), its
+    // registration marked stopped.
+    let folder = PathBuf::from(format!("{}-wake", db.display()));
+    let sockets: Vec<_> = std::fs::read_dir(&folder)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(sockets.is_empty(), "sockets left: {sockets:?}: {stderr}");
+    let conn = bare(&db);
+    let live: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM runners WHERE stopped_at IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let all: i64 = conn
+        .query_row("SELECT count(*) FROM runners", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(all, 2, "the failed runner had registered: {stderr}");
+    assert_eq!(live, 0, "the failed runner is not marked stopped: {stderr}");
+}

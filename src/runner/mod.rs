@@ -185,6 +185,62 @@ impl Runner {
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
         })?;
         let shared = Arc::new(Shared::new(config, worker_id));
+        let (firer_wake, firer_wake_rx) = unbounded::<()>();
+        let runner = Runner {
+            shared: Arc::clone(&shared),
+            api: Mutex::new(api),
+            firer_wake,
+            threads: Mutex::new(Threads::default()),
+            subscribers: Arc::default(),
+        };
+        let started = {
+            let mut threads = runner.threads.lock();
+            runner.start_threads(&mut threads, listener, firer_wake_rx, callbacks)
+        };
+        if let Err(e) = started {
+            // Unwind what started, as a shutdown does: the threads joined, the listener
+            // closed and its socket removed (a command would hand it jobs), this runner's
+            // registration marked stopped. Nothing is running yet.
+            if let Err(stop) = runner.shutdown_within(Duration::ZERO) {
+                log::warn!(
+                    "runner {}: after a failed start: {stop:#}",
+                    shared.worker_id
+                );
+            }
+            return Err(e);
+        }
+        let cfg = &shared.config;
+        log::info!(
+            "runner {} started: {} workers, queues {}, lease {}s",
+            shared.worker_id,
+            cfg.workers,
+            if cfg.queues.is_empty() {
+                "all".to_string()
+            } else {
+                cfg.queues
+                    .iter()
+                    .map(|q| match cfg.queue_limits.iter().find(|(l, _)| l == q) {
+                        Some((_, n)) => format!("{q}={n}"),
+                        None => q.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            },
+            cfg.lease_ttl.as_secs_f64()
+        );
+        Ok(runner)
+    }
+
+    /// The runner's threads, started into `threads`; on an error, what started so far is in
+    /// `threads` for [`Runner::shutdown_within`] to end.
+    fn start_threads(
+        &self,
+        threads: &mut Threads,
+        listener: Option<wake::Listener>,
+        firer_wake_rx: Receiver<()>,
+        callbacks: Vec<Callback>,
+    ) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
         let cfg = &shared.config;
         // Recover what dead runners left before taking any work.
         let sweeper = Sweeper::new(
@@ -194,12 +250,9 @@ impl Runner {
         sweeper.sweep_and_log(now_ms());
 
         let (stop_tx, stop_rx) = unbounded::<()>();
-        let mut threads = Threads {
-            stop_background: Some(stop_tx),
-            ..Threads::default()
-        };
-        let last_event = api.last_event_id()?;
-        let subscribers: Arc<Mutex<Vec<notifier::Subscriber>>> = Arc::default();
+        threads.stop_background = Some(stop_tx);
+        let last_event = self.api.lock().last_event_id()?;
+        let subscribers = Arc::clone(&self.subscribers);
         {
             let store = Runner::open(cfg, DEFAULT_BUSY_TIMEOUT, false)?;
             let (shared, stop, subs) = (
@@ -230,7 +283,6 @@ impl Runner {
                 },
             )?);
         }
-        let (firer_wake, firer_wake_rx) = unbounded::<()>();
         {
             let firer = firer::Firer::new(Runner::open(cfg, short_busy(cfg), false)?);
             let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
@@ -262,27 +314,27 @@ impl Runner {
                 },
             )?);
         }
-        if let Some(mut listener) = listener {
+        if let Some(listener) = listener {
             threads.stop_listener = Some(
                 listener
                     .closer()
                     .map_err(|e| Error::io("cannot set up the wake-up socket", e))?,
             );
             let shared = Arc::clone(&shared);
-            let firer_wake = firer_wake.clone();
+            let firer_wake = self.firer_wake.clone();
             let config = cfg.clone();
             threads.background.push(spawn_thread(
                 "leasehold-wake",
                 "wake-up listener",
                 &Arc::clone(&shared),
                 move || {
-                    listen(&mut listener, &shared, &firer_wake, &config);
+                    listen(listener, &shared, &firer_wake, &config);
                     Ok(())
                 },
             )?);
         }
         let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
-        let writer_thread = {
+        threads.writer = Some((writer.clone(), {
             let store = Runner::open(cfg, short_busy(cfg), false)?;
             let shared = Arc::clone(&shared);
             spawn_thread(
@@ -294,7 +346,7 @@ impl Runner {
                     Ok(())
                 },
             )?
-        };
+        }));
         let (work_tx, work_rx) = unbounded();
         for i in 0..cfg.workers {
             let (shared, rx, writer) = (Arc::clone(&shared), work_rx.clone(), writer.clone());
@@ -320,32 +372,7 @@ impl Runner {
                 },
             )?);
         }
-        threads.writer = Some((writer, writer_thread));
-        log::info!(
-            "runner {} started: {} workers, queues {}, lease {}s",
-            shared.worker_id,
-            cfg.workers,
-            if cfg.queues.is_empty() {
-                "all".to_string()
-            } else {
-                cfg.queues
-                    .iter()
-                    .map(|q| match cfg.queue_limits.iter().find(|(l, _)| l == q) {
-                        Some((_, n)) => format!("{q}={n}"),
-                        None => q.clone(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(",")
-            },
-            cfg.lease_ttl.as_secs_f64()
-        );
-        Ok(Runner {
-            shared,
-            api: Mutex::new(api),
-            firer_wake,
-            threads: Mutex::new(threads),
-            subscribers,
-        })
+        Ok(())
     }
 
     /// This runner's worker id, written on every lease it holds.
@@ -785,9 +812,10 @@ impl Drop for Runner {
 /// The wake-up listener's loop: every poke from another process wakes the dispatcher, as an
 /// enqueue in this process does, and the schedule firer, which rereads the schedules (another
 /// process may have added or resumed one). Ends when the runner closes the socket at shutdown;
-/// a socket that fails before that is logged and left (the dispatcher's poll still finds the
-/// work, and the firer rereads the schedules every second).
-fn listen(listener: &mut wake::Listener, shared: &Shared, firer: &Sender<()>, config: &Config) {
+/// a socket that fails before that is logged and removed, so that no command hands a job to
+/// a socket nobody reads (the dispatcher's poll still finds the work, and the firer rereads
+/// the schedules every second).
+fn listen(mut listener: wake::Listener, shared: &Shared, firer: &Sender<()>, config: &Config) {
     // Opened at the first job a command hands over, so that a runner nobody hands jobs to
     // keeps one connection fewer. Always FULL: the command reports the job stored when this
     // answers, as it would after a commit of its own.
@@ -802,7 +830,7 @@ fn listen(listener: &mut wake::Listener, shared: &Shared, firer: &Sender<()>, co
                 continue;
             }
             if store.is_none() {
-                store = handoff_store(config, listener)
+                store = handoff_store(config, &listener)
                     .map_err(|e| log::warn!("cannot store handed jobs: {e}"))
                     .ok();
             }
@@ -829,8 +857,10 @@ fn listen(listener: &mut wake::Listener, shared: &Shared, firer: &Sender<()>, co
         // The firer ends only at shutdown; a send to it then is moot.
         let _ = firer.send(());
     }
+    // Its file removed: commands no longer find it, and pass over to the next runner.
+    drop(listener);
     while !shared.shutting_down.load(Ordering::SeqCst) {
-        // The socket failed (logged by `wait`): wait for the shutdown, which closes it.
+        // The socket failed (logged by `wait`): wait for the shutdown.
         shared.wait_for_endings(shared.endings_seen(), Duration::from_secs(60));
     }
 }

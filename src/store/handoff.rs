@@ -117,6 +117,14 @@ mod client {
                 return HandOff::NotSent;
             }
         };
+        // No send may block: a runner that is frozen, or whose listener stopped reading, has
+        // a full queue (requests and pokes, `net.unix.max_dgram_qlen` of them), and a
+        // blocking send to it would wait for ever. A full queue means "not sent to that
+        // runner": the next one is tried, and with none left the command stores the job.
+        if let Err(e) = socket.set_nonblocking(true) {
+            log::debug!("cannot make the hand-off socket nonblocking: {e}");
+            return HandOff::NotSent;
+        }
         let sent_at = Instant::now();
         let sent = runners
             .iter()
@@ -134,10 +142,28 @@ mod client {
         let Some(runner) = sent else {
             return HandOff::NotSent;
         };
+        if let Err(e) = socket.set_nonblocking(false) {
+            // Sent, so the runner may store it: the command stores it under the token.
+            log::debug!("cannot wait for the runner's answer: {e}");
+            return HandOff::Unanswered(token);
+        }
         match wait_for_answer(&socket, runner, &token, sent_at + WAIT) {
-            Some(Answer::Stored(stored)) => HandOff::Stored(stored),
+            Some(Answer::Stored(stored)) => {
+                log::debug!(
+                    "job {} stored by the runner at {}",
+                    stored.id,
+                    runner.display()
+                );
+                HandOff::Stored(stored)
+            }
             Some(Answer::Declined) => HandOff::Declined,
-            None => HandOff::Unanswered(token),
+            None => {
+                log::debug!(
+                    "no answer from the runner at {} within {WAIT:?}: storing the job here",
+                    runner.display()
+                );
+                HandOff::Unanswered(token)
+            }
         }
     }
 
@@ -260,8 +286,9 @@ fn declined(token: &str, reason: &str) -> String {
 }
 
 /// In the caller's transaction: the job the token `token` names, or the job enqueued now
-/// under it; `None` (and nothing enqueued) when `deadline` has passed at `now`. Expired
-/// tokens are deleted first. The bool says whether the job was enqueued by this call.
+/// under it; `None` (and nothing enqueued) when `deadline` has passed at `now` or at the
+/// clock read in the transaction, whichever is later. Expired tokens are deleted first. The
+/// bool says whether the job was enqueued by this call.
 pub(super) fn enqueue(
     conn: &Connection,
     job: &Job,
@@ -283,7 +310,11 @@ pub(super) fn enqueue(
     if let Some(e) = found {
         return Ok(Some((e, false)));
     }
-    if deadline.is_some_and(|d| now > d) {
+    // The deadline is checked against the clock read now, in the transaction, not only the
+    // caller's `now`, read before its wait for the write lock: a request that waited past
+    // its deadline (behind another writer, or in a frozen runner) could otherwise be stored
+    // after its command stored the job itself and its token expired and was deleted.
+    if deadline.is_some_and(|d| now.max(crate::job::now_ms()) > d) {
         return Ok(None);
     }
     let e = enqueue::enqueue(conn, job, now, None)?;
@@ -296,4 +327,59 @@ pub(super) fn enqueue(
     )?
     .execute(params![token, e.id, e.duplicate, expires])?;
     Ok(Some((e, !e.duplicate)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::TOKEN_KEPT_MS;
+    use crate::job::{Job, now_ms};
+    use crate::store::Store;
+
+    /// A runner reads its clock, then waits for the write lock (another process holds it, or
+    /// the runner is frozen) past the request's deadline. Meanwhile the command, which got no
+    /// answer, stored the job itself, and its token expired and was deleted (here the token
+    /// expires already, as it would after a long freeze, and the runner's own transaction
+    /// deletes it). The request must be refused for its deadline, not stored again.
+    #[test]
+    fn a_request_whose_deadline_passes_during_the_lock_wait_is_not_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("jobs.db");
+        let command = Store::open(&db).unwrap();
+        let job = Job::shell("true");
+        let token = "0123456789abcdef0123456789abcdef";
+        let read_at = now_ms();
+        let long_ago = read_at - TOKEN_KEPT_MS - 60_000;
+        let (stored, _) = command
+            .enqueue_handed(&job, token, None, long_ago)
+            .unwrap()
+            .unwrap();
+
+        // A second connection holds the write lock past the request's deadline.
+        let holder = rusqlite::Connection::open(&db).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let deadline = read_at + 300;
+        let runner = Store::open(&db).unwrap();
+        let waiting = {
+            let job = job.clone();
+            std::thread::spawn(move || runner.enqueue_handed(&job, token, Some(deadline), read_at))
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while now_ms() <= deadline + 50 && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        holder.execute_batch("COMMIT").unwrap();
+        let answered = waiting.join().unwrap().unwrap();
+
+        let jobs: Vec<i64> = {
+            let mut stmt = command.conn().prepare("SELECT id FROM jobs").unwrap();
+            stmt.query_map([], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        assert_eq!(answered, None, "stored past its deadline: {jobs:?}");
+        assert_eq!(jobs, [stored.id], "the job is stored once");
+    }
 }

@@ -322,7 +322,8 @@ impl Store {
     /// Enqueues a job that a command handed to a runner under `token` (see
     /// [`handoff`](self::handoff)), once: the job the token names when a transaction already
     /// stored it, else the job enqueued now, with its token. `None`, with nothing enqueued,
-    /// when `deadline` (the runner's, for a request) has passed at `now`; the command, which
+    /// when `deadline` (the runner's, for a request) has passed at `now` or at the clock read
+    /// once the transaction holds the write lock; the command, which
     /// stores the job itself when the runner did not answer, passes none.
     ///
     /// # Errors

@@ -22,13 +22,36 @@ use std::sync::OnceLock;
 
 /// The folder of wake-up sockets for the database at `db`: `<db>-wake`, beside SQLite's own
 /// `-wal` and `-shm` files.
+///
+/// Named after the file, not after how `db` spells it: `../jobs.db`, a symlink to the file or
+/// to its folder all name the folder beside the real file (symlinks resolved, as SQLite
+/// resolves them for its `-wal`), so that a command finds the runners whatever spelling each
+/// was given, and takes the answer from the socket path it sent to. A runner and a command
+/// that spelled the file differently once compared different strings: the command got no
+/// answer it would take, or no folder at all, and stored every job itself after its wait.
 pub(crate) fn folder(db: &Path) -> PathBuf {
-    // Absolute, so that a process that changes its working folder later still finds the
-    // same sockets (and a runner can remove its own).
-    let db = std::path::absolute(db).unwrap_or_else(|_| db.to_path_buf());
-    let mut name = db.into_os_string();
+    let mut name = canonical(db).into_os_string();
     name.push("-wake");
     PathBuf::from(name)
+}
+
+/// The file's canonical path; for a file not made yet, its folder's canonical path and its
+/// name; failing that, absolute (so that a process that changes its working folder later
+/// still finds the same sockets, and a runner can remove its own).
+fn canonical(db: &Path) -> PathBuf {
+    if let Ok(path) = std::fs::canonicalize(db) {
+        return path;
+    }
+    if let Some(name) = db.file_name() {
+        let parent = match db.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if let Ok(parent) = std::fs::canonicalize(parent) {
+            return parent.join(name);
+        }
+    }
+    std::path::absolute(db).unwrap_or_else(|_| db.to_path_buf())
 }
 
 /// The sending side: one unbound socket, made on first use, kept for the store's life.
@@ -162,10 +185,20 @@ impl Listener {
         Some(requests)
     }
 
-    /// Sends `answer` to the sender of a request; a sender that has gone misses it.
+    /// Sends `answer` to the sender of a request, without blocking: a sender that has gone, or
+    /// whose socket's queue is full (anyone can send to it), misses it and stores its job
+    /// itself after its wait.
     pub(crate) fn answer(&self, to: &SocketAddr, answer: &[u8]) {
-        if let Err(e) = self.socket.send_to_addr(answer, to) {
+        let sent = self
+            .socket
+            .set_nonblocking(true)
+            .and_then(|()| self.socket.send_to_addr(answer, to));
+        if let Err(e) = sent {
             log::debug!("cannot answer a handed job: {e}");
+        }
+        if let Err(e) = self.socket.set_nonblocking(false) {
+            // The next wait then fails, and the listener stops (removing its socket).
+            log::warn!("wake-up socket {}: {e}", self.path.display());
         }
     }
 }

@@ -9,9 +9,24 @@
 //! processes also write.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::store::DatabaseSize;
+/// The database's size on disk: see [`Store::size`](crate::Store::size).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseSize {
+    /// The database file.
+    pub path: PathBuf,
+    /// Its schema version (`PRAGMA user_version`).
+    pub schema_version: i64,
+    /// The size of the main file, in bytes.
+    pub bytes: u64,
+    /// The bytes of the main file's free pages (freelist pages × page size): what an
+    /// incremental vacuum or a full VACUUM can give back.
+    pub free_bytes: u64,
+    /// The size of the `-wal` file beside it, in bytes; 0 when there is none.
+    pub wal_bytes: u64,
+}
 
 /// The durable counters. Each is kept in the database and updated in the transaction of the
 /// transition it counts, so it survives restarts, is shared by every runner on the file, and

@@ -8,6 +8,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use crate::error::{Error, Result, is_busy};
+use crate::metrics::DatabaseSize;
 
 /// `PRAGMA auto_vacuum`'s value for INCREMENTAL: freed pages wait on the freelist until
 /// `PRAGMA incremental_vacuum` gives them back to the filesystem.
@@ -16,22 +17,6 @@ pub(super) const AUTO_VACUUM_INCREMENTAL: i64 = 2;
 /// What a WAL frame adds to each page it holds: a VACUUM in WAL mode writes every page of the
 /// new file to the WAL before the checkpoint copies it back.
 const WAL_FRAME_HEADER: u64 = 24;
-
-/// The database's size on disk: see [`Store::size`](crate::Store::size).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DatabaseSize {
-    /// The database file.
-    pub path: PathBuf,
-    /// Its schema version (`PRAGMA user_version`).
-    pub schema_version: i64,
-    /// The size of the main file, in bytes.
-    pub bytes: u64,
-    /// The bytes of the main file's free pages (freelist pages × page size): what an
-    /// incremental vacuum or a full VACUUM can give back.
-    pub free_bytes: u64,
-    /// The size of the `-wal` file beside it, in bytes; 0 when there is none.
-    pub wal_bytes: u64,
-}
 
 /// What [`Store::vacuum`](crate::Store::vacuum) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

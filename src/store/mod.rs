@@ -55,10 +55,11 @@ pub(crate) mod wake;
 #[cfg(test)]
 pub(crate) use tx::tests::cap as cap_at_present_size;
 
+pub use crate::metrics::DatabaseSize;
 pub use enqueue::Enqueued;
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
 pub(crate) use lease::{claim, finish_attempt, next_due, record_start};
-pub use maintenance::{DatabaseSize, VacuumReport};
+pub use maintenance::VacuumReport;
 pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
 };

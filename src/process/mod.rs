@@ -20,13 +20,15 @@
 //! - `stop`: [`StopHandle`], which stops an attempt from another thread;
 //! - `kill`: signals and the kill sequence;
 //! - `teardown`: finding and killing a lost attempt's processes;
-//! - `proc`: facts read from `/proc`: start times, groups, token carriers.
+//! - `proc`: facts read from `/proc`: start times, groups, token carriers;
+//! - `sigchld`: whether this process can still read its children's exit statuses.
 
 mod attempt;
 mod child;
 mod kill;
 mod output;
 mod proc;
+mod sigchld;
 mod spawn;
 mod stop;
 mod teardown;
@@ -35,6 +37,7 @@ pub(crate) use attempt::{AttemptResult, AttemptSpec, Ending, Started, run};
 pub(crate) use proc::{boot_id, hostname, proc_info, self_start_time};
 #[cfg(test)]
 pub(crate) use proc::{group_has_live_members, is_alive, start_time};
+pub(crate) use sigchld::statuses_lost;
 pub(crate) use spawn::BaseEnv;
 pub(crate) use stop::{StopHandle, StopReason};
 pub(crate) use teardown::{AttemptIdentity, teardown};

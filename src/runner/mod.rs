@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, unbounded};
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
@@ -124,9 +124,24 @@ impl RunnerBuilder {
     ///
     /// [`Error::Invalid`] naming the setting for a misordered timing ladder (heartbeat × 3
     /// must not exceed the lease TTL, nor the kill grace plus two heartbeats, nor the sweep
-    /// interval) or a zero value; the errors of [`Store::open`]; [`Error::Io`] when a thread cannot start.
+    /// interval) or a zero value, and naming `SIGCHLD` when this process ignores it (or its
+    /// handler has `SA_NOCLDWAIT`): its children's exit statuses would be lost; the errors of [`Store::open`]; [`Error::Io`] when a thread cannot start.
     pub fn start(self) -> Result<Runner> {
         validate(&self.config)?;
+        match process::statuses_lost() {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                return Err(Error::invalid(
+                    "SIGCHLD",
+                    format!(
+                        "{why}: the kernel reaps this process's children itself, so a runner \
+                         could not read its jobs' exit statuses; restore SIGCHLD's default \
+                         disposition before starting a runner"
+                    ),
+                ));
+            }
+            Err(e) => return Err(Error::io("cannot read SIGCHLD's disposition", e)),
+        }
         Runner::start(self.config, self.callbacks)
     }
 }
@@ -185,7 +200,9 @@ impl Runner {
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
         })?;
         let shared = Arc::new(Shared::new(config, worker_id));
-        let (firer_wake, firer_wake_rx) = unbounded::<()>();
+        // One pending wake-up says all a wake-up says: a firer that is slow (a busy
+        // database) is not sent an ever longer queue of them.
+        let (firer_wake, firer_wake_rx) = bounded::<()>(1);
         let runner = Runner {
             shared: Arc::clone(&shared),
             api: Mutex::new(api),
@@ -413,7 +430,7 @@ impl Runner {
     pub fn put_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
         self.shared.check()?;
         let rec = self.api.lock().put_schedule(name, schedule, now_ms())?;
-        let _ = self.firer_wake.send(());
+        let _ = self.firer_wake.try_send(());
         Ok(rec)
     }
 
@@ -425,7 +442,7 @@ impl Runner {
     pub fn replace_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
         self.shared.check()?;
         let rec = self.api.lock().replace_schedule(name, schedule, now_ms())?;
-        let _ = self.firer_wake.send(());
+        let _ = self.firer_wake.try_send(());
         Ok(rec)
     }
 
@@ -437,7 +454,7 @@ impl Runner {
     pub fn remove_schedule(&self, name: &str) -> Result<()> {
         self.shared.check()?;
         self.api.lock().remove_schedule(name)?;
-        let _ = self.firer_wake.send(());
+        let _ = self.firer_wake.try_send(());
         Ok(())
     }
 
@@ -449,7 +466,7 @@ impl Runner {
     pub fn pause_schedule(&self, name: &str) -> Result<ScheduleRecord> {
         self.shared.check()?;
         let rec = self.api.lock().pause_schedule(name, now_ms())?;
-        let _ = self.firer_wake.send(());
+        let _ = self.firer_wake.try_send(());
         Ok(rec)
     }
 
@@ -462,7 +479,7 @@ impl Runner {
     pub fn resume_schedule(&self, name: &str) -> Result<ScheduleRecord> {
         self.shared.check()?;
         let rec = self.api.lock().resume_schedule(name, now_ms())?;
-        let _ = self.firer_wake.send(());
+        let _ = self.firer_wake.try_send(());
         Ok(rec)
     }
 
@@ -587,8 +604,12 @@ impl Runner {
     }
 
     /// A channel that receives every ending from now on, as [`RunnerBuilder::on_complete`].
+    ///
+    /// It holds up to 10,000 unread endings. A subscriber that falls further behind is
+    /// dropped rather than let the runner's memory grow: its channel closes once the endings
+    /// it holds are read (`recv` then returns `Err`), and it may subscribe again.
     pub fn subscribe(&self) -> Receiver<Completion> {
-        let (tx, rx) = unbounded();
+        let (tx, rx) = bounded(notifier::SUBSCRIBER_CAPACITY);
         // From the last event now: the notifier of a runner nobody listened to has not been
         // reading the events.
         let from = self
@@ -855,7 +876,7 @@ fn listen(mut listener: wake::Listener, shared: &Shared, firer: &Sender<()>, con
         }
         shared.wake_dispatcher();
         // The firer ends only at shutdown; a send to it then is moot.
-        let _ = firer.send(());
+        let _ = firer.try_send(());
     }
     // Its file removed: commands no longer find it, and pass over to the next runner.
     drop(listener);

@@ -13,6 +13,11 @@ use super::shared::{Shared, panic_message};
 /// How long a notifier with nobody to tell sleeps at most between looks at its subscribers.
 const IDLE_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How many endings a subscriber's channel holds unread. A subscriber that falls this far
+/// behind is dropped (its receiver sees the channel close once it has read what it holds)
+/// rather than let the runner's memory grow without bound.
+pub(super) const SUBSCRIBER_CAPACITY: usize = 10_000;
+
 /// A channel that receives every ending after the event `from` (when known).
 pub(super) struct Subscriber {
     pub tx: Sender<Completion>,
@@ -91,8 +96,21 @@ pub(super) fn notify_loop(
                         }
                     }
                     subscribers.lock().retain(|s| {
-                        s.from.is_some_and(|from| e.id <= from)
-                            || s.tx.send(completion.clone()).is_ok()
+                        if s.from.is_some_and(|from| e.id <= from) {
+                            return true;
+                        }
+                        match s.tx.try_send(completion.clone()) {
+                            Ok(()) => true,
+                            Err(crossbeam_channel::TrySendError::Full(_)) => {
+                                log::warn!(
+                                    "a subscriber left {} endings unread: dropping it (its \
+                                     channel closes)",
+                                    s.tx.capacity().unwrap_or(0)
+                                );
+                                false
+                            }
+                            Err(crossbeam_channel::TrySendError::Disconnected(_)) => false,
+                        }
                     });
                 }
                 if any {

@@ -387,3 +387,41 @@ fn a_runner_shutting_down_declines_a_handed_job_which_the_command_stores_itself(
             .expect("the runner shuts down");
     });
 }
+
+/// A subscriber that does not read is dropped once its channel is full, instead of the
+/// runner holding every ending for it; a subscriber that reads gets them all.
+#[test]
+fn a_subscriber_that_falls_behind_is_dropped_and_its_channel_closes() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let runner = fast(dir.path()).start().expect("the runner starts");
+    let reader = runner.subscribe();
+    let from = runner.api.lock().last_event_id().expect("the last event");
+    // A subscriber as `subscribe` makes them, with room for two endings.
+    let (tx, slow) = crossbeam_channel::bounded(2);
+    runner.subscribers.lock().push(notifier::Subscriber {
+        tx,
+        from: Some(from),
+    });
+    let ids: Vec<i64> = (0..3)
+        .map(|_| runner.enqueue(&Job::shell("true")).expect("enqueue"))
+        .collect();
+    for _ in &ids {
+        reader
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the reading subscriber gets every ending");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while runner.subscribers.lock().len() > 1 {
+        assert!(Instant::now() < deadline, "the slow subscriber is dropped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(slow.try_iter().count(), 2, "it holds what it had room for");
+    assert!(
+        matches!(
+            slow.try_recv(),
+            Err(crossbeam_channel::TryRecvError::Disconnected)
+        ),
+        "then its channel is closed"
+    );
+    runner.shutdown().expect("shutdown");
+}

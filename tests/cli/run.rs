@@ -227,3 +227,28 @@ fn sigint_shuts_an_idle_runner_down() {
     let (code, stderr) = runner.wait(Duration::from_secs(10));
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+/// A runner started by a parent that ignores SIGCHLD (inherited across exec) would have its
+/// jobs reaped by the kernel and lose every exit status: it refuses to start, naming the
+/// cause, and runs nothing. Before this was fixed it started, and its jobs' endings were
+/// whatever `waitpid` failing made of them.
+#[test]
+fn a_runner_that_inherits_an_ignored_sigchld_refuses_to_start() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &[], &["true"]);
+    let bin = assert_cmd::cargo::cargo_bin("leasehold");
+    // dash does not pass an ignored SIGCHLD on to what it execs; bash does.
+    let mut cmd = assert_cmd::Command::new("bash");
+    for var in crate::util::leasehold_vars() {
+        cmd.env_remove(var);
+    }
+    cmd.timeout(crate::helper::COMMAND_TIMEOUT)
+        .arg("-c")
+        .arg("trap '' CHLD; exec \"$0\" --db \"$1\" run --until-idle")
+        .arg(&bin)
+        .arg(db);
+    let err = fails(&mut cmd, 2);
+    assert!(err.contains("SIGCHLD is ignored"), "{err}");
+    assert_eq!(inspect(db, id)["status"], "pending");
+}

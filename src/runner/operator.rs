@@ -229,9 +229,14 @@ pub(crate) fn teardown_reach(attempt: Option<&Namespace>, here: &Namespace) -> R
 /// Why a lost attempt of a runner in `ns` waits: the line `jobs inspect`, `status` and the
 /// dashboard show.
 pub fn waits_for(ns: &Namespace) -> String {
+    format!("teardown waits for a runner in {}", place(ns))
+}
+
+/// "PID namespace N on host H (boot B)".
+fn place(ns: &Namespace) -> String {
     let pid_ns = ns.pid_ns.map_or("(unknown)".to_string(), |n| n.to_string());
     format!(
-        "teardown waits for a runner in PID namespace {pid_ns} on host {} (boot {})",
+        "PID namespace {pid_ns} on host {} (boot {})",
         ns.host, ns.boot_id
     )
 }
@@ -314,13 +319,14 @@ pub fn force_teardown(store: &Store, id: i64) -> Result<Option<String>> {
     };
     let here = Namespace::here();
     let detail = match teardown_reach(lost.namespace.as_ref(), &here) {
-        Reach::Elsewhere(why) => format!(
-            "forced by the operator: not verified that attempt {} is gone ({why}; this \
-             command runs in PID namespace {} on host {})",
+        Reach::Elsewhere(_) => format!(
+            "forced by the operator: not verified that attempt {} is gone (it ran in {}; \
+             this command runs in {})",
             lost.attempt,
-            here.pid_ns
-                .map_or("(unknown)".to_string(), |n| n.to_string()),
-            here.host
+            lost.namespace
+                .as_ref()
+                .map_or("an unknown namespace".to_string(), place),
+            place(&here)
         ),
         Reach::Gone(why) => why,
         Reach::Here => {

@@ -268,3 +268,59 @@ fn a_namespaced_runner_does_not_tear_down_an_attempt_it_cannot_see() {
     assert!(torn < second, "{kinds:?}");
     drop(inside);
 }
+
+#[test]
+fn an_operator_forces_a_teardown_no_runner_can_see_and_is_told_what_was_not_verified() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell(PID_SCRIPT));
+    let r = c.start_runner(&args(&["--lease-ttl", "3"]));
+    let token = c.running(id, 1).run_token.unwrap();
+    c.wait_for("the first pid", |c| {
+        (!c.file("pids").is_empty()).then_some(())
+    });
+    c.crash(r);
+    let inside = match NamespacedRunner::start(&c, &["--lease-ttl", "3"]) {
+        Ok(r) => r,
+        Err(why) => return skip(&why),
+    };
+    c.wait_for("the namespaced runner to reclaim the job", |c| {
+        let j = c.job(id);
+        (j.recovery_count >= 1 && j.teardown_pending).then_some(())
+    });
+    // The operator, in a namespace of its own too, forces it.
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(assert_cmd::cargo::cargo_bin("leasehold"))
+        .arg("--db")
+        .arg(&c.db.path)
+        .args(["jobs", "retry", "--force", &id.to_string()])
+        .output()
+        .expect("unshare runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("job 1 was already pending"), "{stdout}");
+    assert!(
+        stdout.contains("recorded torn down: forced by the operator: not verified"),
+        "{stdout}"
+    );
+    let done = c.ended(id);
+    assert_eq!(done.status, Status::Succeeded, "{}", inside.log());
+    let events = c.store().events(id).unwrap();
+    let torn = events
+        .iter()
+        .find(|e| e.kind == "torn_down")
+        .expect("torn_down");
+    let detail = torn.detail.clone().unwrap_or_default();
+    eprintln!("forced: {stdout}torn_down: {detail}");
+    assert!(
+        detail.contains("not verified that attempt 1 is gone"),
+        "{detail}"
+    );
+    // Forced unverified: the first attempt was not signalled (the test's cleanup ends it).
+    assert!(token_alive(&token));
+    drop(inside);
+}

@@ -243,8 +243,8 @@ fn place(ns: &Namespace) -> String {
 
 /// Why job `job`'s lost attempt is not torn down yet, when its runner's namespace is known:
 /// the namespace it waits for, and whether a registered runner is there. None when the job
-/// has no lost attempt to tear down, or its runner's namespace is not recorded (any runner
-/// tears that down at its next sweep).
+/// has no lost attempt to tear down, or its runner's namespace is not recorded, or it ran in
+/// an earlier boot of this host (any runner tears those down at its next sweep).
 ///
 /// # Errors
 ///
@@ -253,7 +253,16 @@ pub fn teardown_wait(store: &Store, job: i64) -> Result<Option<String>> {
     let Some(ns) = store.teardown_of(job)?.and_then(|lost| lost.namespace) else {
         return Ok(None);
     };
+    if ended_with_its_boot(&ns, &Namespace::here()) {
+        return Ok(None);
+    }
     Ok(Some(wait_line(&ns, &store.runners()?)))
+}
+
+/// Whether an attempt of a runner in `ns` ended with its boot, as seen from here: any runner
+/// of this host records it at its next sweep, and it waits for no namespace.
+fn ended_with_its_boot(ns: &Namespace, here: &Namespace) -> bool {
+    matches!(teardown_reach(Some(ns), here), Reach::Gone(_))
 }
 
 /// The jobs whose lost attempts wait for a runner in a known namespace, by the line that says
@@ -264,9 +273,12 @@ pub fn teardown_wait(store: &Store, job: i64) -> Result<Option<String>> {
 /// A database error.
 pub fn teardown_waits(store: &Store, limit: u64) -> Result<Vec<(String, Vec<i64>)>> {
     let runners = store.runners()?;
+    let here = Namespace::here();
     let mut waits: Vec<(String, Vec<i64>)> = Vec::new();
     for lost in store.pending_teardowns(limit)? {
-        let Some(ns) = lost.namespace else { continue };
+        let Some(ns) = lost.namespace.filter(|ns| !ended_with_its_boot(ns, &here)) else {
+            continue;
+        };
         let line = wait_line(&ns, &runners);
         match waits.iter_mut().find(|(l, _)| *l == line) {
             Some((_, ids)) => ids.push(lost.job_id),

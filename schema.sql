@@ -1,4 +1,4 @@
--- leasehold schema, version 8 (PRAGMA user_version = 8).
+-- leasehold schema, version 9 (PRAGMA user_version = 9).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -68,9 +68,13 @@ CREATE TABLE jobs (
     -- Version 6: waiting counts a pending job's dependencies (job_deps) that have not
     -- succeeded yet; a waiting job is pending but left out of the claim indexes, so it never
     -- slows a claim.
+    -- Version 9: teardown_worker names the runner that held the lost attempt still to be torn
+    -- down: only a runner in that runner's PID namespace can see its processes. NULL (a
+    -- marker from before version 9, or written by hand): any runner tears it down.
     -- (Written as ALTER TABLE ADD COLUMN writes them, so that a migrated file's text and this
     -- one's agree.)
-, unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0);
+, unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0,
+  teardown_worker TEXT);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table.
@@ -135,7 +139,10 @@ CREATE TABLE runners (
     lease_ttl_ms           INTEGER NOT NULL,
     heartbeat_interval_ms  INTEGER NOT NULL,
     max_recovery_attempts  INTEGER NOT NULL
-);
+    -- Version 9: its PID namespace, the inode of /proc/self/ns/pid (NULL: registered before
+    -- version 9, or unreadable). Its pid is evidence only to a judge in the same boot and
+    -- namespace.
+, pid_ns INTEGER);
 CREATE INDEX runners_started ON runners (started_at);
 
 -- Metrics (version 4): counters and histograms updated in the transaction of the transition

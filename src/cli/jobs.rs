@@ -164,6 +164,7 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
         let mut value = render::job_json(&job);
+        value["teardown_waits"] = json!(operator::teardown_wait(&store, job.id)?);
         value["events"] = events.iter().map(render::event_json).collect();
         value["output"] = output.as_ref().map_or(Value::Null, render::output_json);
         print_json(&mut out, &value)?;
@@ -244,10 +245,16 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
         writeln!(out, "  {k:width$}  {v}")?;
     }
     if job.teardown_pending {
-        writeln!(
-            out,
-            "  (a lost attempt's processes are still to be torn down)"
-        )?;
+        match operator::teardown_wait(&store, job.id)? {
+            Some(why) => writeln!(
+                out,
+                "  (a lost attempt's processes are still to be torn down; {why})"
+            )?,
+            None => writeln!(
+                out,
+                "  (a lost attempt's processes are still to be torn down)"
+            )?,
+        }
     }
     writeln!(out, "events:")?;
     for e in &events {
@@ -311,17 +318,54 @@ pub fn retry(db: &Path, args: &RetryArgs) -> anyhow::Result<()> {
     let target = RetryTarget::from_args(args)?;
     let store = open_existing(db)?;
     let reason = args.reason.as_deref();
+    let mut forced = None;
     let retried = match target {
+        // Forcing a job that already waits to run (reclaimed, its lost attempt not torn down
+        // where nothing here can see it) only clears its teardown.
+        RetryTarget::One(id)
+            if args.force && {
+                let job = store.job(id)?;
+                job.status == leasehold::Status::Pending && job.teardown_pending
+            } =>
+        {
+            Vec::new()
+        }
         // A retried job that was running without a live lease may still have processes:
         // the library kills them now rather than at the next sweep of some runner.
         RetryTarget::One(id) => vec![operator::retry(&store, id, reason)?.id],
         RetryTarget::FailedStale { limit } => operator::retry_failed_stale(&store, limit, reason)?,
     };
+    let mut waits = None;
+    if let RetryTarget::One(id) = target {
+        if args.force {
+            forced = operator::force_teardown(&store, id)?;
+        }
+        waits = operator::teardown_wait(&store, id)?;
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
-        print_json(&mut out, &json!({"retried": retried}))?;
+        // The teardown's keys only when there is something to say: the plain answer stays
+        // `{"retried": [ID]}`.
+        let mut value = json!({"retried": retried});
+        if let Some(detail) = &forced {
+            value["teardown_forced"] = json!(detail);
+        }
+        if let Some(why) = &waits {
+            value["teardown_waits"] = json!(why);
+        }
+        print_json(&mut out, &value)?;
     } else if let RetryTarget::One(id) = target {
-        writeln!(out, "job {id} is pending again")?;
+        if retried.is_empty() {
+            writeln!(out, "job {id} was already pending")?;
+        } else {
+            writeln!(out, "job {id} is pending again")?;
+        }
+        if let Some(detail) = &forced {
+            writeln!(out, "its lost attempt is recorded torn down: {detail}")?;
+        }
+        if let Some(why) = &waits {
+            writeln!(out, "it is not claimed yet: {why}")?;
+        }
     } else {
         let ids: Vec<String> = retried.iter().map(i64::to_string).collect();
         writeln!(

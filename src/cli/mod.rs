@@ -321,6 +321,11 @@ struct RetryArgs {
     /// Why, recorded in the job's history and last_error.
     #[arg(long, value_name = "R", value_parser = OsStringValueParser::new().try_map(arg::text))]
     reason: Option<String>,
+    /// With a job id: record its lost attempt torn down even where its processes cannot be
+    /// seen from here (another PID namespace, another host), saying what was not verified.
+    /// Also clears the teardown of a job that already waits to run.
+    #[arg(long, requires = "id")]
+    force: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,

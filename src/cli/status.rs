@@ -37,6 +37,7 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
             (r, alive)
         })
         .collect();
+    let waits = operator::teardown_waits(&store, TEARDOWN_WAITS_SHOWN)?;
     let mut out = std::io::stdout().lock();
     if json {
         let runners: Vec<Value> = runners
@@ -46,6 +47,7 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
                     "worker_id": r.worker_id,
                     "pid": r.pid,
                     "host": r.host,
+                    "pid_ns": r.pid_ns,
                     "alive": alive,
                     "started_at": r.started_at,
                     "heartbeat_at": r.heartbeat_at,
@@ -78,6 +80,10 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
                 "max_recovery_attempts": max_recovery,
             },
             "runners": runners,
+            "teardown_waits": waits
+                .iter()
+                .map(|(why, ids)| json!({"why": why, "jobs": ids}))
+                .collect::<Vec<Value>>(),
         });
         print_json(&mut out, &value)?;
         return Ok(());
@@ -118,13 +124,26 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
         for (r, alive) in &runners {
             writeln!(
                 out,
-                "  {} pid={} host={} alive={alive} heartbeat_at={}",
+                "  {} pid={} host={} pid_ns={} alive={alive} heartbeat_at={}",
                 r.worker_id,
                 r.pid,
                 r.host,
+                r.pid_ns.map_or("-".to_string(), |n| n.to_string()),
                 render::time(r.heartbeat_at)
             )?;
         }
     }
+    for (why, ids) in &waits {
+        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+        writeln!(
+            out,
+            "teardown: job{} {} {why}",
+            if ids.len() == 1 { "" } else { "s" },
+            ids.join(" ")
+        )?;
+    }
     Ok(())
 }
+
+/// How many jobs with a lost attempt still to tear down `status` reads at most.
+const TEARDOWN_WAITS_SHOWN: u64 = 1000;

@@ -29,6 +29,27 @@ pub(crate) fn boot_id() -> io::Result<String> {
     Ok(raw.trim().to_owned())
 }
 
+/// The PID namespace of the calling process: the inode number of `/proc/self/ns/pid`, read
+/// from its link text `pid:[N]`.
+///
+/// A pid names a process only within one PID namespace, and `/proc` shows the processes of
+/// the namespace it was mounted in (and those of its descendants, under other numbers). Two
+/// processes on one kernel (one boot id) with the same number here see the same pids.
+pub(crate) fn pid_namespace() -> io::Result<u64> {
+    let link = std::fs::read_link("/proc/self/ns/pid")?;
+    parse_namespace_link(&link.to_string_lossy()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected /proc/self/ns/pid link {}", link.display()),
+        )
+    })
+}
+
+/// The inode of a namespace link's text (`pid:[4026531836]`).
+fn parse_namespace_link(link: &str) -> Option<u64> {
+    link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
 /// A process as described by `/proc/PID/stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ProcInfo {
@@ -330,6 +351,17 @@ pub(super) mod tests {
         assert_eq!(self_start_time().expect("self start time"), st);
         assert!(is_alive(me));
         assert_eq!(boot_id().expect("boot id").len(), 36);
+    }
+
+    #[test]
+    fn pid_namespace_is_the_inode_of_the_namespace_link() {
+        use std::os::unix::fs::MetadataExt;
+        let ns = pid_namespace().expect("own PID namespace");
+        let inode = std::fs::metadata("/proc/self/ns/pid").expect("stat").ino();
+        assert_eq!(ns, inode);
+        assert_eq!(parse_namespace_link("pid:[4026531836]"), Some(4026531836));
+        assert_eq!(parse_namespace_link("net:[4026531836]"), None);
+        assert_eq!(parse_namespace_link("pid:[x]"), None);
     }
 
     #[test]

@@ -198,6 +198,7 @@ impl Runner {
             lease_ttl_ms: duration_ms(config.lease_ttl),
             heartbeat_interval_ms: duration_ms(config.heartbeat_interval),
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
+            pid_ns: process::pid_namespace().ok(),
         })?;
         let shared = Arc::new(Shared::new(config, worker_id));
         // One pending wake-up says all a wake-up says: a firer that is slow (a busy

@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::job::{JobRecord, now_ms};
 use crate::process::{self, AttemptIdentity};
-use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, RunnerRecord, Store};
+use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Namespace, RunnerRecord, Store};
 
 use super::builder::{DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE, DEFAULT_LEASE_TTL};
 
@@ -129,6 +129,11 @@ fn tear_down_now(store: &Store, action: &str) {
 /// token are killed wherever they are. Returns how many attempts were torn down, and how
 /// many processes were left alone because they could not be verified.
 ///
+/// Only attempts whose processes this process can see (same boot and PID namespace) are
+/// touched: one that ran in another PID namespace keeps its marker, and so its job waits,
+/// until a runner in that namespace tears it down or an operator forces it
+/// ([`force_teardown`], `jobs retry --force`).
+///
 /// Runners do this on every sweep; an operator's tool may do it at once after a retry.
 ///
 /// # Errors
@@ -139,53 +144,262 @@ pub fn tear_down_lost_attempts(
     limit: u64,
     kill_grace: Duration,
 ) -> Result<(u64, u64)> {
-    let (mut torn, mut unverified) = (0, 0);
-    for lost in store.pending_teardowns(limit)? {
-        let id = AttemptIdentity {
-            pgid: lost.pgid,
-            start_time: lost.start_time,
-            token: lost.run_token.clone(),
-        };
-        let teardown = process::teardown(&id, kill_grace);
-        unverified += teardown.unverified.len() as u64;
-        let detail = teardown.describe();
-        if store.record_teardown(lost.job_id, &lost.run_token, &detail, crate::job::now_ms())? {
-            torn += 1;
-            log::info!(
-                "job {} attempt {} torn down: {detail}",
-                lost.job_id,
-                lost.attempt
-            );
+    let here = Namespace::here();
+    let (mut torn, mut unverified, mut done, mut after) = (0, 0, 0, 0);
+    // Markers this process cannot act on are skipped, so pages go on past them: they must
+    // not take the places of those it can.
+    while done < limit {
+        let page = store.pending_teardowns_after(after, limit)?;
+        let Some(last) = page.last() else { break };
+        after = last.job_id;
+        for lost in page {
+            if done >= limit {
+                break;
+            }
+            let detail = match teardown_reach(lost.namespace.as_ref(), &here) {
+                Reach::Elsewhere(why) => {
+                    log::debug!("job {} attempt {}: {why}", lost.job_id, lost.attempt);
+                    continue;
+                }
+                Reach::Gone(why) => why,
+                Reach::Here => {
+                    let id = AttemptIdentity {
+                        pgid: lost.pgid,
+                        start_time: lost.start_time,
+                        token: lost.run_token.clone(),
+                    };
+                    let teardown = process::teardown(&id, kill_grace);
+                    unverified += teardown.unverified.len() as u64;
+                    teardown.describe()
+                }
+            };
+            done += 1;
+            if store.record_teardown(lost.job_id, &lost.run_token, &detail, crate::job::now_ms())? {
+                torn += 1;
+                log::info!(
+                    "job {} attempt {} torn down: {detail}",
+                    lost.job_id,
+                    lost.attempt
+                );
+            }
         }
     }
     Ok((torn, unverified))
 }
 
-/// Whether the runner `r` may still be alive, as far as this host can tell: a runner on
-/// another host, or one whose process is still the one that registered, may be; a runner of
-/// this host whose boot id differs, whose pid is gone, or whose pid now belongs to another
-/// process is dead. Stopped runners are not alive.
-pub fn runner_alive(r: &RunnerRecord) -> bool {
-    r.stopped_at.is_none()
-        && runner_death_evidence(
-            r,
-            &crate::process::hostname(),
-            &process::boot_id().unwrap_or_default(),
-        )
-        .is_none()
+/// Whether this process can act on a lost attempt's processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// Its pids mean here what they meant to its runner: tear it down.
+    Here,
+    /// Its processes ended with the boot they ran in: nothing to signal; the reason.
+    Gone(String),
+    /// It ran where this process cannot see: leave its marker; why, for the job's display.
+    Elsewhere(String),
 }
 
-/// Why the runner `r` is provably dead, seen from this host in boot `boot_id`; None when it
-/// may be alive (or runs on another host, where nothing can be proven from here).
-pub(crate) fn runner_death_evidence(r: &RunnerRecord, host: &str, boot_id: &str) -> Option<String> {
-    if r.host != host {
+/// Whether a process in `here` can act on the processes of an attempt whose runner ran in
+/// `attempt` (None: its runner is unknown or registered before schema version 9, and it is
+/// treated as before, as this process's own).
+///
+/// Same boot and same PID namespace: here. Another boot of the same host: its processes
+/// ended with that boot (a WAL database is shared by the processes of one kernel only, so a
+/// runner of another boot is no longer on this file). Anything else (another namespace, another
+/// host's boot, a namespace not known on either side) cannot be seen from here; a parent
+/// namespace could see a child's processes, under other pids, but "the same namespace only" is
+/// the rule that needs no translation.
+pub(crate) fn teardown_reach(attempt: Option<&Namespace>, here: &Namespace) -> Reach {
+    let Some(a) = attempt else {
+        return Reach::Here;
+    };
+    let known_boots = !a.boot_id.is_empty() && !here.boot_id.is_empty();
+    if known_boots && a.boot_id == here.boot_id && a.pid_ns.is_some() && a.pid_ns == here.pid_ns {
+        return Reach::Here;
+    }
+    if known_boots && a.boot_id != here.boot_id && a.host == here.host {
+        return Reach::Gone(format!(
+            "its runner ran in boot {} and this host is now in boot {}: its processes ended \
+             with that boot, nothing was signalled",
+            a.boot_id, here.boot_id
+        ));
+    }
+    Reach::Elsewhere(waits_for(a))
+}
+
+/// Why a lost attempt of a runner in `ns` waits: the line `jobs inspect`, `status` and the
+/// dashboard show.
+pub fn waits_for(ns: &Namespace) -> String {
+    format!("teardown waits for a runner in {}", place(ns))
+}
+
+/// "PID namespace N on host H (boot B)".
+fn place(ns: &Namespace) -> String {
+    let pid_ns = ns.pid_ns.map_or("(unknown)".to_string(), |n| n.to_string());
+    format!(
+        "PID namespace {pid_ns} on host {} (boot {})",
+        ns.host, ns.boot_id
+    )
+}
+
+/// Why job `job`'s lost attempt is not torn down yet, when its runner's namespace is known:
+/// the namespace it waits for, and whether a registered runner is there. None when the job
+/// has no lost attempt to tear down, or its runner's namespace is not recorded, or it ran in
+/// an earlier boot of this host (any runner tears those down at its next sweep).
+///
+/// # Errors
+///
+/// A database error.
+pub fn teardown_wait(store: &Store, job: i64) -> Result<Option<String>> {
+    let Some(ns) = store.teardown_of(job)?.and_then(|lost| lost.namespace) else {
+        return Ok(None);
+    };
+    if ended_with_its_boot(&ns, &Namespace::here()) {
+        return Ok(None);
+    }
+    Ok(Some(wait_line(&ns, &store.runners()?)))
+}
+
+/// Whether an attempt of a runner in `ns` ended with its boot, as seen from here: any runner
+/// of this host records it at its next sweep, and it waits for no namespace.
+fn ended_with_its_boot(ns: &Namespace, here: &Namespace) -> bool {
+    matches!(teardown_reach(Some(ns), here), Reach::Gone(_))
+}
+
+/// The jobs whose lost attempts wait for a runner in a known namespace, by the line that says
+/// why ([`teardown_wait`]'s), in job id order; at most `limit` jobs are read.
+///
+/// # Errors
+///
+/// A database error.
+pub fn teardown_waits(store: &Store, limit: u64) -> Result<Vec<(String, Vec<i64>)>> {
+    let runners = store.runners()?;
+    let here = Namespace::here();
+    let mut waits: Vec<(String, Vec<i64>)> = Vec::new();
+    for lost in store.pending_teardowns(limit)? {
+        let Some(ns) = lost.namespace.filter(|ns| !ended_with_its_boot(ns, &here)) else {
+            continue;
+        };
+        let line = wait_line(&ns, &runners);
+        match waits.iter_mut().find(|(l, _)| *l == line) {
+            Some((_, ids)) => ids.push(lost.job_id),
+            None => waits.push((line, vec![lost.job_id])),
+        }
+    }
+    Ok(waits)
+}
+
+/// [`waits_for`], and whether one of `runners` that may be alive ([`runner_alive`]) is in
+/// that namespace.
+fn wait_line(ns: &Namespace, runners: &[RunnerRecord]) -> String {
+    let there: Vec<&str> = runners
+        .iter()
+        .filter(|r| {
+            runner_alive(r)
+                && !r.boot_id.is_empty()
+                && r.boot_id == ns.boot_id
+                && r.pid_ns.is_some()
+                && r.pid_ns == ns.pid_ns
+        })
+        .map(|r| r.worker_id.as_str())
+        .collect();
+    if there.is_empty() {
+        format!(
+            "{}: no runner is registered there (start one there, or force it with \
+             `leasehold jobs retry --force`)",
+            waits_for(ns)
+        )
+    } else {
+        format!(
+            "{}: runner {} is there and tears it down at its next sweep",
+            waits_for(ns),
+            there.join(", ")
+        )
+    }
+}
+
+/// An operator's forced teardown of job `id`'s lost attempt: records `torn_down` without
+/// verifying that its processes are gone, and says what could not be verified. None when the
+/// job has no lost attempt to tear down. Processes this process can see are torn down first,
+/// as a runner would.
+///
+/// # Errors
+///
+/// A database error.
+pub fn force_teardown(store: &Store, id: i64) -> Result<Option<String>> {
+    let Some(lost) = store.teardown_of(id)? else {
+        return Ok(None);
+    };
+    let here = Namespace::here();
+    let detail = match teardown_reach(lost.namespace.as_ref(), &here) {
+        Reach::Elsewhere(_) => format!(
+            "forced by the operator: not verified that attempt {} is gone (it ran in {}; \
+             this command runs in {})",
+            lost.attempt,
+            lost.namespace
+                .as_ref()
+                .map_or("an unknown namespace".to_string(), place),
+            place(&here)
+        ),
+        Reach::Gone(why) => why,
+        Reach::Here => {
+            let identity = AttemptIdentity {
+                pgid: lost.pgid,
+                start_time: lost.start_time,
+                token: lost.run_token.clone(),
+            };
+            process::teardown(&identity, DEFAULT_KILL_GRACE).describe()
+        }
+    };
+    if store.record_teardown(lost.job_id, &lost.run_token, &detail, now_ms())? {
+        log::info!("job {id} attempt {} torn down: {detail}", lost.attempt);
+        Ok(Some(detail))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Whether the runner `r` may still be alive, as far as this process can tell: a runner on
+/// another host, or one whose process is still the one that registered, may be; a runner of
+/// this host whose boot id differs is dead, and one in this boot and PID namespace whose pid
+/// is gone or now belongs to another process. Stopped runners are not alive.
+pub fn runner_alive(r: &RunnerRecord) -> bool {
+    r.stopped_at.is_none() && runner_death_evidence(r, &Namespace::here()).is_none()
+}
+
+impl Namespace {
+    /// Where this process's pids mean something.
+    pub(crate) fn here() -> Namespace {
+        Namespace::new(
+            process::hostname(),
+            process::boot_id().unwrap_or_default(),
+            process::pid_namespace().ok(),
+        )
+    }
+}
+
+/// Why the runner `r` is provably dead, judged by a process in `here`; None when it may be
+/// alive, or when nothing can be proven from here.
+///
+/// Evidence is what the judge can see. Another host: nothing. Another boot of this host: the
+/// runner ended with it (a WAL database is shared by the processes of one kernel only;
+/// containers share their host's boot id, so a different one is a different kernel). Its pid
+/// (gone, or reused by another process) counts only in the same boot and the same PID
+/// namespace: in a container or under `unshare --pid`, pid 1 is not this host's pid 1. A
+/// runner registered before schema version 9 has no recorded namespace: only the expiry of
+/// its leases then.
+pub(crate) fn runner_death_evidence(r: &RunnerRecord, here: &Namespace) -> Option<String> {
+    if r.host != here.host {
         return None;
     }
-    if !boot_id.is_empty() && r.boot_id != boot_id {
+    let known_boots = !r.boot_id.is_empty() && !here.boot_id.is_empty();
+    if known_boots && r.boot_id != here.boot_id {
         return Some(format!(
-            "it ran in boot {} and this host is now in boot {boot_id}",
-            r.boot_id
+            "it ran in boot {} and this host is now in boot {}",
+            r.boot_id, here.boot_id
         ));
+    }
+    if !known_boots || r.pid_ns.is_none() || r.pid_ns != here.pid_ns {
+        return None;
     }
     let pid = i32::try_from(r.pid).ok()?;
     // One read of /proc/PID/stat gives both the state and the start time.

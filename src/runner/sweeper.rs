@@ -9,8 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 
 use crate::error::Result;
-use crate::process;
-use crate::store::{PruneOptions, PruneReport, ReclaimRequest, Store};
+use crate::store::{Namespace, PruneOptions, PruneReport, ReclaimRequest, Store};
 
 use super::operator::{runner_death_evidence, tear_down_lost_attempts};
 use super::shared::{Shared, SweepCounters};
@@ -27,8 +26,8 @@ pub(crate) const PRUNE_VACUUM_MIB_PER_ROUND: u32 = 16;
 pub(crate) struct Sweeper {
     store: Store,
     shared: Arc<Shared>,
-    boot_id: String,
-    host: String,
+    /// Where this runner's pids mean something: what it can prove and tear down.
+    here: Namespace,
     clock: Mutex<Clock>,
     /// Failed sweeps and prunes, logged once a minute with a count (a full disk fails every
     /// sweep until space is back).
@@ -105,8 +104,7 @@ impl Sweeper {
         Sweeper {
             store,
             shared,
-            boot_id: process::boot_id().unwrap_or_default(),
-            host: crate::process::hostname(),
+            here: Namespace::here(),
             clock: Mutex::new(Clock {
                 wall: SystemTime::now(),
                 mono: Instant::now(),
@@ -253,16 +251,15 @@ impl Sweeper {
         )
     }
 
-    /// Runners on this host, other than this one, that are provably dead, with the evidence.
+    /// Runners other than this one that are provably dead by evidence this runner can see
+    /// (see [`runner_death_evidence`]), with the evidence.
     fn dead_runners(&self) -> Result<Vec<(String, String)>> {
         Ok(self
             .store
             .runners()?
             .into_iter()
             .filter(|r| r.worker_id != self.shared.worker_id)
-            .filter_map(|r| {
-                runner_death_evidence(&r, &self.host, &self.boot_id).map(|why| (r.worker_id, why))
-            })
+            .filter_map(|r| runner_death_evidence(&r, &self.here).map(|why| (r.worker_id, why)))
             .collect())
     }
 }
@@ -273,7 +270,9 @@ mod tests {
 
     use super::*;
     use crate::job::{Job, Status, now_ms};
+    use crate::process;
     use crate::runner::RunnerBuilder;
+    use crate::runner::operator::{Reach, teardown_reach};
     use crate::store::ClaimRequest;
     use crate::store::RunnerRecord;
 
@@ -301,6 +300,7 @@ mod tests {
                 lease_ttl_ms: 30_000,
                 heartbeat_interval_ms: 5_000,
                 max_recovery_attempts: 3,
+                pid_ns: process::pid_namespace().ok(),
             })
             .unwrap();
     }
@@ -494,10 +494,80 @@ mod tests {
     }
 
     #[test]
-    fn a_reused_pid_proves_its_runner_dead() {
+    fn a_lost_attempt_of_another_namespace_keeps_its_marker_until_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let store = Store::open(&path).unwrap();
+        // A runner of this boot in another PID namespace, whose pid here is this process
+        // under another start time: evidence only to a judge in its namespace.
+        let me = std::process::id() as i64;
+        let here = Namespace::here();
+        let other_ns = here.pid_ns.map(|n| n + 1);
+        let now = now_ms();
+        store
+            .register_runner(&RunnerRecord {
+                worker_id: "boxed".into(),
+                pid: me,
+                proc_start_time: 1,
+                boot_id: here.boot_id.clone(),
+                host: here.host.clone(),
+                started_at: now,
+                heartbeat_at: now,
+                stopped_at: None,
+                lease_ttl_ms: 30_000,
+                heartbeat_interval_ms: 5_000,
+                max_recovery_attempts: 3,
+                pid_ns: other_ns,
+            })
+            .unwrap();
+        let id = claim_one(&store, "boxed");
+        let sweeper = sweeper(&path, "sweeper");
+        // Alive as far as this namespace can tell: its lease is kept.
+        let report = sweeper.sweep_once(now_ms()).unwrap();
+        assert_eq!(report.dead_runners, 0);
+        assert_eq!(store.job(id).unwrap().status, Status::Running);
+        // Once its lease expires the job is reclaimed, but its teardown waits.
+        let later = now_ms() + 3_600_000;
+        let report = sweeper.sweep_once(later).unwrap();
+        assert_eq!(report.reclaimed_pending, 1);
+        assert_eq!(report.torn_down, 0);
+        let job = store.job(id).unwrap();
+        assert_eq!(job.status, Status::Pending);
+        assert!(job.teardown_pending);
+        let lost = store.teardown_of(id).unwrap().unwrap();
+        assert_eq!(lost.worker_id.as_deref(), Some("boxed"));
+        assert_eq!(lost.namespace.as_ref().unwrap().pid_ns, other_ns);
+        let why = super::super::operator::teardown_wait(&store, id)
+            .unwrap()
+            .unwrap();
+        let ns = other_ns.unwrap();
+        assert!(
+            why.contains(&format!(
+                "teardown waits for a runner in PID namespace {ns}"
+            )),
+            "{why}"
+        );
+        assert!(why.contains("runner boxed is there"), "{why}");
+        assert_eq!(sweeper.sweep_once(later).unwrap().torn_down, 0);
+        // The operator forces it: recorded, saying what was not verified.
+        let detail = super::super::operator::force_teardown(&store, id)
+            .unwrap()
+            .unwrap();
+        assert!(detail.contains("not verified"), "{detail}");
+        assert!(!store.job(id).unwrap().teardown_pending);
+        assert_eq!(
+            super::super::operator::force_teardown(&store, id).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_reused_pid_proves_its_runner_dead_only_in_the_same_namespace() {
         let me = std::process::id() as i64;
         let start = process::start_time(me as i32).unwrap();
-        let record = |pid: i64, start: u64, boot: &str, host: &str| RunnerRecord {
+        let here = Namespace::here();
+        let ns = here.pid_ns;
+        let record = |pid: i64, start: u64, boot: &str, host: &str, pid_ns| RunnerRecord {
             worker_id: "r".into(),
             pid,
             proc_start_time: start,
@@ -509,20 +579,58 @@ mod tests {
             lease_ttl_ms: 0,
             heartbeat_interval_ms: 0,
             max_recovery_attempts: 0,
+            pid_ns,
         };
-        let (host, boot) = (crate::process::hostname(), process::boot_id().unwrap());
-        assert_eq!(
-            runner_death_evidence(&record(me, start, &boot, &host), &host, &boot),
-            None
-        );
-        let reused = runner_death_evidence(&record(me, start + 1, &boot, &host), &host, &boot);
+        let (host, boot) = (here.host.clone(), here.boot_id.clone());
+        let judge = |r: &RunnerRecord| runner_death_evidence(r, &here);
+        assert_eq!(judge(&record(me, start, &boot, &host, ns)), None);
+        let reused = judge(&record(me, start + 1, &boot, &host, ns));
         assert!(reused.unwrap().contains("another process"));
-        let rebooted = runner_death_evidence(&record(me, start, "old-boot", &host), &host, &boot);
+        let gone = judge(&record(i64::from(i32::MAX), start, &boot, &host, ns));
+        assert!(gone.unwrap().contains("is gone"));
+        // In another PID namespace, or one not recorded (a row from before version 9), the
+        // pid proves nothing: pid 1 there is not pid 1 here.
+        let other_ns = ns.map(|n| n + 1);
+        assert_eq!(judge(&record(me, start + 1, &boot, &host, other_ns)), None);
+        assert_eq!(judge(&record(1, start, &boot, &host, other_ns)), None);
+        assert_eq!(judge(&record(me, start + 1, &boot, &host, None)), None);
+        // Another boot of this host ended the runner, whatever its namespace.
+        let rebooted = judge(&record(me, start, "old-boot", &host, other_ns));
         assert!(rebooted.unwrap().contains("boot"));
+        // A runner whose boot id was unreadable proves nothing by it.
+        assert_eq!(judge(&record(me, start + 1, "", &host, ns)), None);
         // Nothing can be proven about another host's runner from here.
-        assert_eq!(
-            runner_death_evidence(&record(me, 0, "x", "elsewhere"), &host, &boot),
-            None
-        );
+        assert_eq!(judge(&record(me, 0, "x", "elsewhere", ns)), None);
+    }
+
+    #[test]
+    fn a_lost_attempt_is_torn_down_only_where_its_pids_mean_something() {
+        let here = Namespace::new("vm", "boot-a", Some(7));
+        let reach = |host: &str, boot: &str, ns| {
+            teardown_reach(Some(&Namespace::new(host, boot, ns)), &here)
+        };
+        assert_eq!(teardown_reach(None, &here), Reach::Here);
+        assert_eq!(reach("vm", "boot-a", Some(7)), Reach::Here);
+        // A container of this kernel with its own host name but this PID namespace: here.
+        assert_eq!(reach("box", "boot-a", Some(7)), Reach::Here);
+        let Reach::Elsewhere(why) = reach("vm", "boot-a", Some(8)) else {
+            panic!("another namespace is elsewhere")
+        };
+        assert!(why.contains("PID namespace 8"), "{why}");
+        assert!(matches!(reach("vm", "boot-a", None), Reach::Elsewhere(_)));
+        assert!(matches!(reach("vm", "", Some(7)), Reach::Elsewhere(_)));
+        assert!(matches!(reach("vm", "boot-b", Some(8)), Reach::Gone(_)));
+        assert!(matches!(
+            reach("other", "boot-b", Some(7)),
+            Reach::Elsewhere(_)
+        ));
+        let unknown_here = Namespace::new("vm", "boot-a", None);
+        assert!(matches!(
+            teardown_reach(
+                Some(&Namespace::new("vm", "boot-a", Some(7))),
+                &unknown_here
+            ),
+            Reach::Elsewhere(_)
+        ));
     }
 }

@@ -71,7 +71,7 @@ pub use retention::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,
     PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
 };
-pub use runners::RunnerRecord;
+pub use runners::{Namespace, RunnerRecord};
 pub use schedule::{FireReport, MAX_SCHEDULE_EVENTS, ScheduleEvent, ScheduleRecord};
 pub(crate) use tx::{savepoint, transaction};
 
@@ -631,7 +631,26 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn pending_teardowns(&self, limit: u64) -> Result<Vec<LostAttempt>> {
-        reclaim::pending_teardowns(&self.conn, limit)
+        reclaim::pending_teardowns(&self.conn, 0, limit)
+    }
+
+    /// As [`Store::pending_teardowns`], of jobs whose id is above `after`: the next page.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn pending_teardowns_after(&self, after: i64, limit: u64) -> Result<Vec<LostAttempt>> {
+        reclaim::pending_teardowns(&self.conn, after, limit)
+    }
+
+    /// Job `id`'s lost attempt still to be torn down, if it has one, with its runner's
+    /// namespace: what `jobs inspect` and the dashboard show of a job that waits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn teardown_of(&self, id: i64) -> Result<Option<LostAttempt>> {
+        reclaim::teardown_of(&self.conn, id)
     }
 
     /// Records that a lost attempt's processes were dealt with (`detail` says how), which

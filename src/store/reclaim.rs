@@ -10,6 +10,7 @@ use crate::metrics::CounterKind;
 
 use super::counter;
 use super::dependency;
+use super::runners::Namespace;
 use super::tx::event;
 
 /// The start of `last_error` for a job whose lease expired (or whose runner is dead).
@@ -51,6 +52,11 @@ pub struct LostAttempt {
     pub pgid: Option<i32>,
     /// Its recorded start time.
     pub start_time: Option<u64>,
+    /// The runner that ran it (None: a marker from before schema version 9, or written by hand).
+    pub worker_id: Option<String>,
+    /// Where its pids mean something: its runner's host, boot and PID namespace (None when its
+    /// runner is unknown or registered before schema version 9).
+    pub namespace: Option<Namespace>,
 }
 
 /// One reclaimed job.
@@ -194,7 +200,7 @@ pub(super) fn reclaim(
                      run_token = CASE WHEN ?3 = 'pending' THEN NULL ELSE run_token END,
                      worker_id = CASE WHEN ?3 = 'pending' THEN NULL ELSE worker_id END,
                      teardown_token = ?7, teardown_pgid = pgid,
-                     teardown_start_time = proc_start_time
+                     teardown_start_time = proc_start_time, teardown_worker = worker_id
                  WHERE id = ?1 AND status = 'running' AND run_token IS ?2",
             )?
             .execute(params![
@@ -224,6 +230,8 @@ pub(super) fn reclaim(
                 run_token: token_text,
                 pgid,
                 start_time: start.map(|s| s as u64),
+                worker_id: worker.clone(),
+                namespace: None,
             },
             worker_id: worker,
             status,
@@ -258,21 +266,54 @@ pub(super) fn lost_verdict(
     }
 }
 
-pub(super) fn pending_teardowns(conn: &Connection, limit: u64) -> Result<Vec<LostAttempt>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, attempt, teardown_token, teardown_pgid, teardown_start_time FROM jobs
-         WHERE teardown_token IS NOT NULL ORDER BY id LIMIT (SELECT ?1)",
-    )?;
-    let rows = stmt.query_map([limit as i64], |r| {
-        Ok(LostAttempt {
-            job_id: r.get(0)?,
-            attempt: r.get(1)?,
-            run_token: r.get(2)?,
-            pgid: r.get(3)?,
-            start_time: r.get::<_, Option<i64>>(4)?.map(|s| s as u64),
-        })
-    })?;
+/// What [`pending_teardowns`] and [`teardown_of`] read: the marker and its runner's namespace.
+const TEARDOWN_SQL: &str =
+    "SELECT j.id, j.attempt, j.teardown_token, j.teardown_pgid, j.teardown_start_time,
+            j.teardown_worker, r.host, r.boot_id, r.pid_ns
+     FROM jobs j LEFT JOIN runners r ON r.worker_id = j.teardown_worker";
+
+fn lost_attempt(r: &rusqlite::Row<'_>) -> rusqlite::Result<LostAttempt> {
+    let host: Option<String> = r.get(6)?;
+    let boot_id: Option<String> = r.get(7)?;
+    let pid_ns: Option<i64> = r.get(8)?;
+    Ok(LostAttempt {
+        job_id: r.get(0)?,
+        attempt: r.get(1)?,
+        run_token: r.get(2)?,
+        pgid: r.get(3)?,
+        start_time: r.get::<_, Option<i64>>(4)?.map(|s| s as u64),
+        worker_id: r.get(5)?,
+        namespace: match (host, boot_id, pid_ns) {
+            (Some(host), Some(boot_id), Some(ns)) => Some(Namespace {
+                host,
+                boot_id,
+                pid_ns: Some(ns as u64),
+            }),
+            _ => None,
+        },
+    })
+}
+
+/// Up to `limit` teardown markers of jobs whose id is above `after`, in id order.
+pub(super) fn pending_teardowns(
+    conn: &Connection,
+    after: i64,
+    limit: u64,
+) -> Result<Vec<LostAttempt>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "{TEARDOWN_SQL}
+         WHERE j.teardown_token IS NOT NULL AND j.id > ?1 ORDER BY j.id LIMIT (SELECT ?2)"
+    ))?;
+    let rows = stmt.query_map(params![after, limit as i64], lost_attempt)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Job `id`'s teardown marker, if it has one.
+pub(super) fn teardown_of(conn: &Connection, id: i64) -> Result<Option<LostAttempt>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "{TEARDOWN_SQL} WHERE j.id = ?1 AND j.teardown_token IS NOT NULL"
+    ))?;
+    Ok(stmt.query_row([id], lost_attempt).optional()?)
 }
 
 pub(super) fn record_teardown(
@@ -285,7 +326,7 @@ pub(super) fn record_teardown(
     let attempt: Option<i64> = conn
         .prepare_cached(
             "UPDATE jobs SET teardown_token = NULL, teardown_pgid = NULL,
-                 teardown_start_time = NULL
+                 teardown_start_time = NULL, teardown_worker = NULL
              WHERE id = ?1 AND teardown_token = ?2 RETURNING attempt",
         )?
         .query_row(params![id, token], |r| r.get(0))

@@ -30,6 +30,44 @@ pub struct RunnerRecord {
     pub heartbeat_interval_ms: i64,
     /// Its recovery budget.
     pub max_recovery_attempts: i64,
+    /// Its PID namespace: the inode of `/proc/self/ns/pid` (None: registered before schema
+    /// version 9, or unreadable). Its pid means something only in this namespace.
+    pub pid_ns: Option<u64>,
+}
+
+/// Where a process's pid means something: a host, a boot of its kernel, and a PID namespace.
+///
+/// Containers share their host's boot id (it is not namespaced), so two processes with the
+/// same boot id run on one kernel, and with the same PID namespace as well they see the same
+/// pids. Namespace inodes repeat across boots (the initial one is the same number on every
+/// Linux system), so the namespace alone identifies nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Namespace {
+    /// The host name.
+    pub host: String,
+    /// The boot id (`/proc/sys/kernel/random/boot_id`; empty when unreadable).
+    pub boot_id: String,
+    /// The inode of `/proc/self/ns/pid` (None: unknown).
+    pub pid_ns: Option<u64>,
+}
+
+impl Namespace {
+    /// A namespace from its parts.
+    pub fn new(host: impl Into<String>, boot_id: impl Into<String>, pid_ns: Option<u64>) -> Self {
+        Namespace {
+            host: host.into(),
+            boot_id: boot_id.into(),
+            pid_ns,
+        }
+    }
+}
+
+impl RunnerRecord {
+    /// Where this runner's pid means something.
+    pub fn namespace(&self) -> Namespace {
+        Namespace::new(self.host.clone(), self.boot_id.clone(), self.pid_ns)
+    }
 }
 
 fn runner_row(r: &Row<'_>) -> rusqlite::Result<RunnerRecord> {
@@ -45,6 +83,7 @@ fn runner_row(r: &Row<'_>) -> rusqlite::Result<RunnerRecord> {
         lease_ttl_ms: r.get(8)?,
         heartbeat_interval_ms: r.get(9)?,
         max_recovery_attempts: r.get(10)?,
+        pid_ns: r.get::<_, Option<i64>>(11)?.map(|n| n as u64),
     })
 }
 
@@ -52,8 +91,8 @@ pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
     conn.execute(
         "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
                      heartbeat_at, stopped_at, lease_ttl_ms, heartbeat_interval_ms,
-                     max_recovery_attempts)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                     max_recovery_attempts, pid_ns)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
             runner.worker_id,
             runner.pid,
@@ -66,6 +105,7 @@ pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
             runner.lease_ttl_ms,
             runner.heartbeat_interval_ms,
             runner.max_recovery_attempts,
+            runner.pid_ns.map(|n| n as i64),
         ],
     )?;
     Ok(())
@@ -97,7 +137,7 @@ pub(super) fn runner_heartbeat(conn: &Connection, worker_id: &str, now: i64) -> 
 pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
     let mut stmt = conn.prepare_cached(
         "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
-                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
              FROM runners WHERE stopped_at IS NULL ORDER BY started_at, worker_id",
     )?;
     let rows = stmt.query_map([], runner_row)?;
@@ -107,7 +147,7 @@ pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
 pub(super) fn latest(conn: &Connection) -> Result<Option<RunnerRecord>> {
     let mut stmt = conn.prepare_cached(
         "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
-                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
              FROM runners ORDER BY started_at DESC, rowid DESC LIMIT 1",
     )?;
     Ok(stmt.query_row([], runner_row).optional()?)

@@ -10,6 +10,7 @@ mod crash;
 mod flow;
 mod freeze;
 mod fulldisk;
+mod namespace;
 mod renewal;
 mod schedule;
 mod shutdown;

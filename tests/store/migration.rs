@@ -161,6 +161,30 @@ fn fixture_files_of_older_versions_are_migrated_with_their_jobs() {
     }
 }
 
+/// Version 9: a runner registered before it has no recorded PID namespace (its pid proves
+/// nothing: only its leases' expiry), and neither has a teardown marker written before it.
+#[test]
+fn runners_and_markers_from_before_version_9_have_no_namespace() {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.db");
+    let db = TestDb::new();
+    let copy = db.sibling("v1.db");
+    std::fs::copy(&source, &copy).unwrap();
+    let store = Store::open(&copy).unwrap();
+    let runner = store
+        .latest_runner()
+        .unwrap()
+        .expect("the fixture has a runner");
+    assert_eq!(runner.pid_ns, None);
+    drop(store);
+    // A marker as an older build wrote it (or the runbook's SQL by hand).
+    bare(&copy)
+        .execute("UPDATE jobs SET teardown_token = 'old' WHERE id = 6", [])
+        .unwrap();
+    let store = Store::open(&copy).unwrap();
+    let lost = store.teardown_of(6).unwrap().expect("a marker");
+    assert_eq!((lost.worker_id, lost.namespace), (None, None));
+}
+
 #[test]
 fn a_newer_schema_is_refused_naming_both_versions() {
     let db = TestDb::new();

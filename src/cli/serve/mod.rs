@@ -372,9 +372,20 @@ fn job(store: &Store, app: &App, id: &str) -> Result<Response, Error> {
     let record = store.job(id)?;
     let events = store.events(id)?;
     let output = store.output(id, None)?;
+    let waits = if record.teardown_pending {
+        operator::teardown_wait(store, id)?
+    } else {
+        None
+    };
     Ok(Response::html(
         200,
-        page::job(&record, &events, output.as_ref(), app.token.as_deref()),
+        page::job(
+            &record,
+            &events,
+            output.as_ref(),
+            waits.as_deref(),
+            app.token.as_deref(),
+        ),
     ))
 }
 

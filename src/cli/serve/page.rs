@@ -254,6 +254,7 @@ pub fn job(
     j: &JobRecord,
     events: &[Event],
     output: Option<&Output>,
+    teardown_waits: Option<&str>,
     token: Option<&str>,
 ) -> String {
     let opt = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
@@ -316,7 +317,10 @@ pub fn job(
             }
         }
         @if j.teardown_pending {
-            p.bad { "A lost attempt's processes are still to be torn down." }
+            p.bad #teardown {
+                "A lost attempt's processes are still to be torn down."
+                @if let Some(why) = teardown_waits { " " (why) "." }
+            }
         }
         h2 { "Command" }
         ol #argv { @for a in &j.argv { li { code { (a) } } } }

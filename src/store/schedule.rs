@@ -468,3 +468,40 @@ pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    const MIN: i64 = 60_000;
+    /// 2027-01-01T00:00:00Z.
+    const T: i64 = 1_798_761_600_000;
+
+    /// What the runner that lost the race sees: it listed the schedule as due, and once it
+    /// holds the write lock the winner has moved the next slot past its `now`.
+    #[test]
+    fn firing_before_the_next_slot_enqueues_nothing_and_leaves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let minutely = Schedule::cron("* * * * *")
+            .unwrap()
+            .overlap(Overlap::Allow)
+            .job(Job::shell("true"));
+        store.put_schedule("m", &minutely, T).unwrap();
+        assert_eq!(store.fire_due(T + MIN + 5).unwrap().enqueued, 1);
+        // The loser's clock read: after the slot it saw due, before the next one.
+        for now in [T + MIN + 3, T + 2 * MIN - 1] {
+            let r = store.write(|c| fire(c, "m", now)).unwrap();
+            assert_eq!(r, FireReport::default(), "at {now}");
+            let rec = store.schedule("m").unwrap();
+            assert_eq!(rec.next_slot_at, Some(T + 2 * MIN), "at {now}");
+            assert_eq!(rec.last_slot_at, Some(T + MIN), "at {now}");
+        }
+        let jobs: i64 = store
+            .conn
+            .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(jobs, 1);
+    }
+}

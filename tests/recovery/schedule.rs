@@ -59,6 +59,16 @@ fn two_runners_fire_every_slot_once_even_when_one_is_killed() {
             .then_some(())
     });
     let slots = by_slot(&c, "tick");
+    // No slot fired before it was due (the runner that loses a race fires nothing).
+    let early: Vec<(i64, i64)> = slots
+        .iter()
+        .filter(|(s, j)| **s > j.created_at)
+        .map(|(&s, j)| (s, j.created_at))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "slots fired before due (slot, created): {early:?}"
+    );
     let first = (start / 1000 + 1) * 1000;
     let last = end / 1000 * 1000;
     let missing: Vec<i64> = (first / 1000..=last / 1000)

@@ -214,7 +214,19 @@ fn two_connections_firing_the_same_slots_at_once_fire_each_once() {
         handles.into_iter().map(|h| h.join().unwrap()).sum()
     });
     assert_eq!(enqueued, 200);
-    let fired = slots(&jobs_of(&db.store(), "fast"));
+    let jobs = jobs_of(&db.store(), "fast");
+    // No slot fires before it is due: the connection that lost a race finds the next slot
+    // in the future and fires nothing.
+    let early: Vec<(i64, i64)> = jobs
+        .iter()
+        .filter(|j| j.slot_at.unwrap() > j.created_at)
+        .map(|j| (j.slot_at.unwrap(), j.created_at))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "slots fired before due (slot, created): {early:?}"
+    );
+    let fired = slots(&jobs);
     let want: Vec<i64> = (1..=200).map(|k| T + k * 1000).collect();
     assert_eq!(fired, want);
 }

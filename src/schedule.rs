@@ -285,6 +285,21 @@ impl Schedule {
         self
     }
 
+    /// For an interval whose anchor lies after `now` (it was stored while the clock was
+    /// ahead), the anchor carried back on its own grid to the last point at or before `now`:
+    /// the slots keep their phase and resume after `now`. None otherwise.
+    pub(crate) fn anchor_back_to(&self, now: i64) -> Option<i64> {
+        let Spec::Every(d) = self.spec else {
+            return None;
+        };
+        let every = duration_ms(d).max(1);
+        if now >= self.anchor {
+            return None;
+        }
+        let back = ((self.anchor - now - 1) / every + 1).checked_mul(every)?;
+        self.anchor.checked_sub(back)
+    }
+
     /// The next `count` slots strictly after `after` (milliseconds since the epoch), in order.
     /// Fewer when the expression has no more (`0 0 30 2 *` has none).
     ///
@@ -821,6 +836,15 @@ mod tests {
             twice.period_after(at("2027-01-01T12:00:00Z")).unwrap(),
             Some(16 * h)
         );
+    }
+
+    #[test]
+    fn an_anchor_after_now_is_carried_back_on_its_grid() {
+        let s = Schedule::every(Duration::from_secs(60)).with_anchor(3_600_007);
+        assert_eq!(s.anchor_back_to(30_000), Some(7));
+        assert_eq!(s.anchor_back_to(60_007), Some(60_007));
+        assert_eq!(s.anchor_back_to(3_600_007), None);
+        assert_eq!(Schedule::cron("* * * * *").unwrap().anchor_back_to(0), None);
     }
 
     #[test]

@@ -329,11 +329,19 @@ pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
 /// ([`Schedule::period_after`]). A slot this schedule already fired after `now`, less than a
 /// period ahead, was fired by a runner whose clock read came a little after ours (we waited
 /// for the lock meanwhile): the next slot is recomputed after it, never to fire it again.
-fn recomputed_next(rec: &ScheduleRecord, now: i64) -> Result<Option<i64>> {
+///
+/// Also returns the interval's new anchor when it was after `now` (stored while the clock was
+/// ahead): carried back on its grid, else its slots would still count from it.
+fn recomputed_next(rec: &ScheduleRecord, now: i64) -> Result<Option<(i64, Option<i64>)>> {
     let Some(first) = rec.next_slot_at else {
         return Ok(None);
     };
-    let Some(period) = rec.schedule.period_after(now)? else {
+    let anchor = rec.schedule.anchor_back_to(now);
+    let schedule = match anchor {
+        Some(a) => rec.schedule.clone().with_anchor(a),
+        None => rec.schedule.clone(),
+    };
+    let Some(period) = schedule.period_after(now)? else {
         return Ok(None);
     };
     if rec.paused || first.saturating_sub(now) <= period {
@@ -343,7 +351,10 @@ fn recomputed_next(rec: &ScheduleRecord, now: i64) -> Result<Option<i64>> {
         Some(last) if last > now && last - now <= period => last,
         _ => now,
     };
-    Ok(rec.schedule.slot_after(base)?.filter(|&next| next < first))
+    Ok(schedule
+        .slot_after(base)?
+        .filter(|&next| next < first)
+        .map(|next| (next, anchor)))
 }
 
 /// The earliest slot due among unpaused schedules.
@@ -411,8 +422,17 @@ pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport
     };
     if first > now {
         // Not due: what a runner that lost the race to fire this slot sees.
-        if let Some(next) = recomputed_next(&rec, now)? {
-            move_next(conn, name, rec.last_slot_at, Some(next), first)?;
+        if let Some((next, anchor)) = recomputed_next(&rec, now)? {
+            let moved = conn
+                .prepare_cached(
+                    "UPDATE schedules SET next_slot_at = ?2, anchor_at = coalesce(?3, anchor_at)
+                         WHERE name = ?1 AND next_slot_at = ?4 AND paused = 0",
+                )?
+                .execute(params![name, next, anchor, first])?;
+            if moved != 1 {
+                // Cannot happen while this transaction holds the write lock.
+                return Err(Error::Sqlite(rusqlite::Error::StatementChangedRows(moved)));
+            }
             log::info!(
                 "schedule {name:?}: its next slot {} lay more than a period ahead of now (the \
                  clock was ahead when it was computed): recomputed to {}",

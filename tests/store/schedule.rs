@@ -404,6 +404,13 @@ fn a_next_slot_computed_by_a_clock_an_hour_ahead_is_recomputed_once_the_clock_is
     // The clock is an hour ahead when one schedule is stored and another fires.
     store.put_schedule("stored", &minutely(), T + hour).unwrap();
     store.put_schedule("fired", &minutely(), T - MIN).unwrap();
+    // An interval counts from when it was stored: its anchor is an hour ahead too.
+    let every_minute = Schedule::every(Duration::from_secs(60))
+        .overlap(Overlap::Allow)
+        .job(Job::shell("true"));
+    store
+        .put_schedule("interval", &every_minute, T + hour + 7)
+        .unwrap();
     assert_eq!(store.fire_due(T + hour + 100).unwrap().enqueued, 1);
     assert_eq!(
         store.schedule("fired").unwrap().next_slot_at,
@@ -417,10 +424,24 @@ fn a_next_slot_computed_by_a_clock_an_hour_ahead_is_recomputed_once_the_clock_is
     for name in ["stored", "fired"] {
         assert_eq!(store.schedule(name).unwrap().next_slot_at, Some(T + MIN));
     }
-    // Both fire on time, not an hour later.
+    // The interval keeps its phase (7 ms past the minute).
+    assert_eq!(
+        store.schedule("interval").unwrap().next_slot_at,
+        Some(T + MIN + 7)
+    );
+    // All fire on time, not an hour later, and go on every minute.
     let r = store.fire_due(T + MIN + 100).unwrap();
-    assert_eq!(r.enqueued, 2, "{r:?}");
-    assert_eq!(slots(&jobs_of(&store, "stored")), vec![T + MIN]);
+    assert_eq!(r.enqueued, 3, "{r:?}");
+    let r = store.fire_due(T + 2 * MIN + 100).unwrap();
+    assert_eq!(r.enqueued, 3, "{r:?}");
+    assert_eq!(
+        slots(&jobs_of(&store, "stored")),
+        vec![T + MIN, T + 2 * MIN]
+    );
+    assert_eq!(
+        slots(&jobs_of(&store, "interval")),
+        vec![T + MIN + 7, T + 2 * MIN + 7]
+    );
 }
 
 #[test]

@@ -469,8 +469,10 @@ impl Job {
     }
 
     /// With a [`Job::unique_key`], the key also matches any job of that key created within
-    /// `window` before the enqueue, whatever its status (a finished one too). By default,
-    /// only unfinished jobs match.
+    /// `window` before the enqueue, whatever its status (a finished one too). The window is
+    /// open at its far edge: a job created exactly `window` before the enqueue does not match
+    /// (with a 60 s window, one created 59.999 s before does, one created 60 s before does
+    /// not). By default, only unfinished jobs match.
     pub fn unique_window(mut self, window: Duration) -> Job {
         self.unique_window = Some(window);
         self

@@ -26,7 +26,9 @@ use crate::job::{Job, duration_ms};
 pub const MAX_CATCH_UP: usize = 100;
 
 /// A slot fired this late or less is on time, whatever the catch-up policy; an older one was
-/// missed (the runners were down, the machine slept) and the catch-up policy decides.
+/// missed (the runners were down, the machine slept) and the catch-up policy decides. For a
+/// slot less than twice this before the next one, the grace is half that gap instead, so
+/// that the slots of a short outage are never fired as if on time.
 pub const MISFIRE_GRACE: Duration = Duration::from_secs(10);
 
 /// The shortest interval of [`Schedule::every`].
@@ -283,6 +285,21 @@ impl Schedule {
         self
     }
 
+    /// For an interval whose anchor lies after `now` (it was stored while the clock was
+    /// ahead), the anchor carried back on its own grid to the last point at or before `now`:
+    /// the slots keep their phase and resume after `now`. None otherwise.
+    pub(crate) fn anchor_back_to(&self, now: i64) -> Option<i64> {
+        let Spec::Every(d) = self.spec else {
+            return None;
+        };
+        let every = duration_ms(d).max(1);
+        if now >= self.anchor {
+            return None;
+        }
+        let back = ((self.anchor - now - 1) / every + 1).checked_mul(every)?;
+        self.anchor.checked_sub(back)
+    }
+
     /// The next `count` slots strictly after `after` (milliseconds since the epoch), in order.
     /// Fewer when the expression has no more (`0 0 30 2 *` has none).
     ///
@@ -333,6 +350,16 @@ impl Schedule {
         }
     }
 
+    /// The schedule's period at `at`: the gap between its first two slots after `at` (for an
+    /// interval, the interval; for a cron expression whose gaps differ, as `0 9,17 * * *`,
+    /// the gap that comes next). None when it has fewer than two slots left.
+    pub(crate) fn period_after(&self, at: i64) -> Result<Option<i64>> {
+        Ok(match self.slots_after(at, 2)?.as_slice() {
+            [a, b] => Some(b - a),
+            _ => None,
+        })
+    }
+
     /// `ms` in the schedule's zone, as RFC 3339 with its offset: `2027-03-28T03:00:00+02:00`.
     pub fn local_time(&self, ms: i64) -> String {
         let Some(utc) = DateTime::<Utc>::from_timestamp_millis(ms) else {
@@ -344,6 +371,19 @@ impl Schedule {
                 .to_rfc3339_opts(SecondsFormat::Secs, false),
             Err(_) => utc.to_rfc3339_opts(SecondsFormat::Secs, true),
         }
+    }
+}
+
+/// How late, in milliseconds, `slot` may fire and still be on time, when the schedule's slot
+/// after it is `successor`: [`MISFIRE_GRACE`], at most half the slot's period (the gap to
+/// its successor; for an interval, the interval). The grace thus ends before the next slot is
+/// due, so at most one slot is ever on time and `catch_up` decides for every other: an
+/// `every 2s` schedule back from a 6 s outage fires none of the slots it missed under `skip`.
+pub(crate) fn misfire_grace(slot: i64, successor: Option<i64>) -> i64 {
+    let grace = duration_ms(MISFIRE_GRACE);
+    match successor {
+        Some(next) if next > slot => grace.min((next - slot) / 2),
+        _ => grace,
     }
 }
 
@@ -770,6 +810,41 @@ mod tests {
         assert_eq!(s.slots_after(0, 3).unwrap(), vec![61_000, 121_000, 181_000]);
         assert_eq!(s.slots_after(61_000, 1).unwrap(), vec![121_000]);
         assert_eq!(s.slots_after(61_001, 1).unwrap(), vec![121_000]);
+    }
+
+    #[test]
+    fn the_grace_is_at_most_half_the_gap_to_the_next_slot() {
+        let grace = duration_ms(MISFIRE_GRACE);
+        assert_eq!(misfire_grace(0, Some(2_000)), 1_000);
+        assert_eq!(misfire_grace(0, Some(60_000)), grace);
+        assert_eq!(misfire_grace(0, Some(20_000)), grace);
+        assert_eq!(misfire_grace(0, None), grace);
+    }
+
+    #[test]
+    fn a_period_is_the_gap_between_the_next_two_slots() {
+        let every = Schedule::every(Duration::from_secs(2)).with_anchor(1_000);
+        assert_eq!(every.period_after(0).unwrap(), Some(2_000));
+        // Irregular: 09:00 and 17:00 are 8 h apart, 17:00 and 09:00 the next day 16 h.
+        let twice = Schedule::cron("0 9,17 * * *").unwrap();
+        let h = 3_600_000;
+        assert_eq!(
+            twice.period_after(at("2027-01-01T08:00:00Z")).unwrap(),
+            Some(8 * h)
+        );
+        assert_eq!(
+            twice.period_after(at("2027-01-01T12:00:00Z")).unwrap(),
+            Some(16 * h)
+        );
+    }
+
+    #[test]
+    fn an_anchor_after_now_is_carried_back_on_its_grid() {
+        let s = Schedule::every(Duration::from_secs(60)).with_anchor(3_600_007);
+        assert_eq!(s.anchor_back_to(30_000), Some(7));
+        assert_eq!(s.anchor_back_to(60_007), Some(60_007));
+        assert_eq!(s.anchor_back_to(3_600_007), None);
+        assert_eq!(Schedule::cron("* * * * *").unwrap().anchor_back_to(0), None);
     }
 
     #[test]

@@ -241,7 +241,8 @@ struct AddArgs {
     /// Enqueue nothing while a pending or running job has this key; print that job's id.
     #[arg(long, value_name = "KEY", value_parser = OsStringValueParser::new().try_map(arg::unique_key))]
     unique_key: Option<String>,
-    /// With --unique-key: the key also matches any job of that key created this recently.
+    /// With --unique-key: the key also matches any job of that key created less than SECS ago
+    /// (one created exactly SECS ago does not).
     #[arg(
         long,
         value_name = "SECS",

@@ -99,8 +99,8 @@ pub struct AddArgs {
     /// nothing).
     #[arg(long, value_name = "KEY", value_parser = OsStringValueParser::new().try_map(arg::unique_key))]
     unique_key: Option<String>,
-    /// The unique key also matches a job of that key created this recently (the key
-    /// defaults to `schedule:NAME`).
+    /// The unique key also matches a job of that key created less than SECS ago (one
+    /// created exactly SECS ago does not; the key defaults to `schedule:NAME`).
     #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
     unique_window: Option<Secs>,
     /// Print JSON.

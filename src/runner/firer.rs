@@ -7,8 +7,9 @@
 //! decides which one fires a slot, so no slot fires twice.
 //!
 //! A wall clock that jumps forward (a suspend, a clock change) makes slots due at once; the
-//! store sorts them by the schedule's catch-up policy. One that jumps back fires nothing
-//! again: a schedule's next slot is after its last fired one, so it waits for the clock.
+//! store sorts them by the schedule's catch-up policy. After one that jumps back, a next slot
+//! more than a period ahead (computed while the clock was ahead) is recomputed from now by
+//! the store, so the schedule fires on time rather than once the clock catches up.
 
 use std::time::{Duration, Instant};
 
@@ -96,8 +97,8 @@ pub(crate) fn run(firer: &Firer, shared: &Shared, stop: &Receiver<()>, wake: &Re
                 jump as f64 / 1000.0
             ),
             Some(jump) => log::info!(
-                "schedules: the wall clock went back {:.1}s: no slot fires again; each \
-                 schedule waits for the clock to pass its next slot",
+                "schedules: the wall clock went back {:.1}s: a next slot more than a period \
+                 ahead is recomputed from now",
                 -jump as f64 / 1000.0
             ),
             None => {}
@@ -166,7 +167,7 @@ mod tests {
     }
 
     #[test]
-    fn a_wall_clock_jump_forward_is_caught_up_by_the_policy_and_back_fires_nothing_twice() {
+    fn a_wall_clock_jump_forward_is_caught_up_by_the_policy_and_back_is_recomputed_from_now() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.db");
         let store = Store::open(&path).unwrap();
@@ -205,13 +206,16 @@ mod tests {
                 .unwrap()
                 .starts_with("59 slots missed")
         );
-        // The clock steps back half an hour: nothing is due again, nothing fires twice.
+        // The clock steps back half an hour: nothing fires, and the next slots (half an hour
+        // ahead) are recomputed from now rather than silencing the schedules meanwhile.
         let back = T + 31 * MIN;
         let r = f.fire_once(back).unwrap();
         assert_eq!(r.enqueued + r.missed + r.skipped, 0, "{r:?}");
-        assert_eq!(r.next_due, Some(T + 62 * MIN));
+        assert_eq!(r.next_due, Some(T + 32 * MIN));
+        let r = f.fire_once(T + 32 * MIN + 50).unwrap();
+        assert_eq!((r.enqueued, r.missed), (2, 0), "{r:?}");
         let jobs = store.list(&ListFilter::default()).unwrap();
-        assert_eq!(jobs.len(), 5);
+        assert_eq!(jobs.len(), 7);
         assert!(jobs.iter().all(|j| j.status == Status::Pending));
         // Every slot has at most one job per schedule.
         for name in ["skip", "one"] {
@@ -224,8 +228,8 @@ mod tests {
             slots.dedup();
             assert_eq!(slots.len(), n, "{name}: {slots:?}");
         }
-        // Once the clock is back past the next slot, firing goes on.
-        let r = f.fire_once(T + 62 * MIN + 50).unwrap();
+        // Firing goes on every minute.
+        let r = f.fire_once(T + 33 * MIN + 50).unwrap();
         assert_eq!(r.enqueued, 2);
     }
 }

@@ -5,6 +5,10 @@
 //! may try the same slot: the first transaction moves `next_slot_at`, and the others, which
 //! take the write lock after it, find nothing due. No slot is fired twice, and none is lost by
 //! a crash: a transaction that does not commit leaves the slot due.
+//!
+//! A next slot more than one period ahead of `now` was computed from a clock that was ahead
+//! (stepped forward, then back): the same transaction recomputes it from `now`, so the
+//! schedule is not silenced for the size of the step.
 
 use std::collections::VecDeque;
 
@@ -12,7 +16,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, Job};
-use crate::schedule::{CatchUp, MAX_CATCH_UP, MISFIRE_GRACE, Overlap, Schedule, utc_text};
+use crate::schedule::{CatchUp, MAX_CATCH_UP, Overlap, Schedule, misfire_grace, utc_text};
 
 use super::enqueue::{Slot, enqueue};
 
@@ -288,7 +292,8 @@ fn trim_events(conn: &Connection, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The names of the unpaused schedules with a slot due at `now`, the most overdue first.
+/// The names of the unpaused schedules with a slot due at `now`, the most overdue first,
+/// then those whose next slot lies more than a period ahead of `now` (to be recomputed).
 pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
         "SELECT name FROM schedules
@@ -296,7 +301,60 @@ pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
              ORDER BY next_slot_at",
     )?;
     let rows = stmt.query_map([now], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let mut names: Vec<String> = rows.collect::<rusqlite::Result<_>>()?;
+    // No period is shorter than a second (`MIN_INTERVAL`, cron's seconds field): a next slot
+    // within a second of now is never ahead. An interval's period is its column.
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM schedules
+             WHERE paused = 0 AND next_slot_at > ?1 + coalesce(every_ms, 1000)
+             ORDER BY next_slot_at"
+    ))?;
+    let mut rows = stmt.query([now])?;
+    while let Some(row) = rows.next()? {
+        // A row that cannot be read is reported when its slot is due, not at every look.
+        let Ok(rec) = record(row) else { continue };
+        if recomputed_next(&rec, now)?.is_some() {
+            names.push(rec.name);
+        }
+    }
+    Ok(names)
+}
+
+/// The next slot of a schedule not yet due at `now`, recomputed, when its stored one lies
+/// more than one period ahead: a clock that was ahead computed it (a forward step later
+/// undone, an RTC in local time), and left alone it would silence the schedule for the size
+/// of the step. None when the stored one stands.
+///
+/// The period is the gap between the schedule's next two slots after `now`
+/// ([`Schedule::period_after`]). A slot this schedule already fired after `now`, less than a
+/// period ahead, was fired by a runner whose clock read came a little after ours (we waited
+/// for the lock meanwhile): the next slot is recomputed after it, never to fire it again.
+///
+/// Also returns the interval's new anchor when it was after `now` (stored while the clock was
+/// ahead): carried back on its grid, else its slots would still count from it.
+fn recomputed_next(rec: &ScheduleRecord, now: i64) -> Result<Option<(i64, Option<i64>)>> {
+    let Some(first) = rec.next_slot_at else {
+        return Ok(None);
+    };
+    let anchor = rec.schedule.anchor_back_to(now);
+    let schedule = match anchor {
+        Some(a) => rec.schedule.clone().with_anchor(a),
+        None => rec.schedule.clone(),
+    };
+    let Some(period) = schedule.period_after(now)? else {
+        return Ok(None);
+    };
+    if rec.paused || first.saturating_sub(now) <= period {
+        return Ok(None);
+    }
+    let base = match rec.last_slot_at {
+        Some(last) if last > now && last - now <= period => last,
+        _ => now,
+    };
+    Ok(schedule
+        .slot_after(base)?
+        .filter(|&next| next < first)
+        .map(|next| (next, anchor)))
 }
 
 /// The earliest slot due among unpaused schedules.
@@ -349,7 +407,8 @@ fn due_slots(schedule: &Schedule, first: i64, now: i64) -> Result<(u64, VecDeque
 
 /// Fires the due slots of one schedule, in the caller's IMMEDIATE transaction: enqueues what
 /// the policies say, records what was missed or skipped, and moves the schedule past `now`.
-/// Nothing when the schedule is paused, gone, or not due (another runner fired it first).
+/// Nothing when the schedule is paused, gone, or not due (another runner fired it first);
+/// a next slot more than a period ahead is recomputed from `now` (see [`recomputed_next`]).
 pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport> {
     let mut report = FireReport::default();
     let rec = match get(conn, name) {
@@ -358,15 +417,45 @@ pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport
         Err(e) => return Err(e),
     };
     let first = match rec.next_slot_at {
-        Some(first) if !rec.paused && first <= now => first,
+        Some(first) if !rec.paused => first,
         _ => return Ok(report),
     };
+    if first > now {
+        // Not due: what a runner that lost the race to fire this slot sees.
+        if let Some((next, anchor)) = recomputed_next(&rec, now)? {
+            let moved = conn
+                .prepare_cached(
+                    "UPDATE schedules SET next_slot_at = ?2, anchor_at = coalesce(?3, anchor_at)
+                         WHERE name = ?1 AND next_slot_at = ?4 AND paused = 0",
+                )?
+                .execute(params![name, next, anchor, first])?;
+            if moved != 1 {
+                // Cannot happen while this transaction holds the write lock.
+                return Err(Error::Sqlite(rusqlite::Error::StatementChangedRows(moved)));
+            }
+            log::info!(
+                "schedule {name:?}: its next slot {} lay more than a period ahead of now (the \
+                 clock was ahead when it was computed): recomputed to {}",
+                utc_text(first),
+                utc_text(next)
+            );
+        }
+        return Ok(report);
+    }
     let schedule = &rec.schedule;
     let (count, kept) = due_slots(schedule, first, now)?;
     let newest = kept.back().copied().unwrap_or(first);
-    let grace = crate::job::duration_ms(MISFIRE_GRACE);
-    let on_time: Vec<i64> = kept.iter().copied().filter(|&s| now - s <= grace).collect();
-    let late: Vec<i64> = kept.iter().copied().filter(|&s| now - s > grace).collect();
+    let next = schedule.slot_after(now.max(newest))?;
+    // Each slot's grace is bounded by the gap to its successor: at most half a period.
+    let successors = kept.iter().skip(1).map(|&s| Some(s)).chain([next]);
+    let (mut on_time, mut late) = (Vec::new(), Vec::new());
+    for (&s, after) in kept.iter().zip(successors) {
+        if now - s <= misfire_grace(s, after) {
+            on_time.push(s);
+        } else {
+            late.push(s);
+        }
+    }
     let late_count = count - on_time.len() as u64;
     let caught_up: Vec<i64> = match schedule.catch_up_policy() {
         CatchUp::Skip => Vec::new(),
@@ -452,19 +541,68 @@ pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport
             report.enqueued += 1;
         }
     }
-    let next = schedule.slot_after(now.max(newest))?;
+    move_next(conn, name, Some(newest), next, first)?;
+    if report.missed + report.skipped > 0 {
+        trim_events(conn, name)?;
+    }
+    Ok(report)
+}
+
+/// Moves a schedule's next slot from `first`, which the caller read in this transaction, to
+/// `next`, guarded by `first`.
+fn move_next(
+    conn: &Connection,
+    name: &str,
+    last: Option<i64>,
+    next: Option<i64>,
+    first: i64,
+) -> Result<()> {
     let moved = conn
         .prepare_cached(
             "UPDATE schedules SET last_slot_at = ?2, next_slot_at = ?3
                  WHERE name = ?1 AND next_slot_at = ?4 AND paused = 0",
         )?
-        .execute(params![name, newest, next, first])?;
+        .execute(params![name, last, next, first])?;
     if moved != 1 {
         // Cannot happen while this transaction holds the write lock; rolled back if it does.
         return Err(Error::Sqlite(rusqlite::Error::StatementChangedRows(moved)));
     }
-    if report.missed + report.skipped > 0 {
-        trim_events(conn, name)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    const MIN: i64 = 60_000;
+    /// 2027-01-01T00:00:00Z.
+    const T: i64 = 1_798_761_600_000;
+
+    /// What the runner that lost the race sees: it listed the schedule as due, and once it
+    /// holds the write lock the winner has moved the next slot past its `now`.
+    #[test]
+    fn firing_before_the_next_slot_enqueues_nothing_and_leaves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let minutely = Schedule::cron("* * * * *")
+            .unwrap()
+            .overlap(Overlap::Allow)
+            .job(Job::shell("true"));
+        store.put_schedule("m", &minutely, T).unwrap();
+        assert_eq!(store.fire_due(T + MIN + 5).unwrap().enqueued, 1);
+        // The loser's clock read: after the slot it saw due, before the next one.
+        for now in [T + MIN + 3, T + 2 * MIN - 1] {
+            let r = store.write(|c| fire(c, "m", now)).unwrap();
+            assert_eq!(r, FireReport::default(), "at {now}");
+            let rec = store.schedule("m").unwrap();
+            assert_eq!(rec.next_slot_at, Some(T + 2 * MIN), "at {now}");
+            assert_eq!(rec.last_slot_at, Some(T + MIN), "at {now}");
+        }
+        let jobs: i64 = store
+            .conn
+            .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(jobs, 1);
     }
-    Ok(report)
 }

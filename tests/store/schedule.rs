@@ -150,8 +150,9 @@ fn a_long_gap_of_a_one_second_schedule_is_counted_without_firing_it() {
     store.put_schedule("s", &every_second, T).unwrap();
     // A week of downtime: 604,800 slots.
     let r = store.fire_due(T + 7 * 86_400_000 + 20_500).unwrap();
-    // The ten slots within the grace (10 s) are on time; the rest are counted as missed.
-    assert_eq!(r.enqueued, 10, "{r:?}");
+    // Only the newest slot, 500 ms late, is within the grace (half its 1 s period); the
+    // rest are counted as missed.
+    assert_eq!(r.enqueued, 1, "{r:?}");
     assert_eq!(r.enqueued + r.missed, 7 * 86_400 + 20, "{r:?}");
 }
 
@@ -214,7 +215,19 @@ fn two_connections_firing_the_same_slots_at_once_fire_each_once() {
         handles.into_iter().map(|h| h.join().unwrap()).sum()
     });
     assert_eq!(enqueued, 200);
-    let fired = slots(&jobs_of(&db.store(), "fast"));
+    let jobs = jobs_of(&db.store(), "fast");
+    // No slot fires before it is due: the connection that lost a race finds the next slot
+    // in the future and fires nothing.
+    let early: Vec<(i64, i64)> = jobs
+        .iter()
+        .filter(|j| j.slot_at.unwrap() > j.created_at)
+        .map(|j| (j.slot_at.unwrap(), j.created_at))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "slots fired before due (slot, created): {early:?}"
+    );
+    let fired = slots(&jobs);
     let want: Vec<i64> = (1..=200).map(|k| T + k * 1000).collect();
     assert_eq!(fired, want);
 }
@@ -335,4 +348,115 @@ fn a_damaged_schedule_does_not_hold_the_others_back() {
     assert!(store.fire_due(T + MIN).is_err());
     assert_eq!(slots(&jobs_of(&store, "good")), vec![T + MIN]);
     assert!(jobs_of(&store, "bad").is_empty());
+}
+
+#[test]
+fn catch_up_skip_fires_no_missed_slot_of_a_short_outage_of_a_two_second_schedule() {
+    let db = TestDb::new();
+    let store = db.store();
+    let every_2s = Schedule::every(Duration::from_secs(2))
+        .overlap(Overlap::Allow)
+        .job(Job::shell("true"));
+    store.put_schedule("fast", &every_2s, T).unwrap();
+    assert_eq!(store.fire_due(T + 2_000 + 5).unwrap().enqueued, 1);
+    // The firer is away for about 6 s: the slots at 4, 6 and 8 s pass. It returns 1.5 s
+    // after the newest, more than half a period late: all three were missed, none fires.
+    let r = store.fire_due(T + 9_500).unwrap();
+    assert_eq!((r.enqueued, r.missed), (0, 3), "{r:?}");
+    assert_eq!(r.next_due, Some(T + 10_000));
+    // Only the next future slot fires.
+    let r = store.fire_due(T + 10_000 + 5).unwrap();
+    assert_eq!((r.enqueued, r.missed), (1, 0), "{r:?}");
+    assert_eq!(slots(&jobs_of(&store, "fast")), vec![T + 2_000, T + 10_000]);
+    let events = store.schedule_events("fast").unwrap();
+    assert_eq!(events.len(), 1);
+    assert!(
+        events[0]
+            .detail
+            .as_deref()
+            .unwrap()
+            .starts_with("3 slots missed"),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_slot_less_than_half_a_period_late_is_on_time() {
+    let db = TestDb::new();
+    let store = db.store();
+    let every_2s = Schedule::every(Duration::from_secs(2))
+        .overlap(Overlap::Allow)
+        .job(Job::shell("true"));
+    store.put_schedule("fast", &every_2s, T).unwrap();
+    // 1 s late: exactly half a period, still on time.
+    let r = store.fire_due(T + 3_000).unwrap();
+    assert_eq!((r.enqueued, r.missed), (1, 0), "{r:?}");
+    // 1.001 s late: missed.
+    let r = store.fire_due(T + 5_001).unwrap();
+    assert_eq!((r.enqueued, r.missed), (0, 1), "{r:?}");
+}
+
+#[test]
+fn a_next_slot_computed_by_a_clock_an_hour_ahead_is_recomputed_once_the_clock_is_back() {
+    let db = TestDb::new();
+    let store = db.store();
+    let hour = 60 * MIN;
+    // The clock is an hour ahead when one schedule is stored and another fires.
+    store.put_schedule("stored", &minutely(), T + hour).unwrap();
+    store.put_schedule("fired", &minutely(), T - MIN).unwrap();
+    // An interval counts from when it was stored: its anchor is an hour ahead too.
+    let every_minute = Schedule::every(Duration::from_secs(60))
+        .overlap(Overlap::Allow)
+        .job(Job::shell("true"));
+    store
+        .put_schedule("interval", &every_minute, T + hour + 7)
+        .unwrap();
+    assert_eq!(store.fire_due(T + hour + 100).unwrap().enqueued, 1);
+    assert_eq!(
+        store.schedule("fired").unwrap().next_slot_at,
+        Some(T + hour + MIN)
+    );
+    // The clock is set back: both next slots lie more than a period ahead and are
+    // recomputed from now, in the firing transaction, without firing anything.
+    let r = store.fire_due(T + 30_000).unwrap();
+    assert_eq!((r.enqueued, r.missed, r.skipped), (0, 0, 0), "{r:?}");
+    assert_eq!(r.next_due, Some(T + MIN));
+    for name in ["stored", "fired"] {
+        assert_eq!(store.schedule(name).unwrap().next_slot_at, Some(T + MIN));
+    }
+    // The interval keeps its phase (7 ms past the minute).
+    assert_eq!(
+        store.schedule("interval").unwrap().next_slot_at,
+        Some(T + MIN + 7)
+    );
+    // All fire on time, not an hour later, and go on every minute.
+    let r = store.fire_due(T + MIN + 100).unwrap();
+    assert_eq!(r.enqueued, 3, "{r:?}");
+    let r = store.fire_due(T + 2 * MIN + 100).unwrap();
+    assert_eq!(r.enqueued, 3, "{r:?}");
+    assert_eq!(
+        slots(&jobs_of(&store, "stored")),
+        vec![T + MIN, T + 2 * MIN]
+    );
+    assert_eq!(
+        slots(&jobs_of(&store, "interval")),
+        vec![T + MIN + 7, T + 2 * MIN + 7]
+    );
+}
+
+#[test]
+fn a_clock_read_a_little_behind_the_runner_that_fired_fires_nothing_again() {
+    let db = TestDb::new();
+    let store = db.store();
+    store.put_schedule("m", &minutely(), T).unwrap();
+    // Another runner fired the slot at 2 minutes (and missed the one before).
+    assert_eq!(store.fire_due(T + 2 * MIN + 100).unwrap().enqueued, 1);
+    // This one read its clock 50 ms before that slot: the next slot is a period and 50 ms
+    // ahead, but the slot fired is after now, so nothing is recomputed to fire it again.
+    let r = store.fire_due(T + 2 * MIN - 50).unwrap();
+    assert_eq!((r.enqueued, r.missed, r.skipped), (0, 0, 0), "{r:?}");
+    assert_eq!(store.schedule("m").unwrap().next_slot_at, Some(T + 3 * MIN));
+    let r = store.fire_due(T + 2 * MIN + 200).unwrap();
+    assert_eq!(r.enqueued, 0, "{r:?}");
+    assert_eq!(slots(&jobs_of(&store, "m")), vec![T + 2 * MIN]);
 }

@@ -139,8 +139,11 @@ fn a_window_matches_recent_jobs_whatever_their_status() {
     // Finished, but created within the window: a duplicate.
     let dup = store.enqueue_unique(&job, T0 + 59_000).unwrap();
     assert_eq!((dup.id, dup.duplicate), (first.id, true));
-    // Past the window: a new job.
-    let later = store.enqueue_unique(&job, T0 + 60_001).unwrap();
+    // A millisecond inside the window: a duplicate.
+    let dup = store.enqueue_unique(&job, T0 + 59_999).unwrap();
+    assert_eq!((dup.id, dup.duplicate), (first.id, true));
+    // Created exactly `window` ago is outside it: a new job.
+    let later = store.enqueue_unique(&job, T0 + 60_000).unwrap();
     assert!(!later.duplicate);
     // A running job matches whatever the window.
     let c = claim_one(&store, "w", T0 + 61_000);

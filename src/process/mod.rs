@@ -32,7 +32,7 @@ mod stop;
 mod teardown;
 
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Ending, Started, run};
-pub(crate) use proc::{boot_id, hostname, proc_info, self_start_time};
+pub(crate) use proc::{boot_clock_ns, boot_id, hostname, proc_info, self_start_time};
 #[cfg(test)]
 pub(crate) use proc::{group_has_live_members, is_alive, start_time};
 pub(crate) use spawn::BaseEnv;

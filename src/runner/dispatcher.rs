@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::process::StopHandle;
+use crate::process::{self, StopHandle};
 use crate::store::Claimed;
 
 use super::shared::{LINGER, Op, Running, Shared, Writer, interrupted};
@@ -17,7 +17,7 @@ use super::shared::{LINGER, Op, Running, Shared, Writer, interrupted};
 /// claims a little ahead: as many jobs as are likely to start while one commit is under way
 /// (the recent rate of endings times the recent claim round trip, twice over, at most eight
 /// per worker). Long jobs end rarely, so they are not claimed ahead; a stream of short ones is.
-pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Claimed>) {
+pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Handed>) {
     let workers = shared.config.workers;
     let mut rate = RateMeter::new();
     while !shared.shutting_down.load(Ordering::SeqCst) {
@@ -46,6 +46,9 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
         let mut fresh_due = false;
         if want > 0 {
             let caps = shared.queue_caps();
+            // Read before the claim, so the lease it takes ends no earlier than this reading
+            // plus the TTL on the boot clock.
+            let claimed_boot_ns = process::boot_clock_ns();
             match writer.claim(u32::try_from(want).unwrap_or(u32::MAX), caps) {
                 Ok(jobs) => {
                     claimed_all = jobs.len() == want;
@@ -73,7 +76,13 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
                                 lease_expires_at: job.lease_expires_at,
                             },
                         );
-                        if work.send(job).is_err() {
+                        if work
+                            .send(Handed {
+                                job,
+                                claimed_boot_ns,
+                            })
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -96,6 +105,15 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
             shared.wait_for_wake(sleep);
         }
     }
+}
+
+/// A claimed job on its way to a worker, with when it was claimed by the boot clock
+/// (`CLOCK_BOOTTIME`, which counts a suspend and cannot be stepped): the worker checks the lease
+/// by it too, in case the wall clock went back while the job waited.
+pub(crate) struct Handed {
+    pub job: Claimed,
+    /// The boot clock, in ns, read just before the claim; `None` if it could not be read.
+    pub claimed_boot_ns: Option<u64>,
 }
 
 /// What a claim's round trip costs beyond its commit: waking the writer and the dispatcher.

@@ -11,7 +11,11 @@
 //! Pids are recycled, so a pid (or a process group id) is trusted only
 //! together with the start time recorded when it was spawned, or when the
 //! process carries the attempt's run token. A process whose identity cannot
-//! be verified is never signalled.
+//! be verified at the moment of signalling is never signalled: the attempt's
+//! main process is kept unreaped until its group is empty (so the group id
+//! cannot be reused while the supervisor may signal it), and every other
+//! process is held by a pidfd, verified before its first signal and
+//! signalled only through it.
 //!
 //! - `attempt`: the supervisor: poll loop, deadlines, [`run`];
 //! - `spawn`: `posix_spawn`, the child's environment and program;
@@ -20,12 +24,14 @@
 //! - `stop`: [`StopHandle`], which stops an attempt from another thread;
 //! - `kill`: signals and the kill sequence;
 //! - `teardown`: finding and killing a lost attempt's processes;
+//! - `pidfd`: processes held by verified pidfds, the only way others are signalled;
 //! - `proc`: facts read from `/proc`: start times, groups, token carriers.
 
 mod attempt;
 mod child;
 mod kill;
 mod output;
+mod pidfd;
 mod proc;
 mod spawn;
 mod stop;

@@ -565,8 +565,8 @@ mod tests {
     fn reap(child: &mut ChildProc) -> ExitStatus {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(status) = child.try_wait().expect("waitpid") {
-                return status;
+            if child.exited().expect("waitid") {
+                return child.reap().expect("waitpid");
             }
             assert!(Instant::now() < deadline, "pid {} did not exit", child.pid);
             std::thread::sleep(Duration::from_millis(5));

@@ -113,6 +113,9 @@ pub(crate) enum Ending {
     Stopped(StopReason),
     /// Could not be started; the OS reason and what failed.
     SpawnFailed(String),
+    /// Could not be started for want of descriptors, processes or memory:
+    /// the runner's fault, not the job's.
+    NoResources(String),
 }
 
 /// A process of the attempt still alive after the main process exited (or
@@ -625,7 +628,8 @@ pub(crate) fn run(
         start_time,
     } = match spawn(&spec.command(), program) {
         Ok(spawned) => spawned,
-        Err(message) => return unstarted(Ending::SpawnFailed(message)),
+        Err(e) if e.resources => return unstarted(Ending::NoResources(e.message)),
+        Err(e) => return unstarted(Ending::SpawnFailed(e.message)),
     };
     let pid = child.pid;
     // Known from the boot clock around the spawn, nearly always; otherwise

@@ -22,6 +22,7 @@
 //! - `child`: the main process until it is reaped (`waitpid`, pidfd);
 //! - `output`: the pipes and the tail kept of each stream;
 //! - `stop`: [`StopHandle`], which stops an attempt from another thread;
+//! - `limit`: the runner's own resource limits;
 //! - `kill`: signals and the kill sequence;
 //! - `teardown`: finding and killing a lost attempt's processes;
 //! - `pidfd`: processes held by verified pidfds, the only way others are signalled;
@@ -30,6 +31,7 @@
 mod attempt;
 mod child;
 mod kill;
+mod limit;
 mod output;
 mod pidfd;
 mod proc;
@@ -38,6 +40,7 @@ mod stop;
 mod teardown;
 
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Ending, Started, run};
+pub(crate) use limit::raise_nofile_limit;
 pub(crate) use proc::{boot_clock_ns, boot_id, hostname, proc_info, self_start_time};
 #[cfg(test)]
 pub(crate) use proc::{group_has_live_members, is_alive, start_time};

@@ -208,6 +208,9 @@ fn run_one(
             start_time: s.start_time,
         }));
     });
+    if let process::Ending::NoResources(why) = &result.ending {
+        super::dispatcher::exhausted(why);
+    }
     finish_for(job, cfg, result)
 }
 
@@ -257,6 +260,10 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
             format!("idle timeout: no output for {}", secs(d)),
         ),
         process::Ending::SpawnFailed(reason) => failed(ErrorKind::Spawn, None, None, reason),
+        // The runner's fault, not the job's: given back without spending an attempt.
+        process::Ending::NoResources(reason) => Ending::Interrupted {
+            message: format!("not run: the runner is out of resources ({reason})"),
+        },
         process::Ending::Stopped(StopReason::SelfFenced) => Ending::Lost {
             message: "the runner could not renew the lease before it ran out (database busy \
                       or stalled) and killed the attempt itself"

@@ -293,7 +293,7 @@ mod tests {
     use std::time::Instant;
 
     use crate::process::proc::tests::{spawn_group, token, wait_until};
-    use crate::process::proc::{group_has_live_members, is_alive, start_time};
+    use crate::process::proc::{group_has_live_members, is_alive, proc_info, start_time};
 
     #[test]
     fn teardown_kills_a_verified_group() {
@@ -448,6 +448,36 @@ mod tests {
         assert!(!group_has_live_members(pgid));
         let status = g.child.wait().expect("reap");
         assert!(!status.success());
+    }
+
+    #[test]
+    fn a_listed_process_whose_start_time_no_longer_matches_is_never_signalled() {
+        let tok = token("replaced");
+        let g = spawn_group("trap '' TERM; sleep 300", &tok);
+        let pid = g.child.id() as i32;
+        // As if the pid had been recycled since it was found: the list says another start time.
+        let mut listed = proc_info(pid).expect("the shell runs");
+        listed.start_time += 1;
+        let id = AttemptIdentity {
+            pgid: None,
+            start_time: None,
+            token: "not-this-token".to_owned(),
+        };
+        let mut lost = Lost {
+            id: &id,
+            group: None,
+            group_start: None,
+            held: BTreeMap::new(),
+        };
+        lost.hold(vec![listed]);
+        assert!(lost.held.is_empty());
+        // The kill sequence, SIGKILL included, has nothing to send it.
+        assert!(kill_all(&mut lost, Duration::from_millis(50)));
+        assert!(
+            is_alive(pid),
+            "a process that was not verified was signalled"
+        );
+        drop(g);
     }
 
     #[test]

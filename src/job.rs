@@ -236,7 +236,9 @@ pub enum ErrorKind {
     IdleTimeout,
     /// The attempt's lease was lost (its runner died, froze or could not renew).
     Lost,
-    /// The command could not be started. Never retried.
+    /// The command could not be started for a reason of its own (not found, not executable,
+    /// a bad working directory). Never retried. A runner short of descriptors, processes or
+    /// memory gives the job back instead.
     Spawn,
 }
 

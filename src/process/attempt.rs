@@ -27,7 +27,8 @@ use nix::sys::signal::Signal;
 use super::child::{ChildProc, pidfd_open};
 use super::kill::{self, POLL_INTERVAL};
 use super::output::{Stream, Tail, keep_read_buffer, read_buffer};
-use super::proc::{self, ProcInfo};
+use super::pidfd::{self, Held};
+use super::proc;
 use super::spawn::{BaseEnv, Command, Spawned, spawn};
 use super::stop::{StopHandle, StopReason};
 
@@ -112,6 +113,9 @@ pub(crate) enum Ending {
     Stopped(StopReason),
     /// Could not be started; the OS reason and what failed.
     SpawnFailed(String),
+    /// Could not be started for want of descriptors, processes or memory:
+    /// the runner's fault, not the job's.
+    NoResources(String),
 }
 
 /// A process of the attempt still alive after the main process exited (or
@@ -179,10 +183,18 @@ struct Supervisor<'a> {
     spec: &'a AttemptSpec,
     /// Stop requests.
     stop: &'a StopHandle,
-    /// The main process; `None` once reaped.
+    /// The main process; `None` once reaped, only when the attempt is over
+    /// (or if someone else reaped it).
     child: Option<ChildProc>,
+    /// Whether the main process has exited; it is left a zombie, unreaped,
+    /// so that its pid (the group's id) cannot be reused while the group may
+    /// still be signalled.
+    exited: bool,
     /// The main process's exit status, once reaped.
     status: Option<ExitStatus>,
+    /// The main process's start time: members found in its group after it
+    /// was lost to someone else's reap must be no older.
+    start_time: u64,
     /// The main process's pid, which is also the attempt's process group.
     pgid: i32,
     /// Readable when the main process exits; `None` once reaped (or if the
@@ -205,6 +217,11 @@ struct Supervisor<'a> {
 }
 
 impl Supervisor<'_> {
+    /// Whether the main process still runs: not exited, not lost.
+    fn running(&self) -> bool {
+        self.child.is_some() && !self.exited
+    }
+
     /// Whether either pipe is still open.
     fn pipes_open(&self) -> bool {
         self.out.pipe.is_some() || self.err.pipe.is_some()
@@ -216,7 +233,7 @@ impl Supervisor<'_> {
     /// stop handle and their deadlines themselves.
     fn pump(&mut self, wait: Option<Duration>, watch_stop: bool) {
         let mut wait = wait;
-        if self.child.is_some()
+        if self.running()
             && self.pidfd.is_none()
             && let Some(due) = self.pidfd_due
             // With its pipes closed, only a pidfd tells the exit without a poll.
@@ -224,7 +241,7 @@ impl Supervisor<'_> {
         {
             self.open_pidfd();
         }
-        if self.child.is_some() && self.pidfd.is_none() {
+        if self.running() && self.pidfd.is_none() {
             let cap = match self.pidfd_due {
                 Some(due) => due.saturating_duration_since(Instant::now()),
                 None => NO_PIDFD_INTERVAL,
@@ -276,12 +293,12 @@ impl Supervisor<'_> {
                         self.last_output = Instant::now();
                     }
                 }
-                Slot::Exit => self.reap(),
+                Slot::Exit => self.check_exit(),
                 Slot::Stop => {}
             }
         }
         if self.pidfd.is_none() {
-            self.reap();
+            self.check_exit();
         }
     }
 
@@ -297,24 +314,42 @@ impl Supervisor<'_> {
             .ok();
     }
 
-    /// Collects the main process's exit status if it has exited.
-    fn reap(&mut self) {
+    /// Notes whether the main process has exited, leaving it unreaped (see
+    /// `exited`).
+    fn check_exit(&mut self) {
+        if self.exited {
+            return;
+        }
         let Some(child) = &mut self.child else {
             return;
         };
-        match child.try_wait() {
-            Ok(Some(status)) => self.status = Some(status),
-            Ok(None) => return,
+        match child.exited() {
+            Ok(true) => self.exited = true,
+            Ok(false) => return,
             Err(e) => {
                 // Only ECHILD is possible: someone else reaped it (e.g.
                 // SIGCHLD set to SIG_IGN elsewhere in the process). It is gone,
-                // its status is lost. (Were it anything else, dropping the
-                // child below would still kill and reap it.)
+                // its status is lost, and its group id is no longer ours.
                 log::error!("waiting for attempt pid {}: {e}", self.pgid);
+                self.child = None;
             }
         }
-        self.child = None;
+        // An exited process's pidfd stays readable: polling it would spin.
         self.pidfd = None;
+    }
+
+    /// Reaps the main process once it has exited: the attempt is over, so its
+    /// group is no longer signalled.
+    fn reap_leader(&mut self) {
+        if !self.exited {
+            return;
+        }
+        if let Some(mut child) = self.child.take() {
+            match child.reap() {
+                Ok(status) => self.status = Some(status),
+                Err(e) => log::error!("reaping attempt pid {}: {e}", self.pgid),
+            }
+        }
     }
 
     /// The ending for a main process that exited by itself.
@@ -336,7 +371,7 @@ impl Supervisor<'_> {
     fn supervise(&mut self) -> (Ending, Vec<Leak>) {
         let spec = self.spec;
         let deadline = spec.timeout.and_then(|t| self.spawned.checked_add(t));
-        while self.child.is_some() {
+        while self.running() {
             if let Some(reason) = self.stop.reason() {
                 return (Ending::Stopped(reason), self.terminate(false, true));
             }
@@ -357,8 +392,9 @@ impl Supervisor<'_> {
             let wait = earliest(&[deadline, idle_deadline]).map(|d| d - now);
             self.pump(wait, true);
         }
-        let ending = self.exit_ending();
-        (ending, self.drain())
+        let leaks = self.drain();
+        self.reap_leader();
+        (self.exit_ending(), leaks)
     }
 
     /// After the main process exited by itself: read the pipes until EOF for
@@ -385,50 +421,83 @@ impl Supervisor<'_> {
 
     /// Whether the main process is reaped, the group has no live member and
     /// none of `escaped` is alive.
-    fn all_gone(&self, escaped: &[i32]) -> bool {
-        self.child.is_none()
-            && !proc::group_has_live_members(self.pgid)
-            && escaped.iter().all(|&p| !proc::is_alive(p))
+    fn all_gone(&self, escaped: &BTreeMap<i32, Held>) -> bool {
+        !self.running() && !self.group_alive() && escaped.values().all(Held::exited)
+    }
+
+    /// Whether the attempt's group has a live member: with the main process
+    /// held unreaped, the group is the attempt's; once lost to someone else's
+    /// reap, only members no older than the attempt count.
+    fn group_alive(&self) -> bool {
+        if self.child.is_some() {
+            proc::group_has_live_members(self.pgid)
+        } else {
+            proc::group_members(self.pgid)
+                .iter()
+                .any(|m| m.start_time >= self.start_time)
+        }
     }
 
     /// Signals the group and, with `scan_token`, every process carrying the
-    /// run token outside it; returns those outside the group as leaks (all of
+    /// run token outside it; records those outside the group as leaks (all of
     /// them with `record_group`, used once the main process has exited).
+    ///
+    /// The group is signalled by its id only while the main process, its
+    /// leader, is held unreaped: the id is then provably the attempt's. Every
+    /// other process (token carriers outside the group, members of a group
+    /// whose leader someone else reaped) is held by a pidfd, verified against
+    /// its start time, before its first signal, and signalled only through it.
     fn signal_all(
         &self,
         sig: Signal,
         record_group: bool,
         scan_token: bool,
         leaks: &mut BTreeMap<i32, bool>,
-    ) -> Vec<i32> {
+        held: &mut BTreeMap<i32, Held>,
+    ) {
         let pgid = self.pgid;
         if record_group {
             for m in proc::group_members(pgid) {
                 leaks.insert(m.pid, false);
             }
         }
-        if let Err(e) = kill::signal_group(pgid, sig) {
-            log::error!("{sig} to process group {pgid}: {e}");
+        if self.child.is_some() {
+            if let Err(e) = kill::signal_group(pgid, sig) {
+                log::error!("{sig} to process group {pgid}: {e}");
+            }
+        } else {
+            for m in proc::group_members(pgid) {
+                if m.start_time >= self.start_time && !held.contains_key(&m.pid) {
+                    if let Some(h) = Held::open(&m) {
+                        held.insert(m.pid, h);
+                    }
+                } else if m.start_time < self.start_time {
+                    pidfd::refuse("pid", m.pid, "older than the attempt whose group id it has");
+                }
+            }
         }
-        let mut escaped = Vec::new();
         if scan_token {
-            let carriers: Vec<ProcInfo> = proc::processes_with_token(&self.spec.run_token);
-            for p in carriers {
-                if p.pgid == pgid {
+            for p in proc::processes_with_token(&self.spec.run_token) {
+                if p.pgid == pgid && self.child.is_some() {
                     // Already signalled with the group.
                     if record_group {
                         leaks.insert(p.pid, false);
                     }
                     continue;
                 }
-                if let Err(e) = kill::signal_pid(p.pid, sig) {
-                    log::error!("{sig} to escaped pid {}: {e}", p.pid);
+                if !held.contains_key(&p.pid)
+                    && let Some(h) = Held::open(&p)
+                {
+                    held.insert(p.pid, h);
                 }
-                leaks.insert(p.pid, true);
-                escaped.push(p.pid);
+                leaks.insert(p.pid, p.pgid != pgid);
             }
         }
-        escaped
+        for h in held.values() {
+            if let Err(e) = h.signal(sig) {
+                log::error!("{sig} to pid {}: {e}", h.pid);
+            }
+        }
     }
 
     /// Kills what is left of the attempt with the kill sequence: SIGTERM to
@@ -444,11 +513,13 @@ impl Supervisor<'_> {
             record_group,
             scan_token,
             leaks: BTreeMap::new(),
-            escaped: Vec::new(),
+            held: BTreeMap::new(),
         };
         kill::kill_all(&mut termination, grace);
         let leaks = termination.leaks;
-        if let Some(child) = self.child.take() {
+        if self.running()
+            && let Some(child) = self.child.take()
+        {
             // Stuck in uninterruptible sleep even after SIGKILL: dropping it
             // lets a thread reap it whenever it dies rather than leave a
             // zombie.
@@ -489,16 +560,23 @@ struct Termination<'s, 'a> {
     scan_token: bool,
     /// Every process found, and whether it had left the group.
     leaks: BTreeMap<i32, bool>,
-    /// The token carriers outside the group that the last signal found.
-    escaped: Vec<i32>,
+    /// The processes signalled one by one, held by verified pidfds: token
+    /// carriers outside the group (and the group's members, once its leader
+    /// was lost to someone else's reap).
+    held: BTreeMap<i32, Held>,
 }
 
 impl kill::Targets for Termination<'_, '_> {
     fn signal(&mut self, sig: Signal) {
-        self.escaped =
-            self.sup
-                .signal_all(sig, self.record_group, self.scan_token, &mut self.leaks);
+        self.sup.signal_all(
+            sig,
+            self.record_group,
+            self.scan_token,
+            &mut self.leaks,
+            &mut self.held,
+        );
         if sig == Signal::SIGKILL
+            && self.sup.running()
             && let Some(child) = &self.sup.child
         {
             // The main process may have moved itself out of the group.
@@ -507,7 +585,7 @@ impl kill::Targets for Termination<'_, '_> {
     }
 
     fn gone(&mut self) -> bool {
-        self.sup.all_gone(&self.escaped)
+        self.sup.all_gone(&self.held)
     }
 
     fn pause(&mut self, step: Duration) {
@@ -550,7 +628,8 @@ pub(crate) fn run(
         start_time,
     } = match spawn(&spec.command(), program) {
         Ok(spawned) => spawned,
-        Err(message) => return unstarted(Ending::SpawnFailed(message)),
+        Err(e) if e.resources => return unstarted(Ending::NoResources(e.message)),
+        Err(e) => return unstarted(Ending::SpawnFailed(e.message)),
     };
     let pid = child.pid;
     // Known from the boot clock around the spawn, nearly always; otherwise
@@ -572,7 +651,9 @@ pub(crate) fn run(
         spec,
         stop,
         child: Some(child),
+        exited: false,
         status: None,
+        start_time,
         pgid: pid,
         pidfd: None,
         pidfd_due: spawned.checked_add(LAZY_PIDFD),
@@ -583,6 +664,9 @@ pub(crate) fn run(
         buf: read_buffer(),
     };
     let (ending, leaked) = sup.supervise();
+    // Killed or stopped: the main process exited during the kill sequence and
+    // is reaped only now, its group being empty.
+    sup.reap_leader();
     keep_read_buffer(mem::take(&mut sup.buf));
     AttemptResult {
         ending,
@@ -894,6 +978,42 @@ mod tests {
         let (r, c) = run_spec(&spec);
         assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(100)));
         assert!(reaped(&c.started.expect("started")));
+    }
+
+    #[test]
+    fn the_leader_stays_unreaped_until_its_group_is_empty_so_its_pgid_cannot_be_reused() {
+        // The main process exits at once; a member of its group holds stdout for a while.
+        let mut spec = sh("sleep 1 & exit 0", "zombie");
+        spec.drain = Duration::from_secs(10);
+        let (tx, rx) = crossbeam_channel::bounded::<Started>(1);
+        let run_thread = std::thread::spawn(move || {
+            let stop = StopHandle::new().expect("stop handle");
+            run(&spec, &stop, |s| tx.send(*s).expect("the test waits"))
+        });
+        let s = rx.recv().expect("started");
+        let started = Instant::now();
+        // While the member lives, /proc shows the leader as a zombie: not reaped, so its pid
+        // (the group's id) cannot be given to another process. Looked at from 300 ms on, long
+        // after the leader exited (a reaping supervisor notices an exit within 10 ms).
+        let mut zombie_with_member = false;
+        let deadline = started + Duration::from_secs(3);
+        while Instant::now() < deadline && !zombie_with_member {
+            zombie_with_member = started.elapsed() >= Duration::from_millis(300)
+                && proc::proc_info(s.pid)
+                    .is_some_and(|p| p.start_time == s.start_time && p.state == 'Z')
+                && proc::group_has_live_members(s.pgid);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let r = run_thread.join().expect("run");
+        assert!(
+            zombie_with_member,
+            "the leader was never seen unreaped while its group had a live member"
+        );
+        assert_eq!(r.ending, Ending::Exited(0));
+        assert!(r.leaked.is_empty(), "{:?}", r.leaked);
+        // The drain ended with the group empty, and then the leader was reaped.
+        assert!(reaped(&s));
+        assert!(proc::group_members(s.pgid).is_empty());
     }
 
     #[test]

@@ -15,7 +15,8 @@ use super::kill;
 /// collects it; dropping it unreaped (a process stuck even after SIGKILL, or
 /// unwinding) SIGKILLs it and leaves the wait to a background thread, so it
 /// never stays a zombie. Until reaped its pid cannot be recycled, so
-/// signalling the pid always hits it.
+/// signalling the pid (or, as its leader, its process group) always hits
+/// the attempt: the supervisor reaps it only once the attempt is over.
 #[derive(Debug)]
 pub(super) struct ChildProc {
     /// The pid.
@@ -54,17 +55,51 @@ impl ChildProc {
         Self { pid, reaped: false }
     }
 
-    /// The exit status, if the process has exited (reaping it).
-    pub(super) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        let result = waitpid(self.pid, libc::WNOHANG);
-        match &result {
-            Ok(Some(_)) => self.reaped = true,
-            // Someone else reaped it (e.g. SIGCHLD set to SIG_IGN elsewhere
-            // in the process): there is nothing left to reap.
-            Err(e) if e.raw_os_error() == Some(libc::ECHILD) => self.reaped = true,
-            _ => {}
+    /// Whether the process has exited, WITHOUT reaping it (`waitid` with
+    /// `WNOWAIT`): an exited main process stays a zombie, so neither its pid
+    /// nor its process group id can be reused while the attempt's group may
+    /// still be signalled. An error (ECHILD: someone else reaped it) means it
+    /// is gone and its status lost.
+    pub(super) fn exited(&mut self) -> io::Result<bool> {
+        let id = libc::id_t::try_from(self.pid).map_err(io::Error::other)?;
+        loop {
+            // SAFETY: zeroed is a valid siginfo_t (plain integers and unions of them).
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waitid writes one siginfo_t through the pointer, which points
+            // to `info`.
+            let ret = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    id,
+                    &raw mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            if ret == 0 {
+                // SAFETY: after a successful waitid the pid field is set: 0 when no
+                // child has changed state (WNOHANG), else the child's pid.
+                return Ok(unsafe { info.si_pid() } != 0);
+            }
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::ECHILD) => {
+                    self.reaped = true;
+                    return Err(err);
+                }
+                _ => return Err(err),
+            }
         }
-        result
+    }
+
+    /// Reaps the process, which [`ChildProc::exited`] said has exited, and
+    /// returns its status.
+    pub(super) fn reap(&mut self) -> io::Result<ExitStatus> {
+        let result = waitpid(self.pid, 0);
+        // Reaped now, or by someone else (ECHILD): either way there is nothing
+        // left to reap.
+        self.reaped = true;
+        result?.ok_or_else(|| io::Error::other("waitpid without WNOHANG returned no status"))
     }
 
     /// Sends SIGKILL to the process (not its group).

@@ -81,8 +81,10 @@ fn check_target(what: &str, id: i32) -> io::Result<Pid> {
     Ok(Pid::from_raw(id))
 }
 
-/// Sends `sig` to every process of group `pgid`. A group that no longer
-/// exists is not an error: whatever we wanted to stop is already gone.
+/// Sends `sig` to every process of group `pgid`: only for the group of the
+/// caller's own child while it is unreaped, a zombie leader included (a pgid
+/// cannot be reused while a process with that pid exists). A group that no
+/// longer exists is not an error: whatever we wanted to stop is already gone.
 pub(crate) fn signal_group(pgid: i32, sig: Signal) -> io::Result<()> {
     match killpg(check_target("process group", pgid)?, sig) {
         Ok(()) | Err(Errno::ESRCH) => Ok(()),
@@ -90,8 +92,10 @@ pub(crate) fn signal_group(pgid: i32, sig: Signal) -> io::Result<()> {
     }
 }
 
-/// Sends `sig` to process `pid`. A process that no longer exists is not an
-/// error.
+/// Sends `sig` to process `pid`, by number: only for the caller's own child
+/// while it is unreaped (its pid cannot be recycled until then), and for the
+/// tests' cleanup. Everything else is signalled through a verified pidfd. A
+/// process that no longer exists is not an error.
 pub(crate) fn signal_pid(pid: i32, sig: Signal) -> io::Result<()> {
     match kill(check_target("pid", pid)?, sig) {
         Ok(()) | Err(Errno::ESRCH) => Ok(()),

@@ -11,22 +11,30 @@
 //! Pids are recycled, so a pid (or a process group id) is trusted only
 //! together with the start time recorded when it was spawned, or when the
 //! process carries the attempt's run token. A process whose identity cannot
-//! be verified is never signalled.
+//! be verified at the moment of signalling is never signalled: the attempt's
+//! main process is kept unreaped until its group is empty (so the group id
+//! cannot be reused while the supervisor may signal it), and every other
+//! process is held by a pidfd, verified before its first signal and
+//! signalled only through it.
 //!
 //! - `attempt`: the supervisor: poll loop, deadlines, [`run`];
 //! - `spawn`: `posix_spawn`, the child's environment and program;
 //! - `child`: the main process until it is reaped (`waitpid`, pidfd);
 //! - `output`: the pipes and the tail kept of each stream;
 //! - `stop`: [`StopHandle`], which stops an attempt from another thread;
+//! - `limit`: the runner's own resource limits;
 //! - `kill`: signals and the kill sequence;
 //! - `teardown`: finding and killing a lost attempt's processes;
+//! - `pidfd`: processes held by verified pidfds, the only way others are signalled;
 //! - `proc`: facts read from `/proc`: start times, groups, token carriers;
 //! - `sigchld`: whether this process can still read its children's exit statuses.
 
 mod attempt;
 mod child;
 mod kill;
+mod limit;
 mod output;
+mod pidfd;
 mod proc;
 mod sigchld;
 mod spawn;
@@ -34,7 +42,10 @@ mod stop;
 mod teardown;
 
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Ending, Started, run};
-pub(crate) use proc::{boot_id, hostname, pid_namespace, proc_info, self_start_time};
+pub(crate) use limit::raise_nofile_limit;
+pub(crate) use proc::{
+    boot_clock_ns, boot_id, hostname, pid_namespace, proc_info, self_start_time,
+};
 #[cfg(test)]
 pub(crate) use proc::{group_has_live_members, is_alive, start_time};
 pub(crate) use sigchld::statuses_lost;

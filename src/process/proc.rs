@@ -191,6 +191,7 @@ pub(crate) fn self_start_time() -> io::Result<u64> {
 }
 
 /// Whether process `pid` exists and is not a zombie.
+#[cfg(test)]
 pub(crate) fn is_alive(pid: i32) -> bool {
     proc_info(pid).is_some_and(|p| !p.is_dead())
 }

@@ -446,13 +446,39 @@ pub(super) struct Spawned {
     pub start_time: Option<u64>,
 }
 
+/// Why a spawn failed, and whose fault it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SpawnError {
+    /// What failed and the OS reason.
+    pub message: String,
+    /// The runner ran out of something (descriptors, processes, memory): the
+    /// job is not at fault and may start once the pressure is gone.
+    pub resources: bool,
+}
+
+/// Whether an error is the runner's (or the system's) lack of a resource
+/// rather than anything about the job: descriptors (EMFILE, ENFILE),
+/// processes or threads (EAGAIN), memory (ENOMEM).
+pub(super) fn out_of_resources(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
+    )
+}
+
 /// Starts the attempt's main process (`program` is `cmd.argv[0]`). The
-/// error is the text of [`Ending::SpawnFailed`](super::attempt::Ending::SpawnFailed).
-pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, String> {
+/// error's message is the text of [`Ending::SpawnFailed`](super::attempt::Ending::SpawnFailed).
+pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnError> {
     let cwd = cmd.cwd;
-    let fail = |e: io::Error| spawn_error(program, cwd, &e);
+    let fail = |e: io::Error| SpawnError {
+        message: spawn_error(program, cwd, &e),
+        resources: out_of_resources(&e),
+    };
     if let Some(dir) = cwd {
-        check_cwd(dir).map_err(|e| format!("spawn {program:?}: working directory {dir:?}: {e}"))?;
+        check_cwd(dir).map_err(|e| SpawnError {
+            message: format!("spawn {program:?}: working directory {dir:?}: {e}"),
+            resources: out_of_resources(&e),
+        })?;
     }
     let env = ChildEnv::new(cmd).map_err(fail)?;
     let path = resolve_program(OsStr::new(program), env.path, cwd).map_err(fail)?;
@@ -549,6 +575,14 @@ mod tests {
     impl Spec {
         /// Starts it as an attempt of job 7.
         fn start(&self) -> Result<Spawned, String> {
+            self.try_start().map_err(|e| {
+                assert!(!e.resources, "out of resources: {}", e.message);
+                e.message
+            })
+        }
+
+        /// Starts it, with the error as spawn gives it.
+        fn try_start(&self) -> Result<Spawned, SpawnError> {
             let cmd = Command {
                 argv: &self.argv,
                 env: &self.env,
@@ -565,8 +599,8 @@ mod tests {
     fn reap(child: &mut ChildProc) -> ExitStatus {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(status) = child.try_wait().expect("waitpid") {
-                return status;
+            if child.exited().expect("waitid") {
+                return child.reap().expect("waitpid");
             }
             assert!(Instant::now() < deadline, "pid {} did not exit", child.pid);
             std::thread::sleep(Duration::from_millis(5));
@@ -588,6 +622,22 @@ mod tests {
         let status = reap(&mut child);
         drop(stderr);
         Ok((status.code(), out))
+    }
+
+    #[test]
+    fn running_out_of_descriptors_is_the_runners_fault_and_a_missing_program_the_jobs() {
+        assert!(out_of_resources(&io::Error::from_raw_os_error(
+            libc::EMFILE
+        )));
+        assert!(out_of_resources(&io::Error::from_raw_os_error(
+            libc::EAGAIN
+        )));
+        assert!(!out_of_resources(&io::Error::from_raw_os_error(
+            libc::ENOENT
+        )));
+        assert!(!out_of_resources(&io::Error::from_raw_os_error(
+            libc::EACCES
+        )));
     }
 
     #[test]

@@ -5,15 +5,14 @@
 //! group is signalled only once its identity is verified, and a process
 //! carrying the attempt's token is the attempt's whatever its group.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::kill::{Targets, kill_all, signal_group, signal_pid};
-use super::proc::{
-    ProcInfo, group_has_live_members, group_members, is_alive, proc_info, processes_with_token,
-};
+use super::kill::{Targets, kill_all};
+use super::pidfd::Held;
+use super::proc::{ProcInfo, group_members, proc_info, processes_with_token};
 
 /// What was recorded about an attempt, used to recognise its processes after
 /// the runner that spawned it is gone.
@@ -131,33 +130,21 @@ fn verify_group(pgid: i32, start: Option<u64>) -> Result<(), (Vec<i32>, &'static
     }
 }
 
-/// Sends `sig` to the group (when verified) and to each pid in `pids`.
-/// Errors other than "already gone" (only EPERM is possible) are logged:
-/// teardown is best effort and reports what is left in `survivors`.
-fn send(group: Option<i32>, pids: &BTreeSet<i32>, sig: Signal) {
-    if let Some(pgid) = group
-        && let Err(e) = signal_group(pgid, sig)
-    {
-        log::warn!("teardown: {sig} to process group {pgid}: {e}");
-    }
-    for &pid in pids {
-        if let Err(e) = signal_pid(pid, sig) {
-            log::warn!("teardown: {sig} to pid {pid}: {e}");
-        }
-    }
-}
-
-/// A lost attempt's processes, as the targets of the kill sequence.
+/// A lost attempt's processes, as the targets of the kill sequence. Every one is held by a
+/// pidfd opened and verified (start time) before its first signal, and signalled only
+/// through it: never a bare pid or a group id, which may have been recycled by the time the
+/// grace is over.
 struct Lost<'a> {
     /// What was recorded about the attempt.
     id: &'a AttemptIdentity,
     /// The recorded process group, once verified; an unverified group is
     /// never signalled.
     group: Option<i32>,
-    /// The processes signalled one by one (see [`Lost::individuals`]).
-    targets: BTreeSet<i32>,
-    /// Every process signalled: `targets` and the group's members.
-    killed: BTreeSet<i32>,
+    /// The start time the group was verified with: the recorded one, or the
+    /// token-carrying leader's.
+    group_start: Option<u64>,
+    /// Every process signalled, by pid.
+    held: BTreeMap<i32, Held>,
 }
 
 impl Lost<'_> {
@@ -171,32 +158,36 @@ impl Lost<'_> {
         processes_with_token(&self.id.token)
     }
 
-    /// The processes to signal one by one: token carriers outside the
-    /// verified group (those inside get the group's signal; signalling them
-    /// twice could read as "terminate now" to a process handling SIGTERM), and
-    /// the verified leader if it moved itself out of its group.
-    fn individuals(&self, found: Vec<ProcInfo>) -> BTreeSet<i32> {
-        let group = self.group;
-        let mut pids: BTreeSet<i32> = found
-            .iter()
-            .filter(|p| Some(p.pgid) != group)
-            .map(|p| p.pid)
-            .collect();
-        if let Some(g) = group
-            && let Some(leader) = proc_info(g)
-            && Some(leader.start_time) == self.id.start_time
-            && leader.pgid != g
-            && !leader.is_dead()
-        {
-            pids.insert(g);
+    /// The attempt's processes: `carriers`, the verified group's live members and its
+    /// verified leader if it moved itself out of its group.
+    fn found(&self, carriers: Vec<ProcInfo>) -> Vec<ProcInfo> {
+        let mut found = carriers;
+        if let Some(g) = self.group {
+            // Verified again: a group whose leader was replaced since is not the attempt's.
+            if verify_group(g, self.group_start).is_ok() {
+                found.extend(group_members(g));
+            }
+            if let Some(leader) = proc_info(g)
+                && Some(leader.start_time) == self.group_start
+                && leader.pgid != g
+                && !leader.is_dead()
+            {
+                found.push(leader);
+            }
         }
-        pids
+        found
     }
 
-    /// Adds the verified group's live members to `killed`.
-    fn add_members(&mut self) {
-        if let Some(g) = self.group {
-            self.killed.extend(group_members(g).iter().map(|p| p.pid));
+    /// Holds every process of `found` not held yet, through a pidfd verified against the
+    /// start time it was found with.
+    fn hold(&mut self, found: Vec<ProcInfo>) {
+        for p in found {
+            if p.is_dead() || p.pid <= 1 || self.held.contains_key(&p.pid) {
+                continue;
+            }
+            if let Some(h) = Held::open(&p) {
+                self.held.insert(p.pid, h);
+            }
         }
     }
 }
@@ -205,17 +196,18 @@ impl Targets for Lost<'_> {
     fn signal(&mut self, sig: Signal) {
         if sig == Signal::SIGKILL {
             // Members forked and carriers started during the grace are ours too.
-            self.add_members();
-            let found = self.individuals(self.carriers());
-            self.targets.extend(found);
-            self.killed.extend(&self.targets);
+            let found = self.found(self.carriers());
+            self.hold(found);
         }
-        send(self.group, &self.targets, sig);
+        for h in self.held.values() {
+            if let Err(e) = h.signal(sig) {
+                log::warn!("teardown: {sig} to pid {}: {e}", h.pid);
+            }
+        }
     }
 
     fn gone(&mut self) -> bool {
-        self.group.is_none_or(|g| !group_has_live_members(g))
-            && self.killed.iter().all(|&p| !is_alive(p))
+        self.held.values().all(Held::exited)
     }
 
     fn pause(&mut self, step: Duration) {
@@ -239,8 +231,8 @@ pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
     let mut lost = Lost {
         id,
         group: None,
-        targets: BTreeSet::new(),
-        killed: BTreeSet::new(),
+        group_start: None,
+        held: BTreeMap::new(),
     };
 
     let first_carriers = lost.carriers();
@@ -259,7 +251,10 @@ pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
     lost.group = match recorded.or_else(from_token) {
         None => None,
         Some((p, start)) => match verify_group(p, start) {
-            Ok(()) => Some(p),
+            Ok(()) => {
+                lost.group_start = start;
+                Some(p)
+            }
             Err((pids, reason)) => {
                 // Token carriers are proven ours even inside an unverified
                 // group; only the others are left alone.
@@ -275,17 +270,20 @@ pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
         },
     };
 
-    lost.targets = lost.individuals(first_carriers);
-    lost.killed = lost.targets.clone();
-    lost.add_members();
-    if lost.killed.is_empty() {
+    let found = lost.found(first_carriers);
+    lost.hold(found);
+    if lost.held.is_empty() {
         return result;
     }
     kill_all(&mut lost, grace);
 
-    let killed = lost.killed;
-    result.survivors = killed.iter().copied().filter(|&p| is_alive(p)).collect();
-    result.killed = killed.into_iter().collect();
+    result.survivors = lost
+        .held
+        .values()
+        .filter(|h| !h.exited())
+        .map(|h| h.pid)
+        .collect();
+    result.killed = lost.held.into_keys().collect();
     result
 }
 
@@ -294,8 +292,8 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
-    use crate::process::proc::start_time;
     use crate::process::proc::tests::{spawn_group, token, wait_until};
+    use crate::process::proc::{group_has_live_members, is_alive, proc_info, start_time};
 
     #[test]
     fn teardown_kills_a_verified_group() {
@@ -450,6 +448,36 @@ mod tests {
         assert!(!group_has_live_members(pgid));
         let status = g.child.wait().expect("reap");
         assert!(!status.success());
+    }
+
+    #[test]
+    fn a_listed_process_whose_start_time_no_longer_matches_is_never_signalled() {
+        let tok = token("replaced");
+        let g = spawn_group("trap '' TERM; sleep 300", &tok);
+        let pid = g.child.id() as i32;
+        // As if the pid had been recycled since it was found: the list says another start time.
+        let mut listed = proc_info(pid).expect("the shell runs");
+        listed.start_time += 1;
+        let id = AttemptIdentity {
+            pgid: None,
+            start_time: None,
+            token: "not-this-token".to_owned(),
+        };
+        let mut lost = Lost {
+            id: &id,
+            group: None,
+            group_start: None,
+            held: BTreeMap::new(),
+        };
+        lost.hold(vec![listed]);
+        assert!(lost.held.is_empty());
+        // The kill sequence, SIGKILL included, has nothing to send it.
+        assert!(kill_all(&mut lost, Duration::from_millis(50)));
+        assert!(
+            is_alive(pid),
+            "a process that was not verified was signalled"
+        );
+        drop(g);
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! The dispatcher thread: claims jobs while workers are free and hands them over.
 
 use std::sync::atomic::Ordering;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::process::StopHandle;
+use crate::process::{self, StopHandle};
 use crate::store::Claimed;
 
 use super::shared::{LINGER, Op, Running, Shared, Writer, interrupted};
@@ -17,11 +18,18 @@ use super::shared::{LINGER, Op, Running, Shared, Writer, interrupted};
 /// claims a little ahead: as many jobs as are likely to start while one commit is under way
 /// (the recent rate of endings times the recent claim round trip, twice over, at most eight
 /// per worker). Long jobs end rarely, so they are not claimed ahead; a stream of short ones is.
-pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Claimed>) {
+pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Handed>) {
     let workers = shared.config.workers;
     let mut rate = RateMeter::new();
+    // Two pipes, a pidfd and an eventfd per attempt: the default soft limit of 1024 is
+    // reached by a few hundred workers when the hard limit allows far more.
+    process::raise_nofile_limit();
     while !shared.shutting_down.load(Ordering::SeqCst) {
         shared.test_hook("dispatcher");
+        if let Some(left) = claims_paused() {
+            shared.wait_for_wake(left);
+            continue;
+        }
         let idle = shared.idle_workers.load(Ordering::SeqCst);
         let queued = work.len();
         let commit = Duration::from_nanos(shared.commit_nanos.load(Ordering::Relaxed));
@@ -46,6 +54,9 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
         let mut fresh_due = false;
         if want > 0 {
             let caps = shared.queue_caps();
+            // Read before the claim, so the lease it takes ends no earlier than this reading
+            // plus the TTL on the boot clock.
+            let claimed_boot_ns = process::boot_clock_ns();
             match writer.claim(u32::try_from(want).unwrap_or(u32::MAX), caps) {
                 Ok(jobs) => {
                     claimed_all = jobs.len() == want;
@@ -54,8 +65,10 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
                         let stop = match StopHandle::new() {
                             Ok(s) => s,
                             Err(e) => {
-                                // Out of descriptors: give the job back untouched.
-                                log::error!("cannot run job {}: {e}", job.id);
+                                // Out of descriptors: give the job back untouched, and
+                                // claim nothing for a while rather than claim it again at
+                                // once, writing events each time.
+                                exhausted(&format!("an eventfd for job {}: {e}", job.id));
                                 writer.send(Op::Finish(Box::new(interrupted(
                                     &job,
                                     &shared.config,
@@ -73,7 +86,13 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
                                 lease_expires_at: job.lease_expires_at,
                             },
                         );
-                        if work.send(job).is_err() {
+                        if work
+                            .send(Handed {
+                                job,
+                                claimed_boot_ns,
+                            })
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -96,6 +115,69 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Clai
             shared.wait_for_wake(sleep);
         }
     }
+}
+
+/// A claimed job on its way to a worker, with when it was claimed by the boot clock
+/// (`CLOCK_BOOTTIME`, which counts a suspend and cannot be stepped): the worker checks the lease
+/// by it too, in case the wall clock went back while the job waited.
+pub(crate) struct Handed {
+    pub job: Claimed,
+    /// The boot clock, in ns, read just before the claim; `None` if it could not be read.
+    pub claimed_boot_ns: Option<u64>,
+}
+
+/// How long claims pause after an attempt could not start for want of descriptors, processes
+/// or memory: long enough for running attempts to end and give some back.
+const EXHAUSTED_PAUSE: Duration = Duration::from_secs(1);
+
+/// How often running out of resources is logged, with the count since the last report.
+const EXHAUSTED_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Running out of resources, as the process's runners have met it.
+struct Exhaustion {
+    /// Claims pause until then.
+    until: Option<Instant>,
+    /// Times since the last report.
+    count: u64,
+    /// When it was last reported.
+    logged: Option<Instant>,
+}
+
+/// Process-wide on purpose: descriptors (EMFILE) and memory are the process's, processes
+/// (EAGAIN) the user's, so what one runner of the process runs out of, its others lack too.
+static EXHAUSTION: Mutex<Exhaustion> = Mutex::new(Exhaustion {
+    until: None,
+    count: 0,
+    logged: None,
+});
+
+/// Notes that an attempt could not start (or a claimed job could not be prepared) for want
+/// of resources (`why`): the job was given back, and claims pause for [`EXHAUSTED_PAUSE`].
+/// Logged at once the first time, then once a minute with a count.
+pub(crate) fn exhausted(why: &str) {
+    let mut e = EXHAUSTION.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = Instant::now();
+    e.until = now.checked_add(EXHAUSTED_PAUSE);
+    e.count += 1;
+    if e.logged
+        .is_none_or(|at| now.duration_since(at) >= EXHAUSTED_LOG_EVERY)
+    {
+        log::warn!(
+            "out of resources ({why}): {} job(s) given back since the last report, claims \
+             paused for {}; the runner resumes by itself",
+            e.count,
+            super::worker::secs(EXHAUSTED_PAUSE)
+        );
+        e.count = 0;
+        e.logged = Some(now);
+    }
+}
+
+/// How much longer claims pause, if they do.
+fn claims_paused() -> Option<Duration> {
+    let e = EXHAUSTION.lock().unwrap_or_else(PoisonError::into_inner);
+    let left = e.until?.saturating_duration_since(Instant::now());
+    (!left.is_zero()).then_some(left)
 }
 
 /// What a claim's round trip costs beyond its commit: waking the writer and the dispatcher.

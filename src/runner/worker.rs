@@ -7,28 +7,53 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use crate::job::{ErrorKind, EventKind, Output};
+use crate::job::{ErrorKind, EventKind, Output, duration_ms, now_ms};
 use crate::process::{self, AttemptResult, AttemptSpec, StopReason};
 use crate::store::{AttemptStart, Claimed, Ending, Finish};
 
 use super::builder::Config;
+use super::dispatcher::Handed;
 use super::shared::{Op, Shared, Writer, interrupted, panic_message};
 
 /// Runs the attempts the dispatcher hands over until the dispatcher goes away.
-pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
-    while let Ok(job) = jobs.recv() {
+pub(crate) fn run(shared: &Shared, jobs: &Receiver<Handed>, writer: &Writer) {
+    while let Ok(Handed {
+        job,
+        claimed_boot_ns,
+    }) = jobs.recv()
+    {
         shared.idle_workers.fetch_sub(1, Ordering::SeqCst);
-        let stop = shared
+        let running = shared
             .running
             .lock()
             .get(&job.run_token)
-            .map(|r| r.stop.clone());
-        let finish = match stop {
+            .map(|r| (r.stop.clone(), r.lease_expires_at));
+        let finish = match running {
             // Claimed ahead but not started when shutdown began: give it back untouched.
             Some(_) if shared.shutting_down.load(Ordering::SeqCst) => {
                 interrupted(&job, &shared.config, "the runner is shutting down")
             }
-            Some(stop) => run_guarded(shared, &job, &stop, writer),
+            Some((stop, expires)) => {
+                let lease = Lease {
+                    expires_at: expires,
+                    claimed_at: job.lease_expires_at - duration_ms(shared.config.lease_ttl),
+                    claimed_boot_ns,
+                };
+                match lease.distrust(&shared.config, now_ms(), process::boot_clock_ns()) {
+                    // Claimed ahead, then the runner froze (SIGSTOP, a suspend, starvation)
+                    // past the lease: another runner may have reclaimed and run it. Only the
+                    // renewal would tell, and it may not have run yet: never start it.
+                    Some(why) => {
+                        log::info!(
+                            "job {} attempt {}: not started: {why}; giving it back",
+                            job.id,
+                            job.attempt
+                        );
+                        interrupted(&job, &shared.config, &why)
+                    }
+                    None => run_guarded(shared, &job, &stop, writer),
+                }
+            }
             // The heartbeat never saw it; cannot happen, as the dispatcher registers every
             // job before handing it over. Give it back rather than run it unguarded.
             None => interrupted(&job, &shared.config, "not registered with the runner"),
@@ -40,6 +65,56 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Claimed>, writer: &Writer) {
         if jobs.len() <= shared.refill_at.load(Ordering::Relaxed) {
             shared.wake_dispatcher();
         }
+    }
+}
+
+/// What a worker knows of a claimed job's lease when it is about to start it.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    /// When the lease runs out, as last claimed or renewed (wall clock, ms).
+    expires_at: i64,
+    /// When the claim took it (wall clock, ms).
+    claimed_at: i64,
+    /// The boot clock just before the claim (ns).
+    claimed_boot_ns: Option<u64>,
+}
+
+/// How far the boot clock may run ahead of the wall clock since the claim (the claim's own
+/// round trip) before the wall clock counts as stepped back.
+const CLOCK_SLACK_MS: i64 = 1_000;
+
+impl Lease {
+    /// Why the lease cannot be trusted to start the attempt at `now` (wall clock, ms) and
+    /// `boot_ns` (boot clock), if it cannot: it runs out (by the wall clock) within the
+    /// margin an attempt needs to be fenced in time, or the wall clock went back since the
+    /// claim and the boot clock says a lease TTL has passed.
+    fn distrust(&self, cfg: &Config, now: i64, boot_ns: Option<u64>) -> Option<String> {
+        let ttl = duration_ms(cfg.lease_ttl);
+        // The heartbeat fences an attempt a kill grace and a margin before its lease runs
+        // out; a start inside that window would be fenced at once. Capped at a third of the
+        // TTL, which is what a healthy heartbeat leaves at least.
+        let margin = (duration_ms(cfg.kill_grace) + 250).min(ttl / 3);
+        if now.saturating_add(margin) >= self.expires_at {
+            return Some(format!(
+                "its lease ran out before it could start (expired {} ms ago, counting a \
+                 {margin} ms margin): the runner was frozen or starved",
+                now.saturating_add(margin) - self.expires_at
+            ));
+        }
+        let since_boot = boot_ns
+            .zip(self.claimed_boot_ns)
+            .map(|(now_b, then_b)| i64::try_from(now_b.saturating_sub(then_b) / 1_000_000))
+            .and_then(Result::ok)?;
+        let since_wall = now.saturating_sub(self.claimed_at);
+        if since_boot > since_wall.saturating_add(CLOCK_SLACK_MS)
+            && since_boot.saturating_add(margin) >= ttl
+        {
+            return Some(format!(
+                "its lease ran out before it could start: {since_boot} ms passed since the \
+                 claim by the boot clock, {since_wall} ms by the wall clock, which went back"
+            ));
+        }
+        None
     }
 }
 
@@ -133,6 +208,9 @@ fn run_one(
             start_time: s.start_time,
         }));
     });
+    if let process::Ending::NoResources(why) = &result.ending {
+        super::dispatcher::exhausted(why);
+    }
     finish_for(job, cfg, result)
 }
 
@@ -182,6 +260,10 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
             format!("idle timeout: no output for {}", secs(d)),
         ),
         process::Ending::SpawnFailed(reason) => failed(ErrorKind::Spawn, None, None, reason),
+        // The runner's fault, not the job's: given back without spending an attempt.
+        process::Ending::NoResources(reason) => Ending::Interrupted {
+            message: format!("not run: the runner is out of resources ({reason})"),
+        },
         process::Ending::Stopped(StopReason::SelfFenced) => Ending::Lost {
             message: "the runner could not renew the lease before it ran out (database busy \
                       or stalled) and killed the attempt itself"
@@ -235,5 +317,53 @@ fn signal_name(sig: i32) -> String {
     match nix::sys::signal::Signal::try_from(sig) {
         Ok(s) => s.as_str().to_string(),
         Err(_) => format!("{sig}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config with a 30 s lease and a 5 s kill grace (the defaults).
+    fn config() -> Config {
+        super::super::builder::RunnerBuilder::new("unused.db".into()).config
+    }
+
+    const T: i64 = 1_700_000_000_000;
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_lease_past_its_expiry_or_inside_the_fence_margin_is_not_trusted() {
+        let cfg = config();
+        let lease = Lease {
+            expires_at: T + 30_000,
+            claimed_at: T,
+            claimed_boot_ns: Some(100 * SEC),
+        };
+        assert_eq!(lease.distrust(&cfg, T + 1, Some(100 * SEC)), None);
+        // 5.25 s margin: the grace and the heartbeat's own.
+        assert_eq!(lease.distrust(&cfg, T + 24_000, Some(124 * SEC)), None);
+        assert!(lease.distrust(&cfg, T + 25_000, Some(125 * SEC)).is_some());
+        // Frozen for a minute.
+        let why = lease.distrust(&cfg, T + 60_000, Some(160 * SEC)).unwrap();
+        assert!(
+            why.contains("its lease ran out before it could start"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_wall_clock_stepped_back_does_not_stretch_the_lease() {
+        let cfg = config();
+        let lease = Lease {
+            expires_at: T + 30_000,
+            claimed_at: T,
+            claimed_boot_ns: Some(100 * SEC),
+        };
+        // The wall clock says 1 s passed, the boot clock a minute.
+        let why = lease.distrust(&cfg, T + 1_000, Some(160 * SEC)).unwrap();
+        assert!(why.contains("went back"), "{why}");
+        // Without a boot clock reading only the wall clock counts.
+        assert_eq!(lease.distrust(&cfg, T + 1_000, None), None);
     }
 }

@@ -125,3 +125,103 @@ exit {code}
         assert!(alive(second.pid.unwrap()), "attempt 2 runs on");
     }
 }
+
+/// Jobs the frozen runner claimed ahead (in its work channel, not started) are run by another
+/// runner while it is frozen past their leases. Thawed, it must not start any of them: the
+/// test holds the write lock as it thaws, so the renewal cannot report the leases lost, and
+/// only the worker's own check stands between a claimed-ahead job and a second run.
+#[test]
+fn thawed_runner_does_not_start_jobs_it_claimed_before_a_freeze_past_their_leases() {
+    let mut c = Case::new();
+    // Each run notes its job, its pid and its parent (the runner that spawned it).
+    let ids: Vec<i64> = (0..150)
+        .map(|_| c.enqueue(Job::shell(r#"echo "$LEASEHOLD_JOB_ID $$ $PPID" >> runs"#)))
+        .collect();
+    let opts = [
+        "--workers",
+        "1",
+        "--lease-ttl",
+        "1.5",
+        "--heartbeat",
+        "0.5",
+        "--sweep",
+        "0.5",
+        "--kill-grace",
+        "0.5",
+        "--shutdown-grace",
+        "0.5",
+    ];
+    let frozen = c.start_runner(&opts);
+    let frozen_pid = c.runners[frozen].pid().as_raw();
+    let bare = c.db.bare();
+    // Freeze it while it holds claimed-ahead jobs: with one worker, two or more running jobs
+    // without a recorded process mean at least one waits in the work channel.
+    let unstarted = |bare: &rusqlite::Connection| -> i64 {
+        bare.query_row(
+            "SELECT count(*) FROM jobs WHERE status = 'running' AND pid IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let mut held = 0;
+    for _ in 0..200 {
+        c.signal(frozen, Signal::SIGSTOP);
+        held = unstarted(&bare);
+        if held >= 2 {
+            break;
+        }
+        c.signal(frozen, Signal::SIGCONT);
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    assert!(held >= 2, "the runner never held a job claimed ahead");
+    // Another runner reclaims and runs them all while the first is frozen past the leases.
+    let mut second = opts;
+    second[1] = "4";
+    c.start_runner(&second);
+    for &id in &ids {
+        let done = c.ended(id);
+        assert_eq!(done.status, Status::Succeeded, "{done:?}");
+    }
+    let before = c.file("runs").lines().count();
+    // Thaw with the write lock held: the heartbeat cannot learn that the leases are gone.
+    bare.execute_batch("BEGIN IMMEDIATE").unwrap();
+    c.signal(frozen, Signal::SIGCONT);
+    let started_after_thaw = || -> Vec<String> {
+        c.file("runs")
+            .lines()
+            .skip(before)
+            .filter(|l| l.split(' ').nth(2) == Some(&frozen_pid.to_string()))
+            .map(str::to_owned)
+            .collect()
+    };
+    // Either the thawed runner starts a job (the defect), or it says it gave them back.
+    c.wait_for(
+        "the thawed runner to start or give back its claimed-ahead jobs",
+        |c| {
+            (!started_after_thaw().is_empty() || c.log(frozen).contains("not started"))
+                .then_some(())
+        },
+    );
+    bare.execute_batch("COMMIT").unwrap();
+    let runs = started_after_thaw();
+    assert!(
+        runs.is_empty(),
+        "the thawed runner started {} job(s) another runner had run: {runs:?}",
+        runs.len()
+    );
+    let log = c.log(frozen);
+    assert!(
+        log.contains("its lease ran out before it could start"),
+        "{log}"
+    );
+    // Every job ran once, but for the one the frozen runner may have started just before the
+    // freeze and not yet recorded (run again, though never at once: its teardown came first).
+    let mut per_job = std::collections::BTreeMap::<i64, usize>::new();
+    for line in c.file("runs").lines() {
+        let id: i64 = line.split(' ').next().unwrap().parse().unwrap();
+        *per_job.entry(id).or_default() += 1;
+    }
+    let twice: Vec<_> = per_job.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.len() <= 1, "jobs run more than once: {twice:?}");
+}

@@ -7,6 +7,7 @@ mod util;
 mod helper;
 
 mod crash;
+mod exhaustion;
 mod flow;
 mod freeze;
 mod fulldisk;

@@ -96,9 +96,22 @@ pub(super) fn retry(
     // succeed: the operator retries that one first.
     let waiting = match dependency::unmet(conn, id)? {
         Ok(waiting) => waiting,
-        Err((dep, status)) => {
+        Err(dependency::Unmet::Ended(dep, status)) => {
             return Err(refuse(format!(
                 "it runs after job {dep}, which is {status}: retry job {dep} first"
+            )));
+        }
+        Err(dependency::Unmet::Pruned(0)) => {
+            return Err(refuse(
+                "it runs after jobs that were pruned, one of them before it succeeded: \
+                 it counts as failed, so this job could never run (enqueue a new one)"
+                    .into(),
+            ));
+        }
+        Err(dependency::Unmet::Pruned(dep)) => {
+            return Err(refuse(format!(
+                "it runs after job {dep}, which was pruned before it succeeded: it counts as \
+                 failed, so this job could never run (enqueue a new one)"
             )));
         }
     };

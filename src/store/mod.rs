@@ -191,15 +191,40 @@ impl Store {
     /// Compacts the whole file with a full `VACUUM`, then checkpoints the WAL so that the main
     /// file shrinks now. A VACUUM rewrites the file: its folder needs free space of about the
     /// file's size plus its WAL's, which is checked first. It holds the database's write lock
-    /// for as long as it runs, so runners on the file wait for it (up to their busy timeout).
+    /// for as long as it runs, which no runner's renewal can wait out on a large file: it is
+    /// refused while a runner is live on the file (registered, not stopped, and its last
+    /// heartbeat within its lease TTL). [`Store::vacuum_forced`] goes ahead anyway.
     ///
     /// # Errors
     ///
-    /// [`Error::NoSpace`] when the folder has too little free space (the file is unchanged),
-    /// [`Error::Busy`] when another connection held the database for longer than the busy
-    /// timeout, [`Error::Sqlite`] or [`Error::Io`] otherwise.
+    /// [`Error::RunnerLive`] naming a live runner (the file is unchanged), [`Error::NoSpace`]
+    /// when the folder has too little free space (the file is unchanged), [`Error::Busy`]
+    /// when another connection held the database for longer than the busy timeout,
+    /// [`Error::Sqlite`] or [`Error::Io`] otherwise.
     pub fn vacuum(&self) -> Result<VacuumReport> {
-        maintenance::vacuum(&self.conn, &self.path, self.busy_timeout)
+        maintenance::vacuum(
+            &self.conn,
+            &self.path,
+            self.busy_timeout,
+            false,
+            crate::job::now_ms(),
+        )
+    }
+
+    /// [`Store::vacuum`] even beside a live runner, whose attempts may then be killed when it
+    /// cannot renew their leases in time (`on_lost = fail` jobs fail for good).
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::vacuum`], but never [`Error::RunnerLive`].
+    pub fn vacuum_forced(&self) -> Result<VacuumReport> {
+        maintenance::vacuum(
+            &self.conn,
+            &self.path,
+            self.busy_timeout,
+            true,
+            crate::job::now_ms(),
+        )
     }
 
     /// Runs `f` in one IMMEDIATE transaction, retrying while another connection holds the

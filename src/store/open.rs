@@ -41,6 +41,7 @@ pub struct OpenOptions {
     durability: Durability,
     busy_timeout: Duration,
     checkpoint_on_close: bool,
+    convert_beside_runners: bool,
 }
 
 impl Default for OpenOptions {
@@ -51,6 +52,7 @@ impl Default for OpenOptions {
             durability: Durability::Full,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             checkpoint_on_close: true,
+            convert_beside_runners: false,
         }
     }
 }
@@ -112,6 +114,14 @@ impl OpenOptions {
     }
 
     /// Whether [`OpenOptions::checkpoint_on_close`] is on.
+    /// Converts a version-1 file (a VACUUM that holds the write lock for as long as it
+    /// rewrites the file) even while a runner is live on it, instead of refusing with
+    /// [`Error::RunnerLive`](crate::Error::RunnerLive). By default, off.
+    pub fn convert_beside_runners(mut self, force: bool) -> Self {
+        self.convert_beside_runners = force;
+        self
+    }
+
     pub(crate) fn checkpoints_on_close(&self) -> bool {
         self.checkpoint_on_close
     }
@@ -290,7 +300,7 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
     // A current file needs no migration: versions only go up, so the version read above
     // cannot have become older. That spares every open a write lock.
     if options.migrate && version < SCHEMA_VERSION {
-        migration = migrate(&conn, &path, deadline)?;
+        migration = migrate(&conn, &path, deadline, options.convert_beside_runners)?;
     }
     Ok(Opened {
         conn,
@@ -432,12 +442,17 @@ fn retry_busy<T>(
 /// below version 2, the file is converted (after the free-space check, which refuses and leaves
 /// the file as it was), and the next step reads the version and auto_vacuum again before it
 /// bumps the version. Two processes may both convert: the second VACUUM is wasted, not harmful.
-fn migrate(conn: &Connection, path: &Path, deadline: Instant) -> Result<Migration> {
+fn migrate(
+    conn: &Connection,
+    path: &Path,
+    deadline: Instant,
+    convert_beside_runners: bool,
+) -> Result<Migration> {
     let started = Instant::now();
     let first = retry_busy(deadline, || migrate_step(conn))?;
     let mut step = first;
     if step.needs_conversion {
-        maintenance::convert_to_incremental(conn, path, INCREMENTAL_SINCE)?;
+        maintenance::convert_to_incremental(conn, path, INCREMENTAL_SINCE, convert_beside_runners)?;
         step = retry_busy(deadline, || migrate_step(conn))?;
         if step.needs_conversion {
             return Err(Error::io(

@@ -13,3 +13,4 @@ mod fulldisk;
 mod renewal;
 mod schedule;
 mod shutdown;
+mod writelock;

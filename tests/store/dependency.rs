@@ -316,3 +316,28 @@ fn a_retry_after_a_pruned_succeeded_dependency_runs() {
     assert_eq!((b.status, b.waiting_for), (Status::Pending, vec![]));
     assert_eq!(ids(&claim(&store, "w", 10, T0 + 12)), [b.id]);
 }
+
+#[test]
+fn a_bulk_enqueue_refused_after_many_slices_leaves_nothing() {
+    let db = TestDb::new();
+    let store = db.store();
+    let before = snapshot(&store);
+    // Enough jobs for many slices of the bulk enqueue; the last names an unknown job.
+    let mut jobs: Vec<Job> = (0..40_000)
+        .map(|i| Job::shell(format!("true {i}")))
+        .collect();
+    jobs.push(job(&[1_000_000]));
+    let e = store.enqueue_many(&jobs, T0).unwrap_err();
+    assert!(matches!(e, Error::Dependency { id: 1_000_000, .. }), "{e}");
+    assert_eq!(snapshot(&store), before, "nothing is kept");
+    assert_eq!(store.counts().unwrap().pending, 0);
+    assert!(claim(&store, "w", 10, T0).is_empty());
+
+    // All of them, when nothing is refused, are ready when it returns.
+    jobs.pop();
+    let stored = store.enqueue_many(&jobs, T0).unwrap();
+    assert_eq!(stored.len(), 40_000);
+    let record = store.job(stored[39_999]).unwrap();
+    assert_eq!((record.after, record.waiting_for), (vec![], vec![]));
+    assert_eq!(ids(&claim(&store, "w", 1, T0)), [stored[0]]);
+}

@@ -59,7 +59,7 @@ pub(super) fn job_ended(conn: &Connection, id: i64, status: Status, now: i64) ->
                 after_job: 0,
                 last_job: None,
             };
-            run(conn, vec![start], ENDING_STEP, now)?;
+            run(conn, vec![start], ENDING_STEP, None, now)?;
             Ok(())
         }
         Status::Pending | Status::Running => Ok(()),
@@ -105,7 +105,8 @@ pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
     }
     // Popped last first: the oldest first.
     let stack = stored.into_iter().rev().collect();
-    run(conn, stack, CASCADE_SLICE, now)?;
+    let until = std::time::Instant::now() + super::batch::SLICE;
+    run(conn, stack, CASCADE_SLICE, Some(until), now)?;
     has_cascades(conn)
 }
 
@@ -117,8 +118,14 @@ pub(super) fn has_cascades(conn: &Connection) -> Result<bool> {
 }
 
 /// Handles up to `budget` dependents of the cascades on `stack` (and of the jobs that their
-/// cancels cancel), then stores what is left as cascades.
-fn run(conn: &Connection, mut stack: Vec<Cascade>, mut budget: usize, now: i64) -> Result<()> {
+/// cancels cancel), and none after `until`, then stores what is left as cascades.
+fn run(
+    conn: &Connection,
+    mut stack: Vec<Cascade>,
+    mut budget: usize,
+    until: Option<std::time::Instant>,
+    now: i64,
+) -> Result<()> {
     while let Some(mut c) = stack.pop() {
         if budget == 0 {
             store(conn, &mut c)?;
@@ -139,7 +146,6 @@ fn run(conn: &Connection, mut stack: Vec<Cascade>, mut budget: usize, now: i64) 
             )?;
             rows.collect::<rusqlite::Result<_>>()?
         };
-        let ends_here = dependents.len() <= budget;
         let message = if c.job == c.root {
             format!("dependency job {} {}", c.job, c.how)
         } else {
@@ -148,12 +154,19 @@ fn run(conn: &Connection, mut stack: Vec<Cascade>, mut budget: usize, now: i64) 
                 c.job, c.how, c.root
             )
         };
+        let mut handled = 0;
         for &job in dependents.iter().take(budget) {
             handle(conn, &c, job, &message, now, &mut stack)?;
             c.after_job = job;
+            handled += 1;
             budget -= 1;
+            if until.is_some_and(|u| std::time::Instant::now() >= u) {
+                budget = 0;
+                break;
+            }
         }
-        if !ends_here {
+        // Read one more than the budget: the cascade ends here only when all were handled.
+        if handled < dependents.len() {
             store(conn, &mut c)?;
         }
     }

@@ -1,4 +1,4 @@
--- leasehold schema, version 9 (PRAGMA user_version = 9).
+-- leasehold schema, version 10 (PRAGMA user_version = 10).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -263,3 +263,32 @@ CREATE TABLE handoffs (
     expires_at  INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX handoffs_expiry ON handoffs (expires_at);
+
+-- Bulk enqueues in bounded transactions (version 10): a batch's jobs are gated by a `job_deps`
+-- row naming `-id`, counted in their `waiting`, until the batch commits (the gates are then
+-- lifted) or is abandoned (its jobs are then deleted). Version 9 is reserved for another
+-- change. See `src/migrations/0010_bounded.sql`.
+CREATE TABLE batches (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- 0 open, 1 committed, 2 abandoned.
+    state       INTEGER NOT NULL CHECK (state = 0 OR state = 1 OR state = 2),
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL
+);
+
+-- Fan-outs in bounded transactions (version 10): an ending handles a few hundred of its dependents in its
+-- own transaction and leaves the rest as a cascade, which whoever comes next continues a slice
+-- at a time. Dependents of `job_id` with an id in (after_job, last_job] are still to be
+-- handled (a success counts down their `waiting`; a failure or a cancel cancels the pending
+-- ones, which may start cascades of their own); a slice moves `after_job` in the transaction
+-- that handles them, so each is handled exactly once. `root` is the job whose failure started
+-- a chain of cancels.
+CREATE TABLE cascades (
+    job_id     INTEGER NOT NULL,
+    status     TEXT    NOT NULL
+               CHECK (status = 'succeeded' OR status = 'failed' OR status = 'cancelled'),
+    root       INTEGER NOT NULL,
+    after_job  INTEGER NOT NULL,
+    last_job   INTEGER NOT NULL,
+    PRIMARY KEY (job_id, status)
+);

@@ -76,6 +76,24 @@ pub enum Error {
         /// How long it waited: the store's busy timeout.
         waited: std::time::Duration,
     },
+    /// An operation that holds the write lock for as long as it runs (a VACUUM, the one-time
+    /// conversion of a version-1 file) was refused because a runner is live on the file: it
+    /// could not renew its leases meanwhile and would kill every attempt it runs. Stop the
+    /// runner first, or force the operation (`--force`, [`Store::vacuum_forced`],
+    /// [`OpenOptions::convert_beside_runners`]).
+    ///
+    /// [`Store::vacuum_forced`]: crate::Store::vacuum_forced
+    /// [`OpenOptions::convert_beside_runners`]: crate::OpenOptions::convert_beside_runners
+    #[error(
+        "{operation} refused: {runner} is live on this file, and could not renew its leases \
+         while {operation} holds the write lock; stop it first, or force it (--force)"
+    )]
+    RunnerLive {
+        /// What was refused.
+        operation: &'static str,
+        /// The live runner: its worker id, pid, host and last heartbeat (and how many more).
+        runner: String,
+    },
     /// No job has this id.
     #[error("no job with id {0}")]
     NoSuchJob(i64),

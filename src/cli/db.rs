@@ -4,18 +4,20 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use leasehold::{PruneOptions, PruneReport, Retention, SCHEMA_VERSION, Store, now_ms};
+use leasehold::{OpenOptions, PruneOptions, PruneReport, Retention, SCHEMA_VERSION, Store, now_ms};
 use serde_json::json;
 
 use super::progress;
 use super::render::print_json;
 use super::{open_existing, open_read_only};
 
-/// Creates the schema or upgrades an older one, and says what it did.
-pub fn migrate(db: &Path, json: bool) -> anyhow::Result<()> {
+/// Creates the schema or upgrades an older one, and says what it did. The upgrade of a
+/// version-1 file is refused beside a live runner unless `force`.
+pub fn migrate(db: &Path, json: bool, force: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     // Creating or upgrading is quick, except the one-time VACUUM of a version-1 file.
-    let store = progress::spin_while("migrating the schema", || Store::open(db))?;
+    let options = OpenOptions::new().convert_beside_runners(force);
+    let store = progress::spin_while("migrating the schema", || Store::open_with(db, &options))?;
     let m = store.migration();
     // The library logs the migration itself; this covers the whole command (opening too).
     let elapsed_ms = started.elapsed().as_millis();
@@ -67,10 +69,17 @@ pub fn version(db: &Path, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Compacts the whole file with a full VACUUM and prints its size before and after.
-pub fn vacuum(db: &Path, json: bool) -> anyhow::Result<()> {
+/// Compacts the whole file with a full VACUUM and prints its size before and after; refused
+/// beside a live runner unless `force`.
+pub fn vacuum(db: &Path, json: bool, force: bool) -> anyhow::Result<()> {
     let store = super::open_existing(db)?;
-    let report = progress::spin_while("vacuuming", || store.vacuum())?;
+    let report = progress::spin_while("vacuuming", || {
+        if force {
+            store.vacuum_forced()
+        } else {
+            store.vacuum()
+        }
+    })?;
     log::info!(
         "vacuum {}: {} bytes before, {} after",
         db.display(),

@@ -75,15 +75,29 @@ enum Command {
     Serve(ServeArgs),
 }
 
+/// `db migrate` and `db vacuum`: JSON, and going ahead beside a live runner.
+#[derive(Debug, Args)]
+struct ForceArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Go ahead even while a runner is live on the file (its attempts may be killed when it
+    /// cannot renew their leases in time).
+    #[arg(long)]
+    force: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum DbCommand {
-    /// Create the schema, or upgrade an older one. Idempotent.
-    Migrate(JsonArg),
+    /// Create the schema, or upgrade an older one. Idempotent. The upgrade of a version-1 file
+    /// (a VACUUM) is refused while a runner is live on it, unless --force.
+    Migrate(ForceArgs),
     /// The file's schema version and the newest this build supports.
     Version(JsonArg),
     /// Compact the whole file (a full VACUUM, which needs free space about the file's size) and
-    /// print its size before and after. Never creates the file.
-    Vacuum(JsonArg),
+    /// print its size before and after. Never creates the file. Refused while a runner is live
+    /// on the file (it could not renew its leases), unless --force.
+    Vacuum(ForceArgs),
     /// Deletes finished jobs past the retention rules now (the defaults for rules not given)
     Prune(PruneArgs),
 }
@@ -412,9 +426,9 @@ struct RunArgs {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let db = cli.db.as_path();
     match cli.command {
-        Command::Db(DbCommand::Migrate(a)) => db::migrate(db, a.json),
+        Command::Db(DbCommand::Migrate(a)) => db::migrate(db, a.json, a.force),
         Command::Db(DbCommand::Version(a)) => db::version(db, a.json),
-        Command::Db(DbCommand::Vacuum(a)) => db::vacuum(db, a.json),
+        Command::Db(DbCommand::Vacuum(a)) => db::vacuum(db, a.json, a.force),
         Command::Db(DbCommand::Prune(a)) => db::prune(db, &a.keep.retention(), a.dry_run, a.json),
         Command::Jobs(JobsCommand::Add(a)) => jobs::add(db, a),
         Command::Jobs(JobsCommand::Ls(a)) => jobs::ls(db, &a),

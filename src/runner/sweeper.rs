@@ -142,6 +142,29 @@ impl Sweeper {
             }
         }
         self.prune_and_log(now);
+        self.tidy_batches_and_log();
+    }
+
+    /// Continues the fan-outs that endings left as cascades, and finishes the bulk enqueues
+    /// that their processes left behind (lifts a committed batch's gates, deletes an abandoned
+    /// one's jobs), within half a sweep interval.
+    fn tidy_batches_and_log(&self) {
+        let deadline = Instant::now().checked_add(self.shared.config.sweep_interval / 2);
+        let tidied = self
+            .store
+            .continue_cascades(crate::job::now_ms(), deadline)
+            .and_then(|_| self.store.tidy_batches(None, deadline));
+        match tidied {
+            Ok((0, 0)) => {}
+            Ok((released, deleted)) => {
+                log::info!("bulk enqueues: released={released} deleted_abandoned={deleted}");
+            }
+            Err(e) => {
+                if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
+                    log::warn!("tidying bulk enqueues failed ({n} since the last report): {e:#}");
+                }
+            }
+        }
     }
 
     /// Prunes finished jobs past the retention policy, a few batches at most, and logs a line

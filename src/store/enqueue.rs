@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::job::{EventKind, Job, Status};
 use crate::schedule::utc_text;
 
+use super::batch;
 use super::counter;
 use super::tx::event;
 
@@ -81,55 +82,18 @@ fn matching(conn: &Connection, key: &str, window_ms: Option<i64>, now: i64) -> R
         .optional()?)
 }
 
-/// How often [`insert_many`] reports progress: every this many rows.
-const PROGRESS_EVERY: usize = 1000;
-
-/// Inserts many jobs and their events; the caller's transaction makes it all or none.
-/// `progress` is told how many rows are in, every [`PROGRESS_EVERY`] rows and at the end.
-pub(super) fn insert_many(
-    conn: &Connection,
-    jobs: &[Job],
-    now: i64,
-    progress: &mut dyn FnMut(usize),
-) -> Result<Vec<i64>> {
-    let mut ids = Vec::with_capacity(jobs.len());
-    if jobs.iter().any(|j| j.unique_key_name().is_some()) {
-        // Each unique key is checked against the jobs before it, these included.
-        for job in jobs {
-            ids.push(insert_job(conn, job, now)?);
-            if ids.len() % PROGRESS_EVERY == 0 {
-                progress(ids.len());
-            }
-        }
-        progress(ids.len());
-        return Ok(ids);
+/// Enqueues `job` for a slice of a bulk enqueue ([`super::batch`]): the matching job's id
+/// and false when its unique key matches one; else its row and dependencies, and true. Its
+/// event, its count and its gate are the slice's, written for all its rows at once.
+pub(super) fn insert_gated(conn: &Connection, job: &Job, now: i64) -> Result<(i64, bool)> {
+    if let Some(key) = job.unique_key_name()
+        && let Some(id) = matching(conn, key, job.unique_window_ms(), now)?
+    {
+        return Ok((id, false));
     }
-    for job in jobs {
-        let id = insert_row(conn, job, now, None)?;
-        insert_deps(conn, id, job.dependencies())?;
-        ids.push(id);
-        if ids.len() % PROGRESS_EVERY == 0 {
-            progress(ids.len());
-        }
-    }
-    // One statement for all the `enqueued` events: the ids of this transaction's rows
-    // are consecutive, as no other writer can insert while it holds the lock.
-    if let (Some(first), Some(last)) = (ids.first(), ids.last()) {
-        conn.prepare_cached(
-            "INSERT INTO job_events (job_id, at, kind, attempt, detail)
-                     SELECT id, ?3, 'enqueued', 0, queue FROM jobs WHERE id BETWEEN ?1 AND ?2",
-        )?
-        .execute(params![first, last, now])?;
-    }
-    progress(ids.len());
-    let mut per_queue: std::collections::BTreeMap<&str, usize> = Default::default();
-    for j in jobs {
-        *per_queue.entry(j.queue_name()).or_default() += 1;
-    }
-    for (queue, n) in per_queue {
-        counter::enqueued(conn, queue, n)?;
-    }
-    Ok(ids)
+    let id = insert_row(conn, job, now, None)?;
+    insert_deps(conn, id, job.dependencies())?;
+    Ok((id, true))
 }
 
 /// Inserts a job's row without its event (nor its count: see [`counter::enqueued`]). A
@@ -170,7 +134,8 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
 /// Records that job `id` runs after each of `after`, and counts those not yet succeeded in its
 /// `waiting` column. Refuses (and the caller's transaction then writes nothing) an unknown id,
 /// the job itself, and a job that already failed or was cancelled: the new job could never
-/// run. Cycles cannot arise: a job can only name jobs that exist before it.
+/// run; and a job of a bulk enqueue that has not finished (see [`super::batch`]), which may
+/// still be deleted. Cycles cannot arise: a job can only name jobs that exist before it.
 fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
     if after.is_empty() {
         return Ok(());
@@ -191,6 +156,11 @@ fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
         let Some(status) = status else {
             return Err(refuse("no such job"));
         };
+        if batch::gated(conn, dep)? {
+            return Err(refuse(
+                "it is part of a bulk enqueue that has not finished (try again once it has)",
+            ));
+        }
         match status.parse::<Status>()? {
             Status::Succeeded => {}
             Status::Pending | Status::Running => waiting += 1,

@@ -47,13 +47,17 @@ pub(super) fn size(conn: &Connection, path: &Path) -> Result<DatabaseSize> {
 
 /// A full VACUUM, after checking that its folder has the space for it; then a checkpoint, so
 /// that the main file shrinks now rather than at the last connection's close.
+/// Refuses beside a live runner unless `force`: see [`refuse_beside_live_runners`].
 pub(super) fn vacuum(
     conn: &Connection,
     path: &Path,
     busy_timeout: Duration,
+    force: bool,
+    now: i64,
 ) -> Result<VacuumReport> {
     let on_disk = || -> Result<u64> { Ok(file_len(path)? + wal_bytes(path)?) };
     let bytes_before = on_disk()?;
+    refuse_beside_live_runners(conn, "vacuum", force, now)?;
     check_space(conn, path, "vacuum")?;
     let busy = |e: rusqlite::Error| {
         if is_busy(&e) {
@@ -80,8 +84,14 @@ pub(super) fn vacuum(
 
 /// Converts a file to `auto_vacuum = INCREMENTAL`: a VACUUM, which cannot run in a
 /// transaction. Its caller bumps the schema version afterwards, in a transaction that reads
-/// the version again.
-pub(super) fn convert_to_incremental(conn: &Connection, path: &Path, to: i64) -> Result<()> {
+/// the version again. Refused beside a live runner unless `force`.
+pub(super) fn convert_to_incremental(
+    conn: &Connection,
+    path: &Path,
+    to: i64,
+    force: bool,
+) -> Result<()> {
+    refuse_beside_live_runners(conn, upgrade_operation(to), force, crate::job::now_ms())?;
     check_space(conn, path, upgrade_operation(to))?;
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.execute_batch("VACUUM")?;
@@ -133,6 +143,69 @@ fn check_space(conn: &Connection, path: &Path, operation: &'static str) -> Resul
         });
     }
     Ok(())
+}
+
+/// The runners registered on the file that are live at `now`: not stopped, and their last
+/// heartbeat within their lease TTL. Read with plain SQL that every schema version since 1
+/// answers, so a file older than this build is checked before its conversion.
+pub(super) fn live_runners(conn: &Connection, now: i64) -> Result<Vec<LiveRunner>> {
+    let mut stmt = conn.prepare(
+        "SELECT worker_id, pid, host, heartbeat_at FROM runners
+         WHERE stopped_at IS NULL AND heartbeat_at + lease_ttl_ms >= ?1
+         ORDER BY started_at, worker_id",
+    )?;
+    let rows = stmt.query_map([now], |r| {
+        Ok(LiveRunner {
+            worker_id: r.get(0)?,
+            pid: r.get(1)?,
+            host: r.get(2)?,
+            heartbeat_ago_ms: now - r.get::<_, i64>(3)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Refuses `operation` (a VACUUM, which holds the write lock for as long as it rewrites the
+/// file) while a runner is live on the file: it could not renew its leases meanwhile, and
+/// would kill every attempt it runs. `force` goes ahead anyway.
+pub(super) fn refuse_beside_live_runners(
+    conn: &Connection,
+    operation: &'static str,
+    force: bool,
+    now: i64,
+) -> Result<()> {
+    if force {
+        return Ok(());
+    }
+    let live = live_runners(conn, now)?;
+    match live.first() {
+        None => Ok(()),
+        Some(first) => {
+            let more = match live.len() - 1 {
+                0 => String::new(),
+                n => format!(" (and {n} more)"),
+            };
+            Err(Error::RunnerLive {
+                operation,
+                runner: format!(
+                    "runner {} (pid {} on host {}, last heartbeat {:.1} s ago){more}",
+                    first.worker_id,
+                    first.pid,
+                    first.host,
+                    first.heartbeat_ago_ms as f64 / 1000.0
+                ),
+            })
+        }
+    }
+}
+
+/// A live runner, as [`refuse_beside_live_runners`] names it.
+#[derive(Debug, Clone)]
+pub(super) struct LiveRunner {
+    worker_id: String,
+    pid: i64,
+    host: String,
+    heartbeat_ago_ms: i64,
 }
 
 /// The bytes this process may still write in the folder of `path`.

@@ -32,6 +32,7 @@ use crate::job::{Event, Job, JobRecord, Output};
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
 
+mod batch;
 mod counter;
 mod dependency;
 mod enqueue;
@@ -192,15 +193,40 @@ impl Store {
     /// Compacts the whole file with a full `VACUUM`, then checkpoints the WAL so that the main
     /// file shrinks now. A VACUUM rewrites the file: its folder needs free space of about the
     /// file's size plus its WAL's, which is checked first. It holds the database's write lock
-    /// for as long as it runs, so runners on the file wait for it (up to their busy timeout).
+    /// for as long as it runs, which no runner's renewal can wait out on a large file: it is
+    /// refused while a runner is live on the file (registered, not stopped, and its last
+    /// heartbeat within its lease TTL). [`Store::vacuum_forced`] goes ahead anyway.
     ///
     /// # Errors
     ///
-    /// [`Error::NoSpace`] when the folder has too little free space (the file is unchanged),
-    /// [`Error::Busy`] when another connection held the database for longer than the busy
-    /// timeout, [`Error::Sqlite`] or [`Error::Io`] otherwise.
+    /// [`Error::RunnerLive`] naming a live runner (the file is unchanged), [`Error::NoSpace`]
+    /// when the folder has too little free space (the file is unchanged), [`Error::Busy`]
+    /// when another connection held the database for longer than the busy timeout,
+    /// [`Error::Sqlite`] or [`Error::Io`] otherwise.
     pub fn vacuum(&self) -> Result<VacuumReport> {
-        maintenance::vacuum(&self.conn, &self.path, self.busy_timeout)
+        maintenance::vacuum(
+            &self.conn,
+            &self.path,
+            self.busy_timeout,
+            false,
+            crate::job::now_ms(),
+        )
+    }
+
+    /// [`Store::vacuum`] even beside a live runner, whose attempts may then be killed when it
+    /// cannot renew their leases in time (`on_lost = fail` jobs fail for good).
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::vacuum`], but never [`Error::RunnerLive`].
+    pub fn vacuum_forced(&self) -> Result<VacuumReport> {
+        maintenance::vacuum(
+            &self.conn,
+            &self.path,
+            self.busy_timeout,
+            true,
+            crate::job::now_ms(),
+        )
     }
 
     /// Runs `f` in one IMMEDIATE transaction, retrying while another connection holds the
@@ -344,18 +370,27 @@ impl Store {
         self.write(|c| handoff::enqueue(c, job, token, deadline, now))
     }
 
-    /// Enqueues many jobs in one transaction: all or none. Returns their ids in order.
+    /// Enqueues many jobs, all or none. Returns their ids in order, once every job is ready to
+    /// be claimed.
+    ///
+    /// The jobs are written in transactions that hold the write lock for about 50 ms each,
+    /// never for the whole list, so that runners on the file keep renewing their leases. Until
+    /// the last of them commits, the jobs written so far exist but wait (pending, never
+    /// claimed, and no job can be enqueued after them); when a write fails, or this process
+    /// dies or stalls for 60 s between two of them, they are deleted, by this call
+    /// or by the next runner's sweep. See the README's *Bulk enqueue*.
     ///
     /// # Errors
     ///
-    /// As [`Store::enqueue`]; nothing is stored when any job is invalid.
+    /// As [`Store::enqueue`]; nothing is kept when any job is invalid or refused, or when the
+    /// database cannot be written.
     pub fn enqueue_many(&self, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
         self.enqueue_many_with_progress(jobs, now, &mut |_| {})
     }
 
-    /// [`Store::enqueue_many`], telling `progress` how many jobs are in so far (every 1,000
-    /// jobs and at the end), for a progress bar. Still one transaction: all or none, and a
-    /// count told before a failure or a busy retry is not kept.
+    /// [`Store::enqueue_many`], telling `progress` how many jobs are in so far (after every
+    /// transaction), for a progress bar. Still all or none: a count told before a failure is
+    /// not kept.
     ///
     /// # Errors
     ///
@@ -369,9 +404,84 @@ impl Store {
         for job in jobs {
             job.validate_at(now)?;
         }
-        let ids = self.write(|c| enqueue::insert_many(c, jobs, now, &mut *progress))?;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = self.write(|c| batch::open(c, crate::job::now_ms()))?;
+        let mut ids = Vec::with_capacity(jobs.len());
+        let written = (|| {
+            while ids.len() < jobs.len() {
+                let started = Instant::now();
+                let rest = &jobs[ids.len()..];
+                let slice =
+                    self.write(|c| batch::insert_slice(c, batch, rest, now, crate::job::now_ms()))?;
+                ids.extend(slice);
+                progress(ids.len());
+                retention::yield_lock(started.elapsed());
+            }
+            self.write(|c| batch::commit(c, batch))
+        })();
+        if let Err(e) = written {
+            // Best-effort: a batch left open is abandoned at its expiry, and every tidy
+            // deletes an abandoned batch's jobs.
+            if self.write(|c| batch::abandon(c, batch)).is_ok() {
+                let _ = self.tidy_batches(Some(batch), None);
+            }
+            return Err(e);
+        }
+        self.tidy_batches(Some(batch), None)?;
         self.poke();
         Ok(ids)
+    }
+
+    /// Continues the fan-outs that endings left as cascades (see [`dependency`]): a success's
+    /// dependents counted down, a failure's cancelled, down the chain, in slices that each
+    /// hold the write lock for a few tens of milliseconds, until none is left or `deadline`.
+    /// Returns whether it did anything. Cheap when there is none: one read.
+    pub(crate) fn continue_cascades(&self, now: i64, deadline: Option<Instant>) -> Result<bool> {
+        let mut did = false;
+        while dependency::has_cascades(&self.conn)? {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            let started = Instant::now();
+            did = true;
+            if !self.write(|c| dependency::continue_cascades(c, now))? {
+                break;
+            }
+            retention::yield_lock(started.elapsed());
+        }
+        if did {
+            // A success's dependents may be ready now.
+            self.poke();
+        }
+        Ok(did)
+    }
+
+    /// Finishes bulk enqueues ([`Store::enqueue_many`]) left behind, batch `only` or all, in
+    /// slices that each hold the write lock about 50 ms: lifts the gates of committed ones, and
+    /// deletes the jobs of abandoned ones (those whose process failed, or died or stalled for
+    /// 60 s). Runners call it from their sweeps, with a `deadline` past which it
+    /// starts no slice. Returns the gates lifted and the jobs deleted.
+    pub(crate) fn tidy_batches(
+        &self,
+        only: Option<i64>,
+        deadline: Option<Instant>,
+    ) -> Result<(u64, u64)> {
+        let (mut released, mut deleted) = (0, 0);
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok((released, deleted));
+            }
+            let started = Instant::now();
+            let done = self.write(|c| batch::tidy(c, only, crate::job::now_ms()))?;
+            released += done.released;
+            deleted += done.deleted;
+            if !done.more {
+                return Ok((released, deleted));
+            }
+            retention::yield_lock(started.elapsed());
+        }
     }
 
     /// Stores a new schedule under `name`; its first slot is the first after `now` (an
@@ -567,7 +677,9 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be written.
     pub fn finish(&self, finish: &Finish, now: i64) -> Result<Finished> {
-        self.write(|c| lease::finish_attempt(c, finish, now))
+        let finished = self.write(|c| lease::finish_attempt(c, finish, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(finished)
     }
 
     /// Reclaims lost attempts: expired leases, running jobs without lease metadata, and the
@@ -577,7 +689,9 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be written.
     pub fn reclaim(&self, req: &ReclaimRequest<'_>, now: i64) -> Result<ReclaimReport> {
-        self.write(|c| reclaim::reclaim(c, req, now))
+        let report = self.write(|c| reclaim::reclaim(c, req, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(report)
     }
 
     /// Cancels a job: a pending one at once; a running one by revoking its lease, so that its
@@ -587,7 +701,10 @@ impl Store {
     ///
     /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a job that already ended.
     pub fn cancel(&self, id: i64, now: i64) -> Result<JobRecord> {
-        self.write(|c| operator::cancel(c, id, now))
+        let job = self.write(|c| operator::cancel(c, id, now))?;
+        // The jobs after it, when more than one transaction's worth: cancelled by now.
+        self.continue_cascades(now, None)?;
+        Ok(job)
     }
 
     /// An operator's retry of one job: failed and cancelled jobs, and running jobs whose lease
@@ -604,11 +721,16 @@ impl Store {
     }
 
     /// An operator's retry of the failed jobs that exhausted the recovery budget: `limit` of
-    /// them, most recently failed first, or all when `limit` is None. Returns their ids.
+    /// them, most recently failed first, or all when `limit` is None. Returns the ids retried.
+    ///
+    /// The jobs are retried in transactions that hold the write lock for about 50 ms each, so
+    /// that runners on the file keep renewing their leases; each job's retry is whole. A job
+    /// that another operator retried meanwhile is passed over.
     ///
     /// # Errors
     ///
-    /// [`Error::Sqlite`] when the database cannot be written.
+    /// [`Error::Sqlite`] when the database cannot be written; the jobs retried before the
+    /// failure stay retried.
     pub fn retry_failed_stale(
         &self,
         limit: Option<u64>,
@@ -616,13 +738,22 @@ impl Store {
         reason: Option<&str>,
         now: i64,
     ) -> Result<Vec<i64>> {
-        let ids = self.write(|c| {
-            operator::retry_failed_stale(c, limit, max_recovery_attempts, reason, now)
-        })?;
-        if !ids.is_empty() {
-            self.poke();
+        let ids = operator::failed_stale(&self.conn, limit, max_recovery_attempts)?;
+        let mut retried = Vec::with_capacity(ids.len());
+        let mut done = 0;
+        while done < ids.len() {
+            let started = Instant::now();
+            let (seen, slice) =
+                self.write(|c| operator::retry_slice(c, &ids[done..], reason, now))?;
+            done += seen;
+            retried.extend(slice);
+            if !retried.is_empty() {
+                // The first ones can run now.
+                self.poke();
+            }
+            retention::yield_lock(started.elapsed());
         }
-        Ok(ids)
+        Ok(retried)
     }
 
     /// Lost attempts whose processes still have to be torn down.

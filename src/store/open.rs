@@ -12,7 +12,7 @@ use super::maintenance::{self, AUTO_VACUUM_INCREMENTAL};
 use crate::error::{Error, Result, is_busy};
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// How long a connection waits for another to release the database before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,6 +41,7 @@ pub struct OpenOptions {
     durability: Durability,
     busy_timeout: Duration,
     checkpoint_on_close: bool,
+    convert_beside_runners: bool,
 }
 
 impl Default for OpenOptions {
@@ -51,6 +52,7 @@ impl Default for OpenOptions {
             durability: Durability::Full,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             checkpoint_on_close: true,
+            convert_beside_runners: false,
         }
     }
 }
@@ -112,6 +114,14 @@ impl OpenOptions {
     }
 
     /// Whether [`OpenOptions::checkpoint_on_close`] is on.
+    /// Converts a version-1 file (a VACUUM that holds the write lock for as long as it
+    /// rewrites the file) even while a runner is live on it, instead of refusing with
+    /// [`Error::RunnerLive`](crate::Error::RunnerLive). By default, off.
+    pub fn convert_beside_runners(mut self, force: bool) -> Self {
+        self.convert_beside_runners = force;
+        self
+    }
+
     pub(crate) fn checkpoints_on_close(&self) -> bool {
         self.checkpoint_on_close
     }
@@ -137,7 +147,7 @@ pub(super) struct Opened {
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 /// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
 /// file: see [`migrate`].
-const MIGRATIONS: [&str; 9] = [
+const MIGRATIONS: [&str; 10] = [
     include_str!("../migrations/0001_initial.sql"),
     include_str!("../migrations/0002_auto_vacuum.sql"),
     include_str!("../migrations/0003_failed_stale.sql"),
@@ -147,6 +157,7 @@ const MIGRATIONS: [&str; 9] = [
     include_str!("../migrations/0007_handoff.sql"),
     include_str!("../migrations/0008_check_lists.sql"),
     include_str!("../migrations/0009_pid_namespace.sql"),
+    include_str!("../migrations/0010_bounded.sql"),
 ];
 
 /// The version whose migration is [`rewrite_check_lists`], done in code.
@@ -291,7 +302,7 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
     // A current file needs no migration: versions only go up, so the version read above
     // cannot have become older. That spares every open a write lock.
     if options.migrate && version < SCHEMA_VERSION {
-        migration = migrate(&conn, &path, deadline)?;
+        migration = migrate(&conn, &path, deadline, options.convert_beside_runners)?;
     }
     Ok(Opened {
         conn,
@@ -433,12 +444,17 @@ fn retry_busy<T>(
 /// below version 2, the file is converted (after the free-space check, which refuses and leaves
 /// the file as it was), and the next step reads the version and auto_vacuum again before it
 /// bumps the version. Two processes may both convert: the second VACUUM is wasted, not harmful.
-fn migrate(conn: &Connection, path: &Path, deadline: Instant) -> Result<Migration> {
+fn migrate(
+    conn: &Connection,
+    path: &Path,
+    deadline: Instant,
+    convert_beside_runners: bool,
+) -> Result<Migration> {
     let started = Instant::now();
     let first = retry_busy(deadline, || migrate_step(conn))?;
     let mut step = first;
     if step.needs_conversion {
-        maintenance::convert_to_incremental(conn, path, INCREMENTAL_SINCE)?;
+        maintenance::convert_to_incremental(conn, path, INCREMENTAL_SINCE, convert_beside_runners)?;
         step = retry_busy(deadline, || migrate_step(conn))?;
         if step.needs_conversion {
             return Err(Error::io(

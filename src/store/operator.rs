@@ -96,9 +96,27 @@ pub(super) fn retry(
     // succeed: the operator retries that one first.
     let waiting = match dependency::unmet(conn, id)? {
         Ok(waiting) => waiting,
-        Err((dep, status)) => {
+        Err(dependency::Unmet::Ended(dep, status)) => {
             return Err(refuse(format!(
                 "it runs after job {dep}, which is {status}: retry job {dep} first"
+            )));
+        }
+        Err(dependency::Unmet::Enqueuing) => {
+            return Err(refuse(
+                "it is part of a bulk enqueue that has not finished".into(),
+            ));
+        }
+        Err(dependency::Unmet::Pruned(0)) => {
+            return Err(refuse(
+                "it runs after jobs that were pruned, one of them before it succeeded: \
+                 it counts as failed, so this job could never run (enqueue a new one)"
+                    .into(),
+            ));
+        }
+        Err(dependency::Unmet::Pruned(dep)) => {
+            return Err(refuse(format!(
+                "it runs after job {dep}, which was pruned before it succeeded: it counts as \
+                 failed, so this job could never run (enqueue a new one)"
             )));
         }
     };
@@ -134,21 +152,44 @@ pub(super) fn retry(
     job(conn, id)
 }
 
-pub(super) fn retry_failed_stale(
+/// The failed jobs that exhausted the recovery budget, most recently failed first: `limit` of
+/// them, or all. A read: [`retry_slice`] retries them.
+pub(super) fn failed_stale(
     conn: &Connection,
     limit: Option<u64>,
     max_recovery_attempts: u32,
-    reason: Option<&str>,
-    now: i64,
 ) -> Result<Vec<i64>> {
     let filter = ListFilter {
         failed_stale: Some(max_recovery_attempts),
         limit,
         ..ListFilter::default()
     };
-    let ids: Vec<i64> = list(conn, &filter)?.into_iter().map(|j| j.id).collect();
-    for &id in &ids {
-        retry(conn, id, reason, now)?;
+    Ok(list(conn, &filter)?.into_iter().map(|j| j.id).collect())
+}
+
+/// One slice of a bulk retry: retries the jobs of `ids` from the first until the slice has
+/// held the write lock for [`SLICE`](super::batch::SLICE); returns how many of `ids` it went
+/// through, and those it retried. A job that is no longer there or no longer failed (another
+/// operator retried or pruned it between two slices) is passed over.
+pub(super) fn retry_slice(
+    conn: &Connection,
+    ids: &[i64],
+    reason: Option<&str>,
+    now: i64,
+) -> Result<(usize, Vec<i64>)> {
+    let started = std::time::Instant::now();
+    let mut retried = Vec::new();
+    let mut seen = 0;
+    for &id in ids {
+        seen += 1;
+        match retry(conn, id, reason, now) {
+            Ok(_) => retried.push(id),
+            Err(Error::NoSuchJob(_) | Error::WrongState { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        if started.elapsed() >= super::batch::SLICE {
+            break;
+        }
     }
-    Ok(ids)
+    Ok((seen, retried))
 }

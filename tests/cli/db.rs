@@ -266,3 +266,64 @@ fn db_vacuum_prints_the_bytes_before_and_after_and_keeps_the_jobs() {
         "{human}"
     );
 }
+
+/// The worker id of the one runner `status` lists.
+fn only_runner(db: &std::path::Path) -> String {
+    let v = json(&mut cli(db, &["status", "--json"]));
+    v["runners"][0]["worker_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_string()
+}
+
+#[test]
+fn db_vacuum_is_refused_beside_a_live_runner_naming_it_unless_forced() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    let runner = crate::helper::idle_runner(db);
+    let worker = only_runner(db);
+
+    // A VACUUM holds the write lock for as long as it runs: past the runner's renewal.
+    let refused = fails(&mut cli(db, &["db", "vacuum"]), 1);
+    assert!(
+        refused.contains(&worker) && refused.contains("--force"),
+        "{refused}"
+    );
+    let forced = json(&mut cli(db, &["db", "vacuum", "--force", "--json"]));
+    assert!(forced["bytes_after"].as_u64().is_some(), "{forced}");
+    crate::helper::stop(runner);
+    // A runner that stopped is no reason to refuse.
+    ok(&mut cli(db, &["db", "vacuum"]));
+}
+
+#[test]
+fn db_migrate_of_a_version_1_file_is_refused_beside_a_live_runner_unless_forced() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    copy_v1_fixture(db);
+    // A runner of the old build on the file: registered, heartbeat now, lease 60 s. (This
+    // build cannot run on a version-1 file without converting it, so its row stands in.)
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    bare(db)
+        .execute(
+            "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
+                 heartbeat_at, stopped_at, lease_ttl_ms, heartbeat_interval_ms,
+                 max_recovery_attempts)
+             VALUES ('old-runner', ?1, 1, 'boot', 'host', ?2, ?2, NULL, 60000, 1000, 3)",
+            rusqlite::params![std::process::id(), now],
+        )
+        .unwrap();
+    let refused = fails(&mut cli(db, &["db", "migrate"]), 1);
+    assert!(
+        refused.contains("old-runner") && refused.contains("--force"),
+        "{refused}"
+    );
+    let v = json(&mut cli(db, &["db", "version", "--json"]));
+    assert_eq!(v["schema_version"], 1, "nothing converted");
+    let out = ok(&mut cli(db, &["db", "migrate", "--force"]));
+    assert!(out.contains("migrated schema from version 1"), "{out}");
+}

@@ -15,3 +15,4 @@ mod namespace;
 mod renewal;
 mod schedule;
 mod shutdown;
+mod writelock;

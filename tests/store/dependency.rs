@@ -267,3 +267,77 @@ fn a_hundred_thousand_waiting_jobs_do_not_change_which_ready_job_is_claimed_next
     assert_eq!(alone.len(), 60);
     assert_eq!(order(100_000), alone);
 }
+
+/// Prunes only the failed jobs, at once.
+fn prune_failed(store: &Store, now: i64) {
+    let policy = leasehold::Retention::keep_all().failed(Some(std::time::Duration::ZERO));
+    assert!(store.prune(&policy, now).unwrap().jobs > 0);
+}
+
+#[test]
+fn a_retry_after_a_pruned_failed_dependency_is_refused() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &job(&[]));
+    let b = enqueue(&store, &job(&[a]));
+    let claimed = claim_one(&store, "w", T0);
+    finish(&store, &claimed, exit(1), T0);
+    assert_eq!(store.job(b).unwrap().status, Status::Cancelled);
+    prune_failed(&store, T0 + 10);
+    assert!(matches!(store.job(a), Err(Error::NoSuchJob(_))));
+
+    // Pruned while it had not succeeded: it counts as failed, as `--after` it is refused.
+    let e = store.retry(b, None, T0 + 11).unwrap_err();
+    assert!(
+        e.to_string().contains(&format!("job {a}")) && e.to_string().contains("pruned"),
+        "{e}"
+    );
+    assert_eq!(store.job(b).unwrap().status, Status::Cancelled);
+    assert!(claim(&store, "w", 10, T0 + 12).is_empty());
+}
+
+#[test]
+fn a_retry_after_a_pruned_succeeded_dependency_runs() {
+    let db = TestDb::new();
+    let store = db.store();
+    let a = enqueue(&store, &job(&[]));
+    let c = enqueue(&store, &job(&[]));
+    // Cancelled while still waiting for both; a then succeeds, c fails and is retried to success.
+    let b = enqueue(&store, &job(&[a, c]));
+    store.cancel(b, T0).unwrap();
+    let first = claim(&store, "w", 10, T0 + 1);
+    assert_eq!(ids(&first), [a, c]);
+    finish(&store, &first[0], Ending::Succeeded, T0 + 2);
+    finish(&store, &first[1], Ending::Succeeded, T0 + 2);
+    let policy = leasehold::Retention::keep_all().succeeded(Some(std::time::Duration::ZERO));
+    assert_eq!(store.prune(&policy, T0 + 10).unwrap().jobs, 2);
+
+    let b = store.retry(b, None, T0 + 11).unwrap();
+    assert_eq!((b.status, b.waiting_for), (Status::Pending, vec![]));
+    assert_eq!(ids(&claim(&store, "w", 10, T0 + 12)), [b.id]);
+}
+
+#[test]
+fn a_bulk_enqueue_refused_after_many_slices_leaves_nothing() {
+    let db = TestDb::new();
+    let store = db.store();
+    let before = snapshot(&store);
+    // Enough jobs for many slices of the bulk enqueue; the last names an unknown job.
+    let mut jobs: Vec<Job> = (0..40_000)
+        .map(|i| Job::shell(format!("true {i}")))
+        .collect();
+    jobs.push(job(&[1_000_000]));
+    let e = store.enqueue_many(&jobs, T0).unwrap_err();
+    assert!(matches!(e, Error::Dependency { id: 1_000_000, .. }), "{e}");
+    assert_eq!(snapshot(&store), before, "nothing is kept");
+    assert_eq!(store.counts().unwrap().pending, 0);
+    assert!(claim(&store, "w", 10, T0).is_empty());
+
+    // All of them, when nothing is refused, are ready when it returns.
+    jobs.pop();
+    let stored = store.enqueue_many(&jobs, T0).unwrap();
+    assert_eq!(stored.len(), 40_000);
+    let record = store.job(stored[39_999]).unwrap();
+    assert_eq!((record.after, record.waiting_for), (vec![], vec![]));
+    assert_eq!(ids(&claim(&store, "w", 1, T0)), [stored[0]]);
+}

@@ -1,0 +1,342 @@
+//! Bulk enqueues in bounded transactions ([`Store::enqueue_many`](crate::Store::enqueue_many),
+//! `jobs add --from-file`), all or nothing to their caller.
+//!
+//! One transaction for a million jobs would hold the write lock for many seconds, past every
+//! runner's lease renewal: each runner would kill its attempts. So a bulk enqueue is cut into
+//! slices of at most [`SLICE`] each, and stays all or nothing through a *batch*:
+//!
+//! 1. A short transaction opens the batch: a `batches` row, `open`, with an expiry that its
+//!    writer pushes forward at every slice ([`BATCH_TTL_MS`]).
+//! 2. Each slice inserts jobs as one enqueue does, and a *gate* on each: a `job_deps` row
+//!    naming `-batch` (no job has a negative id), counted in the job's `waiting`. A gated job is
+//!    pending but never claimable, as any waiting job, and no job can be enqueued after it.
+//! 3. One short transaction commits the batch (`committed`): from then on its jobs are the
+//!    caller's, and its gates are lifted a slice at a time.
+//!
+//! The invariant: a job carries its batch's gate exactly while the batch is not done, and a
+//! gate is only removed together with its effect, in one transaction: lifted (the `job_deps`
+//! row deleted and `waiting` counted down) when its batch committed, or deleted with its job
+//! (events and all) when its batch was abandoned (its writer failed, or died or stalled past
+//! the expiry). A batch's row goes once it has no gate left. Whoever comes next finishes a
+//! committed or abandoned batch ([`tidy`]): its own writer at once, and every runner's sweeper.
+//! So a process that dies between two slices leaves its jobs all released or all deleted,
+//! eventually, each exactly once.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::{Error, Result};
+use crate::job::Job;
+
+use super::counter;
+use super::enqueue;
+
+/// How long one slice of a bulk enqueue or of [`tidy`] holds the write lock at most (then its
+/// last row, and the commit): well under a renewal's margin, and long enough that the commits
+/// cost little (about 1,000 to 3,000 rows a slice, measured).
+pub(super) const SLICE: Duration = Duration::from_millis(50);
+
+/// An open batch whose writer has not written a slice for this long is abandoned: its jobs are
+/// deleted by whoever tidies next.
+pub(super) const BATCH_TTL_MS: i64 = 60_000;
+
+/// Jobs one step of [`tidy`] takes; a slice takes steps until it held the lock [`SLICE`].
+const TIDY_ROWS: i64 = 500;
+
+const OPEN: i64 = 0;
+const COMMITTED: i64 = 1;
+const ABANDONED: i64 = 2;
+
+/// Opens a batch at wall-clock time `clock`; returns its id.
+pub(super) fn open(conn: &Connection, clock: i64) -> Result<i64> {
+    conn.prepare_cached("INSERT INTO batches (state, created_at, expires_at) VALUES (?1, ?2, ?3)")?
+        .execute(params![OPEN, clock, clock + BATCH_TTL_MS])?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// The batch's gate: the `after_id` of its jobs' gate rows in `job_deps`.
+fn gate(batch: i64) -> i64 {
+    -batch
+}
+
+/// One slice of batch `batch`: enqueues the jobs of `jobs` from the first until the slice has
+/// held the lock for [`SLICE`], each gated; returns their ids (a duplicate's is the matching
+/// job's, as [`enqueue::enqueue`] says). Refuses when the batch is no longer open (it was
+/// abandoned: nothing of it will be kept).
+pub(super) fn insert_slice(
+    conn: &Connection,
+    batch: i64,
+    jobs: &[Job],
+    now: i64,
+    clock: i64,
+) -> Result<Vec<i64>> {
+    let started = Instant::now();
+    let renewed = conn
+        .prepare_cached("UPDATE batches SET expires_at = ?3 WHERE id = ?1 AND state = ?2")?
+        .execute(params![batch, OPEN, clock + BATCH_TTL_MS])?;
+    if renewed != 1 {
+        return Err(abandoned());
+    }
+    let mut ids = Vec::new();
+    let mut inserted: Option<(i64, i64)> = None;
+    let mut per_queue: std::collections::BTreeMap<&str, usize> = Default::default();
+    for job in jobs {
+        let (id, new) = enqueue::insert_gated(conn, job, now)?;
+        ids.push(id);
+        if new {
+            // The ids of this transaction's rows are consecutive: no other writer can insert
+            // while it holds the lock.
+            inserted = Some((inserted.map_or(id, |(first, _)| first), id));
+            *per_queue.entry(job.queue_name()).or_default() += 1;
+        }
+        if started.elapsed() >= SLICE {
+            break;
+        }
+    }
+    if let Some((first, last)) = inserted {
+        conn.prepare_cached(
+            "INSERT INTO job_deps (job_id, after_id) SELECT id, ?3 FROM jobs
+             WHERE id BETWEEN ?1 AND ?2",
+        )?
+        .execute(params![first, last, gate(batch)])?;
+        conn.prepare_cached("UPDATE jobs SET waiting = waiting + 1 WHERE id BETWEEN ?1 AND ?2")?
+            .execute(params![first, last])?;
+        conn.prepare_cached(
+            "INSERT INTO job_events (job_id, at, kind, attempt, detail)
+             SELECT id, ?3, 'enqueued', 0, queue FROM jobs WHERE id BETWEEN ?1 AND ?2",
+        )?
+        .execute(params![first, last, now])?;
+    }
+    for (queue, n) in per_queue {
+        counter::enqueued(conn, queue, n)?;
+    }
+    Ok(ids)
+}
+
+/// Commits batch `batch`: its jobs are its caller's from now on (their gates are lifted by
+/// [`tidy`]). Refuses when the batch is no longer open.
+pub(super) fn commit(conn: &Connection, batch: i64) -> Result<()> {
+    let done = conn
+        .prepare_cached("UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3")?
+        .execute(params![batch, COMMITTED, OPEN])?;
+    if done != 1 {
+        return Err(abandoned());
+    }
+    Ok(())
+}
+
+/// Abandons batch `batch` if it is still open: its jobs are deleted by [`tidy`].
+pub(super) fn abandon(conn: &Connection, batch: i64) -> Result<()> {
+    conn.prepare_cached("UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3")?
+        .execute(params![batch, ABANDONED, OPEN])?;
+    Ok(())
+}
+
+fn abandoned() -> Error {
+    Error::io(
+        "the bulk enqueue was abandoned (its process stalled past the batch's expiry, or a \
+         slice failed); nothing of it is kept",
+        std::io::Error::other("batch no longer open"),
+    )
+}
+
+/// What one [`tidy`] slice did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Tidied {
+    /// Gates lifted from committed batches' jobs.
+    pub released: u64,
+    /// Jobs of abandoned batches deleted.
+    pub deleted: u64,
+    /// Whether a committed or abandoned batch (`only`, when given) still has gates.
+    pub more: bool,
+}
+
+/// One slice of finishing batches (batch `only`, or any): abandons the open batches past
+/// their expiry at wall-clock time `clock`, then lifts the gates of a committed batch, or
+/// deletes the jobs of an abandoned one, until the slice has held the lock for [`SLICE`].
+pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<Tidied> {
+    let started = Instant::now();
+    conn.prepare_cached("UPDATE batches SET state = ?1 WHERE state = ?2 AND expires_at < ?3")?
+        .execute(params![ABANDONED, OPEN, clock])?;
+    let mut done = Tidied::default();
+    loop {
+        let next: Option<(i64, i64)> = conn
+            .prepare_cached(
+                "SELECT id, state FROM batches WHERE state != ?1 AND (?2 IS NULL OR id = ?2)
+                 ORDER BY id LIMIT 1",
+            )?
+            .query_row(params![OPEN, only], |r| r.try_into())
+            .optional()?;
+        let Some((batch, state)) = next else {
+            return Ok(done);
+        };
+        let jobs: Vec<i64> = {
+            let mut stmt = conn.prepare_cached(
+                "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT ?2",
+            )?;
+            let rows = stmt.query_map(params![gate(batch), TIDY_ROWS], |r| r.get(0))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        if jobs.is_empty() {
+            conn.prepare_cached("DELETE FROM batches WHERE id = ?1")?
+                .execute([batch])?;
+            continue;
+        }
+        let last = jobs[jobs.len() - 1];
+        if state == COMMITTED {
+            // The gate and its count, together, for the jobs read (the batch's first gates).
+            conn.prepare_cached(
+                "UPDATE jobs SET waiting = waiting - 1 WHERE waiting > 0 AND id IN
+                     (SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id <= ?2)",
+            )?
+            .execute(params![gate(batch), last])?;
+            conn.prepare_cached("DELETE FROM job_deps WHERE after_id = ?1 AND job_id <= ?2")?
+                .execute(params![gate(batch), last])?;
+            done.released += jobs.len() as u64;
+        } else {
+            for job in &jobs {
+                conn.prepare_cached("DELETE FROM job_events WHERE job_id = ?1")?
+                    .execute([job])?;
+                // Its `job_deps` rows (the gate too) go with it.
+                conn.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
+                    .execute([job])?;
+            }
+            done.deleted += jobs.len() as u64;
+        }
+        if started.elapsed() >= SLICE {
+            done.more = true;
+            return Ok(done);
+        }
+    }
+}
+
+/// Whether job `id` carries a gate: its batch has not committed yet (or not released it).
+pub(super) fn gated(conn: &Connection, id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)",
+        )?
+        .query_row([id], |r| r.get(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    const T0: i64 = 1_700_000_000_000;
+
+    fn jobs(n: usize) -> Vec<Job> {
+        (0..n).map(|i| Job::shell(format!("true {i}"))).collect()
+    }
+
+    /// (jobs, jobs ready to claim, gates, batches, pending in `job_counts`).
+    fn census(store: &Store) -> (i64, i64, i64, i64, i64) {
+        store
+            .conn()
+            .query_row(
+                "SELECT (SELECT count(*) FROM jobs),
+                        (SELECT count(*) FROM jobs WHERE status = 'pending' AND waiting = 0),
+                        (SELECT count(*) FROM job_deps WHERE after_id < 0),
+                        (SELECT count(*) FROM batches),
+                        (SELECT coalesce(sum(n), 0) FROM job_counts WHERE status = 'pending')",
+                [],
+                |r| r.try_into(),
+            )
+            .unwrap()
+    }
+
+    /// Writes `n` jobs into a new batch as its writer would, slice by slice, without the end.
+    fn write_batch(store: &Store, n: usize, clock: i64) -> i64 {
+        let all = jobs(n);
+        let batch = store.write(|c| open(c, clock)).unwrap();
+        let mut done = 0;
+        while done < n {
+            done += store
+                .write(|c| insert_slice(c, batch, &all[done..], T0, clock))
+                .unwrap()
+                .len();
+        }
+        batch
+    }
+
+    #[test]
+    fn a_committed_batch_whose_writer_died_is_released_once_by_the_next_tidy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let clock = crate::job::now_ms();
+        let batch = write_batch(&store, 3_000, clock);
+        store.write(|c| commit(c, batch)).unwrap();
+        // The writer dies here: nothing is claimable yet, every job is counted.
+        assert_eq!(census(&store), (3_000, 0, 3_000, 1, 3_000));
+        // A tidy of another batch, or an open one's, leaves it alone; any tidy finishes it.
+        assert_eq!(
+            store.write(|c| tidy(c, Some(batch + 1), clock)).unwrap(),
+            Tidied::default()
+        );
+        assert_eq!(store.tidy_batches(None, None).unwrap(), (3_000, 0));
+        assert_eq!(census(&store), (3_000, 3_000, 0, 0, 3_000));
+        // Exactly once: another tidy changes nothing.
+        assert_eq!(store.tidy_batches(None, None).unwrap(), (0, 0));
+        assert_eq!(census(&store), (3_000, 3_000, 0, 0, 3_000));
+    }
+
+    #[test]
+    fn an_open_batch_past_its_expiry_is_deleted_and_its_writer_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let before = store.enqueue(&Job::shell("true"), T0).unwrap();
+        let clock = crate::job::now_ms();
+        let batch = write_batch(&store, 2_000, clock);
+        // Within the expiry, a tidy leaves the open batch to its writer.
+        assert_eq!(
+            store.write(|c| tidy(c, None, clock + 1)).unwrap(),
+            Tidied::default()
+        );
+        assert_eq!(census(&store), (2_001, 1, 2_000, 1, 2_001));
+        // Past it (the writer stalled or died), the jobs go, events and counts too.
+        let late = clock + BATCH_TTL_MS + 1;
+        let mut deleted = 0;
+        loop {
+            let t = store.write(|c| tidy(c, None, late)).unwrap();
+            deleted += t.deleted;
+            if !t.more {
+                break;
+            }
+        }
+        assert_eq!(deleted, 2_000);
+        assert_eq!(census(&store), (1, 1, 0, 0, 1));
+        let events: i64 = store
+            .conn()
+            .query_row("SELECT count(*) FROM job_events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(events, 1);
+        assert_eq!(store.job(before).unwrap().id, before);
+        // The writer, back, cannot write or commit a slice of it.
+        assert!(
+            store
+                .write(|c| insert_slice(c, batch, &jobs(1), T0, late))
+                .is_err()
+        );
+        assert!(store.write(|c| commit(c, batch)).is_err());
+    }
+
+    #[test]
+    fn a_job_of_an_unfinished_batch_cannot_be_named_by_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let batch = write_batch(&store, 1, crate::job::now_ms());
+        let id: i64 = store
+            .conn()
+            .query_row("SELECT max(id) FROM jobs", [], |r| r.get(0))
+            .unwrap();
+        let e = store
+            .enqueue(&Job::shell("true").after([id]), T0)
+            .unwrap_err();
+        assert!(e.to_string().contains("bulk enqueue"), "{e}");
+        store.write(|c| commit(c, batch)).unwrap();
+        store.tidy_batches(None, None).unwrap();
+        store.enqueue(&Job::shell("true").after([id]), T0).unwrap();
+    }
+}

@@ -211,11 +211,25 @@ fn all_processes() -> impl Iterator<Item = ProcInfo> {
 }
 
 /// Every non-zombie process whose process group is `pgid`.
+///
+/// Each process's group is asked of the kernel first (`getpgid`, one system call), and only
+/// the group's members have their `stat` read: a runner ending 200 attempts at once, each
+/// with its leader held unreaped, otherwise read every process's `stat` 200 times (about
+/// 2 ms of CPU per attempt on a host of 400 processes).
 pub(crate) fn group_members(pgid: i32) -> Vec<ProcInfo> {
     if pgid <= 0 {
         return Vec::new();
     }
-    all_processes()
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            // A process that is gone, or whose group is another, is passed over unread.
+            let group = nix::unistd::getpgid(Some(Pid::from_raw(pid))).ok()?;
+            (group.as_raw() == pgid).then_some(pid)
+        })
+        .filter_map(proc_info)
         .filter(|p| p.pgid == pgid && !p.is_dead())
         .collect()
 }

@@ -54,6 +54,7 @@ fn status_reports_counts_leases_settings_and_runners() {
         .env("LEASEHOLD_LEASE_TTL", "3")
         .env("LEASEHOLD_HEARTBEAT", "0.5")
         .env("LEASEHOLD_SWEEP", "1")
+        .env("LEASEHOLD_KILL_GRACE", "0.5")
         .env("LEASEHOLD_MAX_RECOVERY", "2")
         .env("LEASEHOLD_WORKERS", "1"));
     let v = json(&mut cli(db, &["status", "--json"]));

@@ -99,6 +99,8 @@ fn misordered_timing_ladder_is_a_usage_error_naming_the_setting() {
                 "3",
                 "--heartbeat",
                 "1",
+                "--kill-grace",
+                "1",
                 "--sweep",
                 "4",
             ],
@@ -106,6 +108,12 @@ fn misordered_timing_ladder_is_a_usage_error_naming_the_setting() {
         2,
     );
     assert!(line.contains("sweep"), "{line}");
+    // The default 5 s kill grace does not fit a 3 s lease beside two 1 s heartbeats.
+    let line = fails(
+        &mut cli(db, &["run", "--lease-ttl", "3", "--heartbeat", "1"]),
+        2,
+    );
+    assert!(line.contains("--kill-grace"), "{line}");
     // The environment variables are read, and checked the same way.
     let line = fails(
         cli(db, &["run", "--until-idle"])

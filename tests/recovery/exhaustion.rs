@@ -48,6 +48,8 @@ fn jobs_that_cannot_start_for_want_of_descriptors_are_given_back_and_run_later()
             "5",
             "--heartbeat",
             "1",
+            "--kill-grace",
+            "0.5",
         ]);
     for var in crate::util::leasehold_vars() {
         cmd.env_remove(var);

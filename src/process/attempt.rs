@@ -97,9 +97,11 @@ pub(crate) struct Started {
     pub start_time: u64,
 }
 
-/// How an attempt ended.
+/// How an attempt's processes ended, as its supervisor saw them. Not the store's
+/// [`Ending`](crate::store::Ending), which is what is recorded: the worker maps one to the
+/// other.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Ending {
+pub(crate) enum Exit {
     /// The main process exited with this code (-1 in the should-not-happen
     /// case that its status was lost: reaped by someone else).
     Exited(i32),
@@ -132,7 +134,7 @@ pub(crate) struct Leak {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AttemptResult {
     /// How it ended.
-    pub ending: Ending,
+    pub exit: Exit,
     /// The tail of its stdout.
     pub stdout: Tail,
     /// The tail of its stderr.
@@ -353,33 +355,33 @@ impl Supervisor<'_> {
     }
 
     /// The ending for a main process that exited by itself.
-    fn exit_ending(&self) -> Ending {
+    fn exit(&self) -> Exit {
         match self.status {
             Some(s) => match (s.code(), s.signal()) {
-                (Some(code), _) => Ending::Exited(code),
-                (None, Some(sig)) => Ending::Signaled(sig),
+                (Some(code), _) => Exit::Exited(code),
+                (None, Some(sig)) => Exit::Signaled(sig),
                 // A reaped (not stopped/continued) status is always one of the
                 // two; keep something recognisable if it is not.
-                (None, None) => Ending::Exited(-1),
+                (None, None) => Exit::Exited(-1),
             },
             // The status was lost (see `reap`).
-            None => Ending::Exited(-1),
+            None => Exit::Exited(-1),
         }
     }
 
     /// Runs the attempt until it ends by itself or must be killed.
-    fn supervise(&mut self) -> (Ending, Vec<Leak>) {
+    fn supervise(&mut self) -> (Exit, Vec<Leak>) {
         let spec = self.spec;
         let deadline = spec.timeout.and_then(|t| self.spawned.checked_add(t));
         while self.running() {
             if let Some(reason) = self.stop.reason() {
-                return (Ending::Stopped(reason), self.terminate(false, true));
+                return (Exit::Stopped(reason), self.terminate(false, true));
             }
             let now = Instant::now();
             if let (Some(d), Some(t)) = (deadline, spec.timeout)
                 && now >= d
             {
-                return (Ending::TimedOut(t), self.terminate(false, true));
+                return (Exit::TimedOut(t), self.terminate(false, true));
             }
             let idle_deadline = spec
                 .idle_timeout
@@ -387,14 +389,14 @@ impl Supervisor<'_> {
             if let (Some(d), Some(i)) = (idle_deadline, spec.idle_timeout)
                 && now >= d
             {
-                return (Ending::IdleTimedOut(i), self.terminate(false, true));
+                return (Exit::IdleTimedOut(i), self.terminate(false, true));
             }
             let wait = earliest(&[deadline, idle_deadline]).map(|d| d - now);
             self.pump(wait, true);
         }
         let leaks = self.drain();
         self.reap_leader();
-        (self.exit_ending(), leaks)
+        (self.exit(), leaks)
     }
 
     /// After the main process exited by itself: read the pipes until EOF for
@@ -605,20 +607,20 @@ pub(crate) fn run(
     on_started: impl FnOnce(&Started),
 ) -> AttemptResult {
     let spawned = Instant::now();
-    let unstarted = |ending| AttemptResult {
-        ending,
+    let unstarted = |exit| AttemptResult {
+        exit,
         stdout: Tail::default(),
         stderr: Tail::default(),
         leaked: Vec::new(),
         duration: spawned.elapsed(),
     };
     let Some(program) = spec.argv.first() else {
-        return unstarted(Ending::SpawnFailed(
+        return unstarted(Exit::SpawnFailed(
             "spawn: empty command line (no program to run)".to_owned(),
         ));
     };
     if let Some(reason) = stop.reason() {
-        return unstarted(Ending::Stopped(reason));
+        return unstarted(Exit::Stopped(reason));
     }
 
     let Spawned {
@@ -628,8 +630,8 @@ pub(crate) fn run(
         start_time,
     } = match spawn(&spec.command(), program) {
         Ok(spawned) => spawned,
-        Err(e) if e.resources => return unstarted(Ending::NoResources(e.message)),
-        Err(e) => return unstarted(Ending::SpawnFailed(e.message)),
+        Err(e) if e.resources => return unstarted(Exit::NoResources(e.message)),
+        Err(e) => return unstarted(Exit::SpawnFailed(e.message)),
     };
     let pid = child.pid;
     // Known from the boot clock around the spawn, nearly always; otherwise
@@ -663,13 +665,13 @@ pub(crate) fn run(
         spawned,
         buf: read_buffer(),
     };
-    let (ending, leaked) = sup.supervise();
+    let (exit, leaked) = sup.supervise();
     // Killed or stopped: the main process exited during the kill sequence and
     // is reaped only now, its group being empty.
     sup.reap_leader();
     keep_read_buffer(mem::take(&mut sup.buf));
     AttemptResult {
-        ending,
+        exit,
         stdout: sup.out.tail.finish(),
         stderr: sup.err.tail.finish(),
         leaked,
@@ -763,7 +765,7 @@ mod tests {
     #[test]
     fn exit_zero_is_exited_0_with_output_captured() {
         let (r, c) = run_spec(&sh("echo out; echo err >&2", "exit0"));
-        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.exit, Exit::Exited(0));
         assert_eq!(text(&r.stdout), "out\n");
         assert_eq!(text(&r.stderr), "err\n");
         assert!(!r.stdout.truncated && r.leaked.is_empty());
@@ -776,13 +778,13 @@ mod tests {
     #[test]
     fn exit_code_3_is_exited_3() {
         let (r, _c) = run_spec(&sh("exit 3", "exit3"));
-        assert_eq!(r.ending, Ending::Exited(3));
+        assert_eq!(r.exit, Exit::Exited(3));
     }
 
     #[test]
     fn death_by_signal_is_signaled() {
         let (r, _c) = run_spec(&sh("kill -9 $$", "signaled"));
-        assert_eq!(r.ending, Ending::Signaled(9));
+        assert_eq!(r.exit, Exit::Signaled(9));
     }
 
     #[test]
@@ -790,7 +792,7 @@ mod tests {
         let mut spec = sh("sleep 300 & sleep 300", "timeout");
         spec.timeout = Some(Duration::from_secs(1));
         let (r, c) = run_spec(&spec);
-        assert_eq!(r.ending, Ending::TimedOut(Duration::from_secs(1)));
+        assert_eq!(r.exit, Exit::TimedOut(Duration::from_secs(1)));
         assert!(r.duration >= Duration::from_secs(1));
         // Both sleeps die of SIGTERM; no need to wait out the grace.
         assert!(r.duration < Duration::from_millis(1900), "{:?}", r.duration);
@@ -804,7 +806,7 @@ mod tests {
         spec.timeout = Some(Duration::from_millis(300));
         spec.kill_grace = Duration::from_millis(300);
         let (r, c) = run_spec(&spec);
-        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(300)));
+        assert_eq!(r.exit, Exit::TimedOut(Duration::from_millis(300)));
         assert!(r.duration >= Duration::from_millis(600));
         assert!(r.duration < Duration::from_secs(3), "{:?}", r.duration);
         assert_all_gone(&c);
@@ -818,7 +820,7 @@ mod tests {
         spec.timeout = Some(Duration::from_millis(300));
         spec.kill_grace = Duration::from_millis(300);
         let (r, c) = run_spec(&spec);
-        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(300)));
+        assert_eq!(r.exit, Exit::TimedOut(Duration::from_millis(300)));
         assert!(r.duration >= Duration::from_millis(600));
         assert_all_gone(&c);
     }
@@ -831,7 +833,7 @@ mod tests {
         );
         spec.kill_grace = Duration::from_millis(300);
         let (r, c) = run_spec(&spec);
-        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.exit, Exit::Exited(0));
         let bg: i32 = text(&r.stdout).trim().parse().expect("background pid");
         assert_eq!(
             r.leaked,
@@ -857,7 +859,7 @@ mod tests {
         let begun = Instant::now();
         let (r, c) = run_spec(&spec);
         assert!(begun.elapsed() < Duration::from_millis(300 + 500 + 1000));
-        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.exit, Exit::Exited(0));
         assert_eq!(r.leaked.len(), 1, "{:?}", r.leaked);
         assert!(r.leaked[0].escaped_group);
         assert!(!proc::is_alive(r.leaked[0].pid));
@@ -869,7 +871,7 @@ mod tests {
         let mut spec = sh("head -c 100000 /dev/zero | tr '\\0' a; printf END", "tail");
         spec.tail_bytes = 1000;
         let (r, _c) = run_spec(&spec);
-        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.exit, Exit::Exited(0));
         assert_eq!(r.stdout.bytes.len(), 1000);
         assert!(r.stdout.bytes.ends_with(b"aaaEND"));
         assert!(r.stdout.truncated);
@@ -886,7 +888,7 @@ mod tests {
         spec.tail_bytes = 10;
         spec.timeout = Some(Duration::from_secs(10));
         let (r, _c) = run_spec(&spec);
-        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.exit, Exit::Exited(0));
         assert_eq!(text(&r.stdout), "oooooooEND");
         assert_eq!(text(&r.stderr), "eeeeeeeEND");
         assert!(r.stdout.truncated && r.stderr.truncated);
@@ -897,7 +899,7 @@ mod tests {
         let mut spec = sh("echo hi; sleep 300", "idle");
         spec.idle_timeout = Some(Duration::from_millis(300));
         let (r, c) = run_spec(&spec);
-        assert_eq!(r.ending, Ending::IdleTimedOut(Duration::from_millis(300)));
+        assert_eq!(r.exit, Exit::IdleTimedOut(Duration::from_millis(300)));
         assert_eq!(text(&r.stdout), "hi\n");
         assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
         assert_all_gone(&c);
@@ -930,7 +932,7 @@ mod tests {
             token: spec.run_token.clone(),
         };
         let stopped_at = stopper.join().expect("stopper");
-        assert_eq!(r.ending, Ending::Stopped(StopReason::Cancelled));
+        assert_eq!(r.exit, Exit::Stopped(StopReason::Cancelled));
         assert_eq!(stop.reason(), Some(StopReason::Cancelled));
         // Far below the 5 s grace: the stop woke the poll and SIGTERM did it.
         assert!(returned - stopped_at < Duration::from_millis(500));
@@ -943,7 +945,7 @@ mod tests {
         stop.stop(StopReason::Shutdown);
         let called = Cell::new(false);
         let r = run(&sh("exit 0", "prestop"), &stop, |_| called.set(true));
-        assert_eq!(r.ending, Ending::Stopped(StopReason::Shutdown));
+        assert_eq!(r.exit, Exit::Stopped(StopReason::Shutdown));
         assert!(!called.get());
     }
 
@@ -952,14 +954,14 @@ mod tests {
         let mut spec = sh("", "empty");
         spec.argv.clear();
         let (r, c) = run_spec(&spec);
-        assert!(matches!(r.ending, Ending::SpawnFailed(_)));
+        assert!(matches!(r.exit, Exit::SpawnFailed(_)));
         assert!(c.started.is_none());
     }
 
     #[test]
     fn death_by_a_real_time_signal_is_signaled() {
         let (r, _c) = run_spec(&sh("kill -40 $$", "rtsignal"));
-        assert_eq!(r.ending, Ending::Signaled(40));
+        assert_eq!(r.exit, Exit::Signaled(40));
     }
 
     /// Whether the process `s` describes is gone, not even a zombie (its pid
@@ -971,12 +973,12 @@ mod tests {
     #[test]
     fn main_process_is_reaped_when_run_returns() {
         let (r, c) = run_spec(&sh("exit 0", "reaped"));
-        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.exit, Exit::Exited(0));
         assert!(reaped(&c.started.expect("started")));
         let mut spec = sh("sleep 300", "reapedkill");
         spec.timeout = Some(Duration::from_millis(100));
         let (r, c) = run_spec(&spec);
-        assert_eq!(r.ending, Ending::TimedOut(Duration::from_millis(100)));
+        assert_eq!(r.exit, Exit::TimedOut(Duration::from_millis(100)));
         assert!(reaped(&c.started.expect("started")));
     }
 
@@ -1009,7 +1011,7 @@ mod tests {
             zombie_with_member,
             "the leader was never seen unreaped while its group had a live member"
         );
-        assert_eq!(r.ending, Ending::Exited(0));
+        assert_eq!(r.exit, Exit::Exited(0));
         assert!(r.leaked.is_empty(), "{:?}", r.leaked);
         // The drain ended with the group empty, and then the leader was reaped.
         assert!(reaped(&s));
@@ -1078,14 +1080,14 @@ mod tests {
                     let after_spawn = Cell::new(before);
                     let r = run(&spec, &stop, |_| after_spawn.set(cpu(libc::RUSAGE_THREAD)));
                     let end = cpu(libc::RUSAGE_THREAD);
-                    (r.ending, end - before, end - after_spawn.get())
+                    (r.exit, end - before, end - after_spawn.get())
                 })
             })
             .collect();
         let (mut total, mut waiting) = (Duration::ZERO, Duration::ZERO);
         for t in threads {
             let (ending, all, after_spawn) = t.join().expect("thread");
-            assert_eq!(ending, Ending::Exited(0));
+            assert_eq!(ending, Exit::Exited(0));
             total += all;
             waiting += after_spawn;
         }

@@ -41,7 +41,7 @@ mod spawn;
 mod stop;
 mod teardown;
 
-pub(crate) use attempt::{AttemptResult, AttemptSpec, Ending, Started, run};
+pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
 pub(crate) use limit::raise_nofile_limit;
 pub(crate) use proc::{
     boot_clock_ns, boot_id, hostname, pid_namespace, proc_info, self_start_time,

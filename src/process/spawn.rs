@@ -467,7 +467,7 @@ pub(super) fn out_of_resources(err: &io::Error) -> bool {
 }
 
 /// Starts the attempt's main process (`program` is `cmd.argv[0]`). The
-/// error's message is the text of [`Ending::SpawnFailed`](super::attempt::Ending::SpawnFailed).
+/// error's message is the text of [`Exit::SpawnFailed`](super::attempt::Exit::SpawnFailed).
 pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnError> {
     let cwd = cmd.cwd;
     let fail = |e: io::Error| SpawnError {

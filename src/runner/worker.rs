@@ -208,7 +208,7 @@ fn run_one(
             start_time: s.start_time,
         }));
     });
-    if let process::Ending::NoResources(why) = &result.ending {
+    if let process::Exit::NoResources(why) = &result.exit {
         super::dispatcher::exhausted(why);
     }
     finish_for(job, cfg, result)
@@ -233,48 +233,48 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
             message,
         }
     };
-    let ending = match r.ending {
-        process::Ending::Exited(0) => Ending::Succeeded,
-        process::Ending::Exited(code) => failed(
+    let ending = match r.exit {
+        process::Exit::Exited(0) => Ending::Succeeded,
+        process::Exit::Exited(code) => failed(
             ErrorKind::Exit,
             Some(code),
             None,
             format!("exited with code {code}"),
         ),
-        process::Ending::Signaled(sig) => failed(
+        process::Exit::Signaled(sig) => failed(
             ErrorKind::Signal,
             None,
             Some(sig),
             format!("killed by signal {}", signal_name(sig)),
         ),
-        process::Ending::TimedOut(d) => failed(
+        process::Exit::TimedOut(d) => failed(
             ErrorKind::Timeout,
             None,
             None,
             format!("timed out after {}", secs(d)),
         ),
-        process::Ending::IdleTimedOut(d) => failed(
+        process::Exit::IdleTimedOut(d) => failed(
             ErrorKind::IdleTimeout,
             None,
             None,
             format!("idle timeout: no output for {}", secs(d)),
         ),
-        process::Ending::SpawnFailed(reason) => failed(ErrorKind::Spawn, None, None, reason),
+        process::Exit::SpawnFailed(reason) => failed(ErrorKind::Spawn, None, None, reason),
         // The runner's fault, not the job's: given back without spending an attempt.
-        process::Ending::NoResources(reason) => Ending::Interrupted {
+        process::Exit::NoResources(reason) => Ending::Interrupted {
             message: format!("not run: the runner is out of resources ({reason})"),
         },
-        process::Ending::Stopped(StopReason::SelfFenced) => Ending::Lost {
+        process::Exit::Stopped(StopReason::SelfFenced) => Ending::Lost {
             message: "the runner could not renew the lease before it ran out (database busy \
                       or stalled) and killed the attempt itself"
                 .into(),
         },
-        process::Ending::Stopped(StopReason::Shutdown) => Ending::Interrupted {
+        process::Exit::Stopped(StopReason::Shutdown) => Ending::Interrupted {
             message: "runner shut down: attempt killed and requeued".into(),
         },
-        // The lease is already gone (cancelled, reclaimed, retried): this write is fenced
-        // and leaves only the late_result_discarded event.
-        process::Ending::Stopped(reason) => Ending::Lost {
+        // The lease is already gone (cancelled, reclaimed, retried): this write is fenced,
+        // and leaves the cancel's attempt_stopped event or a late_result_discarded one.
+        process::Exit::Stopped(reason) => Ending::Stopped {
             message: format!("attempt stopped: {reason:?}"),
         },
     };

@@ -148,6 +148,13 @@ pub(super) fn attempt_ended(
             bump(conn, CounterKind::Interrupted, q, "")?;
             "interrupted"
         }
+        // A stop whose lease was still held: lost, but not a self-fence.
+        Ending::Stopped { .. } => {
+            if status == Status::Failed {
+                bump(conn, CounterKind::JobsEnded, q, "lost")?;
+            }
+            "lost"
+        }
     };
     a.observe(conn, observed, now)
 }

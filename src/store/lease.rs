@@ -68,11 +68,14 @@ pub struct Claimed {
 
 /// What a claim writes into each job it takes, guarded by the status it read. Parameters: id,
 /// attempt, run token, worker id, now, lease expiry.
-const CLAIM_ONE_SQL: &str = "UPDATE jobs SET status = 'running', attempt = ?2, run_token = ?3,
+const CLAIM_ONE_SQL: &str = concat!(
+    "UPDATE jobs SET status = 'running', attempt = ?2, run_token = ?3,
          worker_id = ?4, started_at = ?5, heartbeat_at = ?5, lease_expires_at = ?6,
          completed_at = NULL, pid = NULL, pgid = NULL, proc_start_time = NULL, exit_code = NULL,
          signal = NULL, error_kind = NULL
-     WHERE id = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0";
+     WHERE id = ?1 AND ",
+    ready_to_claim!()
+);
 
 /// What a claim reads of each job it takes, with the attempt it starts and a new run token.
 const CANDIDATE_COLUMNS: &str = "id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
@@ -83,14 +86,21 @@ const CANDIDATE_COLUMNS: &str = "id, queue, attempt + 1, lower(hex(randomblob(16
 ///
 /// The limit goes through a subquery here and below: a bare parameter in LIMIT makes SQLite
 /// (built with STAT4) prepare the statement again on every run.
-const CANDIDATES_SQL: &str = "SELECT {columns} FROM jobs INDEXED BY {index}
-     WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+const CANDIDATES_SQL: &str = concat!(
+    "SELECT {columns} FROM jobs INDEXED BY {index}
+     WHERE ",
+    ready_to_claim!(),
+    "
        AND scheduled_at <= ?1 {queues}
-     ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?2)";
+     ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?2)"
+);
 
 /// One job a claim takes by id, when queue rules chose it. Parameter: id.
-const CANDIDATE_SQL: &str = "SELECT {columns} FROM jobs
-     WHERE id = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0";
+const CANDIDATE_SQL: &str = concat!(
+    "SELECT {columns} FROM jobs
+     WHERE id = ?1 AND ",
+    ready_to_claim!()
+);
 
 /// The read of the jobs a claim takes from `queues` (all queues when empty), when no queue has
 /// a limit or a pause.
@@ -109,11 +119,15 @@ pub(super) fn claim_sql(queues: &[String]) -> String {
 }
 
 /// The ready jobs of one queue, best first. Parameters: queue, now, limit.
-pub(super) const QUEUE_HEAD_SQL: &str = "SELECT id, priority, scheduled_at
+pub(super) const QUEUE_HEAD_SQL: &str = concat!(
+    "SELECT id, priority, scheduled_at
      FROM jobs INDEXED BY jobs_claim_queue
-     WHERE queue = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0
+     WHERE queue = ?1 AND ",
+    ready_to_claim!(),
+    "
        AND scheduled_at <= ?2
-     ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?3)";
+     ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?3)"
+);
 
 /// Claims up to `req.limit` ready jobs: reads them best first, then takes each with a guarded
 /// single-row UPDATE, in the caller's IMMEDIATE transaction. No `UPDATE ... WHERE id IN
@@ -191,26 +205,37 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
 /// The earliest `scheduled_at` after `now` among the claimable pending jobs of one queue: the
 /// first entry past `now` in that queue's part of `jobs_pending_due`, one seek. Parameters:
 /// queue, now.
-const QUEUE_NEXT_DUE_SQL: &str = "SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
-     WHERE queue = ?1 AND status = 'pending' AND teardown_token IS NULL AND waiting = 0
-       AND scheduled_at > ?2";
+const QUEUE_NEXT_DUE_SQL: &str = concat!(
+    "SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
+     WHERE queue = ?1 AND ",
+    ready_to_claim!(),
+    "
+       AND scheduled_at > ?2"
+);
 
 /// The same over every queue: a skip through `jobs_pending_due` from one queue to the next
 /// (one seek each), then one seek per queue past `now`. Parameter: now.
-const NEXT_DUE_SQL: &str = "WITH RECURSIVE q(name) AS (
+const NEXT_DUE_SQL: &str = concat!(
+    "WITH RECURSIVE q(name) AS (
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
-                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                 WHERE ",
+    ready_to_claim!(),
+    "
                  ORDER BY queue LIMIT 1)
          UNION ALL
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
-                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                 WHERE ",
+    ready_to_claim!(),
+    "
                    AND queue > q.name
                  ORDER BY queue LIMIT 1)
          FROM q WHERE q.name IS NOT NULL)
      SELECT min((SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
-                 WHERE queue = q.name AND status = 'pending' AND teardown_token IS NULL
-                   AND waiting = 0 AND scheduled_at > ?1))
-     FROM q WHERE q.name IS NOT NULL";
+                 WHERE queue = q.name AND ",
+    ready_to_claim!(),
+    " AND scheduled_at > ?1))
+     FROM q WHERE q.name IS NOT NULL"
+);
 
 /// When the next claimable job of `queues` (all queues when empty) that is not due at `now`
 /// becomes due: the earliest `scheduled_at` after `now`, or None. A runner sleeps no longer
@@ -398,6 +423,14 @@ pub enum Ending {
         /// Why.
         message: String,
     },
+    /// The runner stopped the attempt because its lease was taken from it (a cancel, a
+    /// reclaim, an operator's retry). The write is expected to find the lease gone: the
+    /// attempt a cancel stopped is recorded as `attempt_stopped`, any other as a late
+    /// result. Should the lease still be held, it is recorded as [`Ending::Lost`] is.
+    Stopped {
+        /// Why.
+        message: String,
+    },
 }
 
 /// An attempt's ending with what it left behind, for [`Store::finish`](crate::Store::finish).
@@ -523,7 +556,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
                 (Status::Failed, EventKind::Failed, message.clone())
             }
         }
-        Ending::Lost { message } => {
+        Ending::Lost { message } | Ending::Stopped { message } => {
             let recovery = recovery + 1;
             let message = format!("{LEASE_EXPIRED_PREFIX}{message}");
             let (status, message) =
@@ -608,7 +641,9 @@ fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
     let what = match &f.ending {
         Ending::Succeeded => "exit 0",
         Ending::Failed { message, .. } => message,
-        Ending::Lost { message } | Ending::Interrupted { message } => message,
+        Ending::Lost { message }
+        | Ending::Interrupted { message }
+        | Ending::Stopped { message } => message,
     };
     // A job pruned since its attempt lost the lease (a short keep rule, another process's
     // prune) has no row left to hang the event on: the result is discarded all the same.

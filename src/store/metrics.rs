@@ -22,11 +22,14 @@ pub(super) const JOB_COUNTS_SQL: &str =
 /// Per queue, the `scheduled_at` of its oldest ready pending job (NULL when none; a job
 /// waiting for a dependency is not ready): one seek into `jobs_pending_due` per queue.
 /// Parameter: now.
-pub(super) const QUEUE_LAG_SQL: &str = "SELECT q.queue,
+pub(super) const QUEUE_LAG_SQL: &str = concat!(
+    "SELECT q.queue,
             (SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
-             WHERE queue = q.queue AND status = 'pending' AND teardown_token IS NULL
-               AND waiting = 0 AND scheduled_at <= ?1)
-     FROM (SELECT DISTINCT queue FROM job_counts) AS q ORDER BY q.queue";
+             WHERE queue = q.queue AND ",
+    ready_to_claim!(),
+    " AND scheduled_at <= ?1)
+     FROM (SELECT DISTINCT queue FROM job_counts) AS q ORDER BY q.queue"
+);
 
 /// Runners that have not stopped and renewed within their lease TTL. Parameter: now.
 pub(super) const RUNNERS_ALIVE_SQL: &str = "SELECT count(*) FROM runners

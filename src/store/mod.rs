@@ -32,6 +32,10 @@ use crate::job::{Event, Job, JobRecord, Output};
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
 
+// First: its macro is used by the files below.
+#[macro_use]
+mod ready;
+
 mod batch;
 mod counter;
 mod dependency;

@@ -39,17 +39,23 @@ pub(super) fn rules(conn: &Connection) -> Result<Vec<Rule>> {
 /// The queues that have a ready job (not waiting, not marked for teardown), in one
 /// statement: a skip through the claim index, one step per queue, whatever the number of
 /// jobs.
-pub(super) const READY_QUEUES_SQL: &str = "WITH RECURSIVE q(name) AS (
+pub(super) const READY_QUEUES_SQL: &str = concat!(
+    "WITH RECURSIVE q(name) AS (
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
-                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                 WHERE ",
+    ready_to_claim!(),
+    "
                  ORDER BY queue LIMIT 1)
          UNION ALL
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
-                 WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0
+                 WHERE ",
+    ready_to_claim!(),
+    "
                    AND queue > q.name
                  ORDER BY queue LIMIT 1)
          FROM q WHERE q.name IS NOT NULL)
-     SELECT name FROM q WHERE name IS NOT NULL";
+     SELECT name FROM q WHERE name IS NOT NULL"
+);
 
 pub(super) fn ready_queues(conn: &Connection) -> Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(READY_QUEUES_SQL)?;
@@ -122,7 +128,8 @@ pub struct QueueInfo {
 /// found from `job_deps` (only jobs that have dependencies can wait), and the oldest ready
 /// job is the head of `jobs_pending_due`. Nothing here reads a queue's pending jobs (the
 /// CROSS JOIN keeps the planner from reading every pending job to find the waiting ones).
-pub(super) const LIST_SQL: &str = "WITH counts AS (
+pub(super) const LIST_SQL: &str = concat!(
+    "WITH counts AS (
          SELECT queue AS name,
                 coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,
                 coalesce(sum(n) FILTER (WHERE status = 'running'), 0) AS running
@@ -137,13 +144,15 @@ pub(super) const LIST_SQL: &str = "WITH counts AS (
      SELECT n.name, coalesce(c.pending, 0), coalesce(w.waiting, 0), coalesce(c.running, 0),
             q.max_running, coalesce(q.paused, 0),
             (SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
-                 WHERE queue = n.name AND status = 'pending' AND teardown_token IS NULL
-                   AND waiting = 0 AND scheduled_at <= ?1)
+                 WHERE queue = n.name AND ",
+    ready_to_claim!(),
+    " AND scheduled_at <= ?1)
      FROM names n
          LEFT JOIN counts c ON c.name = n.name
          LEFT JOIN waits w ON w.name = n.name
          LEFT JOIN queues q ON q.name = n.name
-     ORDER BY n.name";
+     ORDER BY n.name"
+);
 
 pub(super) fn list(conn: &Connection, now: i64) -> Result<Vec<QueueInfo>> {
     let mut stmt = conn.prepare_cached(LIST_SQL)?;

@@ -51,7 +51,7 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Handed>, writer: &Writer) {
                         );
                         interrupted(&job, &shared.config, &why)
                     }
-                    None => run_guarded(shared, &job, &stop, writer),
+                    None => run_guarded(shared, &job, &lease, &stop, writer),
                 }
             }
             // The heartbeat never saw it; cannot happen, as the dispatcher registers every
@@ -126,6 +126,7 @@ impl Lease {
 fn run_guarded(
     shared: &Shared,
     job: &Claimed,
+    lease: &Lease,
     stop: &process::StopHandle,
     writer: &Writer,
 ) -> Finish {
@@ -134,7 +135,7 @@ fn run_guarded(
     // caught in the middle of its exec shows no environment for a moment).
     let spawned = Cell::new(None);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_one(shared, job, stop, writer, &spawned)
+        run_one(shared, job, lease, stop, writer, &spawned)
     }));
     match outcome {
         Ok(finish) => finish,
@@ -173,6 +174,7 @@ fn run_guarded(
 fn run_one(
     shared: &Shared,
     job: &Claimed,
+    lease: &Lease,
     stop: &process::StopHandle,
     writer: &Writer,
     spawned: &Cell<Option<process::Started>>,
@@ -199,6 +201,18 @@ fn run_one(
     );
     let result = process::run(&spec, stop, |s| {
         spawned.set(Some(*s));
+        // The check before the spawn cannot be one step with it: a runner frozen between
+        // the two (SIGSTOP, a suspend) wakes to finish a spawn whose lease another runner
+        // may have reclaimed meanwhile. Checked again once the process exists, such an
+        // attempt is killed at once rather than at the next renewal.
+        if let Some(why) = lease.distrust(cfg, now_ms(), process::boot_clock_ns()) {
+            log::warn!(
+                "job {} attempt {}: {why} while it was being started; killing it",
+                job.id,
+                job.attempt
+            );
+            stop.stop(StopReason::LeaseLost);
+        }
         shared.test_hook("worker");
         writer.send(Op::Start(AttemptStart {
             job_id: job.id,

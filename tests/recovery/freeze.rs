@@ -133,9 +133,15 @@ exit {code}
 #[test]
 fn thawed_runner_does_not_start_jobs_it_claimed_before_a_freeze_past_their_leases() {
     let mut c = Case::new();
-    // Each run notes its job, its pid and its parent (the runner that spawned it).
+    // Each run notes its job, its pid and its parent (the runner that spawned it), after a
+    // moment: a freeze that lands between the worker's check and its spawn finishes that
+    // spawn on the thaw, and the worker's check once the process exists kills it first.
     let ids: Vec<i64> = (0..150)
-        .map(|_| c.enqueue(Job::shell(r#"echo "$LEASEHOLD_JOB_ID $$ $PPID" >> runs"#)))
+        .map(|_| {
+            c.enqueue(Job::shell(
+                r#"sleep 0.05; echo "$LEASEHOLD_JOB_ID $$ $PPID" >> runs"#,
+            ))
+        })
         .collect();
     let opts = [
         "--workers",

@@ -4,9 +4,10 @@
 //! process group of its own, carrying its run token in its environment, and
 //! supervised by a `poll(2)` loop in the worker's thread until nothing of it
 //! is left running ([`run`]). A lost attempt, one whose runner died or gave
-//! up its lease, is torn down by whoever reclaims it ([`teardown()`]). Both end
-//! processes with the one kill sequence: SIGTERM, a grace, SIGKILL while any
-//! member of the group is still alive, then a bounded wait.
+//! up its lease, is torn down by whoever reclaims it ([`teardown()`]; several
+//! together by [`teardown_many`], under one grace). Both end processes with
+//! the one kill sequence: SIGTERM, a grace, SIGKILL while any member of the
+//! group is still alive, then a bounded wait.
 //!
 //! Pids are recycled, so a pid (or a process group id) is trusted only
 //! together with the start time recorded when it was spawned, or when the
@@ -51,4 +52,4 @@ pub(crate) use proc::{group_has_live_members, is_alive, start_time};
 pub(crate) use sigchld::statuses_lost;
 pub(crate) use spawn::BaseEnv;
 pub(crate) use stop::{StopHandle, StopReason};
-pub(crate) use teardown::{AttemptIdentity, teardown};
+pub(crate) use teardown::{AttemptIdentity, teardown, teardown_many};

@@ -217,16 +217,57 @@ impl Targets for Lost<'_> {
 
 /// Kills whatever is left of a LOST attempt: a process group left behind by a
 /// runner that crashed or froze. The caller need not be the process that
-/// spawned the attempt.
-///
-/// The recorded group is signalled only if its identity is verified (see
-/// `verify_group`); every process carrying the attempt's token is signalled
-/// regardless, since the token itself proves identity. With no recorded group,
-/// the group led by a token carrier (the attempt's main process) is the
-/// attempt's, and is signalled as a group. Targets go through
-/// the kill sequence ([`kill_all`]): SIGTERM, then SIGKILL once `grace` has
-/// passed if any is still alive.
+/// spawned the attempt. As [`teardown_many`] of this one attempt.
 pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
+    teardown_many(std::slice::from_ref(id), grace)
+        .pop()
+        .unwrap_or_default()
+}
+
+/// Kills whatever is left of several LOST attempts at once, and says what it did to each,
+/// in the order of `ids`.
+///
+/// For each attempt, the recorded group is signalled only if its identity is verified (see
+/// `verify_group`); every process carrying the attempt's token is signalled regardless,
+/// since the token itself proves identity. With no recorded group, the group led by a token
+/// carrier (the attempt's main process) is the attempt's, and is signalled as a group. Every
+/// target is held by a verified pidfd before the first signal.
+///
+/// Then ONE kill sequence ([`kill_all`]) for all of them together: SIGTERM to every target
+/// of every attempt, one `grace` shared by all, then SIGKILL to whatever of any attempt is
+/// still alive. Attempts whose processes ignore SIGTERM cost one grace together, not one
+/// each. Each attempt's targets stay open as pidfds until the sequence ends: callers bound
+/// how many attempts they pass at once.
+pub(crate) fn teardown_many(ids: &[AttemptIdentity], grace: Duration) -> Vec<Teardown> {
+    let mut prepared: Vec<(Lost<'_>, Teardown)> = ids.iter().map(prepare).collect();
+    let mut batch = Batch(
+        prepared
+            .iter_mut()
+            .map(|(lost, _)| lost)
+            .filter(|lost| !lost.held.is_empty())
+            .collect(),
+    );
+    if !batch.0.is_empty() {
+        kill_all(&mut batch, grace);
+    }
+    prepared
+        .into_iter()
+        .map(|(lost, mut result)| {
+            result.survivors = lost
+                .held
+                .values()
+                .filter(|h| !h.exited())
+                .map(|h| h.pid)
+                .collect();
+            result.killed = lost.held.into_keys().collect();
+            result
+        })
+        .collect()
+}
+
+/// One attempt's processes, found, verified and held, ready for the kill sequence; and
+/// what could not be verified.
+fn prepare(id: &AttemptIdentity) -> (Lost<'_>, Teardown) {
     let mut result = Teardown::default();
     let mut lost = Lost {
         id,
@@ -272,19 +313,27 @@ pub(crate) fn teardown(id: &AttemptIdentity, grace: Duration) -> Teardown {
 
     let found = lost.found(first_carriers);
     lost.hold(found);
-    if lost.held.is_empty() {
-        return result;
-    }
-    kill_all(&mut lost, grace);
+    (lost, result)
+}
 
-    result.survivors = lost
-        .held
-        .values()
-        .filter(|h| !h.exited())
-        .map(|h| h.pid)
-        .collect();
-    result.killed = lost.held.into_keys().collect();
-    result
+/// Several lost attempts as the targets of one kill sequence: each signal goes to every
+/// attempt (each through its own verified pidfds) before the sequence waits.
+struct Batch<'a, 'b>(Vec<&'b mut Lost<'a>>);
+
+impl Targets for Batch<'_, '_> {
+    fn signal(&mut self, sig: Signal) {
+        for lost in &mut self.0 {
+            lost.signal(sig);
+        }
+    }
+
+    fn gone(&mut self) -> bool {
+        self.0.iter_mut().all(|lost| lost.gone())
+    }
+
+    fn pause(&mut self, step: Duration) {
+        std::thread::sleep(step);
+    }
 }
 
 #[cfg(test)]
@@ -478,6 +527,50 @@ mod tests {
             "a process that was not verified was signalled"
         );
         drop(g);
+    }
+
+    #[test]
+    fn teardown_many_reports_each_attempt_in_order() {
+        let tok = [token("many-a"), token("many-b")];
+        let groups: Vec<_> = tok
+            .iter()
+            .map(|t| spawn_group("trap '' TERM; sleep 300", t))
+            .collect();
+        let mut ids: Vec<AttemptIdentity> = groups
+            .iter()
+            .zip(&tok)
+            .map(|(g, t)| {
+                let pgid = g.child.id() as i32;
+                assert!(wait_until(Duration::from_secs(3), || group_members(pgid)
+                    .len()
+                    == 2));
+                AttemptIdentity {
+                    pgid: Some(pgid),
+                    start_time: start_time(pgid),
+                    token: t.clone(),
+                }
+            })
+            .collect();
+        // Nothing of this one is alive: it is reported so, in its place.
+        ids.insert(
+            1,
+            AttemptIdentity {
+                pgid: None,
+                start_time: None,
+                token: token("many-none"),
+            },
+        );
+        let t = teardown_many(&ids, Duration::from_millis(200));
+        assert_eq!(t.len(), 3);
+        assert_eq!(t[1], Teardown::default());
+        for (i, g) in [(0, &groups[0]), (2, &groups[1])] {
+            let pgid = g.child.id() as i32;
+            assert_eq!(t[i].killed.len(), 2, "{:?}", t[i]);
+            assert!(t[i].killed.contains(&pgid));
+            assert!(t[i].survivors.is_empty(), "{:?}", t[i]);
+            assert!(!group_has_live_members(pgid));
+        }
+        drop(groups);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The operator's actions, one call each: what `leasehold jobs retry|cancel|ls` and `status`
-//! need beyond a single store call. A retry or a cancel also tears the lost attempt's
-//! processes down at once; liveness and the lease settings are read the way a runner's
+//! need beyond a single store call. A retry or a cancel also tears down at once the lost
+//! attempt of the job it acted on (and of no other job); liveness and the lease settings are read the way a runner's
 //! sweeper reads them, so the operator's view and the runner's agree.
 //!
 //! ```no_run
@@ -20,12 +20,14 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::job::{JobRecord, now_ms};
 use crate::process::{self, AttemptIdentity};
-use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Namespace, RunnerRecord, Store};
+use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, LostAttempt, Namespace, RunnerRecord, Store};
 
 use super::builder::{DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE, DEFAULT_LEASE_TTL};
 
-/// How many lost attempts one operator's action tears down at most.
-const TEARDOWN_BATCH: u64 = 1000;
+/// How many lost attempts are torn down together, in one kill sequence (SIGTERM to all, one
+/// grace, SIGKILL to what is left): each holds a pidfd per process until its grace is over,
+/// so this bounds the descriptors a teardown holds at once.
+const TEARDOWN_CHUNK: usize = 64;
 
 /// The settings that describe a database's leases: those of the runner that started last,
 /// or the defaults when none has run on it.
@@ -68,22 +70,24 @@ pub fn lease_settings(store: &Store) -> Result<LeaseSettings> {
 }
 
 /// An operator's retry of one job ([`Store::retry`]), then the teardown of its lost
-/// attempt's processes at once rather than at some runner's next sweep. The teardown is best
-/// effort: when it cannot be done now, it is logged, and a runner's sweep completes it (the
-/// job is not claimed before).
+/// attempt's processes at once rather than at some runner's next sweep: that job's only,
+/// other jobs' lost attempts are left to the runners' sweeps. The teardown is best effort:
+/// when it cannot be done now, it is logged, and a runner's sweep completes it (the job is not
+/// claimed before).
 ///
 /// # Errors
 ///
 /// As [`Store::retry`].
 pub fn retry(store: &Store, id: i64, reason: Option<&str>) -> Result<JobRecord> {
     let job = store.retry(id, reason, now_ms())?;
-    tear_down_now(store, "retried");
+    tear_down_now(store, &[id], "retried");
     Ok(job)
 }
 
 /// An operator's retry of the failed jobs that exhausted the recovery budget of
 /// [`lease_settings`]: `limit` of them, most recently failed first, or all; then the
-/// teardown as [`retry`] does. Returns their ids.
+/// teardown as [`retry`] does, of the lost attempts of the jobs retried (and no others), all
+/// together under one grace. Returns their ids.
 ///
 /// # Errors
 ///
@@ -95,26 +99,38 @@ pub fn retry_failed_stale(
 ) -> Result<Vec<i64>> {
     let budget = lease_settings(store)?.max_recovery_attempts;
     let ids = store.retry_failed_stale(limit, budget, reason, now_ms())?;
-    tear_down_now(store, "retried");
+    tear_down_now(store, &ids, "retried");
     Ok(ids)
 }
 
 /// Cancels a job ([`Store::cancel`]); a running attempt's processes are torn down at once
-/// (its runner would also kill them at its next renewal, but a dead runner never will).
+/// (its runner would also kill them at its next renewal, but a dead runner never will): that
+/// job's only, as [`retry`] does.
 ///
 /// # Errors
 ///
 /// As [`Store::cancel`].
 pub fn cancel(store: &Store, id: i64) -> Result<JobRecord> {
     let job = store.cancel(id, now_ms())?;
-    tear_down_now(store, "cancelled");
+    tear_down_now(store, &[id], "cancelled");
     Ok(job)
 }
 
-/// The teardown after an operator's action; a failure is logged, not returned: the action is
-/// done, and a runner's sweep finishes the teardown.
-fn tear_down_now(store: &Store, action: &str) {
-    if let Err(e) = tear_down_lost_attempts(store, TEARDOWN_BATCH, DEFAULT_KILL_GRACE) {
+/// The teardown after an operator's action on the jobs `ids`: their lost attempts only (as
+/// far as this process can see them). A failure is logged, not returned: the action is done,
+/// and a runner's sweep finishes the teardown.
+fn tear_down_now(store: &Store, ids: &[i64], action: &str) {
+    let here = Namespace::here();
+    let teardown = || -> Result<(u64, u64)> {
+        let mut lost = Vec::new();
+        for &id in ids {
+            if let Some(one) = store.teardown_of(id)?.and_then(|l| reachable(l, &here)) {
+                lost.push(one);
+            }
+        }
+        tear_down(store, lost, DEFAULT_KILL_GRACE)
+    };
+    if let Err(e) = teardown() {
         log::warn!(
             "{action}, but the lost attempts' processes are not torn down yet (a runner's sweep \
              will): {e:#}"
@@ -134,7 +150,11 @@ fn tear_down_now(store: &Store, action: &str) {
 /// until a runner in that namespace tears it down or an operator forces it
 /// ([`force_teardown`], `jobs retry --force`).
 ///
-/// Runners do this on every sweep; an operator's tool may do it at once after a retry.
+/// The attempts are torn down together, up to 64 at a time: SIGTERM to the
+/// processes of every one, one `kill_grace` for all of them, then SIGKILL to what is left;
+/// attempts that ignore SIGTERM cost one grace together, not one each.
+///
+/// Runners do this on every sweep.
 ///
 /// # Errors
 ///
@@ -152,35 +172,66 @@ pub fn tear_down_lost_attempts(
         let page = store.pending_teardowns_after(after, limit)?;
         let Some(last) = page.last() else { break };
         after = last.job_id;
-        for lost in page {
-            if done >= limit {
-                break;
+        let left = usize::try_from(limit - done).unwrap_or(usize::MAX);
+        let lost: Vec<_> = page
+            .into_iter()
+            .filter_map(|l| reachable(l, &here))
+            .take(left)
+            .collect();
+        done += lost.len() as u64;
+        let (t, u) = tear_down(store, lost, kill_grace)?;
+        torn += t;
+        unverified += u;
+    }
+    Ok((torn, unverified))
+}
+
+/// A lost attempt this process can act on, with what to record for it when there is nothing
+/// to signal (its processes ended with their boot); None when it ran where this process cannot
+/// see, and keeps its marker.
+fn reachable(lost: LostAttempt, here: &Namespace) -> Option<(LostAttempt, Option<String>)> {
+    match teardown_reach(lost.namespace.as_ref(), here) {
+        Reach::Elsewhere(why) => {
+            log::debug!("job {} attempt {}: {why}", lost.job_id, lost.attempt);
+            None
+        }
+        Reach::Gone(why) => Some((lost, Some(why))),
+        Reach::Here => Some((lost, None)),
+    }
+}
+
+/// Tears down `lost` ([`reachable`]'s) [`TEARDOWN_CHUNK`] at a time, each chunk together
+/// ([`process::teardown_many`]: SIGTERM to every attempt's processes, one `kill_grace` for all,
+/// then SIGKILL to what is left), and records a `torn_down` event for each. Returns how many
+/// were recorded, and how many processes were left alone because they could not be verified.
+fn tear_down(
+    store: &Store,
+    mut lost: Vec<(LostAttempt, Option<String>)>,
+    kill_grace: Duration,
+) -> Result<(u64, u64)> {
+    let (mut torn, mut unverified) = (0, 0);
+    for chunk in lost.chunks_mut(TEARDOWN_CHUNK) {
+        let ids: Vec<AttemptIdentity> = chunk
+            .iter()
+            .filter(|(_, detail)| detail.is_none())
+            .map(|(l, _)| AttemptIdentity {
+                pgid: l.pgid,
+                start_time: l.start_time,
+                token: l.run_token.clone(),
+            })
+            .collect();
+        let mut teardowns = process::teardown_many(&ids, kill_grace).into_iter();
+        for (l, detail) in chunk.iter_mut() {
+            if detail.is_none() {
+                // teardown_many returns one teardown per identity, in order.
+                let t = teardowns.next().unwrap_or_default();
+                unverified += t.unverified.len() as u64;
+                *detail = Some(t.describe());
             }
-            let detail = match teardown_reach(lost.namespace.as_ref(), &here) {
-                Reach::Elsewhere(why) => {
-                    log::debug!("job {} attempt {}: {why}", lost.job_id, lost.attempt);
-                    continue;
-                }
-                Reach::Gone(why) => why,
-                Reach::Here => {
-                    let id = AttemptIdentity {
-                        pgid: lost.pgid,
-                        start_time: lost.start_time,
-                        token: lost.run_token.clone(),
-                    };
-                    let teardown = process::teardown(&id, kill_grace);
-                    unverified += teardown.unverified.len() as u64;
-                    teardown.describe()
-                }
-            };
-            done += 1;
-            if store.record_teardown(lost.job_id, &lost.run_token, &detail, crate::job::now_ms())? {
+            let detail = detail.as_deref().unwrap_or_default();
+            if store.record_teardown(l.job_id, &l.run_token, detail, now_ms())? {
                 torn += 1;
-                log::info!(
-                    "job {} attempt {} torn down: {detail}",
-                    lost.job_id,
-                    lost.attempt
-                );
+                log::info!("job {} attempt {} torn down: {detail}", l.job_id, l.attempt);
             }
         }
     }

@@ -16,5 +16,6 @@ mod retention;
 mod retry;
 mod schedule;
 mod shutdown;
+mod teardown;
 mod wake;
 mod writer;

@@ -15,4 +15,5 @@ mod namespace;
 mod renewal;
 mod schedule;
 mod shutdown;
+mod soak;
 mod writelock;

@@ -1,7 +1,9 @@
 //! The runner's unit tests: thread faults injected by panic, and the builder's bounds.
 
 use super::*;
+use crate::error::Error;
 use crate::job::Status;
+use crate::store::OpenOptions;
 
 /// A runner with short timings on a new file in `dir`.
 fn fast(dir: &Path) -> RunnerBuilder {

@@ -1,0 +1,88 @@
+//! The wake-up listener's thread: pokes from other processes, and the jobs commands hand over.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+
+use crate::error::Result;
+use crate::job::now_ms;
+use crate::store::{Durability, OpenOptions, Store};
+use crate::store::{handoff, wake};
+
+use super::builder::Config;
+use super::shared::Shared;
+
+/// The wake-up listener's loop: every poke from another process wakes the dispatcher, as an
+/// enqueue in this process does, and the schedule firer, which rereads the schedules (another
+/// process may have added or resumed one). Ends when the runner closes the socket at shutdown;
+/// a socket that fails before that is logged and removed, so that no command hands a job to
+/// a socket nobody reads (the dispatcher's poll still finds the work, and the firer rereads
+/// the schedules every second).
+pub(super) fn listen(
+    mut listener: wake::Listener,
+    shared: &Shared,
+    firer: &Sender<()>,
+    config: &Config,
+) {
+    // Opened at the first job a command hands over, so that a runner nobody hands jobs to
+    // keeps one connection fewer. Always FULL: the command reports the job stored when this
+    // answers, as it would after a commit of its own.
+    let mut store: Option<Store> = None;
+    while let Some(requests) = listener.wait() {
+        for request in requests {
+            if shared.shutting_down.load(Ordering::SeqCst) {
+                // Declined at once, so the command stores its job itself now rather than
+                // after waiting out its deadline.
+                let answer = handoff::decline(&request.body, handoff::SHUTTING_DOWN);
+                listener.answer(&request.from, &answer);
+                continue;
+            }
+            if store.is_none() {
+                store = handoff_store(config, &listener)
+                    .map_err(|e| log::warn!("cannot store handed jobs: {e}"))
+                    .ok();
+            }
+            let Some(s) = &store else {
+                // The command stores its job itself, with the error it gets, if any.
+                let answer = handoff::decline(&request.body, "the runner cannot store it");
+                listener.answer(&request.from, &answer);
+                continue;
+            };
+            let (answer, new) = handoff::answer(s, &request.body, now_ms());
+            listener.answer(&request.from, &answer);
+            // Other runners on the file may take it (this one is woken below).
+            if new {
+                s.poke();
+            }
+        }
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            // Drain: requests sent before the runner closes the socket are still queued in
+            // it, and are declined above; the wait ends once they are read and the socket
+            // is closed.
+            continue;
+        }
+        shared.wake_dispatcher();
+        // The firer ends only at shutdown; a send to it then is moot.
+        let _ = firer.try_send(());
+    }
+    // Its file removed: commands no longer find it, and pass over to the next runner.
+    drop(listener);
+    while !shared.shutting_down.load(Ordering::SeqCst) {
+        // The socket failed (logged by `wait`): wait for the shutdown.
+        shared.wait_for_endings(shared.endings_seen(), Duration::from_secs(60));
+    }
+}
+
+/// The listener's connection, for jobs that commands hand over (see [`handoff`]).
+fn handoff_store(config: &Config, listener: &wake::Listener) -> Result<Store> {
+    let mut store = Store::open_with(
+        &config.path,
+        &OpenOptions::new()
+            .create(false)
+            .migrate(false)
+            .durability(Durability::Full),
+    )?;
+    store.set_own_socket(Some(listener.path().to_path_buf()));
+    Ok(store)
+}

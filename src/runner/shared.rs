@@ -188,12 +188,7 @@ impl Shared {
             );
             *fault = Some((thread, cause));
         }
-        self.shutting_down.store(true, Ordering::SeqCst);
-        for r in self.running.lock().values() {
-            r.stop.stop(StopReason::SelfFenced);
-        }
-        self.wake_dispatcher();
-        self.endings_changed();
+        self.stop_everything(StopReason::SelfFenced);
     }
 
     /// The application aborts the runner (see [`Runner::abort`](super::Runner::abort)): it
@@ -210,9 +205,14 @@ impl Shared {
                 *fault = Some(("caller", "the runner was aborted".to_string()));
             }
         }
+        self.stop_everything(StopReason::Shutdown);
+    }
+
+    /// Stops claiming and every running attempt (for `reason`), and wakes whoever waits.
+    fn stop_everything(&self, reason: StopReason) {
         self.shutting_down.store(true, Ordering::SeqCst);
         for r in self.running.lock().values() {
-            r.stop.stop(StopReason::Shutdown);
+            r.stop.stop(reason);
         }
         self.wake_dispatcher();
         self.endings_changed();

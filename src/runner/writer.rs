@@ -198,7 +198,6 @@ fn commit(
                 savepoints = false;
             }
             Err(e) if e.is_busy() => {
-                let since = started;
                 if stopping() {
                     // Nobody needs a claim any more: answer them now, so that the dispatcher
                     // (and the shutdown joining it) is not held behind another process's lock.
@@ -206,16 +205,16 @@ fn commit(
                     if batch.is_empty() {
                         return Vec::new();
                     }
-                    if since.elapsed() > shared.config.lease_ttl {
+                    if started.elapsed() > shared.config.lease_ttl {
                         log::error!(
                             "database is busy for {:.1?}; giving up on {} writes to shut down",
-                            since.elapsed(),
+                            started.elapsed(),
                             batch.len()
                         );
                         return give_up(batch, &e);
                     }
                 }
-                if !warned && since.elapsed() > Duration::from_secs(1) {
+                if !warned && started.elapsed() > Duration::from_secs(1) {
                     log::warn!("database is busy; {} writes are waiting", batch.len());
                     warned = true;
                 }

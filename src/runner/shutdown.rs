@@ -27,7 +27,7 @@ impl Runner {
         let deadline = deadline_after(timeout);
         let workers = self.shared.config.workers;
         loop {
-            if self.shared.idle_workers.load(Ordering::SeqCst) >= workers {
+            if self.attempts_settled(workers) {
                 return true;
             }
             let left = match deadline {
@@ -43,6 +43,18 @@ impl Runner {
             self.shared
                 .wait_for_endings(seen, left.min(Duration::from_millis(20)));
         }
+    }
+
+    /// Whether every worker is idle and every attempt's ending is settled: committed (or
+    /// given up on) by the writer, or kept for a shutdown to record when the writer has
+    /// stopped. A worker turns idle as soon as it queues its ending, before the writer
+    /// commits it: an exit then would leave the job running until its lease runs out.
+    fn attempts_settled(&self, workers: usize) -> bool {
+        if self.shared.idle_workers.load(Ordering::SeqCst) < workers {
+            return false;
+        }
+        let unsettled = self.shared.running.lock().len();
+        unsettled <= self.shared.unwritten.lock().len()
     }
 
     /// Shuts down with the configured shutdown grace; see [`Runner::shutdown_within`].

@@ -32,3 +32,26 @@ fn shutdown_kills_running_jobs_and_requeues_them_without_spending_budget() {
         "the runner is recorded as stopped: {runners:?}"
     );
 }
+
+/// `Runner::abort` returns only once each killed attempt's ending is committed: a caller
+/// that exits right after it (as `leasehold run` does on a second signal) leaves its jobs
+/// pending, not running until their leases run out. Before this was fixed, abort could
+/// return when the worker had queued its ending, inside the writer's linger, and the job was
+/// still running in the file (seen in about 1 round of 20, so the test takes several).
+#[test]
+fn abort_returns_once_the_killed_attempts_are_given_back() {
+    for round in 0..4 {
+        let db = TestDb::new();
+        let (runner, id, pgid) = stubborn_job(&db);
+        assert!(runner.abort(Duration::from_secs(20)), "the attempt ended");
+        // Read before the runner is dropped: nothing after abort may do the write.
+        let rec = db.job(id);
+        assert_eq!(
+            (rec.status, rec.recovery_count),
+            (Status::Pending, 0),
+            "round {round}: {rec:?}"
+        );
+        assert!(group_members(pgid).is_empty());
+        drop(runner);
+    }
+}

@@ -140,6 +140,22 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The wake-up folder beside the database (`<db>-wake/`, through which commands hand
+    /// their jobs, environment included, to runners) could be used by another user: it is
+    /// not a directory (a symlink is refused too), is not owned by this process's effective
+    /// user, or has a group or other permission bit. Nothing is sent to a socket in it, and a
+    /// runner refuses to start. Remove it: a runner makes it anew, owner-only.
+    #[error(
+        "{} {problem}: the wake-up folder carries jobs to runners, so it must be this \
+         user's alone; remove it",
+        path.display()
+    )]
+    WakeFolder {
+        /// The folder.
+        path: PathBuf,
+        /// What is wrong with it: `is owned by uid 1001, not 0`, `has mode 0777, not 0700`.
+        problem: String,
+    },
     /// The runner has shut down and no longer accepts the request.
     #[error("the runner has shut down")]
     ShutDown,

@@ -32,7 +32,10 @@ impl RunnerBuilder {
     /// [`Error::Invalid`](crate::Error::Invalid) naming the setting for a misordered timing ladder (heartbeat × 3
     /// must not exceed the lease TTL, nor the kill grace plus two heartbeats, nor the sweep
     /// interval) or a zero value, and naming `SIGCHLD` when this process ignores it (or its
-    /// handler has `SA_NOCLDWAIT`): its children's exit statuses would be lost; the errors of [`Store::open`]; [`Error::Io`](crate::Error::Io) when a thread cannot start.
+    /// handler has `SA_NOCLDWAIT`): its children's exit statuses would be lost; the errors of [`Store::open`]; [`Error::Io`](crate::Error::Io) when a thread cannot start;
+    /// [`Error::WakeFolder`](crate::Error::WakeFolder) when the wake-up folder beside the
+    /// database (`<db>-wake/`) could be used by another user (not a directory, not this
+    /// user's, or with a group or other permission bit).
     pub fn start(self) -> Result<Runner> {
         validate(&self.config)?;
         match process::statuses_lost() {
@@ -68,6 +71,11 @@ impl Runner {
     }
 
     pub(super) fn start(config: Config, callbacks: Vec<Callback>) -> Result<Runner> {
+        // Refused before the file is opened (or made), which leaves it as it was. The bind
+        // below checks again, whether it makes the folder or finds it.
+        if let Err(e @ Error::WakeFolder { .. }) = wake::check(&wake::folder(&config.path)) {
+            return Err(e);
+        }
         let mut api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
         let pid = std::process::id() as i64;
         let suffix = random_hex();
@@ -76,10 +84,16 @@ impl Runner {
         // unnoticed. Without it the runner still works, on its poll.
         let listener = match wake::Listener::bind(&config.path, &format!("{pid}-{suffix}")) {
             Ok(l) => Some(l),
+            // Another user could bind a socket beside this runner's and take the jobs that
+            // commands hand over: refused, not worked around.
+            Err(e @ Error::WakeFolder { .. }) => return Err(e),
             Err(e) => {
+                let cause = std::error::Error::source(&e)
+                    .map(|s| format!(": {s}"))
+                    .unwrap_or_default();
                 log::warn!(
-                    "no wake-up socket beside {} ({e}): jobs enqueued by other processes \
-                     start on the next poll",
+                    "no wake-up socket beside {} ({e}{cause}): jobs enqueued by other \
+                     processes start on the next poll",
                     config.path.display()
                 );
                 None

@@ -85,15 +85,15 @@ mod client {
     /// Hands `job`, enqueued at `now`, to a runner on the database at `db`, and waits for the
     /// answer. Never fails: whatever goes wrong leaves the job for the command to store.
     pub(crate) fn hand_off(db: &Path, job: &Job, now: i64) -> HandOff {
-        let folder = wake::folder(db);
-        let Ok(entries) = std::fs::read_dir(&folder) else {
-            return HandOff::NotSent;
+        // Nothing is sent into a folder another user could use: they could read the job
+        // (its environment too) and forge the answer.
+        let runners = match wake::sockets(&wake::folder(db)) {
+            Ok(runners) => runners,
+            Err(e) => {
+                wake::log_unused(&e);
+                return HandOff::NotSent;
+            }
         };
-        let runners: Vec<_> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| wake::is_socket_name(p))
-            .collect();
         if runners.is_empty() {
             return HandOff::NotSent;
         }
@@ -172,8 +172,9 @@ mod client {
     ///
     /// Only a datagram from `runner`'s own socket counts. The command's socket is abstract,
     /// and any local user can read its name (in `/proc/net/unix`) and send to it, but none
-    /// can send from the runner's socket, which is in an owner-only folder: a forged answer
-    /// would make the command report a job stored that no one stored.
+    /// can send from the runner's socket, which is in a folder checked owner-only (see
+    /// [`wake::check`]): a forged answer would make the command report a job stored that no
+    /// one stored.
     fn wait_for_answer(
         socket: &UnixDatagram,
         runner: &Path,

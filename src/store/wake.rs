@@ -11,14 +11,24 @@
 //! latency, never a job. A socket whose runner died refuses datagrams (`ECONNREFUSED`); the
 //! first poke that finds it so deletes it.
 //!
+//! The folder carries jobs (argv and environment) that commands hand to runners, and their
+//! answers, so it must be this user's alone: [`check`] refuses one that another user could
+//! create, bind a socket in, or swap, and nothing is ever sent to a socket in a folder it
+//! refuses (see [`sockets`]).
+//!
 //! This lives in the store, beside the file it is named after, because both sides use it:
 //! [`Store`](super::Store)'s writes poke, and the runner (a layer up) listens.
 
 use std::io::ErrorKind;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+
+use nix::libc;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
 
 /// The folder of wake-up sockets for the database at `db`: `<db>-wake`, beside SQLite's own
 /// `-wal` and `-shm` files.
@@ -54,6 +64,103 @@ fn canonical(db: &Path) -> PathBuf {
     std::path::absolute(db).unwrap_or_else(|_| db.to_path_buf())
 }
 
+/// Checks that the wake-up folder `dir` is this user's alone: a directory (not a symlink to
+/// one), owned by this process's effective user, with no group or other permission bit.
+/// Returns `false` when there is no folder.
+///
+/// The folder is checked as opened, not by its path: it is opened without following a
+/// symlink (`O_PATH | O_DIRECTORY | O_NOFOLLOW`) and the open descriptor is `fstat`ed, so
+/// nobody can swap what the path names between a look and the open. Sends to the sockets
+/// inside still name them by path. That is sound once the folder itself is checked: only its
+/// owner (and root) can add, rename or remove an entry in an owner-only folder, and in a
+/// shared sticky folder such as `/tmp` nobody else can rename or remove the owner's folder to
+/// put another in its place.
+///
+/// # Errors
+///
+/// [`Error::WakeFolder`] naming the folder and what is wrong with it; [`Error::Io`] when it
+/// cannot be looked at (a parent folder this user may not search).
+pub(crate) fn check(dir: &Path) -> Result<bool> {
+    let refuse = |problem: String| Error::WakeFolder {
+        path: dir.to_path_buf(),
+        problem,
+    };
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)
+        .and_then(|folder| folder.metadata());
+    let meta = match opened {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        // A symlink, even to a good folder, or a file: the lstat only words the refusal.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
+            let symlink = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink());
+            return Err(refuse(if symlink {
+                "is a symlink, not a directory".into()
+            } else {
+                "is not a directory".into()
+            }));
+        }
+        Err(e) => return Err(Error::io(format!("cannot open {}", dir.display()), e)),
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(refuse(format!("is owned by uid {}, not {me}", meta.uid())));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(refuse(format!(
+            "has mode {:04o}, not 0700",
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(true)
+}
+
+/// The runners' sockets in the wake-up folder `dir`, once [`check`] has found the folder this
+/// user's alone: the entries named as runners' sockets that are sockets of this user's. A
+/// socket that another user bound before the folder was made owner-only is passed over.
+/// Empty when there is no folder.
+///
+/// # Errors
+///
+/// As [`check`]; [`Error::Io`] when the folder cannot be read.
+pub(crate) fn sockets(dir: &Path) -> Result<Vec<PathBuf>> {
+    if !check(dir)? {
+        return Ok(Vec::new());
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("cannot read {}", dir.display()), e)),
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    Ok(entries
+        .flatten()
+        .filter(|e| {
+            is_socket_name(&e.path())
+                && e.metadata()
+                    .is_ok_and(|m| m.file_type().is_socket() && m.uid() == me)
+        })
+        .map(|e| e.path())
+        .collect())
+}
+
+/// Logs `e`, why a command sent nothing to a wake-up folder: a warning the first time this
+/// process meets a folder it refuses, so that each `jobs add` says it once; else at debug.
+pub(crate) fn log_unused(e: &Error) {
+    static WARNED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    if let Error::WakeFolder { path, .. } = e {
+        let mut warned = WARNED.lock();
+        if !warned.contains(path) {
+            warned.push(path.clone());
+            log::warn!("not handing the job to a runner: {e}");
+            return;
+        }
+    }
+    log::debug!("not handing the job to a runner: {e}");
+}
+
 /// The sending side: one unbound socket, made on first use, kept for the store's life.
 #[derive(Default)]
 pub(crate) struct Poker {
@@ -64,18 +171,25 @@ impl Poker {
     /// Sends one byte to every runner's socket in `folder`, skipping `own` (a runner's own
     /// socket: its process wakes its dispatcher directly). Returns how many accepted it.
     /// Never blocks and never fails: a missed poke only costs latency.
+    /// A folder that [`check`] refuses is not poked at all.
     pub(crate) fn poke(&self, folder: &Path, own: Option<&Path>) -> usize {
-        let Ok(entries) = std::fs::read_dir(folder) else {
-            // No runner has made the folder: nobody to wake.
-            return 0;
+        let sockets = match sockets(folder) {
+            Ok(sockets) => sockets,
+            Err(e) => {
+                log::debug!("no runner woken: {e}");
+                return 0;
+            }
         };
+        // No runner has made the folder, or none is bound in it: nobody to wake.
+        if sockets.is_empty() {
+            return 0;
+        }
         let Some(socket) = self.socket.get_or_init(unbound) else {
             return 0;
         };
         let mut woken = 0;
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if own == Some(path.as_path()) || !is_socket_name(&path) {
+        for path in sockets {
+            if own == Some(path.as_path()) {
                 continue;
             }
             match socket.send_to(&[1], &path) {
@@ -103,10 +217,10 @@ fn unbound() -> Option<UnixDatagram> {
 }
 
 /// Whether a runner has its socket in `folder`: one may be running on the file (or one
-/// crashed and its socket was not yet found stale).
+/// crashed and its socket was not yet found stale). A folder [`check`] refuses has none: no
+/// runner can start beside it.
 pub(crate) fn any_runner(folder: &Path) -> bool {
-    std::fs::read_dir(folder)
-        .is_ok_and(|entries| entries.flatten().any(|e| is_socket_name(&e.path())))
+    sockets(folder).is_ok_and(|sockets| !sockets.is_empty())
 }
 
 /// Sockets are named `<pid>-<hex>.sock`; anything else in the folder is not ours to poke or
@@ -125,21 +239,30 @@ pub(crate) struct Listener {
 
 impl Listener {
     /// Binds a socket named `name` (`.sock` is added) in the wake-up folder of `db`, creating
-    /// the folder (owner-only) when missing.
+    /// the folder (owner-only) when missing, and checking it ([`check`]) whether it made it
+    /// or found it.
     ///
     /// # Errors
     ///
-    /// The folder cannot be made, or the socket bound (its path may be longer than the 107
-    /// bytes a Unix socket address holds).
-    pub(crate) fn bind(db: &Path, name: &str) -> std::io::Result<Listener> {
+    /// [`Error::WakeFolder`] when the folder could be used by another user; [`Error::Io`]
+    /// when it cannot be made, or the socket bound (its path may be longer than the 107 bytes
+    /// a Unix socket address holds).
+    pub(crate) fn bind(db: &Path, name: &str) -> Result<Listener> {
         let dir = folder(db);
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(Error::io(format!("cannot make {}", dir.display()), e)),
+        }
+        if !check(&dir)? {
+            return Err(Error::io(
+                format!("{} was removed as it was made", dir.display()),
+                ErrorKind::NotFound.into(),
+            ));
         }
         let path = dir.join(format!("{name}.sock"));
-        let socket = UnixDatagram::bind(&path)?;
+        let socket = UnixDatagram::bind(&path)
+            .map_err(|e| Error::io(format!("cannot bind {}", path.display()), e))?;
         Ok(Listener {
             socket,
             path,
@@ -237,6 +360,8 @@ impl Closer {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     #[test]
@@ -259,6 +384,53 @@ mod tests {
         assert!(listener.wait().is_some_and(|requests| requests.is_empty()));
         // Its own socket is skipped.
         assert_eq!(poker.poke(&folder(&db), Some(listener.path())), 0);
+    }
+
+    #[test]
+    fn only_an_owner_only_folder_of_this_users_passes_the_check() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let wake = dir.path().join("jobs.db-wake");
+        assert!(!check(&wake).expect("no folder is no error"));
+        let refusal = |path: &Path| match check(path) {
+            Err(Error::WakeFolder { path: p, problem }) if p == path => problem,
+            other => panic!("{} not refused: {other:?}", path.display()),
+        };
+
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&wake)
+            .expect("mkdir");
+        assert!(check(&wake).expect("an owner-only folder"));
+        for mode in [0o750, 0o701, 0o777, 0o1777] {
+            std::fs::set_permissions(&wake, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            assert_eq!(refusal(&wake), format!("has mode {mode:04o}, not 0700"));
+            assert!(sockets(&wake).is_err(), "listed in a refused folder");
+        }
+
+        let link = dir.path().join("link.db-wake");
+        std::fs::set_permissions(&wake, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        std::os::unix::fs::symlink(&wake, &link).expect("symlink");
+        assert_eq!(refusal(&link), "is a symlink, not a directory");
+        let file = dir.path().join("file.db-wake");
+        std::fs::write(&file, b"").expect("a file");
+        assert_eq!(refusal(&file), "is not a directory");
+        let Err(e) = Listener::bind(&dir.path().join("file.db"), "1-aa") else {
+            panic!("a listener bound in a file");
+        };
+        assert!(matches!(e, Error::WakeFolder { .. }), "{e}");
+    }
+
+    #[test]
+    fn only_sockets_are_listed_and_poked() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let db = dir.path().join("jobs.db");
+        let listener = Listener::bind(&db, "1-aa").expect("bind");
+        // A file named as a socket is neither poked nor deleted as a stale socket.
+        let file = folder(&db).join("2-bb.sock");
+        std::fs::write(&file, b"mine").expect("a file");
+        assert_eq!(sockets(&folder(&db)).expect("listed"), [listener.path()]);
+        assert_eq!(Poker::default().poke(&folder(&db), None), 1);
+        assert!(file.exists());
     }
 
     #[test]

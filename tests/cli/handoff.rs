@@ -3,6 +3,7 @@
 //! have had without a runner.
 
 use std::os::linux::net::SocketAddrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,7 +43,11 @@ fn job_ids(db: &Path) -> Vec<i64> {
 /// thaws, whatever path it takes.)
 fn silent_runner(db: &Path) -> (PathBuf, UnixDatagram) {
     let folder = PathBuf::from(format!("{}-wake", db.display()));
-    std::fs::create_dir(&folder).unwrap();
+    // Owner-only, as a runner makes it: a folder others could use is never sent a job.
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&folder)
+        .unwrap();
     let silent = UnixDatagram::bind(folder.join("1-silent.sock")).unwrap();
     (folder, silent)
 }

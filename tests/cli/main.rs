@@ -20,3 +20,4 @@ mod schedules;
 mod serve;
 mod status;
 mod usage;
+mod wake_folder;

@@ -126,7 +126,10 @@ pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
     let jobs = store.list(&filter)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        let all: Vec<Value> = jobs.iter().map(render::job_json).collect();
+        let all: Vec<Value> = jobs
+            .iter()
+            .map(|j| render::job_json(j, args.show_env))
+            .collect();
         print_json(&mut out, &Value::Array(all))?;
     } else {
         let mut rows = vec![
@@ -163,7 +166,7 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
     let output = store.output(args.id, None)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        let mut value = render::job_json(&job);
+        let mut value = render::job_json(&job, args.show_env);
         value["teardown_waits"] = json!(operator::teardown_wait(&store, job.id)?);
         value["events"] = events.iter().map(render::event_json).collect();
         value["output"] = output.as_ref().map_or(Value::Null, render::output_json);
@@ -184,7 +187,7 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
             } else {
                 job.env
                     .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
+                    .map(|(k, v)| format!("{k}={}", render::env_value(v, args.show_env)))
                     .collect::<Vec<_>>()
                     .join(" ")
             },

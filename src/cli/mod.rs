@@ -290,18 +290,27 @@ struct LsArgs {
     /// At most N jobs.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     limit: Option<u64>,
-    /// Print a JSON array of job objects.
+    /// Print a JSON array of job objects. Each `env` keeps the names, with `••••••` as
+    /// every value unless --show-env.
     #[arg(long)]
     json: bool,
+    /// Print the values of the jobs' environment variables in --json (by default each is
+    /// `••••••`).
+    #[arg(long, requires = "json")]
+    show_env: bool,
 }
 
 #[derive(Debug, Args)]
 struct InspectArgs {
     /// The job's id.
     id: i64,
-    /// Print JSON.
+    /// Print JSON. `env` keeps the names, with `••••••` as every value unless --show-env.
     #[arg(long)]
     json: bool,
+    /// Print the values of the job's environment variables (by default each is shown as
+    /// `NAME=••••••`, the same mask for every value, so that no value or length shows).
+    #[arg(long)]
+    show_env: bool,
 }
 
 #[derive(Debug, Args)]

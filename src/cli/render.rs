@@ -6,12 +6,23 @@ use std::io::Write;
 use leasehold::{Event, JobRecord, Output};
 use serde_json::{Value, json};
 
+/// What a job's environment value prints as unless the caller asks for the values
+/// (`--show-env`): the same for every value, so that not even a value's length shows. The
+/// values are often secrets (API keys, tokens) that only the database's owner should read.
+pub const ENV_MASK: &str = "••••••";
+
+/// An environment value as printed: itself when `show`, else [`ENV_MASK`].
+pub fn env_value(value: &str, show: bool) -> &str {
+    if show { value } else { ENV_MASK }
+}
+
 /// A job object. Times are integer milliseconds since the Unix epoch; unset values are null.
-pub fn job_json(j: &JobRecord) -> Value {
+/// The environment's values are [`ENV_MASK`] unless `show_env`.
+pub fn job_json(j: &JobRecord, show_env: bool) -> Value {
     let env: serde_json::Map<String, Value> = j
         .env
         .iter()
-        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+        .map(|(k, v)| (k.clone(), Value::from(env_value(v, show_env))))
         .collect();
     json!({
         "id": j.id,

@@ -146,7 +146,10 @@ fn a_job_too_large_to_hand_over_is_stored_by_the_command() {
     let big = format!("BIG={}", "x".repeat(70_000));
     let id = add(db, &["--queue", "here", "--env", &big], &["true"]);
     assert!(handed(db).is_empty(), "stored by the command itself");
-    let job = inspect(db, id);
+    let job = json(&mut cli(
+        db,
+        &["jobs", "inspect", &id.to_string(), "--json", "--show-env"],
+    ));
     assert_eq!(job["env"]["BIG"].as_str().map(str::len), Some(70_000));
     stop(runner);
 }

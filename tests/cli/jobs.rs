@@ -80,7 +80,10 @@ fn jobs_add_stores_every_option_and_prints_the_id() {
         &["sh", "-c", "echo --not-a-flag"],
     );
     assert_eq!(id2, id + 1);
-    let job = inspect(db, id2);
+    let job = json(&mut cli(
+        db,
+        &["jobs", "inspect", &id2.to_string(), "--json", "--show-env"],
+    ));
     assert_eq!(
         job["argv"],
         serde_json::json!(["sh", "-c", "echo --not-a-flag"])
@@ -101,6 +104,50 @@ fn jobs_add_stores_every_option_and_prints_the_id() {
         60_000,
         "{job}"
     );
+}
+
+#[test]
+fn env_values_are_masked_unless_show_env_is_asked_for() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &["--env", "API_KEY=s3cret", "--env", "N=1"], &["true"]).to_string();
+    let secret = "s3cret";
+
+    // The text, the JSON of inspect and of ls: the names, never the values.
+    let text = ok(&mut cli(db, &["jobs", "inspect", &id]));
+    assert!(text.contains("API_KEY=") && text.contains("N="), "{text}");
+    assert!(!text.contains(secret), "{text}");
+    let inspected = ok(&mut cli(db, &["jobs", "inspect", &id, "--json"]));
+    let listed = ok(&mut cli(db, &["jobs", "ls", "--json"]));
+    for out in [&inspected, &listed] {
+        assert!(!out.contains(secret), "{out}");
+    }
+    let inspected: Value = serde_json::from_str(&inspected).unwrap();
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    for env in [&inspected["env"], &listed[0]["env"]] {
+        let env = env.as_object().expect("env is an object");
+        assert_eq!(env.len(), 2, "{env:?}");
+        // One mask for every value, so that not even a value's length shows.
+        let mask = &env["API_KEY"];
+        assert!(mask.as_str().is_some_and(|m| !m.is_empty()), "{env:?}");
+        assert_eq!(&env["N"], mask, "{env:?}");
+        assert!(text.contains(&format!("API_KEY={}", mask.as_str().unwrap())));
+    }
+    assert!(!ok(&mut cli(db, &["jobs", "ls"])).contains(secret));
+
+    // Asked for, the values.
+    let text = ok(&mut cli(db, &["jobs", "inspect", &id, "--show-env"]));
+    assert!(text.contains("API_KEY=s3cret N=1"), "{text}");
+    let shown = serde_json::json!({"API_KEY": "s3cret", "N": "1"});
+    let inspected = json(&mut cli(
+        db,
+        &["jobs", "inspect", &id, "--json", "--show-env"],
+    ));
+    assert_eq!(inspected["env"], shown);
+    let listed = json(&mut cli(db, &["jobs", "ls", "--json", "--show-env"]));
+    assert_eq!(listed[0]["env"], shown);
+    let help = ok(&mut cli(db, &["jobs", "inspect", "--help"]));
+    assert!(help.contains("--show-env"), "{help}");
 }
 
 #[test]

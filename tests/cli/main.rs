@@ -6,6 +6,7 @@ mod util;
 
 mod helper;
 
+mod cdp;
 mod db;
 mod fsync;
 mod handoff;
@@ -18,5 +19,6 @@ mod run;
 mod runbook;
 mod schedules;
 mod serve;
+mod serve_auth;
 mod status;
 mod usage;

@@ -8,6 +8,10 @@ use maud::{DOCTYPE, Markup, html};
 use super::{ListQuery, MAX_PAGE, Overview};
 use crate::cli::render;
 
+/// What a job's page shows for every environment value unless `serve --show-env`: the same
+/// for every value, so that not even its length is told.
+pub const ENV_MASK: &str = "••••••";
+
 /// The stylesheet every page links, served at `/style.css` (the CSP allows styles from the
 /// dashboard itself only, no inline ones).
 pub const CSS: &str = "
@@ -256,6 +260,7 @@ pub fn job(
     output: Option<&Output>,
     teardown_waits: Option<&str>,
     token: Option<&str>,
+    show_env: bool,
 ) -> String {
     let opt = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     let secs =
@@ -327,7 +332,12 @@ pub fn job(
         p { code #command-line { (render::command_line(&j.argv)) } }
         @if !j.env.is_empty() {
             h2 { "Environment" }
-            table #env { @for (k, v) in &j.env { tr { th { code { (k) } } td { code { (v) } } } } }
+            table #env {
+                @for (k, v) in &j.env {
+                    tr { th { code { (k) } } td { code { (if show_env { v.as_str() } else { ENV_MASK }) } } }
+                }
+            }
+            @if !show_env { p.later { "Values hidden: " code { "leasehold serve --show-env" } " shows them." } }
         }
         h2 { "Fields" }
         table #fields { @for (k, v) in &fields { tr { th { (k) } td { (v) } } } }

@@ -94,6 +94,11 @@ impl Server {
         format!("http://{}{path}", self.addr)
     }
 
+    /// The session cookie `/login` set, as a `Cookie` header's value.
+    pub fn cookie(&self) -> &str {
+        self.cookie.as_deref().expect("serve set a session cookie")
+    }
+
     /// What it logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap()

@@ -98,6 +98,13 @@ fn without_the_secret_every_route_but_healthz_is_refused() {
     let page = server.get(&format!("/jobs/{job}"));
     assert_eq!(page.status, 200, "{page:?}");
     assert!(page.body.contains(SECRET_VALUE), "--show-env, logged in");
+    // The cookie is a session value, not the secret: a browser sends 127.0.0.1's cookies to
+    // every port, so the cookie must not be what a scraper or a later login needs.
+    let secret = server.secret.clone().unwrap();
+    assert!(!cookie.contains(&secret), "{cookie}");
+    server
+        .anonymous("/", &format!("Cookie: leasehold_session={secret}\r\n"))
+        .refused(401);
 }
 
 /// A system user made for one test, deleted when dropped (also when the test fails).
@@ -192,12 +199,11 @@ fn another_local_user_reads_nothing_without_the_secret() {
         !login.to_ascii_lowercase().contains("set-cookie"),
         "{login}"
     );
-    // The same client with the secret gets in: the refusals above were the secret's doing.
-    let secret = server.secret.as_deref().unwrap();
+    // The same client with the cookie gets in: the refusals above were the secret's doing.
     let page = user.get(
         port,
         &format!("/jobs/{job}"),
-        &format!("Cookie: leasehold_session={secret}\r\n"),
+        &format!("Cookie: {}\r\n", server.cookie()),
     );
     assert_eq!(status(&page), 200, "{page}");
     assert!(page.contains(SECRET_VALUE));
@@ -224,8 +230,8 @@ fn a_forged_or_rebinding_host_is_refused_on_and_off_loopback() {
                 "/metrics".into(),
             ] {
                 let raw = format!(
-                    "GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: leasehold_session={}\r\n\r\n",
-                    server.secret.as_deref().unwrap()
+                    "GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: {}\r\n\r\n",
+                    server.cookie()
                 );
                 let reply = server.raw(raw.as_bytes());
                 reply.refused(421);
@@ -235,8 +241,8 @@ fn a_forged_or_rebinding_host_is_refused_on_and_off_loopback() {
         // An address or localhost, with the cookie, is served.
         assert_eq!(server.get("/").status, 200);
         let localhost = format!(
-            "GET / HTTP/1.1\r\nHost: localhost:{port}\r\nCookie: leasehold_session={}\r\n\r\n",
-            server.secret.as_deref().unwrap()
+            "GET / HTTP/1.1\r\nHost: localhost:{port}\r\nCookie: {}\r\n\r\n",
+            server.cookie()
         );
         assert_eq!(server.raw(localhost.as_bytes()).status, 200);
     }
@@ -247,9 +253,8 @@ fn a_forged_or_rebinding_host_is_refused_on_and_off_loopback() {
             .raw(format!("GET / HTTP/1.1\r\nHost: dash.example:{port}\r\n{cookie}\r\n").as_bytes())
     };
     proxied("").refused(401);
-    let secret = wildcard.secret.as_deref().unwrap();
     assert_eq!(
-        proxied(&format!("Cookie: leasehold_session={secret}\r\n")).status,
+        proxied(&format!("Cookie: {}\r\n", wildcard.cookie())).status,
         200
     );
     assert!(
@@ -379,6 +384,17 @@ fn metrics_takes_the_bearer_and_a_token_file_must_be_private() {
     server
         .anonymous("/", &format!("Authorization: Bearer {secret}\r\n"))
         .refused(401);
+    // Restarted with the same file: the same secret and login URL, but a new session, so a
+    // cookie the last process handed out is worth nothing now.
+    let old_cookie = server.cookie().to_string();
+    drop(server);
+    let server = Server::start(&t.path, &["--token-file", path]);
+    assert_eq!(server.secret.as_deref(), Some(secret));
+    assert_ne!(server.cookie(), old_cookie);
+    server
+        .anonymous("/", &format!("Cookie: {old_cookie}\r\n"))
+        .refused(401);
+    assert_eq!(server.get("/").status, 200);
     drop(server);
 
     // Missing, empty, a folder: refused.

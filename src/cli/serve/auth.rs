@@ -5,6 +5,11 @@
 //! what the file holds (argv, environment, output, run tokens) to whoever can connect, which
 //! on a shared machine is every local user. `/metrics` also takes it as a bearer token, for
 //! Prometheus.
+//!
+//! The cookie is not the secret but a session value made at start: a browser sends its
+//! cookies for 127.0.0.1 to every port of it, so a cookie may reach another local user's
+//! server. What it carries then is worth only this process's pages until it exits, not the
+//! secret an operator keeps in `--token-file` for Prometheus.
 
 use std::fs::File;
 use std::io::Read;
@@ -18,16 +23,18 @@ use super::http::{Request, Response};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "leasehold_session";
-/// Bytes of randomness in a secret made at start.
+/// Bytes of randomness in a secret made at start, and in the session cookie's value.
 const SECRET_BYTES: usize = 32;
 /// The shortest secret taken from `--token-file`.
 const MIN_SECRET_LEN: usize = 16;
 /// The longest secret taken from `--token-file` (it travels in a URL and a cookie).
 const MAX_SECRET_LEN: usize = 512;
 
-/// The secret and the names the Host header may carry.
+/// The secret, the session, and the names the Host header may carry.
 pub struct Auth {
     secret: String,
+    /// The session cookie's value, random for this process.
+    session: String,
     /// Names given with `--allow-host` (lowercase), for a reverse proxy.
     allowed_hosts: Vec<String>,
 }
@@ -52,8 +59,11 @@ impl Auth {
             None => super::random_hex(SECRET_BYTES)
                 .context("cannot read /dev/urandom for the dashboard's secret")?,
         };
+        let session = super::random_hex(SECRET_BYTES)
+            .context("cannot read /dev/urandom for the dashboard's session")?;
         Ok(Auth {
             secret,
+            session,
             allowed_hosts,
         })
     }
@@ -71,7 +81,7 @@ impl Auth {
             .iter()
             .flat_map(|h| h.split(';'))
             .filter_map(|c| c.trim().split_once('='))
-            .any(|(name, value)| name == COOKIE && same(value.as_bytes(), self.secret.as_bytes()));
+            .any(|(name, value)| name == COOKIE && same(value.as_bytes(), self.session.as_bytes()));
         let token = bearer
             && req.authorization.as_deref().is_some_and(|a| {
                 a.split_once(' ').is_some_and(|(scheme, value)| {
@@ -99,12 +109,12 @@ impl Auth {
                 "wrong or missing token: open the URL `leasehold serve` printed on its standard output",
             );
         }
-        // The redirect drops the secret from the address bar and the history.
+        // The redirect takes the secret out of the address bar.
         Response::see_other("/".to_string()).header(
             "Set-Cookie",
             format!(
                 "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
-                self.secret
+                self.session
             ),
         )
     }
@@ -249,6 +259,7 @@ mod tests {
     fn auth(hosts: &[&str]) -> Auth {
         Auth {
             secret: "s".repeat(20),
+            session: "c".repeat(64),
             allowed_hosts: hosts.iter().map(|h| host_name(h).unwrap()).collect(),
         }
     }

@@ -1275,16 +1275,21 @@ fn serve_benchmarks() {
             .read_line(&mut line)
             .expect("serve prints its URL");
     }
-    let addr: std::net::SocketAddr = line
+    // The login URL: http://ADDR/login?token=SECRET; the secret is also the session cookie.
+    let (addr, secret) = line
         .trim()
         .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .expect("an address");
+        .split_once("/login?token=")
+        .expect("serve prints its login URL");
+    let addr: std::net::SocketAddr = addr.parse().expect("an address");
     let get = |target: &str| -> (u16, usize) {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(addr).expect("connect");
-        write!(s, "GET {target} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("send");
+        write!(
+            s,
+            "GET {target} HTTP/1.1\r\nHost: {addr}\r\nCookie: leasehold_session={secret}\r\n\r\n"
+        )
+        .expect("send");
         let mut bytes = Vec::new();
         s.read_to_end(&mut bytes).expect("read");
         let status = String::from_utf8_lossy(&bytes[9..12]).parse().unwrap_or(0);

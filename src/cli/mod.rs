@@ -382,6 +382,16 @@ struct ServeArgs {
     /// Add retry and cancel buttons (POST forms carrying a per-process random token).
     #[arg(long)]
     allow_actions: bool,
+    /// Read the secret from this file (yours alone, mode 0600) instead of making a random one.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+    /// Also answer to this Host name, e.g. a reverse proxy's (repeatable; IP addresses and
+    /// localhost always pass).
+    #[arg(long, value_name = "NAME[:PORT]", value_parser = serve::host_name)]
+    allow_host: Vec<String>,
+    /// Show environment values on a job's page (by default they are masked).
+    #[arg(long)]
+    show_env: bool,
 }
 
 #[derive(Debug, Args)]
@@ -453,7 +463,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(a) if a.prometheus => status::prometheus(db),
         Command::Status(a) => status::status(db, a.json),
         Command::Run(a) => run::run(db, &a),
-        Command::Serve(a) => serve::serve(db, a.listen, a.allow_actions),
+        Command::Serve(a) => serve::serve(
+            db,
+            serve::Options {
+                listen: a.listen,
+                allow_actions: a.allow_actions,
+                token_file: a.token_file,
+                allow_hosts: a.allow_host,
+                show_env: a.show_env,
+            },
+        ),
     }
 }
 

@@ -6,6 +6,7 @@ mod util;
 
 mod helper;
 
+mod cdp;
 mod db;
 mod fsync;
 mod handoff;
@@ -18,6 +19,7 @@ mod run;
 mod runbook;
 mod schedules;
 mod serve;
+mod serve_auth;
 mod status;
 mod usage;
 mod wake_folder;

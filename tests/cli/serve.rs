@@ -14,30 +14,44 @@ use std::collections::BTreeMap;
 
 use leasehold::ListFilter;
 
+use crate::cdp::Browser;
 use crate::helper::{add, cli, fails, ok, run_until_idle};
 use crate::util::exposition::parse;
 use crate::util::{TestDb, leasehold_vars, poll};
 
-/// A `leasehold serve` on a free port; killed by pid when dropped.
-struct Server {
+/// A `leasehold serve` on a free port, logged in; killed by pid when dropped.
+pub struct Server {
     child: Child,
-    addr: SocketAddr,
+    pub addr: SocketAddr,
+    /// The secret in the printed login URL (`None` if it printed none).
+    pub secret: Option<String>,
+    /// `leasehold_session=...`, as `/login` set it.
+    cookie: Option<String>,
+    /// Where its stderr goes.
+    log: tempfile::NamedTempFile,
 }
 
 impl Server {
-    fn start(db: &Path, extra: &[&str]) -> Server {
+    /// On 127.0.0.1, port 0.
+    pub fn start(db: &Path, extra: &[&str]) -> Server {
+        Server::start_on(db, "127.0.0.1:0", extra)
+    }
+
+    /// On `listen`; a wildcard address is reached through 127.0.0.1.
+    pub fn start_on(db: &Path, listen: &str, extra: &[&str]) -> Server {
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
         cmd.arg("--db")
             .arg(db)
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["serve", "--listen", listen])
             .args(extra);
         for var in leasehold_vars() {
             cmd.env_remove(var);
         }
+        let log = tempfile::NamedTempFile::new().unwrap();
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .expect("leasehold serve starts");
         let mut line = String::new();
@@ -45,22 +59,59 @@ impl Server {
         BufReader::new(stdout)
             .read_line(&mut line)
             .expect("serve prints its URL");
-        let addr = line
+        assert!(
+            !line.is_empty(),
+            "serve printed nothing: {}",
+            std::fs::read_to_string(log.path()).unwrap()
+        );
+        let rest = line
             .trim()
             .strip_prefix("http://")
-            .and_then(|s| s.strip_suffix('/'))
-            .unwrap_or_else(|| panic!("serve printed {line:?}, not its URL"))
-            .parse()
-            .expect("the URL holds an address");
-        Server { child, addr }
+            .unwrap_or_else(|| panic!("serve printed {line:?}, not its URL"));
+        let (addr, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let mut addr: SocketAddr = addr.parse().expect("the URL holds an address");
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let secret = path.strip_prefix("/login?token=").map(str::to_string);
+        let mut server = Server {
+            child,
+            addr,
+            secret,
+            cookie: None,
+            log,
+        };
+        if let Some(secret) = server.secret.clone() {
+            let login = server.anonymous(&format!("/login?token={secret}"), "");
+            assert_eq!(login.status, 303, "{login:?}");
+            let set = login.header("set-cookie").expect("the login sets a cookie");
+            server.cookie = Some(set.split(';').next().unwrap().to_string());
+        }
+        server
     }
 
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
+    /// The session cookie `/login` set, as a `Cookie` header's value.
+    pub fn cookie(&self) -> &str {
+        self.cookie.as_deref().expect("serve set a session cookie")
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap()
+    }
+
+    /// The URL `serve` printed: it logs in and goes on to the overview.
+    pub fn login_url(&self) -> String {
+        let secret = self.secret.as_deref().expect("serve printed a login URL");
+        self.url(&format!("/login?token={secret}"))
+    }
+
     /// Sends `raw` as is and reads the whole response.
-    fn raw(&self, raw: &[u8]) -> Reply {
+    pub fn raw(&self, raw: &[u8]) -> Reply {
         let mut s = TcpStream::connect(self.addr).expect("the server accepts");
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         // The server may answer (and close) before it has read all of an oversized request.
@@ -70,19 +121,44 @@ impl Server {
         Reply::parse(&bytes)
     }
 
-    fn get(&self, path: &str) -> Reply {
-        self.raw(format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.addr).as_bytes())
-    }
-
-    fn post(&self, path: &str, body: &str) -> Reply {
+    /// `method path` with the session cookie and `headers` (each ending in CRLF).
+    pub fn request(&self, method: &str, path: &str, headers: &str, body: &str) -> Reply {
+        let cookie = self
+            .cookie
+            .as_ref()
+            .map(|c| format!("Cookie: {c}\r\n"))
+            .unwrap_or_default();
         self.raw(
             format!(
-                "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
-                 Content-Length: {}\r\n\r\n{body}",
+                "{method} {path} HTTP/1.1\r\nHost: {}\r\n{cookie}{headers}Content-Length: {}\r\n\r\n{body}",
                 self.addr,
                 body.len()
             )
             .as_bytes(),
+        )
+    }
+
+    /// A GET without the cookie, with `headers` (each ending in CRLF).
+    pub fn anonymous(&self, path: &str, headers: &str) -> Reply {
+        self.raw(
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: {}\r\n{headers}\r\n",
+                self.addr
+            )
+            .as_bytes(),
+        )
+    }
+
+    pub fn get(&self, path: &str) -> Reply {
+        self.request("GET", path, "", "")
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> Reply {
+        self.request(
+            "POST",
+            path,
+            "Content-Type: application/x-www-form-urlencoded\r\n",
+            body,
         )
     }
 }
@@ -95,10 +171,10 @@ impl Drop for Server {
 }
 
 #[derive(Debug)]
-struct Reply {
-    status: u16,
-    head: String,
-    body: String,
+pub struct Reply {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
 }
 
 impl Reply {
@@ -119,19 +195,19 @@ impl Reply {
         }
     }
 
-    fn header(&self, name: &str) -> Option<&str> {
+    pub fn header(&self, name: &str) -> Option<&str> {
         self.head.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.eq_ignore_ascii_case(name).then(|| v.trim())
         })
     }
 
-    fn content_type(&self) -> &str {
+    pub fn content_type(&self) -> &str {
         self.header("content-type").unwrap_or("")
     }
 
     /// Checks a 4xx page: HTML, no panic, no trace.
-    fn refused(&self, status: u16) -> &Reply {
+    pub fn refused(&self, status: u16) -> &Reply {
         assert_eq!(self.status, status, "{self:?}");
         assert!(self.content_type().starts_with("text/html"), "{self:?}");
         assert!(!self.body.contains("panicked"), "{self:?}");
@@ -141,7 +217,7 @@ impl Reply {
 }
 
 /// A database with one succeeded, one failed and one pending job.
-fn three_jobs(t: &TestDb) -> (i64, i64, i64) {
+pub fn three_jobs(t: &TestDb) -> (i64, i64, i64) {
     let db = t.path.as_path();
     let ok_id = add(db, &[], &["true"]);
     let failed = add(db, &[], &["sh", "-c", "echo boom >&2; exit 3"]);
@@ -199,11 +275,11 @@ fn every_route_answers_with_its_status_and_content_type() {
     assert_eq!(css.content_type(), "text/css; charset=utf-8");
     assert!(css.body.contains("font"), "{css:?}");
 
-    let head = server.raw(format!("HEAD / HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).as_bytes());
+    let head = server.request("HEAD", "/", "", "");
     assert_eq!(head.status, 200);
     assert!(head.body.is_empty());
 
-    let delete = server.raw(b"DELETE /jobs HTTP/1.1\r\n\r\n");
+    let delete = server.request("DELETE", "/jobs", "", "");
     delete.refused(405);
     assert_eq!(delete.header("allow"), Some("GET, HEAD"));
     server.get("/nothing/here").refused(404);
@@ -250,8 +326,7 @@ fn metrics_is_the_exposition_and_its_job_counts_are_the_databases() {
     assert_eq!(exposition.sum("leasehold_jobs"), 5.0, "{}", reply.body);
 
     // HEAD has the headers and no body; anything else is refused and changes nothing.
-    let head =
-        server.raw(format!("HEAD /metrics HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).as_bytes());
+    let head = server.request("HEAD", "/metrics", "", "");
     assert_eq!(head.status, 200);
     assert!(head.body.is_empty());
     let before = t.store().counts().unwrap();
@@ -401,7 +476,7 @@ fn bad_paths_and_parameters_get_400_or_404_and_the_server_goes_on() {
     // A DNS-rebinding page reaches us under its own name: refused.
     server
         .raw(b"GET / HTTP/1.1\r\nHost: attacker.example:7433\r\n\r\n")
-        .refused(400);
+        .refused(421);
     // Oversized: a 64 KiB header, then a 1 MiB body.
     let big = format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(64 * 1024));
     server.raw(big.as_bytes()).refused(400);
@@ -426,7 +501,7 @@ fn token(page: &str) -> String {
     page[at + 19..].split('"').next().unwrap().to_string()
 }
 
-fn status_of(t: &TestDb, id: i64) -> String {
+pub fn status_of(t: &TestDb, id: i64) -> String {
     t.job(id).status.as_str().to_string()
 }
 
@@ -537,8 +612,8 @@ fn a_slow_client_does_not_wedge_the_server() {
 
 // --- A real browser -------------------------------------------------------------------------
 
-/// Headless Chromium with the flags that keep it quiet and local.
-fn chromium(args: &[&str]) -> String {
+/// Fails the test, saying how to fix it, when Chromium is not installed.
+pub fn need_chromium() {
     let which = Command::new("sh")
         .args(["-c", "command -v chromium"])
         .output()
@@ -547,6 +622,11 @@ fn chromium(args: &[&str]) -> String {
         which.status.success(),
         "these tests need Chromium: apt-get install -y chromium (.ci/run does)"
     );
+}
+
+/// Headless Chromium with the flags that keep it quiet and local.
+fn chromium(args: &[&str]) -> String {
+    need_chromium();
     let profile = tempfile::tempdir().unwrap();
     let out = tempfile::NamedTempFile::new().unwrap();
     let mut child = {
@@ -658,7 +738,8 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
     let held_waiting: u64 = queues.iter().map(|q| q.waiting).sum();
     assert_eq!(held_waiting, 2);
     let server = Server::start(db, &[]);
-    let dom = dump_dom(&server.url("/"));
+    // The URL `serve` printed logs in and lands on the overview.
+    let dom = dump_dom(&server.login_url());
     for (status, n) in [
         ("pending", counts.pending),
         ("running", counts.running),
@@ -730,7 +811,7 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
     chromium(&[
         &format!("--screenshot={}", shot.display()),
         "--window-size=1280,1400",
-        &server.url("/"),
+        &server.login_url(),
     ]);
     let png = std::fs::read(&shot).expect("the screenshot is written");
     assert!(png.starts_with(b"\x89PNG"), "a PNG at {}", shot.display());
@@ -766,8 +847,12 @@ fn the_browser_shows_a_jobs_events_and_runs_none_of_its_markup() {
         .iter()
         .map(|e| e.kind.to_string())
         .collect();
-    let server = Server::start(db, &[]);
-    let dom = dump_dom(&server.url(&format!("/jobs/{id}")));
+    // --show-env: the environment's value is shown (as text) too.
+    let server = Server::start(db, &["--show-env"]);
+    let mut browser = Browser::start();
+    browser.navigate(&server.login_url());
+    browser.navigate(&server.url(&format!("/jobs/{id}")));
+    let dom = browser.html();
 
     // Its events, in order.
     let shown: Vec<&str> = dom

@@ -3,6 +3,7 @@
 
 use leasehold::{Error, Store, operator};
 
+use super::auth::same;
 use super::http::{self, Response};
 use super::{App, error_page};
 
@@ -44,9 +45,4 @@ pub fn post(
     }
     log::info!("serve: job {id}: {verb} from the dashboard");
     Ok(Response::see_other(format!("/jobs/{id}")))
-}
-
-/// Compares in time independent of where the first difference is.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

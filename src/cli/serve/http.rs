@@ -29,6 +29,10 @@ pub struct Request {
     pub query: Vec<(String, String)>,
     /// The `Host` header, if any.
     pub host: Option<String>,
+    /// Every `Cookie` header's value.
+    pub cookies: Vec<String>,
+    /// The `Authorization` header, if any.
+    pub authorization: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -74,6 +78,8 @@ pub fn read_request(stream: &mut TcpStream) -> Result<Request, ReadError> {
     }
     let mut content_length = 0usize;
     let mut host = None;
+    let mut cookies = Vec::new();
+    let mut authorization = None;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             return Err(ReadError::Malformed("a malformed header"));
@@ -87,6 +93,10 @@ pub fn read_request(stream: &mut TcpStream) -> Result<Request, ReadError> {
             return Err(ReadError::Malformed("chunked request bodies are not taken"));
         } else if name.eq_ignore_ascii_case("host") {
             host = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("cookie") {
+            cookies.push(value.to_string());
+        } else if name.eq_ignore_ascii_case("authorization") {
+            authorization = Some(value.to_string());
         }
     }
     if content_length > MAX_BODY {
@@ -113,6 +123,8 @@ pub fn read_request(stream: &mut TcpStream) -> Result<Request, ReadError> {
         path,
         query,
         host,
+        cookies,
+        authorization,
         body,
     })
 }
@@ -271,10 +283,12 @@ pub fn reason(status: u16) -> &'static str {
         200 => "OK",
         303 => "See Other",
         400 => "Bad Request",
+        401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         409 => "Conflict",
+        421 => "Misdirected Request",
         500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Unknown",

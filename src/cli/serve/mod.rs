@@ -1,18 +1,21 @@
 //! `leasehold serve`: a small read-only dashboard over HTTP, with retry and cancel buttons
 //! only when asked for.
 //!
-//! Safe by default: it listens on 127.0.0.1, changes nothing unless started with
-//! `--allow-actions`, and then only through POST forms that carry a per-process random
-//! token. It never creates or migrates the database. Requests are served one per connection
-//! by a fixed pool of threads, each with its own read connection; every request must arrive
-//! within a deadline and a size limit (see [`http`]).
+//! Safe by default: it listens on 127.0.0.1, every route but `/healthz` needs the secret it
+//! prints at start (see [`auth`]), it answers only to a Host that is an IP address,
+//! `localhost` or a name allowed by the operator, it masks environment values, and it changes
+//! nothing unless started with `--allow-actions`, and then only through POST forms that carry
+//! a per-process random token. It never creates or migrates the database. Requests are served
+//! one per connection by a fixed pool of threads, each with its own read connection; every
+//! request must arrive within a deadline and a size limit (see [`http`]).
 
 mod action;
+mod auth;
 mod http;
 mod page;
 
 use std::io::Write;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use anyhow::Context;
 use crossbeam_channel::{Receiver, TrySendError};
 use leasehold::{Error, ListFilter, Status, Store, now_ms, operator};
 
+pub use self::auth::host_name;
 use self::http::{ReadError, Request, Response};
 use super::open_read_only;
 
@@ -41,32 +45,55 @@ const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8"
 /// The longest queue name taken in a filter.
 const MAX_QUEUE_PARAM: usize = 256;
 
+/// Bytes of randomness in the CSRF token.
+const CSRF_BYTES: usize = 16;
+
+/// How `serve` was asked to run.
+#[derive(Debug)]
+pub struct Options {
+    pub listen: SocketAddr,
+    /// Retry and cancel buttons.
+    pub allow_actions: bool,
+    /// A file holding the secret, instead of a random one.
+    pub token_file: Option<PathBuf>,
+    /// Names the Host header may carry besides IP addresses and `localhost`.
+    pub allow_hosts: Vec<String>,
+    /// Show environment values on a job's page instead of a mask.
+    pub show_env: bool,
+}
+
 /// What every thread shares.
 struct App {
     db: PathBuf,
     /// The CSRF token, when actions are allowed.
     token: Option<String>,
-    /// Whether the listening address is a loopback one: then only a Host header naming an IP
-    /// address or `localhost` is served, which defeats DNS rebinding.
-    loopback: bool,
+    /// The secret and the Host check.
+    auth: auth::Auth,
+    /// Whether a job's page shows its environment's values.
+    show_env: bool,
 }
 
-/// Serves the dashboard of `db` on `listen` until the process is killed.
-pub fn serve(db: &Path, listen: SocketAddr, allow_actions: bool) -> anyhow::Result<()> {
-    // Refuse a missing, foreign, older or newer file before listening.
+/// Serves the dashboard of `db` until the process is killed.
+pub fn serve(db: &Path, options: Options) -> anyhow::Result<()> {
+    // Refuse a missing, foreign, older or newer file, and a bad token file, before listening.
     open_read_only(db)?.counts()?;
+    let auth = auth::Auth::new(options.token_file.as_deref(), options.allow_hosts)?;
+    let listen = options.listen;
     let listener =
         TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
+    let allow_actions = options.allow_actions;
     let token = if allow_actions {
-        Some(random_token().context("cannot read /dev/urandom for the CSRF token")?)
+        Some(random_hex(CSRF_BYTES).context("cannot read /dev/urandom for the CSRF token")?)
     } else {
         None
     };
+    let login = auth.login_path();
     let app = Arc::new(App {
         db: db.to_path_buf(),
         token,
-        loopback: addr.ip().is_loopback(),
+        auth,
+        show_env: options.show_env,
     });
     let (tx, rx) = crossbeam_channel::bounded::<TcpStream>(BACKLOG);
     for i in 0..THREADS {
@@ -77,11 +104,19 @@ pub fn serve(db: &Path, listen: SocketAddr, allow_actions: bool) -> anyhow::Resu
             .spawn(move || worker(&app, &rx))
             .context("cannot start a server thread")?;
     }
-    // One line, so a script (or a test) can find a port chosen by `:0`.
+    // One line, so a script (or a test) can find a port chosen by `:0` and the secret. Only
+    // stdout has the secret: the log may go where others read it.
     let mut out = std::io::stdout().lock();
-    writeln!(out, "http://{addr}/")?;
+    writeln!(out, "http://{addr}{login}")?;
     out.flush()?;
     drop(out);
+    if !addr.ip().is_loopback() {
+        log::warn!(
+            "serve: listening on {addr}, off loopback: the traffic, the secret and the pages \
+             included, is not encrypted; reach it through an SSH tunnel to a loopback address, \
+             or a reverse proxy with TLS"
+        );
+    }
     log::info!(
         "serving {} on http://{addr}/ ({})",
         db.display(),
@@ -143,10 +178,11 @@ fn worker(app: &App, rx: &Receiver<TcpStream>) {
 
 /// The router: every path the dashboard serves.
 fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
-    if app.loopback && !host_is_local(req.host.as_deref()) {
+    // Before anything else: a page under another name is a DNS-rebinding attempt.
+    if !app.auth.host_allowed(req.host.as_deref()) {
         return error_page(
-            400,
-            "this dashboard answers only to an IP address or localhost",
+            421,
+            "this dashboard answers only to an IP address, localhost or a name given with --allow-host",
         );
     }
     if req.path.split('/').any(|s| s == ".." || s == ".") {
@@ -155,10 +191,21 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
     let segments: Vec<&str> = req.path.split('/').filter(|s| !s.is_empty()).collect();
     let get = matches!(req.method.as_str(), "GET" | "HEAD");
     match (segments.as_slice(), get) {
+        (["healthz"], true) => return healthz(app, store),
+        (["login"], true) => return app.auth.login(req),
+        (["healthz"] | ["login"], false) => {
+            return error_page(405, "this page takes GET").header("Allow", "GET, HEAD");
+        }
+        _ => {}
+    }
+    let metrics_route = segments.as_slice() == ["metrics"];
+    if app.auth.check(req, metrics_route) == auth::Verdict::Denied {
+        return auth::denied(metrics_route);
+    }
+    match (segments.as_slice(), get) {
         ([], true) => with_store(app, store, |s| overview(s, app)),
         (["jobs"], true) => with_store(app, store, |s| jobs(s, app, &req.query)),
         (["jobs", id], true) => with_store(app, store, |s| job(s, app, id)),
-        (["healthz"], true) => healthz(app, store),
         (["style.css"], true) => Response {
             status: 200,
             content_type: "text/css; charset=utf-8",
@@ -172,7 +219,7 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
         (["jobs", _, "retry" | "cancel"], _) => {
             error_page(405, "retry and cancel take a POST").header("Allow", "POST")
         }
-        ([] | ["jobs"] | ["jobs", _] | ["healthz"] | ["metrics"] | ["style.css"], false) => {
+        ([] | ["jobs"] | ["jobs", _] | ["metrics"] | ["style.css"], false) => {
             error_page(405, "this page takes GET").header("Allow", "GET, HEAD")
         }
         _ => error_page(404, "no such page"),
@@ -385,26 +432,15 @@ fn job(store: &Store, app: &App, id: &str) -> Result<Response, Error> {
             output.as_ref(),
             waits.as_deref(),
             app.token.as_deref(),
+            app.show_env,
         ),
     ))
 }
 
-/// Whether a Host header names this machine by address or as `localhost` (or is absent, as
-/// from an HTTP/1.0 client).
-fn host_is_local(host: Option<&str>) -> bool {
-    let Some(host) = host else { return true };
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or_default()
-    } else {
-        host.rsplit_once(':').map_or(host, |(h, _)| h)
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok()
-}
-
-/// 16 random bytes from the kernel, as hex.
-fn random_token() -> std::io::Result<String> {
+/// `n` random bytes from the kernel, as hex.
+fn random_hex(n: usize) -> std::io::Result<String> {
     use std::io::Read;
-    let mut bytes = [0u8; 16];
+    let mut bytes = vec![0u8; n];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
@@ -414,20 +450,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_addresses_and_localhost_are_local_hosts() {
-        assert!(host_is_local(None));
-        assert!(host_is_local(Some("127.0.0.1:7433")));
-        assert!(host_is_local(Some("localhost:80")));
-        assert!(host_is_local(Some("[::1]:7433")));
-        assert!(host_is_local(Some("10.0.0.2")));
-        assert!(!host_is_local(Some("evil.example:7433")));
-        assert!(!host_is_local(Some("localhost.evil.example")));
-    }
-
-    #[test]
     fn tokens_are_random_hex() {
-        let (a, b) = (random_token().unwrap(), random_token().unwrap());
+        let (a, b) = (random_hex(16).unwrap(), random_hex(16).unwrap());
         assert_eq!(a.len(), 32);
+        assert_eq!(random_hex(32).unwrap().len(), 64);
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
     }

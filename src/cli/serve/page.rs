@@ -256,6 +256,7 @@ pub fn job(
     output: Option<&Output>,
     teardown_waits: Option<&str>,
     token: Option<&str>,
+    show_env: bool,
 ) -> String {
     let opt = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     let secs =
@@ -327,7 +328,12 @@ pub fn job(
         p { code #command-line { (render::command_line(&j.argv)) } }
         @if !j.env.is_empty() {
             h2 { "Environment" }
-            table #env { @for (k, v) in &j.env { tr { th { code { (k) } } td { code { (v) } } } } }
+            table #env {
+                @for (k, v) in &j.env {
+                    tr { th { code { (k) } } td { code { (render::env_value(v, show_env)) } } }
+                }
+            }
+            @if !show_env { p.later { "Values hidden: " code { "leasehold serve --show-env" } " shows them." } }
         }
         h2 { "Fields" }
         table #fields { @for (k, v) in &fields { tr { th { (k) } td { (v) } } } }

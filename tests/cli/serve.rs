@@ -1,5 +1,6 @@
-//! `serve`: every route's status and content type, bad input, the actions' safety (off by
-//! default, CSRF token), a slow client, and the pages in a real browser (headless Chromium).
+//! `serve`: every route's status and content type, bad input, keyset pages, the actions'
+//! safety (off by default, CSRF token), a slow client, and the pages in a real browser
+//! (headless Chromium).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -178,7 +179,7 @@ fn every_route_answers_with_its_status_and_content_type() {
     assert_eq!(list.content_type(), "text/html; charset=utf-8");
     assert!(list.body.contains(&format!("href=\"/jobs/{failed}\"")));
     assert!(!list.body.contains(&format!("href=\"/jobs/{ok_id}\"")));
-    assert_eq!(server.get("/jobs?queue=later&page=1").status, 200);
+    assert_eq!(server.get("/jobs?queue=later&before=1000").status, 200);
 
     let job = server.get(&format!("/jobs/{failed}"));
     assert_eq!(job.status, 200);
@@ -383,12 +384,15 @@ fn bad_paths_and_parameters_get_400_or_404_and_the_server_goes_on() {
     server.get("/jobs/1.5").refused(400);
     server.get("/jobs/99999999999999999999999").refused(400);
     server
-        .get("/jobs?page=99999999999999999999999")
+        .get("/jobs?before=99999999999999999999999")
         .refused(400);
-    server.get("/jobs?page=0").refused(400);
-    server.get("/jobs?page=-1").refused(400);
-    server.get("/jobs?page=1000000000").refused(404);
-    server.get("/jobs?page=2").refused(404);
+    server.get("/jobs?before=0").refused(400);
+    server.get("/jobs?before=-1").refused(400);
+    server.get("/jobs?before=x").refused(400);
+    // Numbered pages are gone, and an old link says so rather than showing the first page.
+    let numbered = server.get("/jobs?page=2");
+    numbered.refused(400);
+    assert!(numbered.body.contains("before="), "{numbered:?}");
     server.get("/jobs?status=done").refused(400);
     server.get("/jobs?queue=%ff").refused(400);
     server.get("/jobs/../etc/passwd").refused(400);
@@ -416,6 +420,71 @@ fn bad_paths_and_parameters_get_400_or_404_and_the_server_goes_on() {
         )
         .refused(400);
     assert_eq!(server.get("/healthz").status, 200, "still serving");
+}
+
+/// The job ids a list page links to, in its order, and its link to the next page.
+fn list_page(reply: &Reply) -> (Vec<i64>, Option<String>) {
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let table = reply.body.split("id=\"job-list\"").nth(1).unwrap_or("");
+    let ids = table
+        .split("href=\"/jobs/")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap().parse().unwrap())
+        .collect();
+    let next = reply
+        .body
+        .split("rel=\"next\" href=\"")
+        .nth(1)
+        .map(|s| s.split('"').next().unwrap().replace("&amp;", "&"));
+    (ids, next)
+}
+
+/// Follows a list's "older" links from `first`: every id it shows, and how many pages.
+fn walk(server: &Server, first: &str) -> (Vec<i64>, usize) {
+    let (mut ids, mut pages, mut next) = (Vec::new(), 0, Some(first.to_string()));
+    while let Some(link) = next {
+        assert!(pages < 10, "the pages end");
+        let (page, after) = list_page(&server.get(&link));
+        assert!(page.len() <= 50, "{link}: {page:?}");
+        ids.extend(page);
+        pages += 1;
+        next = after;
+    }
+    (ids, pages)
+}
+
+#[test]
+fn keyset_pages_visit_every_job_of_a_filter_once_newest_first() {
+    let t = TestDb::new();
+    // 120 jobs, interleaved over two queues: 72 in `a`, 48 in `b`.
+    let queue = |i: usize| if i % 5 < 3 { "a" } else { "b" };
+    let jobs: Vec<leasehold::Job> = (0..120)
+        .map(|i| leasehold::Job::shell("true").queue(queue(i)))
+        .collect();
+    let ids = t.store().enqueue_many(&jobs, leasehold::now_ms()).unwrap();
+    let of = |q: &str| -> Vec<i64> {
+        let mut v: Vec<i64> = ids
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| queue(*i) == q)
+            .map(|(_, id)| *id)
+            .collect();
+        v.reverse();
+        v
+    };
+    let mut all = ids.clone();
+    all.reverse();
+    let server = Server::start(&t.path, &[]);
+    assert_eq!(walk(&server, "/jobs?queue=a"), (of("a"), 2));
+    assert_eq!(walk(&server, "/jobs?queue=b"), (of("b"), 1));
+    assert_eq!(walk(&server, "/jobs?status=pending&queue=a"), (of("a"), 2));
+    assert_eq!(walk(&server, "/jobs"), (all, 3));
+    // A page starts below its id, with the filters kept in its links.
+    let (page, next) = list_page(&server.get(&format!("/jobs?queue=b&before={}", of("b")[9])));
+    assert_eq!(page, of("b")[10..]);
+    assert_eq!(next, None);
+    assert!(walk(&server, "/jobs?status=failed&queue=a").0.is_empty());
+    server.get("/jobs?queue=a&before=a").refused(400);
 }
 
 /// The CSRF token in a job page's forms.

@@ -3,33 +3,35 @@
 //!
 //! Safe by default: it listens on 127.0.0.1, changes nothing unless started with
 //! `--allow-actions`, and then only through POST forms that carry a per-process random
-//! token. It never creates or migrates the database. Requests are served one per connection
-//! by a fixed pool of threads, each with its own read connection; every request must arrive
-//! within a deadline and a size limit (see [`http`]).
+//! token. It never creates or migrates the database. One reader thread accepts connections
+//! and gathers each request within a deadline and a size limit, without a thread per
+//! connection (see [`reader`]); a fixed pool of threads, each with its own read connection,
+//! answers whole requests.
 
 mod action;
 mod http;
 mod page;
+mod reader;
 
 use std::io::Write;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use crossbeam_channel::{Receiver, TrySendError};
+use crossbeam_channel::Receiver;
 use leasehold::{Error, ListFilter, Status, Store, now_ms, operator};
 
 use self::http::{ReadError, Request, Response};
+use self::reader::Ready;
 use super::open_read_only;
 
 /// Where `serve` listens unless told otherwise: this machine only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7433";
 /// Threads answering requests.
 const THREADS: usize = 4;
-/// Connections accepted and waiting for a thread; past it a client gets a 503 at once.
+/// Whole requests waiting for a thread; past it a client gets a 503 at once.
 const BACKLOG: usize = 64;
 /// Jobs on a page of the list. A page is the jobs below an id (`before=`), read from an
 /// index from that id on, so a deep page costs what the first one does.
@@ -66,7 +68,7 @@ pub fn serve(db: &Path, listen: SocketAddr, allow_actions: bool) -> anyhow::Resu
         token,
         loopback: addr.ip().is_loopback(),
     });
-    let (tx, rx) = crossbeam_channel::bounded::<TcpStream>(BACKLOG);
+    let (tx, rx) = crossbeam_channel::bounded::<Ready>(BACKLOG);
     for i in 0..THREADS {
         let rx = rx.clone();
         let app = Arc::clone(&app);
@@ -89,34 +91,19 @@ pub fn serve(db: &Path, listen: SocketAddr, allow_actions: bool) -> anyhow::Resu
             "read-only"
         }
     );
-    for conn in listener.incoming() {
-        match conn {
-            Ok(stream) => {
-                if let Err(TrySendError::Full(mut stream)) = tx.try_send(stream) {
-                    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-                    http::write_response(
-                        &mut stream,
-                        &Response::text(503, "busy: try again\n"),
-                        false,
-                    );
-                }
-            }
-            Err(e) => {
-                // Out of descriptors, most likely: wait a little rather than spin.
-                log::warn!("serve: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-    Ok(())
+    reader::run(&listener, &tx).context("serve: cannot wait for connections")
 }
 
-/// A pool thread: one connection at a time, with its own read connection to the database.
-fn worker(app: &App, rx: &Receiver<TcpStream>) {
+/// A pool thread: one whole request at a time, with its own read connection to the database.
+fn worker(app: &App, rx: &Receiver<Ready>) {
     let mut store: Option<Store> = None;
-    while let Ok(mut stream) = rx.recv() {
-        let (response, head_only) = match http::read_request(&mut stream) {
-            Err(ReadError::Gone) => continue,
+    while let Ok((mut stream, request)) = rx.recv() {
+        // The reader polls nonblocking connections; the answer is written with a deadline.
+        if let Err(e) = stream.set_nonblocking(false) {
+            log::debug!("serve: a connection went away: {e}");
+            continue;
+        }
+        let (response, head_only) = match request {
             Err(ReadError::TooLarge) => (
                 error_page(400, "the request is larger than this server takes"),
                 false,

@@ -244,6 +244,78 @@ mod tests {
         }
     }
 
+    /// A connection accepted from a real loopback listener, as the reader holds it, and the
+    /// client's end.
+    fn pair() -> (Reading, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, peer) = listener.accept().unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let reading = Reading {
+            stream,
+            peer: peer.ip(),
+            buf: Vec::new(),
+            deadline: Instant::now() + HEAD_DEADLINE,
+        };
+        (reading, client)
+    }
+
+    /// Steps `r` as the loop does once its connection is readable (polled here with a bound).
+    fn step_when_readable(r: Reading, now: Instant) -> Step {
+        let ready = {
+            let mut fds = [PollFd::new(r.stream.as_fd(), PollFlags::POLLIN)];
+            poll(&mut fds, PollTimeout::from(5000u16)).unwrap() == 1
+        };
+        step(r, ready, now)
+    }
+
+    #[test]
+    fn a_request_is_done_once_whole_and_a_half_one_is_closed_at_its_deadline() {
+        use std::io::Write;
+        let (r, mut client) = pair();
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        let Step::Wait(r) = step_when_readable(r, Instant::now()) else {
+            panic!("half a head waits for the rest");
+        };
+        assert!(!r.buf.is_empty());
+        client.write_all(b"\r\n").unwrap();
+        let Step::Done(_, Ok(req)) = step_when_readable(r, Instant::now()) else {
+            panic!("a whole head is a request");
+        };
+        assert_eq!(
+            (req.method.as_str(), req.path.as_str()),
+            ("GET", "/healthz")
+        );
+
+        // Part of a head, then the deadline: a 408, and the connection closed.
+        let (r, mut client) = pair();
+        client.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        let Step::Wait(r) = step_when_readable(r, Instant::now()) else {
+            panic!("waits");
+        };
+        let late = r.deadline;
+        assert!(matches!(step(r, false, late), Step::Close));
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+
+        // Nothing, then the deadline: closed without an answer; a client gone: closed.
+        let (r, mut client) = pair();
+        let late = r.deadline;
+        assert!(matches!(step(r, false, late), Step::Close));
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).unwrap();
+        assert!(answer.is_empty());
+        let (r, client) = pair();
+        drop(client);
+        assert!(matches!(step_when_readable(r, Instant::now()), Step::Close));
+    }
+
     #[test]
     fn poll_timeouts_round_up_and_saturate() {
         assert_eq!(poll_timeout(None), PollTimeout::NONE);

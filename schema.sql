@@ -1,4 +1,4 @@
--- leasehold schema, version 10 (PRAGMA user_version = 10).
+-- leasehold schema, version 11 (PRAGMA user_version = 11).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -89,6 +89,8 @@ CREATE INDEX jobs_running_worker ON jobs (worker_id, run_token) WHERE status = '
 CREATE INDEX jobs_teardown ON jobs (teardown_token) WHERE teardown_token IS NOT NULL;
 -- Counts and listings by status.
 CREATE INDEX jobs_status ON jobs (status, id);
+-- The job list by queue, newest first, a page at a time (version 11).
+CREATE INDEX jobs_queue ON jobs (queue, id);
 -- What pruning reads: per status, finished rows in `completed_at` order (version 2).
 CREATE INDEX jobs_finished ON jobs (status, completed_at, id) WHERE completed_at IS NOT NULL;
 -- The runbook's failed-stale jobs: failed rows by recovery_count, so that only those past the

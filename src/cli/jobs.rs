@@ -121,6 +121,7 @@ pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
             .failed_stale
             .then(|| operator::lease_settings(&store).map(|s| s.max_recovery_attempts))
             .transpose()?,
+        before: None,
         limit: args.limit,
     };
     let jobs = store.list(&filter)?;

@@ -873,16 +873,6 @@ impl Store {
         read::counts(&self.conn)
     }
 
-    /// One page of [`Store::list`]: at most `filter.limit` jobs, newest first, after the
-    /// first `offset` (`filter.failed_stale` is ignored).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Sqlite`] when the database cannot be read.
-    pub fn list_page(&self, filter: &ListFilter, offset: u64) -> Result<Vec<JobRecord>> {
-        read::list_page(&self.conn, filter, offset)
-    }
-
     /// A snapshot of the database's metrics now: see [`Store::metrics_at`].
     ///
     /// # Errors

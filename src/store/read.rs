@@ -17,6 +17,11 @@ pub struct ListFilter {
     pub queue: Option<String>,
     /// Only failed jobs that exhausted this recovery budget (the runbook's `--failed-stale`).
     pub failed_stale: Option<u32>,
+    /// Only jobs with an id below this one. Jobs are listed newest first, so passing the last
+    /// id of a page lists the next page (keyset pagination: each page reads only its own
+    /// rows from an index, however deep it is). Ignored with `failed_stale`, whose order is
+    /// not by id.
+    pub before: Option<i64>,
     /// At most this many.
     pub limit: Option<u64>,
 }
@@ -34,12 +39,24 @@ pub(super) fn job(conn: &Connection, id: i64) -> Result<JobRecord> {
 }
 
 pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<JobRecord>> {
+    let (sql, values) = list_sql(conn, filter)?;
+    query_jobs(conn, &sql, values)
+}
+
+/// The statement [`list`] runs for `filter`, and its values.
+pub(super) fn list_sql(
+    conn: &Connection,
+    filter: &ListFilter,
+) -> Result<(String, Vec<rusqlite::types::Value>)> {
     // The failed-stale rows are found from their partial index: the planner would otherwise
     // take `jobs_status` and read every failed row.
     let from = if filter.failed_stale.is_some() {
         "jobs INDEXED BY jobs_failed_recovery"
     } else {
-        "jobs"
+        match (filter.status, &filter.queue) {
+            (Some(status), Some(queue)) => both_filters_index(conn, status, queue)?,
+            _ => "jobs",
+        }
     };
     let (mut sql, mut values) = select_jobs(from, filter);
     if let Some(max) = filter.failed_stale {
@@ -50,13 +67,40 @@ pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<JobReco
         ));
         sql.push_str(" ORDER BY completed_at DESC NULLS LAST, created_at DESC, id DESC");
     } else {
+        if let Some(before) = filter.before {
+            values.push(before.into());
+            sql.push_str(&format!(" AND id < ?{}", values.len()));
+        }
+        // Newest first: the rowid backwards, or `jobs_status` (status, id) or `jobs_queue`
+        // (queue, id) backwards from `before`.
         sql.push_str(" ORDER BY id DESC");
     }
     if let Some(limit) = filter.limit {
         values.push((limit.min(i64::MAX as u64) as i64).into());
         sql.push_str(&format!(" LIMIT ?{}", values.len()));
     }
-    query_jobs(conn, &sql, values)
+    Ok((sql, values))
+}
+
+/// The index a list by both status and queue walks, newest first, skipping the rows of the
+/// other filter: the one with fewer rows to skip at worst, by the kept counts (a few rows of
+/// `job_counts`). Left to itself, the planner (without statistics) takes `jobs_queue` and
+/// would read every job of a large queue to find its few failed ones.
+fn both_filters_index(conn: &Connection, status: Status, queue: &str) -> Result<&'static str> {
+    let (by_status, by_queue): (i64, i64) = conn
+        .prepare_cached(
+            "SELECT coalesce(sum(n) FILTER (WHERE status = ?1), 0),
+                    coalesce(sum(n) FILTER (WHERE queue = ?2), 0)
+             FROM job_counts",
+        )?
+        .query_row(params![status.as_str(), queue], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    Ok(if by_status < by_queue {
+        "jobs INDEXED BY jobs_status"
+    } else {
+        "jobs INDEXED BY jobs_queue"
+    })
 }
 
 /// `SELECT` of the job columns from `from` with `filter`'s status and queue, and the values
@@ -150,23 +194,6 @@ pub(super) fn counts(conn: &Connection) -> Result<Counts> {
         }
     }
     Ok(counts)
-}
-
-/// One page of [`list`]: `filter.limit` jobs (newest first) after skipping `offset`.
-pub(super) fn list_page(
-    conn: &Connection,
-    filter: &ListFilter,
-    offset: u64,
-) -> Result<Vec<JobRecord>> {
-    let (mut sql, mut values) = select_jobs("jobs", filter);
-    // Newest first: the rowid backwards, or `jobs_status` (status, id) backwards.
-    sql.push_str(" ORDER BY id DESC");
-    let limit = filter.limit.unwrap_or(u64::MAX).min(i64::MAX as u64) as i64;
-    values.push(limit.into());
-    sql.push_str(&format!(" LIMIT ?{}", values.len()));
-    values.push((offset.min(i64::MAX as u64) as i64).into());
-    sql.push_str(&format!(" OFFSET ?{}", values.len()));
-    query_jobs(conn, &sql, values)
 }
 
 pub(super) fn lease_counts(

@@ -1,21 +1,23 @@
-//! Just enough HTTP/1.1 for a dashboard: one request per connection, read under a deadline and
-//! a size limit, answered with `Connection: close`.
+//! Just enough HTTP/1.1 for a dashboard: one request per connection, parsed from what the
+//! reader has gathered under a deadline and a size limit, answered with `Connection: close`.
 //!
 //! Hand-written rather than a server crate so that every bound is ours: a whole request
-//! (headers and body) must arrive within [`REQUEST_DEADLINE`] and fit in [`MAX_HEAD`] and
-//! [`MAX_BODY`] bytes, so a slow or greedy client costs one pool thread for a few seconds at
-//! most.
+//! (headers and body) must arrive within [`HEAD_DEADLINE`] of its connection's accept and fit
+//! in [`MAX_HEAD`] and [`MAX_BODY`] bytes. The reader (see `reader.rs`) waits for it without a
+//! thread per connection, so a slow or silent client holds no pool thread at all.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The longest request line plus headers taken.
 pub const MAX_HEAD: usize = 16 * 1024;
 /// The longest body taken (the dashboard's forms are a few dozen bytes).
 pub const MAX_BODY: usize = 4 * 1024;
-/// How long a client has to send its whole request.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a client has, from the accept of its connection, to send its whole request. Short:
+/// a browser or a scraper sends its request at once, and a connection held open without one
+/// holds a place among the reader's few.
+pub const HEAD_DEADLINE: Duration = Duration::from_secs(2);
 /// How long a client has to take the response.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -36,29 +38,27 @@ pub struct Request {
     pub body: Vec<u8>,
 }
 
-/// Why a request could not be read: each is answered with a 400 page, or not at all.
+/// Why a request could not be read: each is answered with a 400 page.
 #[derive(Debug)]
 pub enum ReadError {
-    /// The client went away or was too slow: nothing to answer.
-    Gone,
     /// The head or body is past the limits.
     TooLarge,
     /// Not HTTP as we take it.
     Malformed(&'static str),
 }
 
-/// Reads one request from `stream` within [`REQUEST_DEADLINE`].
-pub fn read_request(stream: &mut TcpStream) -> Result<Request, ReadError> {
-    let deadline = Instant::now() + REQUEST_DEADLINE;
-    let mut buf: Vec<u8> = Vec::with_capacity(1024);
-    let head_end = loop {
-        if let Some(end) = find(&buf, b"\r\n\r\n") {
-            break end;
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(ReadError::TooLarge);
-        }
-        read_some(stream, &mut buf, deadline)?;
+/// The most bytes of a connection that [`parse_request`] may need: a whole head and body.
+pub const MAX_REQUEST: usize = MAX_HEAD + 4 + MAX_BODY;
+
+/// Parses the request that `buf` (the bytes a connection sent so far) starts with: `Ok(None)`
+/// while its head or body is still incomplete.
+pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, ReadError> {
+    let Some(head_end) = find(buf, b"\r\n\r\n") else {
+        return if buf.len() > MAX_HEAD {
+            Err(ReadError::TooLarge)
+        } else {
+            Ok(None)
+        };
     };
     if head_end > MAX_HEAD {
         return Err(ReadError::TooLarge);
@@ -103,8 +103,8 @@ pub fn read_request(stream: &mut TcpStream) -> Result<Request, ReadError> {
         return Err(ReadError::TooLarge);
     }
     let body_start = head_end + 4;
-    while buf.len() < body_start + content_length {
-        read_some(stream, &mut buf, deadline)?;
+    if buf.len() < body_start + content_length {
+        return Ok(None);
     }
     let body = buf[body_start..body_start + content_length].to_vec();
     // Only origin-form targets ("/path?query"); no absolute URIs, no `*`.
@@ -118,7 +118,7 @@ pub fn read_request(stream: &mut TcpStream) -> Result<Request, ReadError> {
     let query = parse_pairs(raw_query).ok_or(ReadError::Malformed(
         "the query is not valid percent-encoded UTF-8",
     ))?;
-    Ok(Request {
+    Ok(Some(Request {
         method: method.to_string(),
         path,
         query,
@@ -126,30 +126,7 @@ pub fn read_request(stream: &mut TcpStream) -> Result<Request, ReadError> {
         cookies,
         authorization,
         body,
-    })
-}
-
-/// Reads what is there into `buf`, waiting at most until `deadline`.
-fn read_some(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    deadline: Instant,
-) -> Result<(), ReadError> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(ReadError::Gone);
-    }
-    stream
-        .set_read_timeout(Some(left))
-        .map_err(|_| ReadError::Gone)?;
-    let mut chunk = [0u8; 4096];
-    match stream.read(&mut chunk) {
-        Ok(0) | Err(_) => Err(ReadError::Gone),
-        Ok(n) => {
-            buf.extend_from_slice(&chunk[..n]);
-            Ok(())
-        }
-    }
+    }))
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -287,6 +264,7 @@ pub fn reason(status: u16) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
         409 => "Conflict",
         421 => "Misdirected Request",
         500 => "Internal Server Error",
@@ -307,6 +285,38 @@ mod tests {
         assert_eq!(percent_decode("%zz", false), None);
         assert_eq!(percent_decode("%4", false), None);
         assert_eq!(percent_decode("%ff", false), None);
+    }
+
+    #[test]
+    fn a_request_is_parsed_once_its_head_and_body_are_all_there() {
+        let full = b"POST /jobs/1/retry?x=%20 HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc";
+        for cut in 0..full.len() {
+            assert!(matches!(parse_request(&full[..cut]), Ok(None)), "{cut}");
+        }
+        let req = parse_request(full).unwrap().unwrap();
+        assert_eq!(
+            (req.method.as_str(), req.path.as_str()),
+            ("POST", "/jobs/1/retry")
+        );
+        assert_eq!(req.query, vec![("x".to_string(), " ".to_string())]);
+        assert_eq!(
+            (req.host.as_deref(), req.body.as_slice()),
+            (Some("h"), &b"abc"[..])
+        );
+        let endless = vec![b'a'; MAX_HEAD + 1];
+        assert!(matches!(parse_request(&endless), Err(ReadError::TooLarge)));
+        let greedy = format!(
+            "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+            MAX_BODY + 1
+        );
+        assert!(matches!(
+            parse_request(greedy.as_bytes()),
+            Err(ReadError::TooLarge)
+        ));
+        assert!(matches!(
+            parse_request(b"GET / HTTP/2\r\n\r\n"),
+            Err(ReadError::Malformed(_))
+        ));
     }
 
     #[test]

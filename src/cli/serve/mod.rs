@@ -5,41 +5,41 @@
 //! prints at start (see [`auth`]), it answers only to a Host that is an IP address,
 //! `localhost` or a name allowed by the operator, it masks environment values, and it changes
 //! nothing unless started with `--allow-actions`, and then only through POST forms that carry
-//! a per-process random token. It never creates or migrates the database. Requests are served
-//! one per connection by a fixed pool of threads, each with its own read connection; every
-//! request must arrive within a deadline and a size limit (see [`http`]).
+//! a per-process random token. It never creates or migrates the database. One reader thread
+//! accepts connections and gathers each request within a deadline and a size limit, without a
+//! thread per connection (see [`reader`]); a fixed pool of threads, each with its own read
+//! connection, answers whole requests.
 
 mod action;
 mod auth;
 mod http;
 mod page;
+mod reader;
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use crossbeam_channel::{Receiver, TrySendError};
+use crossbeam_channel::Receiver;
 use leasehold::{Error, ListFilter, Status, Store, now_ms, operator};
 
 pub use self::auth::host_name;
 use self::http::{ReadError, Request, Response};
+use self::reader::Ready;
 use super::open_read_only;
 
 /// Where `serve` listens unless told otherwise: this machine only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7433";
 /// Threads answering requests.
 const THREADS: usize = 4;
-/// Connections accepted and waiting for a thread; past it a client gets a 503 at once.
+/// Whole requests waiting for a thread; past it a client gets a 503 at once.
 const BACKLOG: usize = 64;
-/// Jobs on a page of the list.
+/// Jobs on a page of the list. A page is the jobs below an id (`before=`), read from an
+/// index from that id on, so a deep page costs what the first one does.
 pub const PAGE_SIZE: u64 = 50;
-/// The deepest page served: 5,000,000 jobs in. A page is read with OFFSET, which steps over
-/// the jobs before it, so a bound keeps every page cheap.
-pub const MAX_PAGE: u64 = 100_000;
 /// What Prometheus expects of a text exposition.
 const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The longest queue name taken in a filter.
@@ -95,7 +95,7 @@ pub fn serve(db: &Path, options: Options) -> anyhow::Result<()> {
         auth,
         show_env: options.show_env,
     });
-    let (tx, rx) = crossbeam_channel::bounded::<TcpStream>(BACKLOG);
+    let (tx, rx) = crossbeam_channel::bounded::<Ready>(BACKLOG);
     for i in 0..THREADS {
         let rx = rx.clone();
         let app = Arc::clone(&app);
@@ -126,34 +126,19 @@ pub fn serve(db: &Path, options: Options) -> anyhow::Result<()> {
             "read-only"
         }
     );
-    for conn in listener.incoming() {
-        match conn {
-            Ok(stream) => {
-                if let Err(TrySendError::Full(mut stream)) = tx.try_send(stream) {
-                    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-                    http::write_response(
-                        &mut stream,
-                        &Response::text(503, "busy: try again\n"),
-                        false,
-                    );
-                }
-            }
-            Err(e) => {
-                // Out of descriptors, most likely: wait a little rather than spin.
-                log::warn!("serve: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-    Ok(())
+    reader::run(&listener, &tx).context("serve: cannot wait for connections")
 }
 
-/// A pool thread: one connection at a time, with its own read connection to the database.
-fn worker(app: &App, rx: &Receiver<TcpStream>) {
+/// A pool thread: one whole request at a time, with its own read connection to the database.
+fn worker(app: &App, rx: &Receiver<Ready>) {
     let mut store: Option<Store> = None;
-    while let Ok(mut stream) = rx.recv() {
-        let (response, head_only) = match http::read_request(&mut stream) {
-            Err(ReadError::Gone) => continue,
+    while let Ok((mut stream, request)) = rx.recv() {
+        // The reader polls nonblocking connections; the answer is written with a deadline.
+        if let Err(e) = stream.set_nonblocking(false) {
+            log::debug!("serve: a connection went away: {e}");
+            continue;
+        }
+        let (response, head_only) = match request {
             Err(ReadError::TooLarge) => (
                 error_page(400, "the request is larger than this server takes"),
                 false,
@@ -337,16 +322,14 @@ fn overview(store: &Store, app: &App) -> Result<Response, Error> {
 pub struct ListQuery {
     pub status: Option<Status>,
     pub queue: Option<String>,
-    pub page: u64,
+    /// The page: jobs with an id below this one; the first page when `None`.
+    pub before: Option<i64>,
 }
 
 impl ListQuery {
-    /// Parses `status`, `queue` and `page`; `Err` is a 400 or 404 page.
+    /// Parses `status`, `queue` and `before`; `Err` is a 400 page.
     fn parse(query: &[(String, String)]) -> Result<ListQuery, Response> {
-        let mut q = ListQuery {
-            page: 1,
-            ..ListQuery::default()
-        };
+        let mut q = ListQuery::default();
         for (k, v) in query {
             match (k.as_str(), v.as_str()) {
                 (_, "") => {}
@@ -359,15 +342,18 @@ impl ListQuery {
                     return Err(error_page(400, "the queue name is too long"));
                 }
                 ("queue", v) => q.queue = Some(v.to_string()),
-                ("page", v) => {
-                    q.page = v
-                        .parse()
-                        .ok()
-                        .filter(|&p| p >= 1)
-                        .ok_or_else(|| error_page(400, "page must be a whole number from 1"))?;
-                    if q.page > MAX_PAGE {
-                        return Err(error_page(404, "no such page"));
-                    }
+                ("before", v) => {
+                    q.before = Some(v.parse().ok().filter(|&id| id >= 1).ok_or_else(|| {
+                        error_page(400, "before must be a job id, a whole number from 1")
+                    })?);
+                }
+                // Numbered pages are gone: refused rather than ignored, so that an old link
+                // does not silently show the first page as if it were page N.
+                ("page", _) => {
+                    return Err(error_page(
+                        400,
+                        "numbered pages are gone: follow the list's \"older\" link (before=ID)",
+                    ));
                 }
                 _ => {}
             }
@@ -375,16 +361,24 @@ impl ListQuery {
         Ok(q)
     }
 
-    /// The list's link for `page`, with the same filters.
-    pub fn link(&self, page: u64) -> String {
-        let mut s = format!("/jobs?page={page}");
+    /// The list's link to the jobs below `before` (the first page when `None`), with the
+    /// same filters.
+    pub fn link(&self, before: Option<i64>) -> String {
+        let mut params = Vec::new();
         if let Some(st) = self.status {
-            s.push_str(&format!("&status={}", st.as_str()));
+            params.push(format!("status={}", st.as_str()));
         }
         if let Some(q) = &self.queue {
-            s.push_str(&format!("&queue={}", http::percent_encode(q)));
+            params.push(format!("queue={}", http::percent_encode(q)));
         }
-        s
+        if let Some(id) = before {
+            params.push(format!("before={id}"));
+        }
+        if params.is_empty() {
+            "/jobs".to_string()
+        } else {
+            format!("/jobs?{}", params.join("&"))
+        }
     }
 }
 
@@ -397,13 +391,11 @@ fn jobs(store: &Store, app: &App, query: &[(String, String)]) -> Result<Response
         status: q.status,
         queue: q.queue.clone(),
         failed_stale: None,
+        before: q.before,
         // One more than a page tells whether there is a next one, without counting.
         limit: Some(PAGE_SIZE + 1),
     };
-    let mut rows = store.list_page(&filter, (q.page - 1) * PAGE_SIZE)?;
-    if rows.is_empty() && q.page > 1 {
-        return Ok(error_page(404, "no such page: the list is shorter"));
-    }
+    let mut rows = store.list(&filter)?;
     let more = rows.len() as u64 > PAGE_SIZE;
     rows.truncate(PAGE_SIZE as usize);
     Ok(Response::html(
@@ -459,17 +451,26 @@ mod tests {
     }
 
     #[test]
-    fn list_query_refuses_bad_pages_and_statuses() {
+    fn list_query_refuses_bad_before_ids_pages_and_statuses() {
         let q = |s: &str| ListQuery::parse(&http::parse_pairs(s).unwrap());
-        assert_eq!(q("page=2&status=failed&queue=a%20b").unwrap().page, 2);
-        assert_eq!(q("").unwrap().page, 1);
-        assert_eq!(q("page=0").unwrap_err().status, 400);
-        assert_eq!(q("page=x").unwrap_err().status, 400);
-        assert_eq!(q("page=99999999999999999999999").unwrap_err().status, 400);
+        let parsed = q("before=120&status=failed&queue=a%20b").unwrap();
+        assert_eq!(parsed.before, Some(120));
         assert_eq!(
-            q(&format!("page={}", MAX_PAGE + 1)).unwrap_err().status,
-            404
+            parsed.link(Some(70)),
+            "/jobs?status=failed&queue=a%20b&before=70"
         );
-        assert_eq!(q("status=done").unwrap_err().status, 400);
+        assert_eq!(q("").unwrap().before, None);
+        assert_eq!(q("").unwrap().link(None), "/jobs");
+        for bad in [
+            "before=0",
+            "before=-1",
+            "before=x",
+            "before=1.5",
+            "before=99999999999999999999999",
+            "page=2",
+            "status=done",
+        ] {
+            assert_eq!(q(bad).unwrap_err().status, 400, "{bad}");
+        }
     }
 }

@@ -5,7 +5,7 @@
 use leasehold::{Event, JobRecord, Output, ScheduleRecord, Status};
 use maud::{DOCTYPE, Markup, html};
 
-use super::{ListQuery, MAX_PAGE, Overview};
+use super::{ListQuery, Overview};
 use crate::cli::render;
 
 /// The stylesheet every page links, served at `/style.css` (the CSP allows styles from the
@@ -221,7 +221,10 @@ pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> Str
             " "
             button type="submit" { "Filter" }
         }
-        p.later { "Newest first, " (super::PAGE_SIZE) " a page. Page " (q.page) "." }
+        p.later {
+            "Newest first, " (super::PAGE_SIZE) " a page."
+            @if let Some(id) = q.before { " Jobs below id " (id) "." }
+        }
         @if rows.is_empty() {
             p #empty { "No jobs match." }
         } @else {
@@ -243,8 +246,10 @@ pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> Str
             }
         }
         nav.pages {
-            @if q.page > 1 { a rel="prev" href=(q.link(q.page - 1)) { "← newer" } }
-            @if more && q.page < MAX_PAGE { a rel="next" href=(q.link(q.page + 1)) { "older →" } }
+            @if q.before.is_some() { a rel="first" href=(q.link(None)) { "← newest" } }
+            @if let (true, Some(last)) = (more, rows.last()) {
+                a rel="next" href=(q.link(Some(last.id))) { "older →" }
+            }
         }
     };
     layout("Jobs", false, actions, body)

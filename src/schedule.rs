@@ -14,10 +14,11 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, SecondsFormat, TimeZone, Utc};
-use chrono_tz::Tz;
+use chrono::{DateTime, FixedOffset, SecondsFormat, Utc};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
+use jiff::Timestamp;
+use jiff::tz::{AmbiguousOffset, TimeZone};
 
 use crate::error::{Error, Result};
 use crate::job::{Job, duration_ms};
@@ -232,16 +233,8 @@ impl Schedule {
         self.job.validate_at(now)
     }
 
-    fn zone(&self) -> Result<Tz> {
-        self.tz.parse::<Tz>().map_err(|_| {
-            Error::invalid(
-                "tz",
-                format!(
-                    "{:?} is not a known IANA time zone (e.g. Europe/Berlin, UTC)",
-                    self.tz
-                ),
-            )
-        })
+    fn zone(&self) -> Result<TimeZone> {
+        zone(&self.tz)
     }
 
     /// The cron expression as written, or None for an interval.
@@ -311,7 +304,7 @@ impl Schedule {
         let mut slots = Vec::with_capacity(count.min(1024));
         let mut t = after;
         while slots.len() < count {
-            match self.slot_after_in(zone, t) {
+            match self.slot_after_in(&zone, t) {
                 Some(s) => {
                     slots.push(s);
                     t = s;
@@ -324,10 +317,10 @@ impl Schedule {
 
     /// The first slot strictly after `after`, or None when there is none.
     pub(crate) fn slot_after(&self, after: i64) -> Result<Option<i64>> {
-        Ok(self.slot_after_in(self.zone()?, after))
+        Ok(self.slot_after_in(&self.zone()?, after))
     }
 
-    fn slot_after_in(&self, zone: Tz, after: i64) -> Option<i64> {
+    fn slot_after_in(&self, zone: &TimeZone, after: i64) -> Option<i64> {
         match &self.spec {
             Spec::Every(d) => {
                 let every = duration_ms(*d).max(1);
@@ -365,11 +358,16 @@ impl Schedule {
         let Some(utc) = DateTime::<Utc>::from_timestamp_millis(ms) else {
             return ms.to_string();
         };
-        match self.zone() {
-            Ok(zone) => utc
-                .with_timezone(&zone)
+        let offset = self
+            .zone()
+            .ok()
+            .and_then(|zone| i32::try_from(offset_at(&zone, utc.timestamp())).ok())
+            .and_then(FixedOffset::east_opt);
+        match offset {
+            Some(offset) => utc
+                .with_timezone(&offset)
                 .to_rfc3339_opts(SecondsFormat::Secs, false),
-            Err(_) => utc.to_rfc3339_opts(SecondsFormat::Secs, true),
+            None => utc.to_rfc3339_opts(SecondsFormat::Secs, true),
         }
     }
 }
@@ -457,15 +455,45 @@ fn parse_cron(expr: &str) -> Result<Spec> {
     })
 }
 
+/// The IANA zone `name` from the system's tz database (`TZDIR`, else `/usr/share/zoneinfo`;
+/// the compiled-in copy of the `bundled-tzdb` feature where the system has none). `UTC`
+/// needs no database. The name must be spelled as the database spells it (`Europe/Berlin`,
+/// not `europe/berlin`), as every runner that reads the schedule looks it up again.
+///
+/// # Errors
+///
+/// [`Error::Invalid`] naming `tz` for a zone the database does not have, or when there is
+/// no database to look it up in.
+fn zone(name: &str) -> Result<TimeZone> {
+    if name == "UTC" {
+        return Ok(TimeZone::UTC);
+    }
+    let db = jiff::tz::db();
+    let unknown = |why: String| Error::invalid("tz", format!("{name:?} {why}"));
+    let zone = db.get(name).map_err(|_| {
+        if db.available().next().is_none() {
+            unknown(
+                "cannot be looked up: no time zone database found (install tzdata, point \
+                 TZDIR at one, or build with the bundled-tzdb feature)"
+                    .into(),
+            )
+        } else {
+            unknown("is not a known IANA time zone (e.g. Europe/Berlin, UTC)".into())
+        }
+    })?;
+    match zone.iana_name() {
+        Some(spelled) if spelled != name => Err(unknown(format!(
+            "is not a known IANA time zone; did you mean {spelled:?}?"
+        ))),
+        _ => Ok(zone),
+    }
+}
+
 /// The zone's offset from UTC at instant `secs`, in seconds.
-fn offset_at(zone: Tz, secs: i64) -> i64 {
-    match DateTime::<Utc>::from_timestamp(secs, 0) {
-        Some(t) => i64::from(
-            zone.offset_from_utc_datetime(&t.naive_utc())
-                .fix()
-                .local_minus_utc(),
-        ),
-        None => 0,
+fn offset_at(zone: &TimeZone, secs: i64) -> i64 {
+    match Timestamp::from_second(secs) {
+        Ok(t) => i64::from(zone.to_offset(t).seconds()),
+        Err(_) => 0,
     }
 }
 
@@ -484,7 +512,7 @@ fn next_wall(cron: &Cron, from: i64, inclusive: bool) -> Option<i64> {
 /// Real time: the first instant after `after` whose local time matches. Local time is read
 /// with the offset in force at each instant: where the offset changes, the search restarts at
 /// the change with the new offset.
-fn next_real_time(cron: &Cron, zone: Tz, after: i64) -> Option<i64> {
+fn next_real_time(cron: &Cron, zone: &TimeZone, after: i64) -> Option<i64> {
     let mut from = after;
     let mut inclusive = false;
     for _ in 0..10_000 {
@@ -502,7 +530,7 @@ fn next_real_time(cron: &Cron, zone: Tz, after: i64) -> Option<i64> {
 }
 
 /// The first instant in (from, to] whose offset is not `off`, if any.
-fn first_change(zone: Tz, from: i64, to: i64, off: i64) -> Option<i64> {
+fn first_change(zone: &TimeZone, from: i64, to: i64, off: i64) -> Option<i64> {
     const DAY: i64 = 86_400;
     let mut lo = from;
     while lo < to {
@@ -528,14 +556,16 @@ fn first_change(zone: Tz, from: i64, to: i64, off: i64) -> Option<i64> {
 /// Fixed time: the next wall-clock match mapped to an instant after `after`. A match that
 /// does not exist (a spring-forward gap) fires at the jump; one that exists twice (a fall-back)
 /// fires at its first occurrence only.
-fn next_fixed_time(cron: &Cron, zone: Tz, after: i64) -> Option<i64> {
+fn next_fixed_time(cron: &Cron, zone: &TimeZone, after: i64) -> Option<i64> {
     let mut cursor = after + offset_at(zone, after);
     for _ in 0..10_000 {
         let n = next_wall(cron, cursor, false)?;
-        let naive = wall(n)?.naive_utc();
-        let instant = match zone.from_local_datetime(&naive) {
-            LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => t.timestamp(),
-            LocalResult::None => gap_end(zone, &naive)?,
+        let local = TimeZone::UTC.to_datetime(Timestamp::from_second(n).ok()?);
+        let instant = match zone.to_ambiguous_timestamp(local).offset() {
+            AmbiguousOffset::Unambiguous { offset } => n - i64::from(offset.seconds()),
+            // A fall-back's repeated hour: its first occurrence, under the earlier offset.
+            AmbiguousOffset::Fold { before, .. } => n - i64::from(before.seconds()),
+            AmbiguousOffset::Gap { .. } => gap_end(zone, n)?,
         };
         if instant > after {
             return Some(instant);
@@ -545,10 +575,9 @@ fn next_fixed_time(cron: &Cron, zone: Tz, after: i64) -> Option<i64> {
     None
 }
 
-/// The instant a spring-forward jumped over wall-clock time `naive`: the first instant whose
-/// local time is later than it.
-fn gap_end(zone: Tz, naive: &NaiveDateTime) -> Option<i64> {
-    let target = naive.and_utc().timestamp();
+/// The instant a spring-forward jumped over wall-clock time `target` (wall seconds): the
+/// first instant whose local time is later than it.
+fn gap_end(zone: &TimeZone, target: i64) -> Option<i64> {
     let local = |s: i64| s + offset_at(zone, s);
     let (mut a, mut b) = (target - 2 * 86_400, target + 2 * 86_400);
     if local(a) > target || local(b) <= target {
@@ -800,6 +829,20 @@ mod tests {
         }
         match Schedule::every(Duration::from_secs(60)).validate(0) {
             Err(Error::Invalid { setting, .. }) => assert_eq!(setting, "command"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn zones_are_spelled_as_the_tz_database_spells_them() {
+        let zone = |name: &str| Schedule::cron("0 9 * * *").unwrap().tz(name).zone();
+        assert!(zone("UTC").is_ok());
+        assert!(zone("Asia/Kolkata").is_ok());
+        match zone("asia/kolkata") {
+            Err(Error::Invalid { setting, reason }) => {
+                assert_eq!(setting, "tz");
+                assert!(reason.contains("did you mean \"Asia/Kolkata\""), "{reason}");
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -475,16 +475,20 @@ mod tests {
             &tok,
         );
         let pgid = g.child.id() as i32;
-        assert!(wait_until(Duration::from_secs(3), || group_members(pgid)
-            .len()
-            == 3));
-        // Only the leader carries the token.
-        assert_eq!(
+        // Only the leader carries the token, once both children have run `env -u` (a child
+        // forked but not yet exec'd still shows the shell's environment, token included).
+        let token_holders = || {
             processes_with_token(&tok)
                 .iter()
                 .map(|p| p.pid)
-                .collect::<Vec<_>>(),
-            [pgid]
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            wait_until(Duration::from_secs(3), || group_members(pgid).len() == 3
+                && token_holders() == [pgid]),
+            "members {:?}, token holders {:?}",
+            group_members(pgid),
+            token_holders()
         );
         let id = AttemptIdentity {
             pgid: None,

@@ -1,6 +1,7 @@
 //! `leasehold schedules ...` and `jobs add --unique-key`: the JSON shapes, the DST slots a
 //! user sees, a runner firing a schedule, and bad input refused with nothing written.
 
+use std::fs;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -245,6 +246,127 @@ fn bad_input_is_refused_in_one_line_and_writes_nothing() {
     let list = json(&mut cli(db, &["schedules", "ls", "--json"]));
     assert_eq!(list[0]["every_ms"], 5000);
     assert_eq!(list[0]["command"], serde_json::json!(["true"]));
+    assert_eq!(schedules_rows(&t), 1);
+}
+
+/// Zones come from the system's tz database, found through `TZDIR` as the C library finds
+/// it: with `TZDIR` naming a database of one zone, that zone is accepted and read with its
+/// offsets, and a zone it lacks is refused in one line, writing nothing. (A tz database
+/// compiled into the binary knows no `Test/Zone` and ignores `TZDIR`.)
+#[test]
+fn zones_are_read_from_the_tz_database_tzdir_names() {
+    let t = TestDb::new();
+    let db = &t.path;
+    let tzdir = tempfile::tempdir().unwrap();
+    fs::create_dir(tzdir.path().join("Test")).unwrap();
+    // Kolkata: +05:30 all year, no DST (CI installs Debian's tzdata).
+    fs::copy(
+        "/usr/share/zoneinfo/Asia/Kolkata",
+        tzdir.path().join("Test/Zone"),
+    )
+    .unwrap();
+    let with_tzdir = |args: &[&str]| {
+        let mut cmd = cli(db, args);
+        cmd.env("TZDIR", tzdir.path());
+        cmd
+    };
+    let add = |zone| {
+        with_tzdir(&[
+            "schedules",
+            "add",
+            "s",
+            "--cron",
+            "0 9 * * *",
+            "--tz",
+            zone,
+            "--",
+            "true",
+        ])
+    };
+    let line = fails(&mut add("Europe/Berlin"), 2);
+    assert!(line.contains("\"Europe/Berlin\" is not a known"), "{line}");
+    assert!(!db.exists(), "a refused schedule created the file");
+    ok(&mut add("Test/Zone"));
+    let v = json(&mut with_tzdir(&[
+        "schedules",
+        "next",
+        "s",
+        "--after",
+        "2027-01-01T00:00:00Z",
+        "--count",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(v["slots"][0]["local"], "2027-01-01T09:00:00+05:30", "{v}");
+}
+
+/// On a system without a tz database, a named zone is refused in one line that names the
+/// zone and what is missing, and nothing is written; UTC needs no database. Built with the
+/// `bundled-tzdb` feature, the compiled-in copy answers instead. The system's database is
+/// hidden by an empty tmpfs over /usr/share/zoneinfo in a mount namespace of the command's
+/// own (`unshare --mount`: root, as CI is; skipped, saying why, where that is refused).
+#[test]
+fn without_a_tz_database_named_zones_are_refused_and_utc_works() {
+    const HIDE: &str = "mount -t tmpfs no-tzdb /usr/share/zoneinfo && exec \"$@\"";
+    let hidden = |args: &[&str]| {
+        let mut cmd = assert_cmd::Command::new("unshare");
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            HIDE,
+            "sh",
+        ])
+        .args(args)
+        .env_remove("TZDIR")
+        .timeout(crate::helper::COMMAND_TIMEOUT);
+        for var in crate::util::leasehold_vars() {
+            cmd.env_remove(var);
+        }
+        cmd
+    };
+    let probe = hidden(&["true"]).output().expect("sh runs");
+    if !probe.status.success() {
+        eprintln!(
+            "skipped: cannot hide /usr/share/zoneinfo in a mount namespace here ({}): {}",
+            probe.status,
+            String::from_utf8_lossy(&probe.stderr).trim()
+        );
+        return;
+    }
+    let t = TestDb::new();
+    let bin = assert_cmd::cargo::cargo_bin("leasehold");
+    let bin = bin.to_str().unwrap();
+    let db = t.path.to_str().unwrap();
+    let add = |zone: &[&str]| {
+        let mut args = vec![
+            bin,
+            "--db",
+            db,
+            "schedules",
+            "add",
+            "s",
+            "--cron",
+            "0 9 * * *",
+        ];
+        args.extend_from_slice(zone);
+        args.extend_from_slice(&["--", "true"]);
+        hidden(&args)
+    };
+    if cfg!(feature = "bundled-tzdb") {
+        ok(&mut add(&["--tz", "Europe/Berlin"]));
+        assert_eq!(schedules_rows(&t), 1);
+        return;
+    }
+    let line = fails(&mut add(&["--tz", "Europe/Berlin"]), 2);
+    assert!(
+        line.contains("\"Europe/Berlin\" cannot be looked up: no time zone database"),
+        "{line}"
+    );
+    assert!(!t.path.exists(), "a refused schedule created the file");
+    ok(&mut add(&[]));
     assert_eq!(schedules_rows(&t), 1);
 }
 

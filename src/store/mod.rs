@@ -313,8 +313,8 @@ impl Store {
     /// opens no SQLite connection, and the job is on disk when this returns. Otherwise, or
     /// when the runner declines or does not answer within 3 s, this opens the file with
     /// `options` and enqueues the job itself, once: a runner that stored it before it stopped
-    /// answering is found by the request's token (see the README's *A `jobs add` handed to a
-    /// running runner*). Returns what [`Store::enqueue_unique`] would.
+    /// answering is found by the request's token (see docs/cross-process.md, *A `jobs add`
+    /// handed to a running runner*). Returns what [`Store::enqueue_unique`] would.
     ///
     /// # Errors
     ///
@@ -382,7 +382,7 @@ impl Store {
     /// the last of them commits, the jobs written so far exist but wait (pending, never
     /// claimed, and no job can be enqueued after them); when a write fails, or this process
     /// dies or stalls for 60 s between two of them, they are deleted, by this call
-    /// or by the next runner's sweep. See the README's *Bulk enqueue*.
+    /// or by the next runner's sweep. See *Bulk enqueue* in docs/commands.md.
     ///
     /// # Errors
     ///

@@ -2,16 +2,17 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use leasehold::{Job, ListFilter, Store, now_ms, operator};
+use leasehold::{Job, JobRecord, ListFilter, Status, Store, now_ms, operator};
 use serde_json::{Value, json};
 
 use super::progress;
 use super::render::{self, print_json};
 use super::{
-    AddArgs, CancelArgs, InspectArgs, LogsArgs, LsArgs, RetryArgs, Usage, open_existing,
-    open_read_only,
+    AddArgs, CancelArgs, InspectArgs, LogsArgs, LsArgs, RetryArgs, TimedOut, Usage, WaitArgs,
+    open_existing, open_read_only,
 };
 
 pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
@@ -438,4 +439,84 @@ fn ids(ids: &[i64]) -> String {
         return "-".into();
     }
     ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The first pause between two looks at the jobs a wait follows, and the longest: a wait
+/// answers within about 20 ms of a quick job's end, and a long one costs a read a second.
+const WAIT_POLL_FIRST: Duration = Duration::from_millis(20);
+const WAIT_POLL_MAX: Duration = Duration::from_secs(1);
+
+/// `jobs wait`: reads the jobs until every one has ended (succeeded, failed or cancelled),
+/// then prints their outcomes. An unknown id is refused before any wait. Read-only: a wait
+/// never changes the file, and its reads take no write lock.
+pub fn wait(db: &Path, args: &WaitArgs) -> anyhow::Result<()> {
+    let store = open_read_only(db)?;
+    let deadline = args.timeout.map(|t| Instant::now() + t.0);
+    let mut pause = WAIT_POLL_FIRST;
+    let jobs = loop {
+        let jobs = args
+            .ids
+            .iter()
+            .map(|&id| store.job(id))
+            .collect::<leasehold::Result<Vec<_>>>()?;
+        if jobs.iter().all(|j| j.status.is_terminal()) {
+            break jobs;
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|l| l.is_zero()) {
+            print_outcomes(&jobs, args.json)?;
+            let open: Vec<String> = jobs
+                .iter()
+                .filter(|j| !j.status.is_terminal())
+                .map(|j| format!("{} ({})", j.id, j.status.as_str()))
+                .collect();
+            return Err(
+                TimedOut(format!("timed out: job {} not ended yet", open.join(", "))).into(),
+            );
+        }
+        std::thread::sleep(left.map_or(pause, |l| l.min(pause)));
+        pause = (pause * 2).min(WAIT_POLL_MAX);
+    };
+    print_outcomes(&jobs, args.json)?;
+    let unsuccessful: Vec<String> = jobs
+        .iter()
+        .filter(|j| j.status != Status::Succeeded)
+        .map(|j| format!("{} {}", j.id, j.status.as_str()))
+        .collect();
+    if !unsuccessful.is_empty() {
+        bail!("job {}", unsuccessful.join(", "));
+    }
+    Ok(())
+}
+
+/// One line per job (`ID STATUS`, with its exit code or signal when it has one), or the JSON
+/// array `jobs wait --json` documents.
+fn print_outcomes(jobs: &[JobRecord], json: bool) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if json {
+        let all: Vec<Value> = jobs
+            .iter()
+            .map(|j| {
+                json!({
+                    "id": j.id,
+                    "status": j.status.as_str(),
+                    "exit_code": j.exit_code,
+                    "signal": j.signal,
+                    "error_kind": j.error_kind.map(|k| k.as_str()),
+                })
+            })
+            .collect();
+        print_json(&mut out, &Value::Array(all))?;
+    } else {
+        for j in jobs {
+            let how = match (j.exit_code, j.signal) {
+                (Some(code), _) => format!(" (exit {code})"),
+                (None, Some(sig)) => format!(" (signal {sig})"),
+                (None, None) => String::new(),
+            };
+            writeln!(out, "{} {}{how}", j.id, j.status.as_str())?;
+        }
+    }
+    out.flush()?;
+    Ok(())
 }

@@ -189,6 +189,9 @@ enum JobsCommand {
     Retry(RetryArgs),
     /// Cancel a pending or running job (a running job's processes are killed).
     Cancel(CancelArgs),
+    /// Wait until every job named has ended: exit 0 when all succeeded, 1 when one did not,
+    /// 124 when --timeout passed first.
+    Wait(WaitArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -326,6 +329,20 @@ struct LogsArgs {
 }
 
 #[derive(Debug, Args)]
+struct WaitArgs {
+    /// The jobs' ids.
+    #[arg(required = true, value_name = "ID")]
+    ids: Vec<i64>,
+    /// Give up after SECS (exit 124), printing where each job stands.
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true)]
+    timeout: Option<Secs>,
+    /// Print a JSON array of the jobs' outcomes: `[{"id", "status", "exit_code", "signal",
+    /// "error_kind"}]`.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
 #[command(override_usage = "leasehold jobs retry [OPTIONS] ID\n       \
                             leasehold jobs retry [OPTIONS] --failed-stale (--limit N | --all)")]
 struct RetryArgs {
@@ -455,6 +472,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs(JobsCommand::Logs(a)) => jobs::logs(db, &a),
         Command::Jobs(JobsCommand::Retry(a)) => jobs::retry(db, &a),
         Command::Jobs(JobsCommand::Cancel(a)) => jobs::cancel(db, &a),
+        Command::Jobs(JobsCommand::Wait(a)) => jobs::wait(db, &a),
         Command::Queues(QueuesCommand::Limit(a)) => queues::limit(db, &a.name, a.limit, a.json),
         Command::Queues(QueuesCommand::Pause(a)) => queues::pause(db, &a.name, true, a.json),
         Command::Queues(QueuesCommand::Resume(a)) => queues::pause(db, &a.name, false, a.json),
@@ -515,6 +533,18 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// A wait that gave up at its `--timeout`: exit 124.
+#[derive(Debug)]
+pub struct TimedOut(pub String);
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
 /// How a command failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
@@ -524,6 +554,8 @@ pub enum Failure {
     Operation,
     /// Stdout was closed by its reader.
     BrokenPipe,
+    /// A wait's `--timeout` passed first: exit 124, as `timeout(1)`.
+    TimedOut,
 }
 
 impl Failure {
@@ -532,6 +564,9 @@ impl Failure {
         for cause in e.chain() {
             if cause.is::<Usage>() {
                 return Failure::Usage;
+            }
+            if cause.is::<TimedOut>() {
+                return Failure::TimedOut;
             }
             if let Some(leasehold::Error::Invalid { .. }) = cause.downcast_ref::<leasehold::Error>()
             {
@@ -552,6 +587,7 @@ impl Failure {
             Failure::Usage => ExitCode::from(2),
             Failure::Operation => ExitCode::from(1),
             Failure::BrokenPipe => ExitCode::SUCCESS,
+            Failure::TimedOut => ExitCode::from(124),
         }
     }
 }

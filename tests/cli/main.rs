@@ -22,4 +22,5 @@ mod serve;
 mod serve_auth;
 mod status;
 mod usage;
+mod wait;
 mod wake_folder;

@@ -1281,23 +1281,34 @@ fn serve_benchmarks() {
             .read_line(&mut line)
             .expect("serve prints its URL");
     }
-    // The login URL: http://ADDR/login?token=SECRET; the secret is also the session cookie.
+    // The login URL: http://ADDR/login?token=SECRET, which answers with the session cookie.
     let (addr, secret) = line
         .trim()
         .trim_start_matches("http://")
         .split_once("/login?token=")
         .expect("serve prints its login URL");
     let addr: std::net::SocketAddr = addr.parse().expect("an address");
-    let get = |target: &str| -> (u16, usize) {
+    let fetch = |target: &str, cookie: &str| -> Vec<u8> {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(addr).expect("connect");
         write!(
             s,
-            "GET {target} HTTP/1.1\r\nHost: {addr}\r\nCookie: leasehold_session={secret}\r\n\r\n"
+            "GET {target} HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\n\r\n"
         )
         .expect("send");
         let mut bytes = Vec::new();
         s.read_to_end(&mut bytes).expect("read");
+        bytes
+    };
+    let login = String::from_utf8_lossy(&fetch(&format!("/login?token={secret}"), "")).into_owned();
+    let cookie = login
+        .lines()
+        .find_map(|l| l.strip_prefix("Set-Cookie: "))
+        .and_then(|c| c.split(';').next())
+        .expect("the login sets the session cookie")
+        .to_string();
+    let get = |target: &str| -> (u16, usize) {
+        let bytes = fetch(target, &cookie);
         let status = String::from_utf8_lossy(&bytes[9..12]).parse().unwrap_or(0);
         (status, bytes.len())
     };

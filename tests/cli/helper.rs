@@ -2,6 +2,7 @@
 //! output, its JSON or its refusal.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use assert_cmd::Command;
@@ -142,4 +143,64 @@ pub fn idle_runner(db: &Path) -> RunnerProcess {
 pub fn stop(mut runner: RunnerProcess) {
     runner.signal(Signal::SIGTERM);
     assert_eq!(runner.wait(Duration::from_secs(10)).0, Some(0));
+}
+
+/// A system user made for one test with `useradd`, removed with `userdel` when dropped, even
+/// when the test fails.
+pub struct OtherUser {
+    pub name: String,
+    pub uid: u32,
+}
+
+impl OtherUser {
+    pub fn new() -> OtherUser {
+        // Unique on the machine: this process's pid and a count (user names are at most 32
+        // characters).
+        static MADE: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "lh-test-{}-{}",
+            std::process::id(),
+            MADE.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = std::process::Command::new("useradd")
+            .args(["-M", "-r", "-s", "/usr/sbin/nologin", &name])
+            .output()
+            .expect("useradd runs");
+        assert!(
+            out.status.success(),
+            "useradd {name} was refused (these tests need root, as CI runs them): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Made: from here on, dropping it removes it.
+        let mut user = OtherUser { name, uid: 0 };
+        let out = std::process::Command::new("id")
+            .args(["-u", &user.name])
+            .output()
+            .expect("id runs");
+        user.uid = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no uid for {}: {out:?}", user.name));
+        assert_ne!(user.uid, nix::unistd::Uid::effective().as_raw());
+        user
+    }
+    /// Runs `script` with bash as this user (`runuser`); returns its stdout.
+    pub fn bash(&self, script: &str) -> String {
+        let out = std::process::Command::new("runuser")
+            .args(["-u", &self.name, "--", "bash", "-c", script])
+            .output()
+            .expect("runuser runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for OtherUser {
+    fn drop(&mut self) {
+        let out = std::process::Command::new("userdel")
+            .arg(&self.name)
+            .output();
+        if !out.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("userdel {} failed: {out:?}", self.name);
+        }
+    }
 }

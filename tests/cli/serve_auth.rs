@@ -4,14 +4,12 @@
 //! bearer from `--token-file`, and environment values hidden unless `--show-env`.
 
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
 
 use crate::cdp::Browser;
-use crate::helper::{add, cli, fails};
+use crate::helper::{OtherUser, add, cli, fails};
 use crate::serve::{Server, status_of, three_jobs};
 use crate::util::{TestDb, wait_until};
 
@@ -107,56 +105,15 @@ fn without_the_secret_every_route_but_healthz_is_refused() {
         .refused(401);
 }
 
-/// A system user made for one test, deleted when dropped (also when the test fails).
-struct LocalUser {
-    name: String,
-}
-
-impl LocalUser {
-    fn create() -> LocalUser {
-        static N: AtomicU32 = AtomicU32::new(0);
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "this test creates a user with useradd, which needs root (CI runs as root)"
-        );
-        let name = format!(
-            "lhtest{}x{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let out = Command::new("useradd")
-            .args(["-M", "-r", "-s", "/usr/sbin/nologin", &name])
-            .output()
-            .expect("useradd runs");
-        assert!(out.status.success(), "useradd {name}: {out:?}");
-        LocalUser { name }
-    }
-
-    /// Runs `script` with bash as this user; returns its stdout.
-    fn bash(&self, script: &str) -> String {
-        let out = Command::new("runuser")
-            .args(["-u", &self.name, "--", "bash", "-c", script])
-            .output()
-            .expect("runuser runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// A raw HTTP GET of `path` on `port` from this user, with `headers` (CRLF-ended), by
-    /// bash's /dev/tcp (curl may not be installed).
-    fn get(&self, port: u16, path: &str, headers: &str) -> String {
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Connection: close\r\n\r\n"
-        );
-        self.bash(&format!(
-            "exec 3<>/dev/tcp/127.0.0.1/{port} && printf '%s' '{request}' >&3 && cat <&3"
-        ))
-    }
-}
-
-impl Drop for LocalUser {
-    fn drop(&mut self) {
-        let _ = Command::new("userdel").arg(&self.name).status();
-    }
+/// A raw HTTP GET of `path` on `port` as `user`, with `headers` (CRLF-ended), by bash's
+/// /dev/tcp (curl may not be installed).
+fn get_as(user: &OtherUser, port: u16, path: &str, headers: &str) -> String {
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Connection: close\r\n\r\n"
+    );
+    user.bash(&format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf '%s' '{request}' >&3 && cat <&3"
+    ))
 }
 
 /// The status code of a raw response.
@@ -175,7 +132,7 @@ fn another_local_user_reads_nothing_without_the_secret() {
     // --show-env: the value would be on the page for whoever gets in.
     let server = Server::start(&t.path, &["--show-env"]);
     let port = server.addr.port();
-    let user = LocalUser::create();
+    let user = OtherUser::new();
     let uid = user.bash("id -u");
     assert!(
         !uid.trim().is_empty() && uid.trim() != "0",
@@ -188,19 +145,20 @@ fn another_local_user_reads_nothing_without_the_secret() {
     );
     // ...and so is the dashboard.
     for path in guarded_routes(job) {
-        let reply = user.get(port, &path, "");
+        let reply = get_as(&user, port, &path, "");
         assert_eq!(status(&reply), 401, "{path}: {reply}");
         assert!(!reply.contains(SECRET_VALUE), "{path}: {reply}");
         assert!(!reply.contains("API_KEY"), "{path}: {reply}");
     }
-    let login = user.get(port, "/login", "");
+    let login = get_as(&user, port, "/login", "");
     assert_eq!(status(&login), 403, "{login}");
     assert!(
         !login.to_ascii_lowercase().contains("set-cookie"),
         "{login}"
     );
     // The same client with the cookie gets in: the refusals above were the secret's doing.
-    let page = user.get(
+    let page = get_as(
+        &user,
         port,
         &format!("/jobs/{job}"),
         &format!("Cookie: {}\r\n", server.cookie()),

@@ -9,61 +9,9 @@
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::helper::{FAST, bin, cli, fails, ok};
+use crate::helper::{FAST, OtherUser, bin, cli, fails, ok};
 use crate::util::{TestDb, bare};
-
-/// A system user made for one test with `useradd`, removed with `userdel` when dropped, even
-/// when the test fails.
-struct OtherUser {
-    name: String,
-    uid: u32,
-}
-
-impl OtherUser {
-    fn new() -> OtherUser {
-        // Unique on the machine: this process's pid and a count (user names are at most 32
-        // characters).
-        static MADE: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "lh-wake-{}-{}",
-            std::process::id(),
-            MADE.fetch_add(1, Ordering::Relaxed)
-        );
-        let out = Command::new("useradd")
-            .args(["-M", "-r", "-s", "/usr/sbin/nologin", &name])
-            .output()
-            .expect("useradd runs");
-        assert!(
-            out.status.success(),
-            "useradd {name} was refused (these tests need root, as CI runs them): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // Made: from here on, dropping it removes it.
-        let mut user = OtherUser { name, uid: 0 };
-        let out = Command::new("id")
-            .args(["-u", &user.name])
-            .output()
-            .expect("id runs");
-        user.uid = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("no uid for {}: {out:?}", user.name));
-        assert_ne!(user.uid, nix::unistd::Uid::effective().as_raw());
-        user
-    }
-}
-
-impl Drop for OtherUser {
-    fn drop(&mut self) {
-        let out = Command::new("userdel").arg(&self.name).output();
-        if !out.as_ref().is_ok_and(|o| o.status.success()) {
-            eprintln!("userdel {} failed: {out:?}", self.name);
-        }
-    }
-}
 
 /// The wake-up folder of `db`, as the library names it (beside the file's real path).
 fn folder(db: &Path) -> PathBuf {

@@ -15,6 +15,8 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
+use crate::serve::CHROMIUM_FLAGS;
+
 /// How long one protocol call or one page load may take.
 const STEP: Duration = Duration::from_secs(60);
 
@@ -52,24 +54,15 @@ impl Browser {
         };
         let (in_fd, out_fd) = (to_child.as_raw_fd(), from_child.as_raw_fd());
         let mut cmd = Command::new("chromium");
-        cmd.args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--remote-debugging-pipe",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg("about:blank")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        // Its own group, so that it and its helpers are ended together.
-        .process_group(0);
+        cmd.args(CHROMIUM_FLAGS)
+            .arg("--remote-debugging-pipe")
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Its own group, so that it and its helpers are ended together.
+            .process_group(0);
         // SAFETY: between fork and exec the closure only calls dup2 (async-signal-safe) on
         // descriptors open in the parent; the OwnedFd for 3 and 4 are never dropped, so
         // nothing closes them.

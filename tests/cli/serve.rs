@@ -802,6 +802,19 @@ pub fn need_chromium() {
     );
 }
 
+/// How the tests start headless Chromium: no sandbox (CI runs as root), no GPU, and nothing
+/// fetched from the network behind the page's back.
+pub const CHROMIUM_FLAGS: [&str; 8] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+];
+
 /// Headless Chromium with the flags that keep it quiet and local.
 fn chromium(args: &[&str]) -> String {
     need_chromium();
@@ -810,16 +823,7 @@ fn chromium(args: &[&str]) -> String {
     let mut child = {
         use std::os::unix::process::CommandExt;
         Command::new("chromium")
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ])
+            .args(CHROMIUM_FLAGS)
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .args(args)
             .stdin(Stdio::null())

@@ -1075,7 +1075,18 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn queues(&self, now: i64) -> Result<Vec<QueueInfo>> {
-        queue::list(&self.conn, now)
+        queue::list(&self.conn, now, false)
+    }
+
+    /// Every queue that has any job (finished ones included), a limit or a pause, by name,
+    /// with its counts at `now`: what the dashboard's overview lists. As cheap as
+    /// [`queues`](Store::queues): the counts come from the counters the transitions keep.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn all_queues(&self, now: i64) -> Result<Vec<QueueInfo>> {
+        queue::list(&self.conn, now, true)
     }
 
     /// Whether any job of `queues` (all queues when empty) is pending (due or not) or running.

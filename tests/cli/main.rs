@@ -6,6 +6,7 @@ mod util;
 
 mod helper;
 
+mod dashboard;
 mod db;
 mod fsync;
 mod handoff;

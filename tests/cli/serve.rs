@@ -19,13 +19,13 @@ use crate::util::exposition::parse;
 use crate::util::{TestDb, leasehold_vars, poll};
 
 /// A `leasehold serve` on a free port; killed by pid when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     addr: SocketAddr,
 }
 
 impl Server {
-    fn start(db: &Path, extra: &[&str]) -> Server {
+    pub(crate) fn start(db: &Path, extra: &[&str]) -> Server {
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
         cmd.arg("--db")
             .arg(db)
@@ -55,7 +55,7 @@ impl Server {
         Server { child, addr }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
@@ -70,7 +70,7 @@ impl Server {
         Reply::parse(&bytes)
     }
 
-    fn get(&self, path: &str) -> Reply {
+    pub(crate) fn get(&self, path: &str) -> Reply {
         self.raw(format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.addr).as_bytes())
     }
 
@@ -95,10 +95,10 @@ impl Drop for Server {
 }
 
 #[derive(Debug)]
-struct Reply {
-    status: u16,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
     head: String,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Reply {
@@ -538,7 +538,7 @@ fn a_slow_client_does_not_wedge_the_server() {
 // --- A real browser -------------------------------------------------------------------------
 
 /// Headless Chromium with the flags that keep it quiet and local.
-fn chromium(args: &[&str]) -> String {
+pub(crate) fn chromium(args: &[&str]) -> String {
     let which = Command::new("sh")
         .args(["-c", "command -v chromium"])
         .output()
@@ -582,12 +582,12 @@ fn chromium(args: &[&str]) -> String {
 }
 
 /// The DOM after the page loaded (and ran whatever script it could).
-fn dump_dom(url: &str) -> String {
+pub(crate) fn dump_dom(url: &str) -> String {
     chromium(&["--dump-dom", url])
 }
 
 /// The text of the element after `marker` in a serialized DOM, up to the next tag.
-fn number_after(dom: &str, marker: &str) -> u64 {
+pub(crate) fn number_after(dom: &str, marker: &str) -> u64 {
     let at = dom
         .find(marker)
         .unwrap_or_else(|| panic!("{marker} not in the DOM"));
@@ -599,7 +599,7 @@ fn number_after(dom: &str, marker: &str) -> u64 {
 }
 
 /// The text of the element after `marker`, up to the next tag.
-fn text_after<'a>(dom: &'a str, marker: &str) -> &'a str {
+pub(crate) fn text_after<'a>(dom: &'a str, marker: &str) -> &'a str {
     let at = dom
         .find(marker)
         .unwrap_or_else(|| panic!("{marker} not in the DOM"));

@@ -252,7 +252,7 @@ fn metrics(store: &Store) -> Result<Response, Error> {
 pub struct Overview {
     pub size: leasehold::DatabaseSize,
     pub counts: leasehold::Counts,
-    /// Every queue with an unfinished job or a setting: counts, limit, pause, lag.
+    /// Every queue with a job or a setting: counts, limit, pause, lag.
     pub queues: Vec<leasehold::QueueInfo>,
     pub schedules: Vec<leasehold::ScheduleRecord>,
     pub leases: leasehold::LeaseCounts,
@@ -266,7 +266,7 @@ fn overview(store: &Store, app: &App) -> Result<Response, Error> {
     let data = Overview {
         size: store.size()?,
         counts: store.counts()?,
-        queues: store.queues(now)?,
+        queues: store.all_queues(now)?,
         schedules: store.schedules()?,
         leases: store.lease_counts(settings.max_recovery_attempts, now)?,
         settings,

@@ -97,20 +97,29 @@ pub fn overview(o: &Overview, actions: bool) -> String {
 
         h2 #queues { "Queues" }
         @if o.queues.is_empty() {
-            p { "No queue has a pending or running job, a limit or a pause." }
+            p { "No queue has a job, a limit or a pause." }
         } @else {
             table #queue-counts {
                 tr {
                     th { "queue" } th { "pending" } th { "waiting" } th { "running" }
+                    th { "succeeded" } th { "failed" } th { "cancelled" }
                     th { "limit" } th { "paused" } th { "oldest ready" } th { "all its jobs" }
                 }
                 @for q in &o.queues {
                     @let queue = super::http::percent_encode(&q.name);
+                    @let link = |s: Status, n: u64| html! {
+                        td.n data-queue=(q.name) data-queue-status=(s.as_str()) {
+                            a class=(s.as_str()) href={ "/jobs?queue=" (queue) "&status=" (s.as_str()) } { (n) }
+                        }
+                    };
                     tr {
                         td { (q.name) }
-                        td.n data-queue=(q.name) data-queue-status="pending" { a href={ "/jobs?status=pending&queue=" (queue) } { (q.pending) } }
+                        (link(Status::Pending, q.pending))
                         td.n data-queue=(q.name) data-queue-status="waiting" { (q.waiting) }
-                        td.n data-queue=(q.name) data-queue-status="running" { a href={ "/jobs?status=running&queue=" (queue) } { (q.running) } }
+                        (link(Status::Running, q.running))
+                        (link(Status::Succeeded, q.succeeded))
+                        (link(Status::Failed, q.failed))
+                        (link(Status::Cancelled, q.cancelled))
                         td.n data-queue=(q.name) data-queue-field="limit" { (q.limit.map_or_else(|| "-".to_string(), |l| l.to_string())) }
                         td data-queue=(q.name) data-queue-field="paused" class=[q.paused.then_some("bad")] { (if q.paused { "yes" } else { "no" }) }
                         td.n data-queue=(q.name) data-queue-field="oldest-ready" { (q.oldest_ready_ms.map_or_else(|| "-".to_string(), age)) }
@@ -119,11 +128,11 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                 }
             }
             p.later {
-                "Queues with pending or running jobs, and those with a limit or a pause. "
+                "Every queue with a job in the file, a limit or a pause; the counts are the counters the transitions keep. "
                 "Waiting: pending jobs whose dependencies have not all succeeded (counted in pending). "
                 "Limit: at most this many of its jobs run at once over every runner. "
                 "Oldest ready: how long its oldest due, unblocked job has waited. "
-                "Finished jobs are counted by status above, not by queue: that would read every finished row; the job list filters them by queue."
+                "Finished jobs leave the counts when they are pruned."
             }
         }
 

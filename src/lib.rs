@@ -58,7 +58,8 @@ pub use store::{
     Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, DatabaseSize, Durability,
     Enqueued, FireReport, LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, LeaseCounts, ListFilter,
     MAX_BUSY_TIMEOUT, MAX_SCHEDULE_EVENTS, Migration, Namespace, OpenOptions, QueueInfo,
-    RunnerRecord, SCHEMA_VERSION, ScheduleEvent, ScheduleRecord, Store, VacuumReport,
+    RecentFailure, RunnerRecord, SCHEMA_VERSION, ScheduleEvent, ScheduleRecord, Store,
+    VacuumReport,
 };
 pub use store::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,

@@ -40,6 +40,7 @@ mod batch;
 mod counter;
 mod dependency;
 mod enqueue;
+mod failure;
 pub(crate) mod handoff;
 mod lease;
 mod maintenance;
@@ -62,6 +63,7 @@ pub(crate) use tx::tests::cap as cap_at_present_size;
 
 pub use crate::metrics::DatabaseSize;
 pub use enqueue::Enqueued;
+pub use failure::RecentFailure;
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
 pub(crate) use lease::{claim, finish_attempt, next_due, record_start};
 pub use maintenance::VacuumReport;
@@ -1087,6 +1089,17 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn all_queues(&self, now: i64) -> Result<Vec<QueueInfo>> {
         queue::list(&self.conn, now, true)
+    }
+
+    /// The newest `limit` failed or lost attempts, newest first: what the dashboard lists as
+    /// recent failures. Reads the tail of an index of failure events (schema version 11),
+    /// whatever the number of events. Pruning a job removes its failures with it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn recent_failures(&self, limit: u32) -> Result<Vec<RecentFailure>> {
+        failure::recent(&self.conn, limit)
     }
 
     /// Whether any job of `queues` (all queues when empty) is pending (due or not) or running.

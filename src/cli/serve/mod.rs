@@ -38,6 +38,8 @@ pub const PAGE_SIZE: u64 = 50;
 pub const MAX_PAGE: u64 = 100_000;
 /// What Prometheus expects of a text exposition.
 const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Failed or lost attempts listed on the overview.
+const RECENT_FAILURES: u32 = 20;
 /// The longest queue name taken in a filter.
 const MAX_QUEUE_PARAM: usize = 256;
 
@@ -258,6 +260,10 @@ pub struct Overview {
     pub leases: leasehold::LeaseCounts,
     pub settings: operator::LeaseSettings,
     pub runners: Vec<(leasehold::RunnerRecord, bool)>,
+    /// The newest failed or lost attempts, newest first.
+    pub failures: Vec<leasehold::RecentFailure>,
+    /// When the page was read, in milliseconds since the epoch.
+    pub now: i64,
 }
 
 fn overview(store: &Store, app: &App) -> Result<Response, Error> {
@@ -278,6 +284,8 @@ fn overview(store: &Store, app: &App) -> Result<Response, Error> {
                 (r, alive)
             })
             .collect(),
+        failures: store.recent_failures(RECENT_FAILURES)?,
+        now,
     };
     Ok(Response::html(
         200,

@@ -2,7 +2,7 @@
 //! every value it interpolates, so whatever a job contributes (argv, env, output, errors) is
 //! shown as text.
 
-use leasehold::{Event, JobRecord, Output, ScheduleRecord, Status};
+use leasehold::{Event, EventKind, JobRecord, Output, ScheduleRecord, Status};
 use maud::{DOCTYPE, Markup, html};
 
 use super::{ListQuery, MAX_PAGE, Overview};
@@ -133,6 +133,35 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                 "Limit: at most this many of its jobs run at once over every runner. "
                 "Oldest ready: how long its oldest due, unblocked job has waited. "
                 "Finished jobs leave the counts when they are pruned."
+            }
+        }
+
+        h2 #failures { "Recent failures" }
+        @if o.failures.is_empty() {
+            p #no-failures { "No failed or lost attempt is in the file." }
+        } @else {
+            table #failure-list {
+                tr {
+                    th { "job" } th { "attempt" } th { "queue" } th { "what" } th { "error_kind" }
+                    th { "when" } th { "stderr (last line)" } th { "command" }
+                }
+                @for f in &o.failures {
+                    tr.failure data-job=(f.job_id) {
+                        td.n { a href={ "/jobs/" (f.job_id) } { (f.job_id) } }
+                        td.n { (f.attempt) }
+                        td { a href={ "/jobs?queue=" (super::http::percent_encode(&f.queue)) } { (f.queue) } }
+                        td class=(if matches!(f.kind, EventKind::Failed | EventKind::Lost) { "failed" } else { "pending" }) title=[f.detail.as_deref()] { (f.kind.to_string()) }
+                        td.kind { (f.error_kind.map_or("-", |k| k.as_str())) }
+                        td.t { (render::time(f.at)) br; span.later { (age(o.now - f.at)) " ago" } }
+                        td { @if let Some(l) = &f.stderr_last_line { code { (render::cut(l, 120)) } } @else { "-" } }
+                        td { code { (render::cut(&render::command_line(&f.argv), 80)) } }
+                    }
+                }
+            }
+            p.later {
+                "The newest " (o.failures.len()) " failed or lost attempts, newest first. "
+                "failed and lost ended the job; retry_scheduled and reclaimed sent it back to pending. "
+                "error_kind is the job's, so it is shown only for the job's latest attempt."
             }
         }
 

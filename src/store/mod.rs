@@ -53,6 +53,7 @@ mod reclaim;
 mod retention;
 mod row;
 mod runners;
+mod sample;
 mod schedule;
 mod tx;
 pub(crate) mod wake;
@@ -79,6 +80,7 @@ pub use retention::{
     PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
 };
 pub use runners::{Namespace, RunnerRecord};
+pub use sample::{COARSE_SAMPLES, FINE_SAMPLES, HISTOGRAM_BOUNDS_MS, Sample};
 pub use schedule::{FireReport, MAX_SCHEDULE_EVENTS, ScheduleEvent, ScheduleRecord};
 pub(crate) use tx::{savepoint, transaction};
 
@@ -1100,6 +1102,22 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn recent_failures(&self, limit: u32) -> Result<Vec<RecentFailure>> {
         failure::recent(&self.conn, limit)
+    }
+
+    /// The samples of the counters and gauges that runners took for the dashboard's charts,
+    /// oldest first: at most [`FINE_SAMPLES`] plus [`COARSE_SAMPLES`] rows.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn samples(&self) -> Result<Vec<Sample>> {
+        sample::all(&self.conn)
+    }
+
+    /// Takes a sample at `now` unless one was taken in the same interval of `interval_ms`;
+    /// returns whether it wrote one. A runner's sweeper calls it.
+    pub(crate) fn take_sample(&self, now: i64, interval_ms: i64) -> Result<bool> {
+        sample::take(self, now, interval_ms)
     }
 
     /// Whether any job of `queues` (all queues when empty) is pending (due or not) or running.

@@ -8,6 +8,7 @@
 //! within a deadline and a size limit (see [`http`]).
 
 mod action;
+mod chart;
 mod http;
 mod page;
 
@@ -262,6 +263,8 @@ pub struct Overview {
     pub runners: Vec<(leasehold::RunnerRecord, bool)>,
     /// The newest failed or lost attempts, newest first.
     pub failures: Vec<leasehold::RecentFailure>,
+    /// The runners' samples for the charts, oldest first.
+    pub samples: Vec<leasehold::Sample>,
     /// When the page was read, in milliseconds since the epoch.
     pub now: i64,
 }
@@ -285,6 +288,7 @@ fn overview(store: &Store, app: &App) -> Result<Response, Error> {
             })
             .collect(),
         failures: store.recent_failures(RECENT_FAILURES)?,
+        samples: store.samples()?,
         now,
     };
     Ok(Response::html(

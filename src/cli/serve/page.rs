@@ -5,6 +5,7 @@
 use leasehold::{Event, EventKind, JobRecord, Output, ScheduleRecord, Status};
 use maud::{DOCTYPE, Markup, html};
 
+use super::chart::{self, Chart, Scale};
 use super::{ListQuery, MAX_PAGE, Overview};
 use crate::cli::render;
 
@@ -26,6 +27,18 @@ pre{background:#fff;border:1px solid #ddd;padding:.5em;overflow:auto;max-height:
 .failed{color:#b00020}.cancelled{color:#666}
 .later{color:#777;font-style:italic}.bad{color:#b00020;font-weight:bold}
 form.inline{display:inline}nav.pages{margin:.6em 0}nav.pages a{margin-right:1em}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,34em),1fr));gap:1em}
+figure.chart{margin:0;background:#fff;border:1px solid #ddd;padding:.4em;min-width:0}
+figure.chart figcaption{font-size:.85em;color:#555}
+svg.chart{width:100%;height:auto;display:block;color:#222}
+svg.chart text{font-size:13px;fill:currentColor}svg.chart .axis{stroke:#888}
+svg.chart text.axis{stroke:none;fill:#555}svg.chart .grid{stroke:#e4e4e4}
+svg.chart polyline{fill:none;stroke-width:2}
+.s-succeeded{fill:#2e7d32}.s-failed{fill:#c62828}.s-retried{fill:#ef8f00}.s-lost{fill:#6a1b9a}
+.s-cancelled{fill:#9e9e9e}.s-p50,.s-running{fill:#1565c0;stroke:#1565c0}
+.s-p95,.s-ready{fill:#ef8f00;stroke:#ef8f00}
+details table{margin-top:.3em}summary{cursor:pointer;font-size:.9em}
+table{display:block;max-width:100%;overflow-x:auto}
 ";
 
 /// The page around `body`. `refresh` reloads it every few seconds (a meta tag: no script).
@@ -94,6 +107,9 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                 td.n #total { a href="/jobs" { (total) } }
             }
         }
+
+        h2 #activity { "Activity" }
+        (charts(o))
 
         h2 #queues { "Queues" }
         @if o.queues.is_empty() {
@@ -242,6 +258,70 @@ pub fn overview(o: &Overview, actions: bool) -> String {
         }
     };
     layout("Overview", true, actions, body)
+}
+
+/// The charts of the runners' samples: jobs ended per interval over the newest 60 and per
+/// 60 intervals over the newest 24 spans, wait and run quantiles, running and ready jobs.
+fn charts(o: &Overview) -> Markup {
+    let (fine, coarse) = chart::split(&o.samples);
+    if fine.len() < 2 {
+        return html! {
+            p #no-samples {
+                "No chart yet: a running runner samples the counters once a sample interval "
+                "(a minute by default, " code { "leasehold run --sample-interval SECS" } "), "
+                "and a chart needs two samples."
+            }
+        };
+    }
+    let f = chart::intervals(fine);
+    let step = chart::interval_text(&f.spans);
+    let c = chart::intervals(&coarse);
+    let span = chart::interval_text(&c.spans);
+    let newest = fine.last().map_or(o.now, |s| s.at);
+    let ended = |id, title: &str, iv: &chart::Intervals, unit: &str| {
+        chart::figure(
+            &Chart {
+                id,
+                title,
+                y_label: &format!("jobs per {unit}"),
+                scale: Scale::Linear,
+                stacked: true,
+                spans: &iv.spans,
+                series: &iv.ended,
+            },
+            "Jobs that reached an end in each interval, by outcome; retried: failed attempts sent back to pending.",
+        )
+    };
+    let buckets = "Quantiles of the attempts that ended in each interval, read from the histograms' buckets                    (5, 10, 25, 50, 100, 250, 500 ms, 1, 2.5, 5, 10, 30 s, 1, 5, 15 min, 1, 6 h, 1 d):                    each point is the upper bound of its bucket.";
+    html! {
+        p.later {
+            "From the samples runners take every " (step) "; the newest is " (age(o.now - newest)) " old. "
+            "Times in UTC."
+        }
+        div.charts {
+            (ended("ended-fine", &format!("Jobs ended per {step}, by outcome"), &f, &step))
+            @if c.spans.is_empty() {
+                p #no-coarse { "The chart of jobs ended per 60 intervals (an hour at the default minute) needs two samples that far apart." }
+            } @else {
+                (ended("ended-coarse", &format!("Jobs ended per {span}, by outcome"), &c, &span))
+            }
+            (chart::figure(&Chart {
+                id: "wait-fine", title: &format!("Wait (scheduled to started), median and p95 per {step}"),
+                y_label: "wait (log scale)", scale: Scale::LogMs, stacked: false,
+                spans: &f.spans, series: &f.wait,
+            }, buckets))
+            (chart::figure(&Chart {
+                id: "run-fine", title: &format!("Run time, median and p95 per {step}"),
+                y_label: "run time (log scale)", scale: Scale::LogMs, stacked: false,
+                spans: &f.spans, series: &f.run,
+            }, buckets))
+            (chart::figure(&Chart {
+                id: "gauges-fine", title: "Running and ready jobs",
+                y_label: "jobs", scale: Scale::Linear, stacked: false,
+                spans: &f.spans, series: &f.gauges,
+            }, "At each sample: jobs running, and pending jobs ready to claim (due, not waiting for a dependency)."))
+        }
+    }
 }
 
 pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> String {

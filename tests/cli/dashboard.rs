@@ -161,11 +161,14 @@ fn table_rows(figure: &str) -> Vec<(i64, Vec<(String, String)>)> {
         .collect()
 }
 
-/// Where the chart screenshots are kept: `target/tmp/dashboard/charts-WIDTH.png`.
-fn chart_screenshot(width: u32) -> PathBuf {
+/// Where the chart screenshots are kept: `target/tmp/dashboard/charts-WIDTH[-dark].png`.
+fn chart_screenshot(width: u32, dark: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join(format!("charts-{width}.png"))
+    dir.join(format!(
+        "charts-{width}{}.png",
+        if dark { "-dark" } else { "" }
+    ))
 }
 
 #[test]
@@ -266,12 +269,18 @@ fn charts_of_a_real_runner_agree_with_its_samples_and_render_in_chromium() {
 
     // Chromium renders it (no script runs: the CSP has no script source) at a desktop's and
     // a phone's width; the screenshots are kept for a person to look at.
-    for width in [1280, 375] {
-        let shot = chart_screenshot(width);
+    for (width, dark) in [(1280, false), (375, false), (1280, true)] {
+        let shot = chart_screenshot(width, dark);
         let _ = std::fs::remove_file(&shot);
         chromium(&[
             &format!("--screenshot={}", shot.display()),
             &format!("--window-size={width},2400"),
+            // Chromium reports `prefers-color-scheme: dark` to the page.
+            if dark {
+                "--force-dark-mode"
+            } else {
+                "--no-first-run"
+            },
             &server.url("/"),
         ]);
         let png = std::fs::read(&shot).expect("the screenshot is written");

@@ -108,7 +108,11 @@ pub fn svg(c: &Chart<'_>) -> Markup {
         Scale::Linear => linear_ticks(top),
         Scale::LogMs => log_ticks(top),
     };
-    let x_ticks = time_ticks(x0, x1);
+    // A label centred on a tick near an edge would leave the drawing or meet the y axis's.
+    let x_ticks: Vec<i64> = time_ticks(x0, x1)
+        .into_iter()
+        .filter(|t| (LEFT + 28.0..=WIDTH - RIGHT - 28.0).contains(&x(*t)))
+        .collect();
     let with_date = x1 - x0 > 20 * 3_600_000;
     // A stack's bars, bottom up.
     let mut bars = Vec::new();
@@ -152,9 +156,7 @@ pub fn svg(c: &Chart<'_>) -> Markup {
             line.axis x1=(LEFT) x2=(WIDTH - RIGHT) y1=(r(TOP + plot_h)) y2=(r(TOP + plot_h)) {}
             @for t in &x_ticks {
                 line.axis x1=(r(x(*t))) x2=(r(x(*t))) y1=(r(TOP + plot_h)) y2=(r(TOP + plot_h + 4.0)) {}
-                // A label near an edge is kept inside the drawing.
-                @let anchor = if x(*t) > WIDTH - RIGHT - 30.0 { "end" } else if x(*t) < LEFT + 30.0 { "start" } else { "middle" };
-                text.tick x=(r(x(*t))) y=(r(TOP + plot_h + 17.0)) text-anchor=(anchor) { (clock(*t, with_date)) }
+                text.tick x=(r(x(*t))) y=(r(TOP + plot_h + 17.0)) text-anchor="middle" { (clock(*t, with_date)) }
             }
             text.axis x=(WIDTH - RIGHT) y=(r(TOP + plot_h + 33.0)) text-anchor="end" { "time (UTC)" }
             // The data.
@@ -263,7 +265,7 @@ fn log_ticks(top: f64) -> Vec<f64> {
     LOG_TICKS_MS.iter().copied().filter(|t| *t <= top).collect()
 }
 
-/// At most six round instants between `x0` and `x1`.
+/// At most seven round instants between `x0` and `x1`.
 fn time_ticks(x0: i64, x1: i64) -> Vec<i64> {
     const STEPS: [i64; 12] = [
         1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 600_000, 900_000, 1_800_000, 3_600_000,
@@ -273,7 +275,7 @@ fn time_ticks(x0: i64, x1: i64) -> Vec<i64> {
     let step = STEPS
         .iter()
         .copied()
-        .find(|s| span / s <= 5)
+        .find(|s| span / s <= 6)
         .unwrap_or(43_200_000);
     let first = x0.div_euclid(step) * step + if x0.rem_euclid(step) == 0 { 0 } else { step };
     (0..)
@@ -644,7 +646,9 @@ mod tests {
         assert_eq!(nice_ceiling(130.0), 200.0);
         assert_eq!(
             time_ticks(30_000, 3_630_000),
-            [900_000, 1_800_000, 2_700_000, 3_600_000]
+            [
+                600_000, 1_200_000, 1_800_000, 2_400_000, 3_000_000, 3_600_000
+            ]
         );
         assert_eq!(clock(3_600_000, false), "01:00");
         assert_eq!(duration_text(60_000.0), "1 min");

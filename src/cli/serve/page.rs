@@ -38,7 +38,16 @@ svg.chart polyline{fill:none;stroke-width:2}
 .s-cancelled{fill:#9e9e9e}.s-p50,.s-running{fill:#1565c0;stroke:#1565c0}
 .s-p95,.s-ready{fill:#ef8f00;stroke:#ef8f00}
 details table{margin-top:.3em}summary{cursor:pointer;font-size:.9em}
-table{display:block;max-width:100%;overflow-x:auto}
+table{display:block;max-width:100%;width:max-content;overflow-x:auto}
+@media (prefers-color-scheme:dark){
+body{color:#ddd;background:#15191e}a{color:#8ab4f8}header{background:#0d2136}
+table,pre,figure.chart{background:#1e242b}th{background:#262d35}
+th,td,pre,figure.chart,h2{border-color:#3a434d}
+figure.chart figcaption,.later,svg.chart text.axis{color:#aaa;fill:#aaa}
+svg.chart{color:#ddd}svg.chart .grid{stroke:#333b44}
+.pending{color:#e0b84a}.running{color:#6cb0ff}.succeeded{color:#6fcf6f}
+.failed,.bad{color:#ff7b7b}.cancelled{color:#aaa}
+}
 ";
 
 /// The page around `body`. `refresh` reloads it every few seconds (a meta tag: no script).

@@ -218,8 +218,8 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                         td.n { (r.pid) }
                         td { (r.host) }
                         td class=(if *alive { "succeeded" } else { "failed" }) { (if *alive { "yes" } else { "no" }) }
-                        td { (render::time(r.started_at)) }
-                        td { (render::time(r.heartbeat_at)) }
+                        td.t { (render::time(r.started_at)) br; span.later { (age(o.now - r.started_at)) " ago" } }
+                        td.t { (render::time(r.heartbeat_at)) br; span.later { (age(o.now - r.heartbeat_at)) " ago" } }
                     }
                 }
             }

@@ -11,7 +11,7 @@ use maud::{Markup, html};
 const WIDTH: f64 = 540.0;
 const HEIGHT: f64 = 250.0;
 /// The plot area's margins: room for the y labels, the x labels and the legend.
-const LEFT: f64 = 70.0;
+const LEFT: f64 = 86.0;
 const RIGHT: f64 = 12.0;
 const TOP: f64 = 14.0;
 const BOTTOM: f64 = 56.0;
@@ -154,9 +154,10 @@ pub fn svg(c: &Chart<'_>) -> Markup {
             text.axis transform={ "translate(14 " (r(TOP + plot_h / 2.0)) ") rotate(-90)" } text-anchor="middle" { (c.y_label) }
             // The x axis: times in UTC.
             line.axis x1=(LEFT) x2=(WIDTH - RIGHT) y1=(r(TOP + plot_h)) y2=(r(TOP + plot_h)) {}
-            @for t in &x_ticks {
+            // Every other label is `odd`: a narrow screen, with larger text, shows half of them.
+            @for (i, t) in x_ticks.iter().enumerate() {
                 line.axis x1=(r(x(*t))) x2=(r(x(*t))) y1=(r(TOP + plot_h)) y2=(r(TOP + plot_h + 4.0)) {}
-                text.tick x=(r(x(*t))) y=(r(TOP + plot_h + 17.0)) text-anchor="middle" { (clock(*t, with_date)) }
+                text class=(if i % 2 == 1 { "tick odd" } else { "tick" }) x=(r(x(*t))) y=(r(TOP + plot_h + 17.0)) text-anchor="middle" { (clock(*t, with_date)) }
             }
             text.axis x=(WIDTH - RIGHT) y=(r(TOP + plot_h + 33.0)) text-anchor="end" { "time (UTC)" }
             // The data.

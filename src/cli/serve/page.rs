@@ -39,6 +39,7 @@ svg.chart polyline{fill:none;stroke-width:2}
 .s-p95,.s-ready{fill:#ef8f00;stroke:#ef8f00}
 details table{margin-top:.3em}summary{cursor:pointer;font-size:.9em}
 table{display:block;max-width:100%;width:max-content;overflow-x:auto}
+@media (max-width:40em){svg.chart text{font-size:16px}svg.chart text.odd{display:none}}
 @media (prefers-color-scheme:dark){
 body{color:#ddd;background:#15191e}a{color:#8ab4f8}header{background:#0d2136}
 table,pre,figure.chart{background:#1e242b}th{background:#262d35}

@@ -65,13 +65,21 @@ pub const HISTOGRAM_BOUNDS_MS: [i64; 18] = BUCKETS_MS;
 /// it (a few small rows).
 pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<bool> {
     let interval_ms = interval_ms.max(1);
-    let ready: i64 = store.conn().query_row(READY_SQL, [now], |r| r.get(0))?;
-    store.write(|conn| {
+    let sampled = |conn: &Connection| -> Result<bool> {
         let last: Option<i64> = conn
             .query_row("SELECT max(at) FROM metric_samples", [], |r| r.get(0))
             .optional()?
             .flatten();
-        if last.is_some_and(|l| l.div_euclid(interval_ms) >= now.div_euclid(interval_ms)) {
+        Ok(last.is_some_and(|l| l.div_euclid(interval_ms) >= now.div_euclid(interval_ms)))
+    };
+    // Most sweeps find the interval sampled: they read one row, not the ready jobs.
+    if sampled(store.conn())? {
+        return Ok(false);
+    }
+    let ready: i64 = store.conn().query_row(READY_SQL, [now], |r| r.get(0))?;
+    store.write(|conn| {
+        // Another runner may have sampled since.
+        if sampled(conn)? {
             return Ok(false);
         }
         let last_coarse: Option<i64> = conn.query_row(

@@ -48,17 +48,19 @@ pub use metrics::{Counter, CounterKind, Histogram, JobCount, Metrics, RunnerFigu
 pub use runner::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
     DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,
-    DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS, MAX_OUTPUT_TAIL,
-    MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters, operator,
+    DEFAULT_SAMPLE_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS,
+    MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters,
+    operator,
 };
 pub use schedule::{
     CatchUp, MAX_CATCH_UP, MIN_INTERVAL, MISFIRE_GRACE, Overlap, Schedule, parse_rfc3339,
 };
 pub use store::{
-    Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, DatabaseSize, Durability,
-    Enqueued, FireReport, LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, LeaseCounts, ListFilter,
-    MAX_BUSY_TIMEOUT, MAX_SCHEDULE_EVENTS, Migration, Namespace, OpenOptions, QueueInfo,
-    RunnerRecord, SCHEMA_VERSION, ScheduleEvent, ScheduleRecord, Store, VacuumReport,
+    COARSE_SAMPLES, Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, DatabaseSize,
+    Durability, Enqueued, FINE_SAMPLES, FireReport, HISTOGRAM_BOUNDS_MS, LEASE_EXPIRED_PREFIX,
+    LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT, MAX_SCHEDULE_EVENTS,
+    Migration, Namespace, OpenOptions, QueueInfo, RecentFailure, RunnerRecord, SCHEMA_VERSION,
+    Sample, ScheduleEvent, ScheduleRecord, Store, VacuumReport,
 };
 pub use store::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,

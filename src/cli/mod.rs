@@ -437,6 +437,11 @@ struct RunArgs {
     #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_SWEEP",
           default_value_t = Secs(leasehold::DEFAULT_SWEEP_INTERVAL))]
     sweep: Secs,
+    /// How often the counters are sampled for the dashboard's charts (at least 1 s): the
+    /// charts show 60 of these intervals and 24 spans of 60.
+    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_SAMPLE_INTERVAL",
+          default_value_t = Secs(leasehold::DEFAULT_SAMPLE_INTERVAL))]
+    sample_interval: Secs,
     /// Between SIGTERM and SIGKILL when a job's processes are killed.
     #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_KILL_GRACE",
           default_value_t = Secs(leasehold::DEFAULT_KILL_GRACE))]

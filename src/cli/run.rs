@@ -33,6 +33,7 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         .lease_ttl(args.lease_ttl.0)
         .heartbeat_interval(args.heartbeat.0)
         .sweep_interval(args.sweep.0)
+        .sample_interval(args.sample_interval.0)
         .kill_grace(args.kill_grace.0)
         .shutdown_grace(args.shutdown_grace.0)
         .max_recovery_attempts(args.max_recovery)
@@ -164,6 +165,7 @@ fn flag(setting: &str) -> String {
         "lease_ttl" => "lease-ttl",
         "heartbeat_interval" => "heartbeat",
         "sweep_interval" => "sweep",
+        "sample_interval" => "sample-interval",
         "kill_grace" => "kill-grace",
         "shutdown_grace" => "shutdown-grace",
         "max_recovery_attempts" => "max-recovery",

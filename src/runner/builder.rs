@@ -15,6 +15,8 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// How often the sweeper looks for lost attempts.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// How often a runner's sweeper samples the counters for the dashboard's charts.
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(60);
 /// Between SIGTERM and SIGKILL.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 /// How many lost attempts one sweep reclaims at most.
@@ -49,6 +51,7 @@ pub(crate) struct Config {
     pub lease_ttl: Duration,
     pub heartbeat_interval: Duration,
     pub sweep_interval: Duration,
+    pub sample_interval: Duration,
     pub kill_grace: Duration,
     pub max_recovery_attempts: u32,
     pub reclaim_batch: u32,
@@ -117,6 +120,7 @@ impl RunnerBuilder {
                 lease_ttl: DEFAULT_LEASE_TTL,
                 heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
                 sweep_interval: DEFAULT_SWEEP_INTERVAL,
+                sample_interval: DEFAULT_SAMPLE_INTERVAL,
                 kill_grace: DEFAULT_KILL_GRACE,
                 max_recovery_attempts: DEFAULT_MAX_RECOVERY_ATTEMPTS,
                 reclaim_batch: DEFAULT_RECLAIM_BATCH,
@@ -187,6 +191,17 @@ impl RunnerBuilder {
     /// How often the sweeper reclaims lost attempts; at most the lease TTL. By default, 5 s.
     pub fn sweep_interval(mut self, interval: Duration) -> Self {
         self.config.sweep_interval = interval;
+        self
+    }
+
+    /// How often the sweeper samples the durable counters and the running and ready jobs
+    /// into the file's small `metric_samples` table, which the dashboard's charts read: the
+    /// charts show 60 intervals at this step and 24 spans of 60 intervals. At least 1 s; a
+    /// sample is taken at the first sweep of each interval, so an interval shorter than the
+    /// sweep interval samples once a sweep. Runners on one file share the samples: each
+    /// interval is sampled once. By default, 60 s (an hour and a day).
+    pub fn sample_interval(mut self, interval: Duration) -> Self {
+        self.config.sample_interval = interval;
         self
     }
 
@@ -296,6 +311,7 @@ pub(super) fn validate(c: &Config) -> Result<()> {
         ("lease_ttl", c.lease_ttl, false),
         ("heartbeat_interval", c.heartbeat_interval, false),
         ("sweep_interval", c.sweep_interval, false),
+        ("sample_interval", c.sample_interval, false),
         ("poll_interval", c.poll_interval, false),
         ("kill_grace", c.kill_grace, true),
         ("shutdown_grace", c.shutdown_grace, true),
@@ -348,6 +364,12 @@ pub(super) fn validate(c: &Config) -> Result<()> {
                 secs(c.heartbeat_interval),
                 secs(c.lease_ttl)
             ),
+        ));
+    }
+    if c.sample_interval < Duration::from_secs(1) {
+        return Err(Error::invalid(
+            "sample_interval",
+            format!("{}s is too short: at least 1s", secs(c.sample_interval)),
         ));
     }
     if c.sweep_interval > c.lease_ttl {

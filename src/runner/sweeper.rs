@@ -1,4 +1,5 @@
-//! The sweeper: reclaims lost attempts and tears down their processes.
+//! The sweeper: reclaims lost attempts and tears down their processes; prunes, and samples
+//! the counters for the dashboard's charts.
 //!
 //! The logic is [`Sweeper::sweep_once`], which takes the time and returns what it did; the
 //! runner's thread only waits, calls it and logs.
@@ -33,6 +34,7 @@ pub(crate) struct Sweeper {
     /// sweep until space is back).
     sweep_failures: Mutex<Repeated>,
     prune_failures: Mutex<Repeated>,
+    sample_failures: Mutex<Repeated>,
 }
 
 /// How often a failure that repeats every sweep is logged.
@@ -112,6 +114,7 @@ impl Sweeper {
             }),
             sweep_failures: Mutex::default(),
             prune_failures: Mutex::default(),
+            sample_failures: Mutex::default(),
         }
     }
 
@@ -143,6 +146,23 @@ impl Sweeper {
         }
         self.prune_and_log(now);
         self.tidy_batches_and_log();
+        self.sample_and_log(now);
+    }
+
+    /// Samples the counters for the dashboard's charts when a new sample interval began (and
+    /// no runner on the file sampled it yet). Errors are logged: the next sweep tries again.
+    pub(crate) fn sample_and_log(&self, now: i64) {
+        let interval = self.shared.config.sample_interval.as_millis();
+        let interval = i64::try_from(interval).unwrap_or(i64::MAX);
+        match self.store.take_sample(now, interval) {
+            Ok(true) => log::debug!("sample taken"),
+            Ok(false) => {}
+            Err(e) => {
+                if let Some(n) = self.sample_failures.lock().failed(Instant::now()) {
+                    log::warn!("sample failed ({n} since the last report): {e:#}");
+                }
+            }
+        }
     }
 
     /// Continues the fan-outs that endings left as cascades, and finishes the bulk enqueues

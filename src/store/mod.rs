@@ -40,6 +40,7 @@ mod batch;
 mod counter;
 mod dependency;
 mod enqueue;
+mod failure;
 pub(crate) mod handoff;
 mod lease;
 mod maintenance;
@@ -52,6 +53,7 @@ mod reclaim;
 mod retention;
 mod row;
 mod runners;
+mod sample;
 mod schedule;
 mod tx;
 pub(crate) mod wake;
@@ -62,6 +64,7 @@ pub(crate) use tx::tests::cap as cap_at_present_size;
 
 pub use crate::metrics::DatabaseSize;
 pub use enqueue::Enqueued;
+pub use failure::RecentFailure;
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
 pub(crate) use lease::{claim, finish_attempt, next_due, record_start};
 pub use maintenance::VacuumReport;
@@ -77,6 +80,7 @@ pub use retention::{
     PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
 };
 pub use runners::{Namespace, RunnerRecord};
+pub use sample::{COARSE_SAMPLES, FINE_SAMPLES, HISTOGRAM_BOUNDS_MS, Sample};
 pub use schedule::{FireReport, MAX_SCHEDULE_EVENTS, ScheduleEvent, ScheduleRecord};
 pub(crate) use tx::{savepoint, transaction};
 
@@ -1065,7 +1069,45 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn queues(&self, now: i64) -> Result<Vec<QueueInfo>> {
-        queue::list(&self.conn, now)
+        queue::list(&self.conn, now, false)
+    }
+
+    /// Every queue that has any job (finished ones included), a limit or a pause, by name,
+    /// with its counts at `now`: what the dashboard's overview lists. As cheap as
+    /// [`queues`](Store::queues): the counts come from the counters the transitions keep.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn all_queues(&self, now: i64) -> Result<Vec<QueueInfo>> {
+        queue::list(&self.conn, now, true)
+    }
+
+    /// The newest `limit` failed or lost attempts, newest first: what the dashboard lists as
+    /// recent failures. Reads the tail of an index of failure events (schema version 12),
+    /// whatever the number of events. Pruning a job removes its failures with it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn recent_failures(&self, limit: u32) -> Result<Vec<RecentFailure>> {
+        failure::recent(&self.conn, limit)
+    }
+
+    /// The samples of the counters and gauges that runners took for the dashboard's charts,
+    /// oldest first: at most [`FINE_SAMPLES`] plus [`COARSE_SAMPLES`] rows.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn samples(&self) -> Result<Vec<Sample>> {
+        sample::all(&self.conn)
+    }
+
+    /// Takes a sample at `now` unless one was taken in the same interval of `interval_ms`;
+    /// returns whether it wrote one. A runner's sweeper calls it.
+    pub(crate) fn take_sample(&self, now: i64, interval_ms: i64) -> Result<bool> {
+        sample::take(self, now, interval_ms)
     }
 
     /// Whether any job of `queues` (all queues when empty) is pending (due or not) or running.

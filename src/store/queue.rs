@@ -113,6 +113,12 @@ pub struct QueueInfo {
     pub waiting: u64,
     /// Its running jobs, over every runner.
     pub running: u64,
+    /// Its succeeded jobs still in the file (pruning removes finished jobs).
+    pub succeeded: u64,
+    /// Its failed jobs still in the file.
+    pub failed: u64,
+    /// Its cancelled jobs still in the file.
+    pub cancelled: u64,
     /// At most this many of its jobs run at once over every runner; `None`: no limit.
     pub limit: Option<u32>,
     /// Whether its jobs are left unclaimed.
@@ -121,28 +127,34 @@ pub struct QueueInfo {
     pub oldest_ready_ms: Option<i64>,
 }
 
-/// Every queue that has an unfinished job or a setting, by name.
+/// Every queue that has an unfinished job or a setting (or, with `?2` true, any job at all),
+/// by name. Parameters: now, all.
 ///
-/// Cheap on a big file: the names and the pending and running counts come from
-/// `job_counts` (a few rows, kept in the transaction of every change); the waiting jobs are
-/// found from `job_deps` (only jobs that have dependencies can wait), and the oldest ready
-/// job is the head of `jobs_pending_due`. Nothing here reads a queue's pending jobs (the
-/// CROSS JOIN keeps the planner from reading every pending job to find the waiting ones).
+/// Cheap on a big file: the names and the counts by status come from `job_counts` (a few
+/// rows, kept in the transaction of every change); the waiting jobs are found from
+/// `job_deps` (only jobs that have dependencies can wait), and the oldest ready job is the
+/// head of `jobs_pending_due`. Nothing here reads a queue's pending jobs (the CROSS JOIN
+/// keeps the planner from reading every pending job to find the waiting ones).
 pub(super) const LIST_SQL: &str = concat!(
     "WITH counts AS (
          SELECT queue AS name,
                 coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,
-                coalesce(sum(n) FILTER (WHERE status = 'running'), 0) AS running
-         FROM job_counts WHERE status IN ('pending', 'running')
-         GROUP BY queue HAVING sum(n) > 0),
+                coalesce(sum(n) FILTER (WHERE status = 'running'), 0) AS running,
+                coalesce(sum(n) FILTER (WHERE status = 'succeeded'), 0) AS succeeded,
+                coalesce(sum(n) FILTER (WHERE status = 'failed'), 0) AS failed,
+                coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0) AS cancelled,
+                sum(n) AS total
+         FROM job_counts GROUP BY queue),
      waits AS (
          SELECT jobs.queue AS name, count(*) AS waiting
          FROM (SELECT DISTINCT job_id FROM job_deps) d CROSS JOIN jobs ON jobs.id = d.job_id
          WHERE jobs.status = 'pending' AND jobs.waiting > 0
          GROUP BY jobs.queue),
-     names AS (SELECT name FROM counts UNION SELECT name FROM queues)
+     names AS (SELECT name FROM counts WHERE pending + running > 0 OR (?2 AND total > 0)
+               UNION SELECT name FROM queues)
      SELECT n.name, coalesce(c.pending, 0), coalesce(w.waiting, 0), coalesce(c.running, 0),
             q.max_running, coalesce(q.paused, 0),
+            coalesce(c.succeeded, 0), coalesce(c.failed, 0), coalesce(c.cancelled, 0),
             (SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
                  WHERE queue = n.name AND ",
     ready_to_claim!(),
@@ -154,9 +166,10 @@ pub(super) const LIST_SQL: &str = concat!(
      ORDER BY n.name"
 );
 
-pub(super) fn list(conn: &Connection, now: i64) -> Result<Vec<QueueInfo>> {
+/// The queues of [`LIST_SQL`]: with `all`, every queue that has any job too.
+pub(super) fn list(conn: &Connection, now: i64, all: bool) -> Result<Vec<QueueInfo>> {
     let mut stmt = conn.prepare_cached(LIST_SQL)?;
-    let rows = stmt.query_map([now], |r| {
+    let rows = stmt.query_map(params![now, all], |r| {
         Ok(QueueInfo {
             name: r.get(0)?,
             pending: r.get::<_, i64>(1)? as u64,
@@ -166,7 +179,10 @@ pub(super) fn list(conn: &Connection, now: i64) -> Result<Vec<QueueInfo>> {
                 .get::<_, Option<i64>>(4)?
                 .map(|l| u32::try_from(l).unwrap_or(u32::MAX)),
             paused: r.get(5)?,
-            oldest_ready_ms: r.get::<_, Option<i64>>(6)?.map(|t| now.saturating_sub(t)),
+            succeeded: r.get::<_, i64>(6)?.max(0) as u64,
+            failed: r.get::<_, i64>(7)?.max(0) as u64,
+            cancelled: r.get::<_, i64>(8)?.max(0) as u64,
+            oldest_ready_ms: r.get::<_, Option<i64>>(9)?.map(|t| now.saturating_sub(t)),
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -179,7 +195,7 @@ mod tests {
 
     fn plan(conn: &Connection, sql: &str) -> String {
         let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let mut rows = stmt.query([0i64]).unwrap();
+        let mut rows = stmt.query([0i64, 1]).unwrap();
         let mut lines = Vec::new();
         while let Some(row) = rows.next().unwrap() {
             lines.push(row.get::<_, String>(3).unwrap());

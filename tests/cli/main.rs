@@ -7,6 +7,7 @@ mod util;
 mod helper;
 
 mod cdp;
+mod dashboard;
 mod db;
 mod fsync;
 mod handoff;

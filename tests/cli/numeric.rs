@@ -21,6 +21,7 @@ fn out_of_range_counts_and_durations_are_usage_errors_naming_the_flag() {
         (vec!["run", "--heartbeat", "1e19"], "--heartbeat"),
         (vec!["run", "--lease-ttl", "1e19"], "--lease-ttl"),
         (vec!["run", "--sweep", "NaN"], "--sweep"),
+        (vec!["run", "--sample-interval", "0.5"], "--sample-interval"),
         (vec!["run", "--kill-grace", "inf"], "--kill-grace"),
         (vec!["run", "--shutdown-grace", ""], "--shutdown-grace"),
         (
@@ -65,7 +66,7 @@ fn out_of_range_counts_and_durations_are_usage_errors_naming_the_flag() {
 
 /// Every option or argument that takes a number, by command, as `--help` shows it. When a
 /// command gains one, add it here: the test below fails until it is listed.
-const NUMERIC: [(&str, &str); 36] = [
+const NUMERIC: [(&str, &str); 37] = [
     ("db prune", "--keep-succeeded"),
     ("db prune", "--keep-failed"),
     ("db prune", "--keep-cancelled"),
@@ -87,6 +88,7 @@ const NUMERIC: [(&str, &str); 36] = [
     ("run", "--lease-ttl"),
     ("run", "--heartbeat"),
     ("run", "--sweep"),
+    ("run", "--sample-interval"),
     ("run", "--kill-grace"),
     ("run", "--shutdown-grace"),
     ("run", "--max-recovery"),
@@ -186,6 +188,7 @@ fn run_env(flag: &str) -> Option<&'static str> {
         "--lease-ttl" => "LEASEHOLD_LEASE_TTL",
         "--heartbeat" => "LEASEHOLD_HEARTBEAT",
         "--sweep" => "LEASEHOLD_SWEEP",
+        "--sample-interval" => "LEASEHOLD_SAMPLE_INTERVAL",
         "--kill-grace" => "LEASEHOLD_KILL_GRACE",
         "--shutdown-grace" => "LEASEHOLD_SHUTDOWN_GRACE",
         "--max-recovery" => "LEASEHOLD_MAX_RECOVERY",

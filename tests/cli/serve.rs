@@ -816,7 +816,7 @@ pub const CHROMIUM_FLAGS: [&str; 8] = [
 ];
 
 /// Headless Chromium with the flags that keep it quiet and local.
-fn chromium(args: &[&str]) -> String {
+pub(crate) fn chromium(args: &[&str]) -> String {
     need_chromium();
     let profile = tempfile::tempdir().unwrap();
     let out = tempfile::NamedTempFile::new().unwrap();
@@ -844,12 +844,12 @@ fn chromium(args: &[&str]) -> String {
 }
 
 /// The DOM after the page loaded (and ran whatever script it could).
-fn dump_dom(url: &str) -> String {
+pub(crate) fn dump_dom(url: &str) -> String {
     chromium(&["--dump-dom", url])
 }
 
 /// The text of the element after `marker` in a serialized DOM, up to the next tag.
-fn number_after(dom: &str, marker: &str) -> u64 {
+pub(crate) fn number_after(dom: &str, marker: &str) -> u64 {
     let at = dom
         .find(marker)
         .unwrap_or_else(|| panic!("{marker} not in the DOM"));
@@ -861,7 +861,7 @@ fn number_after(dom: &str, marker: &str) -> u64 {
 }
 
 /// The text of the element after `marker`, up to the next tag.
-fn text_after<'a>(dom: &'a str, marker: &str) -> &'a str {
+pub(crate) fn text_after<'a>(dom: &'a str, marker: &str) -> &'a str {
     let at = dom
         .find(marker)
         .unwrap_or_else(|| panic!("{marker} not in the DOM"));

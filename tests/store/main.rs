@@ -9,6 +9,7 @@ mod helper;
 mod claim;
 mod dependency;
 mod ending;
+mod failure;
 mod fence;
 mod metrics;
 mod migration;

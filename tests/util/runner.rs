@@ -12,11 +12,12 @@ use nix::unistd::Pid;
 use super::poll;
 
 /// The environment variables that set `leasehold run`'s options.
-pub const RUN_VARS: [&str; 12] = [
+pub const RUN_VARS: [&str; 13] = [
     "LEASEHOLD_WORKERS",
     "LEASEHOLD_LEASE_TTL",
     "LEASEHOLD_HEARTBEAT",
     "LEASEHOLD_SWEEP",
+    "LEASEHOLD_SAMPLE_INTERVAL",
     "LEASEHOLD_KILL_GRACE",
     "LEASEHOLD_SHUTDOWN_GRACE",
     "LEASEHOLD_MAX_RECOVERY",

@@ -12,6 +12,7 @@
 
 mod action;
 mod auth;
+mod chart;
 mod http;
 mod page;
 mod reader;
@@ -42,6 +43,8 @@ const BACKLOG: usize = 64;
 pub const PAGE_SIZE: u64 = 50;
 /// What Prometheus expects of a text exposition.
 const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Failed or lost attempts listed on the overview.
+const RECENT_FAILURES: u32 = 20;
 /// The longest queue name taken in a filter.
 const MAX_QUEUE_PARAM: usize = 256;
 
@@ -284,12 +287,18 @@ fn metrics(store: &Store) -> Result<Response, Error> {
 pub struct Overview {
     pub size: leasehold::DatabaseSize,
     pub counts: leasehold::Counts,
-    /// Every queue with an unfinished job or a setting: counts, limit, pause, lag.
+    /// Every queue with a job or a setting: counts, limit, pause, lag.
     pub queues: Vec<leasehold::QueueInfo>,
     pub schedules: Vec<leasehold::ScheduleRecord>,
     pub leases: leasehold::LeaseCounts,
     pub settings: operator::LeaseSettings,
     pub runners: Vec<(leasehold::RunnerRecord, bool)>,
+    /// The newest failed or lost attempts, newest first.
+    pub failures: Vec<leasehold::RecentFailure>,
+    /// The runners' samples for the charts, oldest first.
+    pub samples: Vec<leasehold::Sample>,
+    /// When the page was read, in milliseconds since the epoch.
+    pub now: i64,
 }
 
 fn overview(store: &Store, app: &App) -> Result<Response, Error> {
@@ -298,7 +307,7 @@ fn overview(store: &Store, app: &App) -> Result<Response, Error> {
     let data = Overview {
         size: store.size()?,
         counts: store.counts()?,
-        queues: store.queues(now)?,
+        queues: store.all_queues(now)?,
         schedules: store.schedules()?,
         leases: store.lease_counts(settings.max_recovery_attempts, now)?,
         settings,
@@ -310,6 +319,9 @@ fn overview(store: &Store, app: &App) -> Result<Response, Error> {
                 (r, alive)
             })
             .collect(),
+        failures: store.recent_failures(RECENT_FAILURES)?,
+        samples: store.samples()?,
+        now,
     };
     Ok(Response::html(
         200,

@@ -2,9 +2,10 @@
 //! every value it interpolates, so whatever a job contributes (argv, env, output, errors) is
 //! shown as text.
 
-use leasehold::{Event, JobRecord, Output, ScheduleRecord, Status};
+use leasehold::{Event, EventKind, JobRecord, Output, ScheduleRecord, Status};
 use maud::{DOCTYPE, Markup, html};
 
+use super::chart::{self, Chart, Scale};
 use super::{ListQuery, Overview};
 use crate::cli::render;
 
@@ -26,6 +27,28 @@ pre{background:#fff;border:1px solid #ddd;padding:.5em;overflow:auto;max-height:
 .failed{color:#b00020}.cancelled{color:#666}
 .later{color:#777;font-style:italic}.bad{color:#b00020;font-weight:bold}
 form.inline{display:inline}nav.pages{margin:.6em 0}nav.pages a{margin-right:1em}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,34em),1fr));gap:1em}
+figure.chart{margin:0;background:#fff;border:1px solid #ddd;padding:.4em;min-width:0}
+figure.chart figcaption{font-size:.85em;color:#555}
+svg.chart{width:100%;height:auto;display:block;color:#222}
+svg.chart text{font-size:13px;fill:currentColor}svg.chart .axis{stroke:#888}
+svg.chart text.axis{stroke:none;fill:#555}svg.chart .grid{stroke:#e4e4e4}
+svg.chart polyline{fill:none;stroke-width:2}
+.s-succeeded{fill:#2e7d32}.s-failed{fill:#c62828}.s-retried{fill:#ef8f00}.s-lost{fill:#6a1b9a}
+.s-cancelled{fill:#9e9e9e}.s-p50,.s-running{fill:#1565c0;stroke:#1565c0}
+.s-p95,.s-ready{fill:#ef8f00;stroke:#ef8f00}
+details table{margin-top:.3em}summary{cursor:pointer;font-size:.9em}
+table{display:block;max-width:100%;width:max-content;overflow-x:auto}
+@media (max-width:40em){svg.chart text{font-size:16px}svg.chart text.odd{display:none}}
+@media (prefers-color-scheme:dark){
+body{color:#ddd;background:#15191e}a{color:#8ab4f8}header{background:#0d2136}
+table,pre,figure.chart{background:#1e242b}th{background:#262d35}
+th,td,pre,figure.chart,h2{border-color:#3a434d}
+figure.chart figcaption,.later,svg.chart text.axis{color:#aaa;fill:#aaa}
+svg.chart{color:#ddd}svg.chart .grid{stroke:#333b44}
+.pending{color:#e0b84a}.running{color:#6cb0ff}.succeeded{color:#6fcf6f}
+.failed,.bad{color:#ff7b7b}.cancelled{color:#aaa}
+}
 ";
 
 /// The page around `body`. `refresh` reloads it every few seconds (a meta tag: no script).
@@ -95,22 +118,34 @@ pub fn overview(o: &Overview, actions: bool) -> String {
             }
         }
 
+        h2 #activity { "Activity" }
+        (charts(o))
+
         h2 #queues { "Queues" }
         @if o.queues.is_empty() {
-            p { "No queue has a pending or running job, a limit or a pause." }
+            p { "No queue has a job, a limit or a pause." }
         } @else {
             table #queue-counts {
                 tr {
                     th { "queue" } th { "pending" } th { "waiting" } th { "running" }
+                    th { "succeeded" } th { "failed" } th { "cancelled" }
                     th { "limit" } th { "paused" } th { "oldest ready" } th { "all its jobs" }
                 }
                 @for q in &o.queues {
                     @let queue = super::http::percent_encode(&q.name);
+                    @let link = |s: Status, n: u64| html! {
+                        td.n data-queue=(q.name) data-queue-status=(s.as_str()) {
+                            a class=(s.as_str()) href={ "/jobs?queue=" (queue) "&status=" (s.as_str()) } { (n) }
+                        }
+                    };
                     tr {
                         td { (q.name) }
-                        td.n data-queue=(q.name) data-queue-status="pending" { a href={ "/jobs?status=pending&queue=" (queue) } { (q.pending) } }
+                        (link(Status::Pending, q.pending))
                         td.n data-queue=(q.name) data-queue-status="waiting" { (q.waiting) }
-                        td.n data-queue=(q.name) data-queue-status="running" { a href={ "/jobs?status=running&queue=" (queue) } { (q.running) } }
+                        (link(Status::Running, q.running))
+                        (link(Status::Succeeded, q.succeeded))
+                        (link(Status::Failed, q.failed))
+                        (link(Status::Cancelled, q.cancelled))
                         td.n data-queue=(q.name) data-queue-field="limit" { (q.limit.map_or_else(|| "-".to_string(), |l| l.to_string())) }
                         td data-queue=(q.name) data-queue-field="paused" class=[q.paused.then_some("bad")] { (if q.paused { "yes" } else { "no" }) }
                         td.n data-queue=(q.name) data-queue-field="oldest-ready" { (q.oldest_ready_ms.map_or_else(|| "-".to_string(), age)) }
@@ -119,11 +154,40 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                 }
             }
             p.later {
-                "Queues with pending or running jobs, and those with a limit or a pause. "
+                "Every queue with a job in the file, a limit or a pause; the counts are the counters the transitions keep. "
                 "Waiting: pending jobs whose dependencies have not all succeeded (counted in pending). "
                 "Limit: at most this many of its jobs run at once over every runner. "
                 "Oldest ready: how long its oldest due, unblocked job has waited. "
-                "Finished jobs are counted by status above, not by queue: that would read every finished row; the job list filters them by queue."
+                "Finished jobs leave the counts when they are pruned."
+            }
+        }
+
+        h2 #failures { "Recent failures" }
+        @if o.failures.is_empty() {
+            p #no-failures { "No failed or lost attempt is in the file." }
+        } @else {
+            table #failure-list {
+                tr {
+                    th { "job" } th { "attempt" } th { "queue" } th { "what" } th { "error_kind" }
+                    th { "when" } th { "stderr (last line)" } th { "command" }
+                }
+                @for f in &o.failures {
+                    tr.failure data-job=(f.job_id) {
+                        td.n { a href={ "/jobs/" (f.job_id) } { (f.job_id) } }
+                        td.n { (f.attempt) }
+                        td { a href={ "/jobs?queue=" (super::http::percent_encode(&f.queue)) } { (f.queue) } }
+                        td class=(if matches!(f.kind, EventKind::Failed | EventKind::Lost) { "failed" } else { "pending" }) title=[f.detail.as_deref()] { (f.kind.to_string()) }
+                        td.kind { (f.error_kind.map_or("-", |k| k.as_str())) }
+                        td.t { (render::time(f.at)) br; span.later { (age(o.now - f.at)) " ago" } }
+                        td { @if let Some(l) = &f.stderr_last_line { code { (render::cut(l, 120)) } } @else { "-" } }
+                        td { code { (render::cut(&render::command_line(&f.argv), 80)) } }
+                    }
+                }
+            }
+            p.later {
+                "The newest " (o.failures.len()) " failed or lost attempts, newest first. "
+                "failed and lost ended the job; retry_scheduled and reclaimed sent it back to pending. "
+                "error_kind is the job's, so it is shown only for the job's latest attempt."
             }
         }
 
@@ -155,8 +219,8 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                         td.n { (r.pid) }
                         td { (r.host) }
                         td class=(if *alive { "succeeded" } else { "failed" }) { (if *alive { "yes" } else { "no" }) }
-                        td { (render::time(r.started_at)) }
-                        td { (render::time(r.heartbeat_at)) }
+                        td.t { (render::time(r.started_at)) br; span.later { (age(o.now - r.started_at)) " ago" } }
+                        td.t { (render::time(r.heartbeat_at)) br; span.later { (age(o.now - r.heartbeat_at)) " ago" } }
                     }
                 }
             }
@@ -204,6 +268,70 @@ pub fn overview(o: &Overview, actions: bool) -> String {
         }
     };
     layout("Overview", true, actions, body)
+}
+
+/// The charts of the runners' samples: jobs ended per interval over the newest 60 and per
+/// 60 intervals over the newest 24 spans, wait and run quantiles, running and ready jobs.
+fn charts(o: &Overview) -> Markup {
+    let (fine, coarse) = chart::split(&o.samples);
+    if fine.len() < 2 {
+        return html! {
+            p #no-samples {
+                "No chart yet: a running runner samples the counters once a sample interval "
+                "(a minute by default, " code { "leasehold run --sample-interval SECS" } "), "
+                "and a chart needs two samples."
+            }
+        };
+    }
+    let f = chart::intervals(fine);
+    let step = chart::interval_text(&f.spans);
+    let c = chart::intervals(&coarse);
+    let span = chart::interval_text(&c.spans);
+    let newest = fine.last().map_or(o.now, |s| s.at);
+    let ended = |id, title: &str, iv: &chart::Intervals, unit: &str| {
+        chart::figure(
+            &Chart {
+                id,
+                title,
+                y_label: &format!("jobs per {unit}"),
+                scale: Scale::Linear,
+                stacked: true,
+                spans: &iv.spans,
+                series: &iv.ended,
+            },
+            "Jobs that reached an end in each interval, by outcome; retried: failed attempts sent back to pending.",
+        )
+    };
+    let buckets = "Quantiles of the attempts that ended in each interval, read from the histograms' buckets                    (5, 10, 25, 50, 100, 250, 500 ms, 1, 2.5, 5, 10, 30 s, 1, 5, 15 min, 1, 6 h, 1 d):                    each point is the upper bound of its bucket.";
+    html! {
+        p.later {
+            "From the samples runners take every " (step) "; the newest is " (age(o.now - newest)) " old. "
+            "Times in UTC."
+        }
+        div.charts {
+            (ended("ended-fine", &format!("Jobs ended per {step}, by outcome"), &f, &step))
+            @if c.spans.is_empty() {
+                p #no-coarse { "The chart of jobs ended per 60 intervals (an hour at the default minute) needs two samples that far apart." }
+            } @else {
+                (ended("ended-coarse", &format!("Jobs ended per {span}, by outcome"), &c, &span))
+            }
+            (chart::figure(&Chart {
+                id: "wait-fine", title: &format!("Wait (scheduled to started), median and p95 per {step}"),
+                y_label: "wait (log scale)", scale: Scale::LogMs, stacked: false,
+                spans: &f.spans, series: &f.wait,
+            }, buckets))
+            (chart::figure(&Chart {
+                id: "run-fine", title: &format!("Run time, median and p95 per {step}"),
+                y_label: "run time (log scale)", scale: Scale::LogMs, stacked: false,
+                spans: &f.spans, series: &f.run,
+            }, buckets))
+            (chart::figure(&Chart {
+                id: "gauges-fine", title: "Running and ready jobs",
+                y_label: "jobs", scale: Scale::Linear, stacked: false,
+                spans: &f.spans, series: &f.gauges,
+            }, "At each sample: jobs running, and pending jobs ready to claim (due, not waiting for a dependency)."))
+        }
+    }
 }
 
 pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> String {

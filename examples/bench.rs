@@ -1246,6 +1246,12 @@ fn serve_benchmarks() {
             N - N / 100
         ))
         .expect("finish 99% of the jobs");
+        // The failed jobs' `failed` events, which the overview's recent failures read.
+        conn.execute_batch(
+            "INSERT INTO job_events (job_id, at, kind, attempt, detail)
+             SELECT id, completed_at, 'failed', 1, 'exit 1' FROM jobs WHERE status = 'failed';",
+        )
+        .expect("failure events");
         // What the overview shows of schedules and flow control: a paused queue with a
         // limit, a few schedules, and 1,000 jobs waiting for a pending one.
         store.set_queue_limit("mail", Some(4)).expect("limit");
@@ -1263,6 +1269,32 @@ fn serve_benchmarks() {
         store
             .enqueue_many(&waiting, now_ms())
             .expect("waiting jobs");
+        // The charts' samples, as a runner's sweeper keeps them (the most there ever are):
+        // the newest 61 a minute apart, and 25 coarse ones an hour apart.
+        let now = now_ms();
+        let buckets = |k: i64| {
+            (0..19)
+                .map(|b| (k * (b + 1)).to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut insert = conn
+            .prepare(
+                "INSERT INTO metric_samples (at, coarse, running, ready, succeeded, failed,
+                     lost, cancelled, retried, wait, run)
+                 VALUES (?1, ?2, 4, 100, ?3, ?4, 0, 0, ?4, ?5, ?5)",
+            )
+            .expect("prepare");
+        for (i, coarse) in (0..61)
+            .map(|i| (i, false))
+            .chain((1..26).map(|i| (i * 60 + 1, true)))
+        {
+            let at = now - i * 60_000;
+            let k = 100_000 - i;
+            insert
+                .execute(rusqlite::params![at, coarse, k * 50, k / 2, buckets(k)])
+                .expect("a sample");
+        }
     }
     let built = setup.elapsed();
     let mut child = std::process::Command::new(&bin)

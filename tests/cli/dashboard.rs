@@ -290,3 +290,78 @@ fn charts_of_a_real_runner_agree_with_its_samples_and_render_in_chromium() {
     let dom = crate::serve::dump_dom(&server.login_url());
     assert!(dom.contains("id=\"ended-fine\""), "{dom}");
 }
+
+/// Times are in UTC until the viewer picks a zone (`/times?zone=…`, a cookie): then every
+/// time on the pages is in that zone, with its offset. The choice comes back to the page it
+/// was made on, and never sends the viewer to another site; an unknown zone is a 400.
+#[test]
+fn times_show_in_the_zone_the_viewer_picks() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &[], &["true"]);
+    let created = t.job(id).created_at;
+    let server = Server::start(db, &[]);
+    let utc = server.get(&format!("/jobs/{id}"));
+    assert_eq!(utc.status, 200);
+    let in_utc = leasehold_time_utc(created);
+    assert!(utc.body.contains(&in_utc), "{in_utc} on {}", utc.body);
+
+    let back = format!("/jobs/{id}");
+    let chose = server.get(&format!("/times?zone=Asia/Kolkata&back={back}"));
+    assert_eq!(chose.status, 303);
+    assert_eq!(chose.header("Location"), Some(back.as_str()));
+    let set = chose
+        .header("Set-Cookie")
+        .expect("the zone is kept in a cookie");
+    assert!(set.starts_with("leasehold_times=Asia/Kolkata;"), "{set}");
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    let cookie = set.split(';').next().unwrap();
+    let page = server.request("GET", &back, &format!("Cookie: {cookie}\r\n"), "");
+    assert_eq!(page.status, 200);
+    // Kolkata is UTC+05:30 all year.
+    let in_kolkata = kolkata_time(created);
+    assert!(
+        page.body.contains(&in_kolkata),
+        "{in_kolkata} on {}",
+        page.body
+    );
+    assert!(
+        !page.body.contains(&in_utc),
+        "no time left in UTC: {}",
+        page.body
+    );
+    assert!(
+        page.body.contains("value=\"Asia/Kolkata\""),
+        "the form shows the choice"
+    );
+
+    // Another site is never where a choice goes back to; a bad zone changes nothing.
+    let elsewhere = server.get("/times?zone=UTC&back=//evil.example/");
+    assert_eq!(elsewhere.header("Location"), Some("/"));
+    let bad = server.get("/times?zone=Mars/Olympus");
+    assert_eq!(bad.status, 400);
+    assert!(bad.header("Set-Cookie").is_none());
+    // Without the secret, no choice is taken either.
+    assert_eq!(server.anonymous("/times?zone=UTC", "").status, 401);
+}
+
+/// `ms` as the pages print a UTC time: `2026-12-01T11:17:03.038Z`.
+fn leasehold_time_utc(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+        .to_string()
+}
+
+/// `ms` as the pages print it in Asia/Kolkata: `2026-12-01 16:47:03.038 +05:30`.
+fn kolkata_time(ms: i64) -> String {
+    let offset = chrono::FixedOffset::east_opt(5 * 3600 + 30 * 60).unwrap();
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .with_timezone(&offset)
+        .format("%Y-%m-%d %H:%M:%S%.3f %:z")
+        .to_string()
+}

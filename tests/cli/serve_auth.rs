@@ -278,7 +278,7 @@ fn the_browser_logs_in_with_the_printed_url_and_retries_a_job() {
     browser.navigate(&server.url(&format!("/jobs/{failed}")));
     let page = browser.html();
     assert!(page.contains("name=\"csrf\""), "{page}");
-    browser.evaluate_and_wait("document.querySelector('form').submit()");
+    browser.evaluate_and_wait(r#"document.querySelector('form[action$="/retry"]').submit()"#);
     assert_eq!(browser.location(), server.url(&format!("/jobs/{failed}")));
     assert_eq!(status_of(&t, failed), "pending", "retried from the browser");
     assert_eq!(

@@ -7,6 +7,8 @@
 use leasehold::{FINE_SAMPLES, HISTOGRAM_BOUNDS_MS, Sample};
 use maud::{Markup, html};
 
+use super::times::Times;
+
 /// The drawing's size in SVG units; the stylesheet scales it to the page's width.
 const WIDTH: f64 = 540.0;
 const HEIGHT: f64 = 250.0;
@@ -49,6 +51,8 @@ pub struct Chart<'a> {
     /// instant drawn.
     pub spans: &'a [(i64, i64)],
     pub series: &'a [Series],
+    /// The zone the viewer reads times in.
+    pub times: &'a Times,
 }
 
 /// The figure: the SVG, a caption and the numbers behind a `<details>`.
@@ -61,13 +65,13 @@ pub fn figure(c: &Chart<'_>, caption: &str) -> Markup {
                 summary { "The numbers" }
                 table.chart-data {
                     tr {
-                        th { "from (UTC)" } th { "to (UTC)" }
+                        th { "from (" (c.times.name()) ")" } th { "to (" (c.times.name()) ")" }
                         @for s in c.series { th { (s.name) } }
                     }
                     @for (i, (from, to)) in c.spans.iter().enumerate() {
                         tr data-from=(from) data-to=(to) {
-                            td.t { (clock(*from, true)) }
-                            td.t { (clock(*to, true)) }
+                            td.t { (c.times.clock(*from, true)) }
+                            td.t { (c.times.clock(*to, true)) }
                             @for s in c.series {
                                 td.n data-series=(s.name) {
                                     @match s.values.get(i).copied().flatten() {
@@ -131,11 +135,12 @@ pub fn svg(c: &Chart<'_>) -> Markup {
                     w: (x(*to) - x(*from) - 1.0).max(0.5),
                     h: (lo - hi).max(0.5),
                     title: format!(
-                        "{}: {} from {} to {} UTC",
+                        "{}: {} from {} to {} {}",
                         s.name,
                         value_text(v, c.scale),
-                        clock(*from, true),
-                        clock(*to, true)
+                        c.times.clock(*from, true),
+                        c.times.clock(*to, true),
+                        c.times.name()
                     ),
                 });
                 base += v;
@@ -157,9 +162,9 @@ pub fn svg(c: &Chart<'_>) -> Markup {
             // Every other label is `odd`: a narrow screen, with larger text, shows half of them.
             @for (i, t) in x_ticks.iter().enumerate() {
                 line.axis x1=(r(x(*t))) x2=(r(x(*t))) y1=(r(TOP + plot_h)) y2=(r(TOP + plot_h + 4.0)) {}
-                text class=(if i % 2 == 1 { "tick odd" } else { "tick" }) x=(r(x(*t))) y=(r(TOP + plot_h + 17.0)) text-anchor="middle" { (clock(*t, with_date)) }
+                text class=(if i % 2 == 1 { "tick odd" } else { "tick" }) x=(r(x(*t))) y=(r(TOP + plot_h + 17.0)) text-anchor="middle" { (c.times.clock(*t, with_date)) }
             }
-            text.axis x=(WIDTH - RIGHT) y=(r(TOP + plot_h + 33.0)) text-anchor="end" { "time (UTC)" }
+            text.axis x=(WIDTH - RIGHT) y=(r(TOP + plot_h + 33.0)) text-anchor="end" { "time (" (c.times.name()) ")" }
             // The data.
             @if c.stacked {
                 @for b in &bars {
@@ -175,7 +180,7 @@ pub fn svg(c: &Chart<'_>) -> Markup {
                     @for (i, v) in s.values.iter().enumerate() {
                         @if let Some(v) = v {
                             circle class=(s.class) cx=(r(x(c.spans[i].1))) cy=(r(y(*v))) r="2" {
-                                title { (s.name) ": " (value_text(*v, c.scale)) " at " (clock(c.spans[i].1, true)) " UTC" }
+                                title { (s.name) ": " (value_text(*v, c.scale)) " at " (c.times.clock(c.spans[i].1, true)) " " (c.times.name()) }
                             }
                         }
                     }
@@ -336,23 +341,6 @@ fn duration_text(ms: f64) -> String {
         m if m < 86_400_000.0 => format!("{} h", m / 3_600_000.0),
         m => format!("{} d", m / 86_400_000.0),
     }
-}
-
-/// `HH:MM` (or `MM-DD HH:MM`) in UTC; seconds when they are not 0.
-fn clock(ms: i64, with_date: bool) -> String {
-    let Some(t) = chrono::DateTime::from_timestamp_millis(ms) else {
-        return ms.to_string();
-    };
-    let mut f = String::new();
-    if with_date {
-        f.push_str("%m-%d ");
-    }
-    f.push_str(if ms % 60_000 == 0 {
-        "%H:%M"
-    } else {
-        "%H:%M:%S"
-    });
-    t.format(&f).to_string()
 }
 
 // --- From samples to charts -----------------------------------------------------------------
@@ -517,6 +505,7 @@ mod tests {
             .map(|i| sample(1_700_000_040_000 + i * 60_000, i as u64 * 3, i as u64, 4))
             .collect();
         let iv = intervals(&samples);
+        let utc = Times::utc();
         let c = Chart {
             id: "ended-fine",
             title: "Jobs ended per minute <by outcome> & more",
@@ -525,6 +514,7 @@ mod tests {
             stacked: true,
             spans: &iv.spans,
             series: &iv.ended,
+            times: &utc,
         };
         let text = svg(&c).into_string();
         let doc = parse(&text);
@@ -575,6 +565,7 @@ mod tests {
             class: "s-p50",
             values: vec![Some(100.0), None, Some(5_000.0), Some(86_400_000.0 * 2.0)],
         }];
+        let utc = Times::utc();
         let c = Chart {
             id: "wait",
             title: "Wait",
@@ -583,6 +574,7 @@ mod tests {
             stacked: false,
             spans: &spans,
             series: &series,
+            times: &utc,
         };
         let text = svg(&c).into_string();
         let doc = parse(&text);
@@ -600,6 +592,7 @@ mod tests {
 
     #[test]
     fn an_empty_chart_is_still_well_formed() {
+        let utc = Times::utc();
         let c = Chart {
             id: "none",
             title: "Nothing yet",
@@ -608,6 +601,7 @@ mod tests {
             stacked: true,
             spans: &[],
             series: &[],
+            times: &utc,
         };
         parse(&svg(&c).into_string());
     }
@@ -651,7 +645,6 @@ mod tests {
                 600_000, 1_200_000, 1_800_000, 2_400_000, 3_000_000, 3_600_000
             ]
         );
-        assert_eq!(clock(3_600_000, false), "01:00");
         assert_eq!(duration_text(60_000.0), "1 min");
     }
 }

@@ -25,6 +25,8 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct Request {
     pub method: String,
+    /// The target as sent (`/jobs?status=failed`): where a page's links come back to.
+    pub target: String,
     /// The path, percent-decoded.
     pub path: String,
     /// The query's pairs, percent-decoded.
@@ -120,6 +122,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, ReadError> {
     ))?;
     Ok(Some(Request {
         method: method.to_string(),
+        target: target.to_string(),
         path,
         query,
         host,

@@ -16,6 +16,7 @@ mod chart;
 mod http;
 mod page;
 mod reader;
+mod times;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -74,6 +75,8 @@ struct App {
     auth: auth::Auth,
     /// Whether a job's page shows its environment's values.
     show_env: bool,
+    /// This machine's zone, offered beside UTC for the pages' times.
+    system_zone: Option<String>,
 }
 
 /// Serves the dashboard of `db` until the process is killed.
@@ -97,6 +100,7 @@ pub fn serve(db: &Path, options: Options) -> anyhow::Result<()> {
         token,
         auth,
         show_env: options.show_env,
+        system_zone: times::system_zone(),
     });
     let (tx, rx) = crossbeam_channel::bounded::<Ready>(BACKLOG);
     for i in 0..THREADS {
@@ -181,7 +185,7 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
     match (segments.as_slice(), get) {
         (["healthz"], true) => return healthz(app, store),
         (["login"], true) => return app.auth.login(req),
-        (["healthz"] | ["login"], false) => {
+        (["healthz"] | ["login"] | ["times"], false) => {
             return error_page(405, "this page takes GET").header("Allow", "GET, HEAD");
         }
         _ => {}
@@ -190,10 +194,16 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
     if app.auth.check(req, metrics_route) == auth::Verdict::Denied {
         return auth::denied(metrics_route);
     }
+    let view = page::View {
+        times: times::Times::of(req),
+        system_zone: app.system_zone.as_deref(),
+        back: &req.target,
+    };
     match (segments.as_slice(), get) {
-        ([], true) => with_store(app, store, |s| overview(s, app)),
-        (["jobs"], true) => with_store(app, store, |s| jobs(s, app, &req.query)),
-        (["jobs", id], true) => with_store(app, store, |s| job(s, app, id)),
+        ([], true) => with_store(app, store, |s| overview(s, app, &view)),
+        (["jobs"], true) => with_store(app, store, |s| jobs(s, app, &req.query, &view)),
+        (["jobs", id], true) => with_store(app, store, |s| job(s, app, id, &view)),
+        (["times"], true) => times::choose(req),
         (["style.css"], true) => Response {
             status: 200,
             content_type: "text/css; charset=utf-8",
@@ -301,7 +311,7 @@ pub struct Overview {
     pub now: i64,
 }
 
-fn overview(store: &Store, app: &App) -> Result<Response, Error> {
+fn overview(store: &Store, app: &App, view: &page::View) -> Result<Response, Error> {
     let settings = operator::lease_settings(store)?;
     let now = now_ms();
     let data = Overview {
@@ -325,7 +335,7 @@ fn overview(store: &Store, app: &App) -> Result<Response, Error> {
     };
     Ok(Response::html(
         200,
-        page::overview(&data, app.token.is_some()),
+        page::overview(&data, app.token.is_some(), view),
     ))
 }
 
@@ -394,7 +404,12 @@ impl ListQuery {
     }
 }
 
-fn jobs(store: &Store, app: &App, query: &[(String, String)]) -> Result<Response, Error> {
+fn jobs(
+    store: &Store,
+    app: &App,
+    query: &[(String, String)],
+    view: &page::View,
+) -> Result<Response, Error> {
     let q = match ListQuery::parse(query) {
         Ok(q) => q,
         Err(page) => return Ok(page),
@@ -412,11 +427,11 @@ fn jobs(store: &Store, app: &App, query: &[(String, String)]) -> Result<Response
     rows.truncate(PAGE_SIZE as usize);
     Ok(Response::html(
         200,
-        page::jobs(&q, &rows, more, app.token.is_some()),
+        page::jobs(&q, &rows, more, app.token.is_some(), view),
     ))
 }
 
-fn job(store: &Store, app: &App, id: &str) -> Result<Response, Error> {
+fn job(store: &Store, app: &App, id: &str, view: &page::View) -> Result<Response, Error> {
     let Ok(id) = id.parse::<i64>() else {
         return Ok(error_page(400, "a job id is a whole number"));
     };
@@ -437,6 +452,7 @@ fn job(store: &Store, app: &App, id: &str) -> Result<Response, Error> {
             waits.as_deref(),
             app.token.as_deref(),
             app.show_env,
+            view,
         ),
     ))
 }

@@ -6,6 +6,7 @@ use leasehold::{Event, EventKind, JobRecord, Output, ScheduleRecord, Status};
 use maud::{DOCTYPE, Markup, html};
 
 use super::chart::{self, Chart, Scale};
+use super::times::Times;
 use super::{ListQuery, Overview};
 use crate::cli::render;
 
@@ -16,6 +17,8 @@ body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
 header{background:#243447;color:#fff;padding:.5em 1em;display:flex;gap:1.5em;align-items:baseline}
 header a{color:#fff;text-decoration:none}header b{font-size:1.1em}
 .mode{margin-left:auto;font-size:.85em;opacity:.8}
+header form.times{font-size:.85em}header form.times input{width:10em}header form.times a{text-decoration:underline}
+header{flex-wrap:wrap}
 main{padding:0 1em 2em;max-width:80em}
 h2{font-size:1.05em;margin:1.4em 0 .4em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;background:#fff}
@@ -51,8 +54,20 @@ svg.chart{color:#ddd}svg.chart .grid{stroke:#333b44}
 }
 ";
 
+/// What every page needs of the request besides its data.
+pub struct View<'a> {
+    /// The zone the viewer chose for times.
+    pub times: Times,
+    /// This machine's zone, offered beside UTC.
+    pub system_zone: Option<&'a str>,
+    /// The request's target, where choosing a zone comes back to.
+    pub back: &'a str,
+}
+
 /// The page around `body`. `refresh` reloads it every few seconds (a meta tag: no script).
-fn layout(title: &str, refresh: bool, actions: bool, body: Markup) -> String {
+/// With a `view`, the header offers the zone times are shown in: UTC, this machine's, or one
+/// the viewer types (a GET form, no script).
+fn layout(title: &str, refresh: bool, actions: bool, view: Option<&View>, body: Markup) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -69,6 +84,20 @@ fn layout(title: &str, refresh: bool, actions: bool, body: Markup) -> String {
                     a href="/" { "Overview" }
                     a href="/jobs" { "Jobs" }
                     span.mode { @if actions { "actions allowed" } @else { "read-only" } }
+                    @if let Some(v) = view {
+                        form.times action="/times" method="get" {
+                            "Times in "
+                            input type="hidden" name="back" value=(v.back);
+                            input type="text" name="zone" value=(v.times.name()) size="16" aria-label="time zone";
+                            button type="submit" { "Show" }
+                            " "
+                            a href={ "/times?zone=UTC&back=" (super::http::percent_encode(v.back)) } { "UTC" }
+                            @if let Some(z) = v.system_zone {
+                                " · "
+                                a href={ "/times?zone=" (super::http::percent_encode(z)) "&back=" (super::http::percent_encode(v.back)) } { "this machine's (" (z) ")" }
+                            }
+                        }
+                    }
                 }
                 main { (body) }
             }
@@ -82,6 +111,7 @@ pub fn error(status: u16, reason: &str, message: &str) -> String {
         &format!("{status} {reason}"),
         false,
         false,
+        None,
         html! {
             h1 { (status) " " (reason) }
             p #message { (message) }
@@ -94,7 +124,8 @@ fn status_link(status: Status, n: u64) -> Markup {
     html! { a class=(status.as_str()) href={ "/jobs?status=" (status.as_str()) } { (n) } }
 }
 
-pub fn overview(o: &Overview, actions: bool) -> String {
+pub fn overview(o: &Overview, actions: bool, view: &View) -> String {
+    let t = &view.times;
     let c = &o.counts;
     let statuses = [
         (Status::Pending, c.pending),
@@ -119,7 +150,7 @@ pub fn overview(o: &Overview, actions: bool) -> String {
         }
 
         h2 #activity { "Activity" }
-        (charts(o))
+        (charts(o, t))
 
         h2 #queues { "Queues" }
         @if o.queues.is_empty() {
@@ -178,7 +209,7 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                         td { a href={ "/jobs?queue=" (super::http::percent_encode(&f.queue)) } { (f.queue) } }
                         td class=(if matches!(f.kind, EventKind::Failed | EventKind::Lost) { "failed" } else { "pending" }) title=[f.detail.as_deref()] { (f.kind.to_string()) }
                         td.kind { (f.error_kind.map_or("-", |k| k.as_str())) }
-                        td.t { (render::time(f.at)) br; span.later { (age(o.now - f.at)) " ago" } }
+                        td.t { (t.at(f.at)) br; span.later { (age(o.now - f.at)) " ago" } }
                         td { @if let Some(l) = &f.stderr_last_line { code { (render::cut(l, 120)) } } @else { "-" } }
                         td { code { (render::cut(&render::command_line(&f.argv), 80)) } }
                     }
@@ -219,8 +250,8 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                         td.n { (r.pid) }
                         td { (r.host) }
                         td class=(if *alive { "succeeded" } else { "failed" }) { (if *alive { "yes" } else { "no" }) }
-                        td.t { (render::time(r.started_at)) br; span.later { (age(o.now - r.started_at)) " ago" } }
-                        td.t { (render::time(r.heartbeat_at)) br; span.later { (age(o.now - r.heartbeat_at)) " ago" } }
+                        td.t { (t.at(r.started_at)) br; span.later { (age(o.now - r.started_at)) " ago" } }
+                        td.t { (t.at(r.heartbeat_at)) br; span.later { (age(o.now - r.heartbeat_at)) " ago" } }
                     }
                 }
             }
@@ -250,13 +281,13 @@ pub fn overview(o: &Overview, actions: bool) -> String {
                         td.expression { code { (r.expression()) } }
                         td.zone { (r.schedule.zone_name()) }
                         td.paused class=[r.paused.then_some("bad")] { (if r.paused { "yes" } else { "no" }) }
-                        td.t.last { (slot(r, r.last_slot_at)) }
-                        td.t.next { (slot(r, r.next_slot_at)) }
+                        td.t.last { (slot(t, r, r.last_slot_at)) }
+                        td.t.next { (slot(t, r, r.next_slot_at)) }
                         td { code { (render::cut(&render::command_line(r.schedule.job_template().argv()), 80)) } }
                     }
                 }
             }
-            p.later { "Slots in UTC, and below in the schedule's zone." }
+            p.later { "Slots in " (t.name()) ", and below in the schedule's zone where it differs." }
         }
 
         h2 #dependencies { "Dependencies" }
@@ -267,12 +298,12 @@ pub fn overview(o: &Overview, actions: bool) -> String {
             @if waiting > 0 { " (by queue in the Queues table; a job's page lists what it waits for)" }
         }
     };
-    layout("Overview", true, actions, body)
+    layout("Overview", true, actions, Some(view), body)
 }
 
 /// The charts of the runners' samples: jobs ended per interval over the newest 60 and per
 /// 60 intervals over the newest 24 spans, wait and run quantiles, running and ready jobs.
-fn charts(o: &Overview) -> Markup {
+fn charts(o: &Overview, times: &Times) -> Markup {
     let (fine, coarse) = chart::split(&o.samples);
     if fine.len() < 2 {
         return html! {
@@ -298,15 +329,18 @@ fn charts(o: &Overview) -> Markup {
                 stacked: true,
                 spans: &iv.spans,
                 series: &iv.ended,
+                times,
             },
             "Jobs that reached an end in each interval, by outcome; retried: failed attempts sent back to pending.",
         )
     };
-    let buckets = "Quantiles of the attempts that ended in each interval, read from the histograms' buckets                    (5, 10, 25, 50, 100, 250, 500 ms, 1, 2.5, 5, 10, 30 s, 1, 5, 15 min, 1, 6 h, 1 d):                    each point is the upper bound of its bucket.";
+    let buckets = "Quantiles of the attempts that ended in each interval, read from the \
+                   histograms' buckets (5, 10, 25, 50, 100, 250, 500 ms, 1, 2.5, 5, 10, 30 s, \
+                   1, 5, 15 min, 1, 6 h, 1 d): each point is the upper bound of its bucket.";
     html! {
         p.later {
             "From the samples runners take every " (step) "; the newest is " (age(o.now - newest)) " old. "
-            "Times in UTC."
+            "Times in " (times.name()) "."
         }
         div.charts {
             (ended("ended-fine", &format!("Jobs ended per {step}, by outcome"), &f, &step))
@@ -318,23 +352,24 @@ fn charts(o: &Overview) -> Markup {
             (chart::figure(&Chart {
                 id: "wait-fine", title: &format!("Wait (scheduled to started), median and p95 per {step}"),
                 y_label: "wait (log scale)", scale: Scale::LogMs, stacked: false,
-                spans: &f.spans, series: &f.wait,
+                spans: &f.spans, series: &f.wait, times,
             }, buckets))
             (chart::figure(&Chart {
                 id: "run-fine", title: &format!("Run time, median and p95 per {step}"),
                 y_label: "run time (log scale)", scale: Scale::LogMs, stacked: false,
-                spans: &f.spans, series: &f.run,
+                spans: &f.spans, series: &f.run, times,
             }, buckets))
             (chart::figure(&Chart {
                 id: "gauges-fine", title: "Running and ready jobs",
                 y_label: "jobs", scale: Scale::Linear, stacked: false,
-                spans: &f.spans, series: &f.gauges,
+                spans: &f.spans, series: &f.gauges, times,
             }, "At each sample: jobs running, and pending jobs ready to claim (due, not waiting for a dependency)."))
         }
     }
 }
 
-pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> String {
+pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool, view: &View) -> String {
+    let t = &view.times;
     let body = html! {
         h1 { "Jobs" }
         form method="get" action="/jobs" {
@@ -367,7 +402,7 @@ pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> Str
                         td.n { (j.attempt) "/" (j.max_attempts) }
                         td.n { (j.recovery_count) }
                         td { (render::result(j)) }
-                        td.t { (render::time(j.created_at)) }
+                        td.t { (t.at(j.created_at)) }
                         td { code { (render::cut(&render::command_line(&j.argv), 80)) } }
                     }
                 }
@@ -380,7 +415,7 @@ pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool) -> Str
             }
         }
     };
-    layout("Jobs", false, actions, body)
+    layout("Jobs", false, actions, Some(view), body)
 }
 
 pub fn job(
@@ -390,7 +425,9 @@ pub fn job(
     teardown_waits: Option<&str>,
     token: Option<&str>,
     show_env: bool,
+    view: &View,
 ) -> String {
+    let t = &view.times;
     let opt = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     let secs =
         |v: Option<i64>| v.map_or_else(|| "-".to_string(), |ms| format!("{}s", ms as f64 / 1000.0));
@@ -416,15 +453,15 @@ pub fn job(
         ("worker_id", j.worker_id.clone().unwrap_or("-".into())),
         ("pid", opt(j.pid)),
         ("pgid", opt(j.pgid)),
-        ("created_at", render::time(j.created_at)),
-        ("scheduled_at", render::time(j.scheduled_at)),
-        ("started_at", render::opt_time(j.started_at)),
-        ("heartbeat_at", render::opt_time(j.heartbeat_at)),
-        ("lease_expires_at", render::opt_time(j.lease_expires_at)),
-        ("completed_at", render::opt_time(j.completed_at)),
+        ("created_at", t.at(j.created_at)),
+        ("scheduled_at", t.at(j.scheduled_at)),
+        ("started_at", t.opt(j.started_at)),
+        ("heartbeat_at", t.opt(j.heartbeat_at)),
+        ("lease_expires_at", t.opt(j.lease_expires_at)),
+        ("completed_at", t.opt(j.completed_at)),
         ("unique_key", j.unique_key.clone().unwrap_or("-".into())),
         ("schedule", j.schedule.clone().unwrap_or("-".into())),
-        ("slot_at", render::opt_time(j.slot_at)),
+        ("slot_at", t.opt(j.slot_at)),
     ];
     let retryable = matches!(
         j.status,
@@ -490,7 +527,7 @@ pub fn job(
             tr { th { "at" } th { "attempt" } th { "kind" } th { "detail" } }
             @for e in events {
                 tr.event {
-                    td { (render::time(e.at)) }
+                    td { (t.at(e.at)) }
                     td.n { (e.attempt) }
                     td.kind { (e.kind.to_string()) }
                     td { (e.detail.as_deref().unwrap_or("")) }
@@ -508,16 +545,23 @@ pub fn job(
             }
         }
     };
-    layout(&format!("Job {}", j.id), false, token.is_some(), body)
+    layout(
+        &format!("Job {}", j.id),
+        false,
+        token.is_some(),
+        Some(view),
+        body,
+    )
 }
 
-/// A slot in UTC and, when the zone is not UTC, in the schedule's zone; `-` when none.
-fn slot(r: &ScheduleRecord, at: Option<i64>) -> Markup {
+/// A slot in the viewer's zone and, when the schedule's zone is another, in that one too;
+/// `-` when none.
+fn slot(times: &Times, r: &ScheduleRecord, at: Option<i64>) -> Markup {
     match at {
         None => html! { "-" },
-        Some(t) => html! {
-            (render::time(t))
-            @if r.schedule.zone_name() != "UTC" { br; span.later { (r.schedule.local_time(t)) } }
+        Some(at) => html! {
+            (times.at(at))
+            @if r.schedule.zone_name() != times.name() { br; span.later { (r.schedule.local_time(at)) } }
         },
     }
 }

@@ -365,3 +365,35 @@ fn kolkata_time(ms: i64) -> String {
         .format("%Y-%m-%d %H:%M:%S%.3f %:z")
         .to_string()
 }
+
+/// A running job's page says its output comes when the attempt ends and reloads itself until
+/// then; a finished job's page does not reload.
+#[test]
+fn a_running_jobs_page_reloads_until_its_output_is_recorded() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let done = add(db, &[], &["true"]);
+    run_until_idle(db, &[]);
+    let long = add(db, &[], &["sleep", "30"]);
+    let mut args = FAST.to_vec();
+    args.extend(["--shutdown-grace", "0.1"]);
+    let runner = RunnerProcess::start(db, &args);
+    crate::helper::wait_running(db, long);
+    let server = Server::start(db, &[]);
+    let page = server.get(&format!("/jobs/{long}"));
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains("http-equiv=\"refresh\""),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("id=\"live\""), "{}", page.body);
+    let page = server.get(&format!("/jobs/{done}"));
+    assert!(
+        !page.body.contains("http-equiv=\"refresh\""),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("id=\"live\""), "{}", page.body);
+    stop(runner);
+}

@@ -428,6 +428,7 @@ pub fn job(
     view: &View,
 ) -> String {
     let t = &view.times;
+    let running = j.status == Status::Running;
     let opt = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
     let secs =
         |v: Option<i64>| v.map_or_else(|| "-".to_string(), |ms| format!("{}s", ms as f64 / 1000.0));
@@ -535,6 +536,12 @@ pub fn job(
             }
         }
         h2 { "Output" }
+        @if running {
+            p #live.later {
+                "Attempt " (j.attempt) " is running: its output is recorded when it ends, and "
+                "this page reloads every 5 seconds until then."
+            }
+        }
         @match output {
             None => p { "None recorded yet." },
             Some(o) => {
@@ -547,7 +554,7 @@ pub fn job(
     };
     layout(
         &format!("Job {}", j.id),
-        false,
+        running,
         token.is_some(),
         Some(view),
         body,

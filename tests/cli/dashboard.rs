@@ -337,6 +337,19 @@ fn times_show_in_the_zone_the_viewer_picks() {
         page.body.contains("value=\"Asia/Kolkata\""),
         "the form shows the choice"
     );
+    // Each time has its age beside it.
+    let aged = format!("{in_kolkata} (");
+    let after = &page.body[page.body.find(&aged).expect("an age beside the time") + aged.len()..];
+    assert!(
+        after.split(')').next().unwrap().ends_with(" ago"),
+        "{after}"
+    );
+    let list = server.request("GET", "/jobs", &format!("Cookie: {cookie}\r\n"), "");
+    assert!(
+        list.body.contains(&in_kolkata) && list.body.contains(" ago<"),
+        "{}",
+        list.body
+    );
 
     // Another site is never where a choice goes back to; a bad zone changes nothing.
     let elsewhere = server.get("/times?zone=UTC&back=//evil.example/");

@@ -421,7 +421,7 @@ fn a_job_page_shows_its_dependencies_as_links_its_unique_key_and_its_schedule() 
     let slot = fired.slot_at.expect("a fired job has its slot");
     let shown = page.body.split("<th>slot_at</th><td>").nth(1).unwrap();
     assert!(
-        shown.starts_with(&format!("{}<", render_time(slot))),
+        shown.starts_with(&format!("{} (", render_time(slot))),
         "{shown}"
     );
     assert!(page.body.contains("None: it runs without waiting"));

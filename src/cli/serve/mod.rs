@@ -198,6 +198,7 @@ fn route(app: &App, store: &mut Option<Store>, req: &Request) -> Response {
         times: times::Times::of(req),
         system_zone: app.system_zone.as_deref(),
         back: &req.target,
+        now: now_ms(),
     };
     match (segments.as_slice(), get) {
         ([], true) => with_store(app, store, |s| overview(s, app, &view)),

@@ -62,6 +62,29 @@ pub struct View<'a> {
     pub system_zone: Option<&'a str>,
     /// The request's target, where choosing a zone comes back to.
     pub back: &'a str,
+    /// When the page is made, in milliseconds since the epoch: relative ages count from it.
+    pub now: i64,
+}
+
+impl View<'_> {
+    /// A time in the viewer's zone with its age beside it: `… (3.2 s ago)`, `… (in 4.0 s)`.
+    fn stamp(&self, ms: i64) -> String {
+        format!("{} ({})", self.times.at(ms), relative(self.now - ms))
+    }
+
+    /// An optional time as [`View::stamp`] writes it, or `-`.
+    fn opt_stamp(&self, ms: Option<i64>) -> String {
+        ms.map_or_else(|| "-".to_string(), |ms| self.stamp(ms))
+    }
+}
+
+/// An age, `3.2 s ago`, or for a time still to come, `in 3.2 s`.
+fn relative(ago_ms: i64) -> String {
+    if ago_ms >= 0 {
+        format!("{} ago", age(ago_ms))
+    } else {
+        format!("in {}", age(-ago_ms))
+    }
 }
 
 /// The page around `body`. `refresh` reloads it every few seconds (a meta tag: no script).
@@ -402,7 +425,7 @@ pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool, view: 
                         td.n { (j.attempt) "/" (j.max_attempts) }
                         td.n { (j.recovery_count) }
                         td { (render::result(j)) }
-                        td.t { (t.at(j.created_at)) }
+                        td.t { (t.at(j.created_at)) br; span.later { (relative(view.now - j.created_at)) } }
                         td { code { (render::cut(&render::command_line(&j.argv), 80)) } }
                     }
                 }
@@ -454,15 +477,15 @@ pub fn job(
         ("worker_id", j.worker_id.clone().unwrap_or("-".into())),
         ("pid", opt(j.pid)),
         ("pgid", opt(j.pgid)),
-        ("created_at", t.at(j.created_at)),
-        ("scheduled_at", t.at(j.scheduled_at)),
-        ("started_at", t.opt(j.started_at)),
-        ("heartbeat_at", t.opt(j.heartbeat_at)),
-        ("lease_expires_at", t.opt(j.lease_expires_at)),
-        ("completed_at", t.opt(j.completed_at)),
+        ("created_at", view.stamp(j.created_at)),
+        ("scheduled_at", view.stamp(j.scheduled_at)),
+        ("started_at", view.opt_stamp(j.started_at)),
+        ("heartbeat_at", view.opt_stamp(j.heartbeat_at)),
+        ("lease_expires_at", view.opt_stamp(j.lease_expires_at)),
+        ("completed_at", view.opt_stamp(j.completed_at)),
         ("unique_key", j.unique_key.clone().unwrap_or("-".into())),
         ("schedule", j.schedule.clone().unwrap_or("-".into())),
-        ("slot_at", t.opt(j.slot_at)),
+        ("slot_at", view.opt_stamp(j.slot_at)),
     ];
     let retryable = matches!(
         j.status,
@@ -528,7 +551,7 @@ pub fn job(
             tr { th { "at" } th { "attempt" } th { "kind" } th { "detail" } }
             @for e in events {
                 tr.event {
-                    td { (t.at(e.at)) }
+                    td { (t.at(e.at)) br; span.later { (relative(view.now - e.at)) } }
                     td.n { (e.attempt) }
                     td.kind { (e.kind.to_string()) }
                     td { (e.detail.as_deref().unwrap_or("")) }

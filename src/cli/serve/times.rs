@@ -53,11 +53,6 @@ impl Times {
         }
     }
 
-    /// An optional time, or `-`.
-    pub fn opt(&self, ms: Option<i64>) -> String {
-        ms.map_or_else(|| "-".to_string(), |ms| self.at(ms))
-    }
-
     /// A chart's clock: `HH:MM` (with `MM-DD ` before it when `with_date`), and seconds when
     /// they are not 0.
     pub fn clock(&self, ms: i64, with_date: bool) -> String {

@@ -89,7 +89,7 @@ fn zone(name: &str) -> Option<Option<(String, TimeZone)>> {
     (tz.iana_name() == Some(name)).then(|| Some((name.to_string(), tz)))
 }
 
-/// This machine's zone, when it has an IANA name other than UTC: offered beside UTC on every
+/// This machine's zone, when it has an IANA name and is not UTC: offered beside UTC on every
 /// page. As the C library finds it: `TZ` (`Europe/Berlin` or `:Europe/Berlin`), else the
 /// zone file `/etc/localtime` links to (`…/zoneinfo/Europe/Berlin`).
 pub fn system_zone() -> Option<String> {
@@ -102,6 +102,19 @@ pub fn system_zone() -> Option<String> {
         let (_, name) = target.split_once("zoneinfo/")?;
         Some(name.to_string())
     })?;
+    // UTC under another name is UTC, which every page offers already.
+    const UTC_ALIASES: [&str; 7] = [
+        "Etc/UTC",
+        "Etc/UCT",
+        "Etc/Universal",
+        "Etc/Zulu",
+        "UCT",
+        "Universal",
+        "Zulu",
+    ];
+    if UTC_ALIASES.contains(&name.as_str()) {
+        return None;
+    }
     zone(&name).flatten().map(|(name, _)| name)
 }
 

@@ -40,6 +40,8 @@ fn out_of_range_counts_and_durations_are_usage_errors_naming_the_flag() {
             vec!["jobs", "add", "--delay", "1e-9", "--", "true"],
             "--delay",
         ),
+        (vec!["jobs", "wait", "1", "--timeout", "1e19"], "--timeout"),
+        (vec!["jobs", "wait", "9223372036854775808"], "ID"),
     ] {
         let line = fails(&mut cli(db, &args), 2);
         assert!(line.contains(flag), "{args:?}: {line}");
@@ -66,7 +68,7 @@ fn out_of_range_counts_and_durations_are_usage_errors_naming_the_flag() {
 
 /// Every option or argument that takes a number, by command, as `--help` shows it. When a
 /// command gains one, add it here: the test below fails until it is listed.
-const NUMERIC: [(&str, &str); 37] = [
+const NUMERIC: [(&str, &str); 39] = [
     ("db prune", "--keep-succeeded"),
     ("db prune", "--keep-failed"),
     ("db prune", "--keep-cancelled"),
@@ -84,6 +86,8 @@ const NUMERIC: [(&str, &str); 37] = [
     ("jobs retry", "ID"),
     ("jobs retry", "--limit"),
     ("jobs cancel", "ID"),
+    ("jobs wait", "ID"),
+    ("jobs wait", "--timeout"),
     ("run", "--workers"),
     ("run", "--lease-ttl"),
     ("run", "--heartbeat"),

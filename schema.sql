@@ -1,4 +1,4 @@
--- leasehold schema, version 11 (PRAGMA user_version = 11).
+-- leasehold schema, version 12 (PRAGMA user_version = 12).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -295,7 +295,7 @@ CREATE TABLE cascades (
     PRIMARY KEY (job_id, status)
 );
 
--- The dashboard (version 11); see `src/migrations/0011_dashboard.sql`.
+-- The dashboard (version 12); see `src/migrations/0012_dashboard.sql`.
 -- The recent failures: the events of failed and lost attempts, newest first, are the tail of
 -- this partial index; the overview reads 20 entries of it, never the other events. (Chains of
 -- equalities, not an IN list: see 0008_check_lists.sql.)

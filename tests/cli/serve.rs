@@ -686,6 +686,7 @@ fn answer_within(addr: SocketAddr, raw: &[u8], limit: Duration) -> Option<Vec<u8
             Ok(n) => bytes.extend_from_slice(&chunk[..n]),
             // Closed with a reset: what arrived before it is the answer.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return None,
         }
     }
@@ -742,17 +743,33 @@ fn a_connection_without_a_whole_request_is_closed_at_the_head_deadline() {
     let t = TestDb::new();
     three_jobs(&t);
     let server = Server::start(&t.path, &[]);
-    // The deadline is 2 s from the accept; 6 s leaves room for a loaded machine and is well
-    // short of the 10 s the server allowed before.
-    let silent = answer_within(server.addr, b"", Duration::from_secs(6))
-        .expect("a silent connection is closed within a few seconds");
+    // The deadline is 2 s from the accept; 8 s leaves room for a loaded machine and is short
+    // of the 10 s the server allowed before. (Once, in CI, the half head below was not
+    // answered within 6 s; not seen again in 60 runs, 24 of them 8 at a time: the log and
+    // the time taken are printed should it come back.)
+    let limit = Duration::from_secs(8);
+    let started = std::time::Instant::now();
+    let silent = answer_within(server.addr, b"", limit).unwrap_or_else(|| {
+        panic!(
+            "a silent connection is not closed after {:?}; serve's log:\n{}",
+            started.elapsed(),
+            server.log()
+        )
+    });
     assert!(silent.is_empty(), "closed without an answer: {silent:?}");
+    let started = std::time::Instant::now();
     let half = answer_within(
         server.addr,
         b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n",
-        Duration::from_secs(6),
+        limit,
     )
-    .expect("a connection with half a head is closed within a few seconds");
+    .unwrap_or_else(|| {
+        panic!(
+            "a connection with half a head is not closed after {:?}; serve's log:\n{}",
+            started.elapsed(),
+            server.log()
+        )
+    });
     assert_eq!(Reply::parse(&half).status, 408, "{half:?}");
     assert_eq!(server.get("/healthz").status, 200, "still serving");
 }

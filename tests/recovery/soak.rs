@@ -356,6 +356,16 @@ fn soak_64_workers_20000_jobs_wrapping_pids_a_frozen_runner_and_shell_adds() {
                     open = false;
                 }
                 "torn_down" | "requeued" | "timed_out" | "retry_scheduled" => open = false,
+                // Written by the attempt's own runner once it had killed and reaped the
+                // attempt (its lease had run out while it was frozen, say, and nobody had
+                // reclaimed it yet): the attempt is over, with nothing left to tear down. A
+                // sweeper's reclaim of another runner's attempt stays open until torn down.
+                "reclaimed" | "lost"
+                    if detail.contains("attempt stopped: ")
+                        || detail.contains("killed the attempt itself") =>
+                {
+                    open = false;
+                }
                 _ => {}
             }
         }

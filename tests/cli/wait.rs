@@ -23,17 +23,21 @@ fn wait_returns_when_the_jobs_end_with_0_for_success_and_1_otherwise() {
         if json {
             cmd.arg("--json");
         }
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("jobs wait starts")
+        // Bounded, so that even a wait this test failed to end leaves no process behind.
+        cmd.args(["--timeout", "60"]);
+        Waiting(Some(
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("jobs wait starts"),
+        ))
     };
     let mut one = waits(&[good], false);
     let mut both = waits(&[good, bad], true);
     // Each wait has the file open (so it is in its loop) and is still there while the jobs are
     // pending; a wait that did not wait would also print them pending below.
     for w in [&mut one, &mut both] {
-        let fds = format!("/proc/{}/fd", w.id());
+        let fds = format!("/proc/{}/fd", w.child().id());
         assert!(
             wait_until(Duration::from_secs(10), || {
                 std::fs::read_dir(&fds).is_ok_and(|d| {
@@ -44,7 +48,7 @@ fn wait_returns_when_the_jobs_end_with_0_for_success_and_1_otherwise() {
             "the wait opens the file"
         );
         assert!(
-            w.try_wait().unwrap().is_none(),
+            w.child().try_wait().unwrap().is_none(),
             "it waits while the jobs are pending"
         );
     }
@@ -52,18 +56,18 @@ fn wait_returns_when_the_jobs_end_with_0_for_success_and_1_otherwise() {
     let mut ended = None;
     assert!(
         wait_until(Duration::from_secs(10), || {
-            ended = one.try_wait().unwrap();
+            ended = one.child().try_wait().unwrap();
             ended.is_some()
         }),
         "the wait returns once its job ended"
     );
-    let out = one.wait_with_output().unwrap();
+    let out = one.output();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         format!("{good} succeeded (exit 0)\n")
     );
-    let out = both.wait_with_output().unwrap();
+    let out = both.output();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -115,4 +119,31 @@ fn a_wait_times_out_with_124_and_an_unknown_id_is_refused() {
     assert!(line.contains("999"), "{line}");
     fails(&mut cli(db, &["jobs", "wait"]), 2);
     fails(&mut cli(db, &["jobs", "wait", "1", "--timeout", "-1"]), 2);
+}
+
+/// A running `jobs wait`, killed by its pid if the test ends without collecting it.
+struct Waiting(Option<std::process::Child>);
+
+impl Waiting {
+    fn child(&mut self) -> &mut std::process::Child {
+        self.0.as_mut().expect("not collected yet")
+    }
+
+    /// Waits for it to exit and collects its output.
+    fn output(mut self) -> std::process::Output {
+        self.0
+            .take()
+            .expect("not collected yet")
+            .wait_with_output()
+            .expect("jobs wait can be waited for")
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

@@ -77,11 +77,8 @@ impl Auth {
     /// `Authorization: Bearer`.
     pub fn check(&self, req: &Request, bearer: bool) -> Verdict {
         let cookie = req
-            .cookies
-            .iter()
-            .flat_map(|h| h.split(';'))
-            .filter_map(|c| c.trim().split_once('='))
-            .any(|(name, value)| name == COOKIE && same(value.as_bytes(), self.session.as_bytes()));
+            .cookies_named(COOKIE)
+            .any(|value| same(value.as_bytes(), self.session.as_bytes()));
         let token = bearer
             && req.authorization.as_deref().is_some_and(|a| {
                 a.split_once(' ').is_some_and(|(scheme, value)| {

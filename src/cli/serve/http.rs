@@ -40,6 +40,18 @@ pub struct Request {
     pub body: Vec<u8>,
 }
 
+impl Request {
+    /// The values of the cookies named `name`, in the order the `Cookie` headers give them.
+    pub fn cookies_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
+        self.cookies
+            .iter()
+            .flat_map(|h| h.split(';'))
+            .filter_map(|c| c.trim().split_once('='))
+            .filter(move |(n, _)| *n == name)
+            .map(|(_, value)| value)
+    }
+}
+
 /// Why a request could not be read: each is answered with a 400 page.
 #[derive(Debug)]
 pub enum ReadError {

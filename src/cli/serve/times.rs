@@ -27,12 +27,9 @@ impl Times {
     /// The zone the request's cookie names; UTC without one, or when the zone is no longer
     /// known (the cookie outlives a change of the tz database).
     pub fn of(req: &Request) -> Times {
-        req.cookies
-            .iter()
-            .flat_map(|h| h.split(';'))
-            .filter_map(|c| c.trim().split_once('='))
-            .find(|(name, _)| *name == COOKIE)
-            .and_then(|(_, value)| zone(value))
+        req.cookies_named(COOKIE)
+            .next()
+            .and_then(zone)
             .map_or_else(Times::utc, |zone| Times { zone })
     }
 

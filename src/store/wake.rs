@@ -48,7 +48,7 @@ pub(crate) fn folder(db: &Path) -> PathBuf {
 /// The file's canonical path; for a file not made yet, its folder's canonical path and its
 /// name; failing that, absolute (so that a process that changes its working folder later
 /// still finds the same sockets, and a runner can remove its own).
-fn canonical(db: &Path) -> PathBuf {
+pub(crate) fn canonical(db: &Path) -> PathBuf {
     if let Ok(path) = std::fs::canonicalize(db) {
         return path;
     }

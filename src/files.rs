@@ -1,0 +1,280 @@
+//! An attempt's files beside the database, written by its keeper (see the process layer's
+//! `keeper`): where they are, and how to read them.
+//!
+//! ```text
+//! <db>-attempts/                        owner-only (0700), made by a runner
+//!   <job id>/                           one per job; retention removes it with the job
+//!     <attempt>-<run token>/            one per attempt (an operator's retry counts again)
+//!       stdout, stderr                  the streams, capped (see below), 0600
+//!       outcome                         written once the command ended, atomically and
+//!                                       durably (outcome.tmp, fsync, rename, fsync)
+//! ```
+//!
+//! A stream's file holds everything up to its cap. Past the cap it keeps the first half of
+//! the cap, then one marker line (fixed width, rewritten in place as the count grows), then
+//! the newest bytes, at most half the cap of them: the tail region is moved back to just
+//! after the marker whenever it reaches three quarters of the cap, so the file never passes
+//! about `cap * 5 / 4` bytes and a reader following it sees its size go down at a move.
+//!
+//! The outcome file is text, one `key=value` per line after a first line naming its format:
+//!
+//! ```text
+//! leasehold-outcome 1
+//! token=<run token>
+//! exit=<code>            or: signal=<number>
+//! ended_at=<ms since the Unix epoch>
+//! ```
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// The name of the stdout file in an attempt's folder.
+pub(crate) const STDOUT: &str = "stdout";
+/// The name of the stderr file in an attempt's folder.
+pub(crate) const STDERR: &str = "stderr";
+/// The name of the outcome file in an attempt's folder.
+pub(crate) const OUTCOME: &str = "outcome";
+/// The first line of an outcome file.
+pub(crate) const OUTCOME_HEADER: &str = "leasehold-outcome 1";
+/// How a marker line of dropped bytes begins (the whole line is
+/// `\n[leasehold: <20-wide count> bytes dropped]\n`).
+pub(crate) const DROPPED_PREFIX: &[u8] = b"\n[leasehold: ";
+/// How a marker line of dropped bytes ends.
+pub(crate) const DROPPED_SUFFIX: &[u8] = b" bytes dropped]\n";
+/// The width the dropped count is padded to, with spaces on the left.
+pub(crate) const DROPPED_WIDTH: usize = 20;
+/// The default cap of one stream's file: 64 MiB.
+pub const DEFAULT_OUTPUT_CAP: u64 = 64 << 20;
+
+/// The attempts folder of the database at `db`: `<db>-attempts`, named after the real file
+/// as the wake-up folder is (symlinks resolved).
+pub(crate) fn folder(db: &Path) -> PathBuf {
+    let mut name = crate::store::wake::canonical(db).into_os_string();
+    name.push("-attempts");
+    PathBuf::from(name)
+}
+
+/// The folder of one job's attempts.
+pub(crate) fn job_dir(folder: &Path, job_id: i64) -> PathBuf {
+    folder.join(job_id.to_string())
+}
+
+/// The folder of one attempt.
+pub(crate) fn attempt_dir(folder: &Path, job_id: i64, attempt: i64, token: &str) -> PathBuf {
+    job_dir(folder, job_id).join(format!("{attempt}-{token}"))
+}
+
+/// One attempt's folder found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptDir {
+    /// The attempt number.
+    pub attempt: i64,
+    /// Its run token.
+    pub token: String,
+    /// The folder.
+    pub path: PathBuf,
+}
+
+/// The attempts of one job that have a folder, oldest first (by attempt number, then by the
+/// folder's change time: an operator's retry counts attempts again). Empty when the job has
+/// none.
+pub(crate) fn attempt_dirs(folder: &Path, job_id: i64) -> io::Result<Vec<AttemptDir>> {
+    let entries = match std::fs::read_dir(job_dir(folder, job_id)) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some((attempt, token)) = name.to_str().and_then(|n| n.split_once('-')) else {
+            continue;
+        };
+        let Ok(attempt) = attempt.parse::<i64>() else {
+            continue;
+        };
+        let changed = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+        found.push((attempt, changed, token.to_owned(), entry.path()));
+    }
+    found.sort();
+    Ok(found
+        .into_iter()
+        .map(|(attempt, _, token, path)| AttemptDir {
+            attempt,
+            token,
+            path,
+        })
+        .collect())
+}
+
+/// How an attempt's command ended, as its keeper saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// It exited with this code.
+    Exited(i32),
+    /// A signal killed it.
+    Signaled(i32),
+}
+
+/// What a keeper wrote when its command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    /// The run token of the attempt.
+    pub token: String,
+    /// How the command ended.
+    pub ended: Ended,
+    /// When, in ms since the Unix epoch.
+    pub ended_at: i64,
+}
+
+impl Outcome {
+    /// The file's text (the keeper writes the same).
+    pub(crate) fn render(&self) -> String {
+        let ended = match self.ended {
+            Ended::Exited(code) => format!("exit={code}"),
+            Ended::Signaled(sig) => format!("signal={sig}"),
+        };
+        format!(
+            "{OUTCOME_HEADER}\ntoken={}\n{ended}\nended_at={}\n",
+            self.token, self.ended_at
+        )
+    }
+
+    /// Parses an outcome file's text; `None` for anything that is not a whole one.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.strip_suffix('\n')?.split('\n');
+        if lines.next()? != OUTCOME_HEADER {
+            return None;
+        }
+        let (mut token, mut ended, mut ended_at) = (None, None, None);
+        for line in lines {
+            let (key, value) = line.split_once('=')?;
+            match key {
+                "token" => token = Some(value.to_owned()),
+                "exit" => ended = Some(Ended::Exited(value.parse().ok()?)),
+                "signal" => ended = Some(Ended::Signaled(value.parse().ok()?)),
+                "ended_at" => ended_at = Some(value.parse().ok()?),
+                // A later version's extra facts.
+                _ => {}
+            }
+        }
+        Some(Self {
+            token: token.filter(|t| !t.is_empty())?,
+            ended: ended?,
+            ended_at: ended_at?,
+        })
+    }
+}
+
+/// The outcome a keeper left in `dir`, if any. A file that is not a whole outcome (which the
+/// keeper's rename rules out, unless someone wrote it by hand) is reported as `InvalidData`.
+pub(crate) fn read_outcome(dir: &Path) -> io::Result<Option<Outcome>> {
+    match std::fs::read_to_string(dir.join(OUTCOME)) {
+        Ok(text) => Outcome::parse(&text).map(Some).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not an outcome file", dir.join(OUTCOME).display()),
+            )
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The last at most `n` bytes of a stream's file, and whether anything before them is
+/// missing from those bytes (the file is longer, or its keeper dropped bytes). An absent file
+/// is empty.
+pub(crate) fn read_tail(path: &Path, n: usize) -> io::Result<(Vec<u8>, bool)> {
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), false)),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let want = u64::try_from(n).unwrap_or(u64::MAX).min(len);
+    file.seek(SeekFrom::Start(len - want))?;
+    let mut bytes = Vec::with_capacity(usize::try_from(want).unwrap_or(0));
+    file.take(want).read_to_end(&mut bytes)?;
+    let cut = want < len || dropped(&bytes).is_some();
+    Ok((bytes, cut))
+}
+
+/// The dropped count of the first marker line in `bytes`, if there is one.
+pub(crate) fn dropped(bytes: &[u8]) -> Option<u64> {
+    let start = bytes
+        .windows(DROPPED_PREFIX.len())
+        .position(|w| w == DROPPED_PREFIX)?
+        + DROPPED_PREFIX.len();
+    let count = bytes.get(start..start + DROPPED_WIDTH)?;
+    let rest = bytes.get(start + DROPPED_WIDTH..)?;
+    if !rest.starts_with(DROPPED_SUFFIX) {
+        return None;
+    }
+    std::str::from_utf8(count).ok()?.trim_start().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outcome_reads_back_as_written_and_a_torn_one_is_refused() {
+        for ended in [Ended::Exited(0), Ended::Exited(3), Ended::Signaled(9)] {
+            let o = Outcome {
+                token: "ab12".into(),
+                ended,
+                ended_at: 1_700_000_000_123,
+            };
+            assert_eq!(Outcome::parse(&o.render()), Some(o.clone()));
+            let text = o.render();
+            // Any prefix is not an outcome.
+            for cut in 0..text.len() {
+                assert_eq!(Outcome::parse(&text[..cut]), None, "{:?}", &text[..cut]);
+            }
+        }
+        assert_eq!(
+            Outcome::parse("leasehold-outcome 2\ntoken=a\nexit=0\nended_at=1\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn attempt_dirs_are_listed_oldest_first_and_the_dropped_marker_is_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (attempt, token) in [(2, "bb"), (1, "aa"), (10, "cc")] {
+            std::fs::create_dir_all(attempt_dir(dir.path(), 7, attempt, token)).expect("mkdir");
+        }
+        std::fs::create_dir_all(job_dir(dir.path(), 7).join("junk")).expect("mkdir");
+        let found = attempt_dirs(dir.path(), 7).expect("list");
+        let seen: Vec<_> = found
+            .iter()
+            .map(|d| (d.attempt, d.token.as_str()))
+            .collect();
+        assert_eq!(seen, [(1, "aa"), (2, "bb"), (10, "cc")]);
+        assert!(attempt_dirs(dir.path(), 8).expect("none").is_empty());
+
+        let mut text = b"head".to_vec();
+        text.extend_from_slice(DROPPED_PREFIX);
+        text.extend_from_slice(format!("{:>DROPPED_WIDTH$}", 1234).as_bytes());
+        text.extend_from_slice(DROPPED_SUFFIX);
+        text.extend_from_slice(b"tail\n");
+        assert_eq!(dropped(&text), Some(1234));
+        let path = dir.path().join("stdout");
+        std::fs::write(&path, &text).expect("write");
+        assert_eq!(
+            read_tail(&path, 5).expect("tail"),
+            (b"tail\n".to_vec(), true)
+        );
+        assert_eq!(read_tail(&path, 1 << 20).expect("all"), (text, true));
+        std::fs::write(&path, b"short\n").expect("write");
+        assert_eq!(
+            read_tail(&path, 100).expect("short"),
+            (b"short\n".to_vec(), false)
+        );
+    }
+}

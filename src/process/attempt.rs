@@ -95,6 +95,8 @@ pub(crate) struct Started {
     pub pgid: i32,
     /// The main process's start time, in clock ticks since boot.
     pub start_time: u64,
+    /// The keeper's pid and start time, when the command runs under one.
+    pub keeper: Option<(i32, u64)>,
 }
 
 /// How an attempt's processes ended, as its supervisor saw them. Not the store's
@@ -647,6 +649,7 @@ pub(crate) fn run(
         pid,
         pgid: pid,
         start_time,
+        keeper: None,
     });
 
     let mut sup = Supervisor {

@@ -257,6 +257,8 @@ impl Sweeper {
                 held_tokens: Some(&held),
                 dead_workers: &dead,
                 expired: !settling,
+                keepers: None,
+                lease_ttl: cfg.lease_ttl,
             },
             now,
         )?;

@@ -220,6 +220,7 @@ fn run_one(
             pid: s.pid,
             pgid: s.pgid,
             start_time: s.start_time,
+            keeper: s.keeper,
         }));
     });
     if let process::Exit::NoResources(why) = &result.exit {

@@ -73,8 +73,10 @@ pub use open::{
 };
 pub use queue::QueueInfo;
 pub use read::{Counts, LeaseCounts, ListFilter};
+pub use reclaim::{
+    KeptAttempt, KeptVerdict, LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed,
+};
 pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
-pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
 pub use retention::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,
     PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,

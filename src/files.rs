@@ -55,6 +55,32 @@ pub(crate) fn folder(db: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Makes the attempts folder `folder` (0700) if it is missing, and checks that it is this
+/// user's alone, as the wake-up folder is checked.
+///
+/// # Errors
+///
+/// [`Error::AttemptsFolder`](crate::Error::AttemptsFolder) naming what is wrong with it;
+/// [`Error::Io`](crate::Error::Io) when it cannot be made or looked at.
+pub(crate) fn prepare_folder(folder: &Path) -> crate::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(folder) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(crate::Error::io(
+                format!("cannot make {}", folder.display()),
+                e,
+            ));
+        }
+    }
+    crate::store::wake::check_owned(folder, |problem| crate::Error::AttemptsFolder {
+        path: folder.to_path_buf(),
+        problem,
+    })?;
+    Ok(())
+}
+
 /// The folder of one job's attempts.
 pub(crate) fn job_dir(folder: &Path, job_id: i64) -> PathBuf {
     folder.join(job_id.to_string())
@@ -110,6 +136,15 @@ pub(crate) fn attempt_dirs(folder: &Path, job_id: i64) -> io::Result<Vec<Attempt
             path,
         })
         .collect())
+}
+
+/// When the newest of an attempt's two output files last changed, if either exists: what an
+/// idle timeout reads of a kept attempt.
+pub(crate) fn newest_change(dir: &Path) -> Option<std::time::SystemTime> {
+    [STDOUT, STDERR]
+        .iter()
+        .filter_map(|name| std::fs::metadata(dir.join(name)).ok()?.modified().ok())
+        .max()
 }
 
 /// How an attempt's command ended, as its keeper saw it.

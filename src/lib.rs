@@ -31,9 +31,8 @@
 #![deny(missing_docs)]
 
 mod error;
-// Used by the keeper work that lands next; allowed until then.
-#[allow(dead_code)]
 mod files;
+pub use files::DEFAULT_OUTPUT_CAP;
 mod job;
 mod metrics;
 mod process;
@@ -52,7 +51,8 @@ pub use runner::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
     DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS,
-    MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters,
+    MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, OnShutdown, Runner, RunnerBuilder,
+    SweepCounters,
     operator,
 };
 pub use schedule::{

@@ -30,8 +30,11 @@
 //! - `proc`: facts read from `/proc`: start times, groups, token carriers;
 //! - `sigchld`: whether this process can still read its children's exit statuses.
 
+mod adopt;
 mod attempt;
 mod child;
+mod keeper;
+mod kept;
 mod kill;
 mod limit;
 mod output;
@@ -43,6 +46,8 @@ mod stop;
 mod teardown;
 
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
+pub(crate) use adopt::{Adopted, LiveKeeper, follow, live_keeper};
+pub(crate) use kept::KeptFiles;
 pub(crate) use limit::raise_nofile_limit;
 pub(crate) use proc::{
     boot_clock_ns, boot_id, hostname, pid_namespace, proc_info, self_start_time,

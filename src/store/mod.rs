@@ -939,6 +939,17 @@ impl Store {
         runners::unstopped(&self.conn)
     }
 
+    /// The runners recorded as stopped that still hold running jobs: a runner that left its
+    /// attempts to their keepers at shutdown, or could not record their endings. They renew
+    /// nothing, so their jobs are adopted, recovered or reclaimed at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn stopped_runners_holding_jobs(&self) -> Result<Vec<String>> {
+        runners::stopped_holding_jobs(&self.conn)
+    }
+
     /// The most recently started runner, stopped or not.
     ///
     /// # Errors

@@ -74,6 +74,8 @@ pub struct KeptAttempt {
     pub run_token: String,
     /// The dead runner that held it.
     pub worker_id: String,
+    /// The job's queue.
+    pub queue: String,
     /// The command's pid, which is its process group.
     pub pgid: Option<i32>,
     /// The command's start time.
@@ -181,7 +183,7 @@ impl ReclaimReport {
 pub(super) const RECLAIM_CANDIDATES_SQL: &str =
     "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
             on_lost, recovery_count, keeper_pid, keeper_start_time, started_at, timeout_ms,
-            idle_timeout_ms
+            idle_timeout_ms, queue
      FROM jobs
      WHERE status = 'running'
        AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1
@@ -222,13 +224,14 @@ pub(super) fn reclaim(
         ),
         Keeper,
     );
-    /// keeper_pid, keeper_start_time, started_at, timeout_ms, idle_timeout_ms.
+    /// keeper_pid, keeper_start_time, started_at, timeout_ms, idle_timeout_ms, queue.
     type Keeper = (
         Option<i32>,
         Option<i64>,
         Option<i64>,
         Option<i64>,
         Option<i64>,
+        String,
     );
     let candidates: Vec<Candidate> = {
         let mut stmt = conn.prepare_cached(RECLAIM_CANDIDATES_SQL)?;
@@ -254,7 +257,14 @@ pub(super) fn reclaim(
                         r.get(7)?,
                         r.get(8)?,
                     ),
-                    (r.get(9)?, r.get(10)?, r.get(11)?, r.get(12)?, r.get(13)?),
+                    (
+                        r.get(9)?,
+                        r.get(10)?,
+                        r.get(11)?,
+                        r.get(12)?,
+                        r.get(13)?,
+                        r.get(14)?,
+                    ),
                 ))
             },
         )?;
@@ -263,7 +273,7 @@ pub(super) fn reclaim(
     for ((id, attempt, token, worker, pgid, start, expires, on_lost, recovery), keeper) in
         candidates
     {
-        let (keeper_pid, keeper_start, started_at, timeout_ms, idle_ms) = keeper;
+        let (keeper_pid, keeper_start, started_at, timeout_ms, idle_ms, queue) = keeper;
         if let (Some(judge), Some(token), Some(worker), Some(keeper_pid), Some(keeper_start)) =
             (req.keepers, &token, &worker, keeper_pid, keeper_start)
             && let Some((_, why)) = req.dead_workers.iter().find(|(w, _)| w == worker)
@@ -273,6 +283,7 @@ pub(super) fn reclaim(
                 attempt,
                 run_token: token.clone(),
                 worker_id: worker.clone(),
+                queue,
                 pgid,
                 start_time: start.map(|s| s as u64),
                 keeper_pid,

@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! <db>-attempts/                        owner-only (0700), made by a runner
+//!   .leasehold-keeper-<hash>            the keeper program (0700), written only where it cannot
+//!                                       be exec'ed from memory (a process that is not dumpable)
 //!   <job id>/                           one per job; retention removes it with the job
 //!     <attempt>-<run token>/            one per attempt (an operator's retry counts again)
 //!       stdout, stderr                  the streams, capped (see below), 0600

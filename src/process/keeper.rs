@@ -850,7 +850,10 @@ mod tests {
             .and_then(|v| v.trim().strip_suffix("kB"))
             .and_then(|v| v.trim().parse().ok())
             .expect("VmRSS");
-        eprintln!("keeper VmRSS: {rss_kb} kB");
+        let pss = std::fs::read_to_string(format!("/proc/{keeper}/smaps_rollup"))
+            .ok()
+            .and_then(|r| r.lines().find(|l| l.starts_with("Pss:")).map(str::to_owned));
+        eprintln!("keeper VmRSS: {rss_kb} kB, {}", pss.unwrap_or_default());
         assert!(rss_kb < 2048, "keeper VmRSS {rss_kb} kB");
 
         signal_pid(pid, Signal::SIGKILL).expect("kill the command");

@@ -364,7 +364,8 @@ int main(int argc, char **argv, char **envp) {
         if (!exited && pidfd < 0) timeout = 50;
         if (exited && !reported) timeout = (int)(deadline > now ? deadline - now : 0);
         if (reported && control < 0 && !written) timeout = (int)(retry_at > now ? retry_at - now : 0);
-        if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR) timeout = 50;
+        if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR)
+            usleep(50 * 1000); /* a failing poll (it should not fail) must not spin */
 
         for (int i = 0; i < 2; i++)
             if (s[i].pipe >= 0) pump(&s[i]);

@@ -515,7 +515,7 @@ mod tests {
     use nix::sys::signal::Signal;
 
     use crate::files::{self, Outcome};
-    use crate::process::kill::{signal_group, signal_pid};
+    use crate::process::kill::signal_group;
     use crate::process::proc::tests::{token, wait_until};
     use crate::process::spawn::{BaseEnv, Command, spawn_kept, spawn_kept_from};
 
@@ -856,7 +856,8 @@ mod tests {
         eprintln!("keeper VmRSS: {rss_kb} kB, {}", pss.unwrap_or_default());
         assert!(rss_kb < 2048, "keeper VmRSS {rss_kb} kB");
 
-        signal_pid(pid, Signal::SIGKILL).expect("kill the command");
+        // A teardown of the command's group does not reach the keeper.
+        signal_group(pid, Signal::SIGKILL).expect("kill the command's group");
         assert!(matches!(
             run.message(),
             Message::Exited {
@@ -868,6 +869,10 @@ mod tests {
             proc::proc_info(pid).map(|p| p.state),
             Some('Z'),
             "held unreaped"
+        );
+        assert!(
+            proc::is_alive(keeper),
+            "the keeper outlives its command's group"
         );
         assert!(matches!(run.kept().control.next(), Ok(Received::Pending)));
         assert_eq!(run.release(), Some(128 + 9));

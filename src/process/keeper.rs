@@ -957,6 +957,32 @@ mod tests {
     }
 
     #[test]
+    fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_shebang() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("plain");
+        std::fs::write(
+            &script,
+            "echo $0 $1 $LEASEHOLD_JOB_ID $LEASEHOLD_RUN_TOKEN; pwd\n",
+        )
+        .expect("write script");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let script = script.to_string_lossy().into_owned();
+        let mut job = Job::new(&[&script, "arg"], "env");
+        job.cwd = Some(PathBuf::from("/tmp"));
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(0),
+                ..
+            }
+        ));
+        let out = String::from_utf8(job.stream(files::STDOUT)).expect("text");
+        assert_eq!(out, format!("{script} arg 1 {}\n/tmp\n", job.token));
+        assert_eq!(run.release(), Some(0));
+    }
+
+    #[test]
     fn messages_parse_and_garbage_is_refused() {
         assert_eq!(
             Message::parse(b"started 42"),

@@ -983,6 +983,39 @@ mod tests {
     }
 
     #[test]
+    fn an_outcome_that_cannot_be_written_is_retried_every_second_while_no_runner_holds_it() {
+        let job = Job::sh("exit 6", "retry");
+        // A folder where the temporary file goes: every attempt to write it fails, as on
+        // a full disk (the tests run as root, to whom permissions are no obstacle).
+        let blocker = job.dir().join("outcome.tmp");
+        std::fs::create_dir_all(&blocker).expect("blocker");
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(6),
+                ..
+            }
+        ));
+        assert_eq!(job.outcome(), None);
+        let Kept {
+            mut keeper,
+            control,
+            ..
+        } = run.0.take().expect("started");
+        drop(control);
+        // Released, but the outcome is not on disk: the keeper stays and retries.
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(
+            !keeper.exited().expect("waitid"),
+            "the keeper waits for its outcome"
+        );
+        std::fs::remove_dir(&blocker).expect("unblock");
+        assert_eq!(keeper_exit(&mut keeper), Some(6));
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(6)));
+    }
+
+    #[test]
     fn messages_parse_and_garbage_is_refused() {
         assert_eq!(
             Message::parse(b"started 42"),

@@ -1005,9 +1005,10 @@ mod tests {
         } = run.0.take().expect("started");
         drop(control);
         // Released, but the outcome is not on disk: the keeper stays and retries.
-        std::thread::sleep(Duration::from_millis(1500));
         assert!(
-            !keeper.exited().expect("waitid"),
+            !wait_until(Duration::from_millis(1500), || keeper
+                .exited()
+                .expect("waitid")),
             "the keeper waits for its outcome"
         );
         std::fs::remove_dir(&blocker).expect("unblock");

@@ -23,6 +23,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
@@ -47,9 +48,33 @@ const NAME: &CStr = c"leasehold-keeper";
 /// How long a spawn waits for the keeper's first message before it gives up on it.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The sealed memfd holding the program, made once per process; `None` when this kernel
-/// cannot make one.
-static MEMFD: OnceLock<Option<OwnedFd>> = OnceLock::new();
+/// The sealed memfd holding the program, made once per process.
+static MEMFD: OnceLock<OwnedFd> = OnceLock::new();
+
+/// Set once making the memfd failed for a reason that will not pass (no memfd, no /proc);
+/// a lack of descriptors or memory is tried again at the next spawn.
+static NO_MEMFD: AtomicBool = AtomicBool::new(false);
+
+/// The memfd, made at the first call that can make it.
+fn memfd() -> Option<&'static OwnedFd> {
+    if let Some(fd) = MEMFD.get() {
+        return Some(fd);
+    }
+    if NO_MEMFD.load(Ordering::Relaxed) {
+        return None;
+    }
+    match make_memfd() {
+        // Two threads may both make one; the loser's is closed.
+        Ok(fd) => Some(MEMFD.get_or_init(|| fd)),
+        Err(e) => {
+            log::debug!("no memfd for the keeper ({e}); it runs from a file");
+            if !out_of_resources(&e) {
+                NO_MEMFD.store(true, Ordering::Relaxed);
+            }
+            None
+        }
+    }
+}
 
 /// The program's file in a caller's folder, once one was written (the fallback).
 static FILE: Mutex<Option<PathBuf>> = Mutex::new(None);
@@ -359,7 +384,7 @@ fn spawn_program(
     let mut attr = SpawnAttr::new_session()?;
     let mut actions = FileActions::for_keeper(control)?;
     if !force_file {
-        if let Some(memfd) = MEMFD.get_or_init(|| make_memfd().ok()) {
+        if let Some(memfd) = memfd() {
             let path = format!("/proc/{}/fd/{}", std::process::id(), memfd.as_raw_fd());
             let path = c_string(path)?;
             match posix_spawn(&path, argv, envp, &mut actions, &mut attr) {

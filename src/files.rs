@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! <db>-attempts/                        owner-only (0700), made by a runner
+//!   .leasehold-keeper-<hash>            the keeper program (0700), written only where it cannot
+//!                                       be exec'ed from memory (a process that is not dumpable)
 //!   <job id>/                           one per job; retention removes it with the job
 //!     <attempt>-<run token>/            one per attempt (an operator's retry counts again)
 //!       stdout, stderr                  the streams, capped (see below), 0600
@@ -93,6 +95,7 @@ pub(crate) fn attempt_dir(folder: &Path, job_id: i64, attempt: i64, token: &str)
 
 /// One attempt's folder found on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code, reason = "`jobs logs` reads it next"))]
 pub(crate) struct AttemptDir {
     /// The attempt number.
     pub attempt: i64,
@@ -105,6 +108,7 @@ pub(crate) struct AttemptDir {
 /// The attempts of one job that have a folder, oldest first (by attempt number, then by the
 /// folder's change time: an operator's retry counts attempts again). Empty when the job has
 /// none.
+#[cfg_attr(not(test), allow(dead_code, reason = "`jobs logs` reads it next"))]
 pub(crate) fn attempt_dirs(folder: &Path, job_id: i64) -> io::Result<Vec<AttemptDir>> {
     let entries = match std::fs::read_dir(job_dir(folder, job_id)) {
         Ok(entries) => entries,
@@ -169,6 +173,7 @@ pub(crate) struct Outcome {
 
 impl Outcome {
     /// The file's text (the keeper writes the same).
+    #[cfg(test)]
     pub(crate) fn render(&self) -> String {
         let ended = match self.ended {
             Ended::Exited(code) => format!("exit={code}"),

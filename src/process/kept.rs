@@ -8,7 +8,7 @@
 //! only once the runner closes its end of the socket (the release) or is gone.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::child::ChildProc;
@@ -164,11 +164,5 @@ impl Keeping {
             }
         };
         (read(files::STDOUT), read(files::STDERR))
-    }
-
-    /// The attempt's folder.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(super) fn dir(&self) -> &Path {
-        &self.dir
     }
 }

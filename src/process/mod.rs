@@ -21,6 +21,7 @@
 //! - `attempt`: the supervisor: poll loop, deadlines, [`run`];
 //! - `spawn`: `posix_spawn`, the child's environment and program;
 //! - `child`: the main process until it is reaped (`waitpid`, pidfd);
+//! - `keeper`: an attempt's keeper (`keeper.c`), its launcher and its messages;
 //! - `output`: the pipes and the tail kept of each stream;
 //! - `stop`: [`StopHandle`], which stops an attempt from another thread;
 //! - `limit`: the runner's own resource limits;

@@ -52,8 +52,7 @@ pub use runner::{
     DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS,
     MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, OnShutdown, Runner, RunnerBuilder,
-    SweepCounters,
-    operator,
+    SweepCounters, operator,
 };
 pub use schedule::{
     CatchUp, MAX_CATCH_UP, MIN_INTERVAL, MISFIRE_GRACE, Overlap, Schedule, parse_rfc3339,

@@ -76,7 +76,13 @@ pub(crate) fn follow(spec: &AttemptSpec, adopted: Adopted, stop: &StopHandle) ->
     let killed: Option<Exit> = loop {
         if let Some(reason) = stop.reason() {
             if reason == StopReason::Leave {
-                return result(spec, Exit::Stopped(reason), Vec::new(), begun, dir.as_deref());
+                return result(
+                    spec,
+                    Exit::Stopped(reason),
+                    Vec::new(),
+                    begun,
+                    dir.as_deref(),
+                );
             }
             break Some(Exit::Stopped(reason));
         }

@@ -26,7 +26,7 @@ use nix::sys::signal::Signal;
 
 use super::child::{ChildProc, pidfd_open};
 use super::keeper::Kept as KeptSpawn;
-use super::kept::{KeptFiles, Keeping};
+use super::kept::{Keeping, KeptFiles};
 use super::kill::{self, POLL_INTERVAL};
 use super::output::{Stream, Tail, keep_read_buffer, read_buffer};
 use super::pidfd::{self, Held};
@@ -283,7 +283,10 @@ impl Supervisor<'_> {
             (Slot::Stderr, self.err.pipe.as_ref().map(AsFd::as_fd)),
             (Slot::Exit, self.pidfd.as_ref().map(AsFd::as_fd)),
             (Slot::Stop, watch_stop.then(|| self.stop.wake())),
-            (Slot::Keeper, self.kept.as_ref().and_then(Keeping::control_fd)),
+            (
+                Slot::Keeper,
+                self.kept.as_ref().and_then(Keeping::control_fd),
+            ),
         ];
         for (slot, fd) in candidates {
             if let Some(fd) = fd {
@@ -738,7 +741,14 @@ pub(crate) fn run(
             start_time,
         }) => {
             let pid = child.pid;
-            (Some(child), None, Some((stdout, stderr)), pid, start_time, None)
+            (
+                Some(child),
+                None,
+                Some((stdout, stderr)),
+                pid,
+                start_time,
+                None,
+            )
         }
         Leader::Kept(
             KeptSpawn {
@@ -780,7 +790,10 @@ pub(crate) fn run(
             Stream::new(stdout, spec.tail_bytes),
             Stream::new(stderr, spec.tail_bytes),
         ),
-        None => (Stream::closed(spec.tail_bytes), Stream::closed(spec.tail_bytes)),
+        None => (
+            Stream::closed(spec.tail_bytes),
+            Stream::closed(spec.tail_bytes),
+        ),
     };
     let direct = child.is_some();
     let mut sup = Supervisor {

@@ -108,7 +108,10 @@ impl Keeping {
             return None;
         }
         self.last_change = Some(newest);
-        SystemTime::now().duration_since(newest).ok().or(Some(Duration::ZERO))
+        SystemTime::now()
+            .duration_since(newest)
+            .ok()
+            .or(Some(Duration::ZERO))
     }
 
     /// Lets the keeper go (it reaps the command and exits) and reaps it. Waits for it: it

@@ -73,6 +73,10 @@ struct Threads {
     writer: Option<(Writer, JoinHandle<()>)>,
     background: Vec<JoinHandle<()>>,
     stop_background: Option<Sender<()>>,
+    /// The sweeper, stopped before the workers are joined: it holds a handle to the writer
+    /// for the attempts it adopts, which would keep the writer from ever ending.
+    sweeper: Option<JoinHandle<()>>,
+    stop_sweeper: Option<Sender<()>>,
     /// Ends the wake-up listener's blocking wait.
     stop_listener: Option<wake::Closer>,
     done: bool,

@@ -88,6 +88,11 @@ impl Runner {
         if let Some(d) = threads.dispatcher.take() {
             let _ = d.join();
         }
+        // The sweeper adopts nothing more: what it adopted is stopped with the workers.
+        drop(threads.stop_sweeper.take());
+        if let Some(s) = threads.sweeper.take() {
+            let _ = s.join();
+        }
         let leave = self.shared.config.on_shutdown == OnShutdown::Leave;
         // Leaving attempts to their keepers waits for nothing.
         let deadline = if leave {

@@ -236,9 +236,12 @@ impl Runner {
         }
         // The writer's channels exist before its thread, for the sweeper's adopted attempts.
         let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
+        drop(stop_rx);
         {
-            let (shared, stop, writer) = (Arc::clone(&shared), stop_rx, writer.clone());
-            threads.background.push(spawn_thread(
+            let (sweep_stop_tx, stop) = unbounded::<()>();
+            threads.stop_sweeper = Some(sweep_stop_tx);
+            let (shared, writer) = (Arc::clone(&shared), writer.clone());
+            threads.sweeper = Some(spawn_thread(
                 "leasehold-sweeper",
                 "sweeper",
                 &Arc::clone(&shared),

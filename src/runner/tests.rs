@@ -321,8 +321,13 @@ fn misordered_timing_ladder_names_the_setting() {
         other => panic!("{other:?}"),
     }
     // The case: a 3 s lease, a 1 s heartbeat and the default 5 s kill grace, where
-    // one slow renewal would kill every attempt.
-    match b().heartbeat_interval(Duration::from_secs(1)).start() {
+    // one slow renewal would kill every attempt. The sweep is set to fit, so that only the
+    // grace breaks the ladder (the default 5 s sweep would be refused as well).
+    match b()
+        .heartbeat_interval(Duration::from_secs(1))
+        .sweep_interval(Duration::from_secs(3))
+        .start()
+    {
         Err(Error::Invalid { setting, reason }) => {
             assert_eq!(setting, "kill_grace");
             assert!(reason.contains("two heartbeats"), "{reason}");

@@ -321,8 +321,13 @@ fn misordered_timing_ladder_names_the_setting() {
         other => panic!("{other:?}"),
     }
     // The case: a 3 s lease, a 1 s heartbeat and the default 5 s kill grace, where
-    // one slow renewal would kill every attempt.
-    match b().heartbeat_interval(Duration::from_secs(1)).start() {
+    // one slow renewal would kill every attempt. The sweep is set to fit, so that only the
+    // grace breaks the ladder (the default 5 s sweep would be refused as well).
+    match b()
+        .heartbeat_interval(Duration::from_secs(1))
+        .sweep_interval(Duration::from_secs(3))
+        .start()
+    {
         Err(Error::Invalid { setting, reason }) => {
             assert_eq!(setting, "kill_grace");
             assert!(reason.contains("two heartbeats"), "{reason}");
@@ -425,5 +430,58 @@ fn a_subscriber_that_falls_behind_is_dropped_and_its_channel_closes() {
         ),
         "then its channel is closed"
     );
+    runner.shutdown().expect("shutdown");
+}
+
+/// The firer's wake channel holds one wake-up at most: while the firer does not read it (it
+/// waits for a write lock another connection holds, to fire a due slot), a flood of wakes
+/// from the API neither queues up nor blocks the sender, and the firer still gets woken once
+/// the lock is released.
+#[test]
+fn wakes_sent_while_the_firer_does_not_read_are_not_queued_and_do_not_block() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("jobs.db");
+    // A long lease, so that the lock held below does not fence the runner; the firer's busy
+    // wait is then the default 10 s.
+    let runner = fast(dir.path())
+        .lease_ttl(Duration::from_secs(30))
+        .start()
+        .expect("the runner starts");
+    // A slot due every second gives the firer something to write.
+    let every_second = Schedule::every(Duration::from_secs(1)).job(Job::shell("true"));
+    Store::open(&path)
+        .expect("the store opens")
+        .put_schedule("tick", &every_second, now_ms())
+        .expect("the schedule is stored");
+    let holder = rusqlite::Connection::open(&path).expect("a second connection");
+    holder
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("the write lock");
+    let wake = &runner.firer_wake;
+    // Once the firer waits for the lock to fire the next slot, a wake sent stays unread.
+    wait_until("the firer to stop reading its wakes", || {
+        let _ = wake.try_send(());
+        std::thread::sleep(Duration::from_millis(100));
+        (wake.len() == 1).then_some(())
+    });
+    const WAKES: usize = 100_000;
+    let mut most_queued = 0;
+    for _ in 0..WAKES {
+        // `try_send` returns at once, full or not; a full channel drops the wake, as the
+        // one pending says all a wake says.
+        let _ = wake.try_send(());
+        most_queued = most_queued.max(wake.len());
+    }
+    assert!(
+        most_queued <= 1,
+        "{most_queued} wakes queued for a firer that does not read"
+    );
+    assert_eq!(wake.capacity(), Some(1), "the wake channel is bounded");
+    holder
+        .execute_batch("COMMIT")
+        .expect("the lock is released");
+    wait_until("the firer to read its pending wake", || {
+        wake.is_empty().then_some(())
+    });
     runner.shutdown().expect("shutdown");
 }

@@ -435,6 +435,72 @@ fn a_job_page_shows_its_dependencies_as_links_its_unique_key_and_its_schedule() 
     );
 }
 
+/// A job whose lost attempt waits for a runner in another PID namespace: its page says why,
+/// and whether a runner is registered there. The state is made with plain SQL: a runner row of
+/// this host and boot in a namespace that is not this one, named by the job's marker
+/// (`teardown_worker`); tests/recovery/namespace.rs makes it with `unshare`.
+#[test]
+fn a_job_page_says_why_its_teardown_waits_for_a_runner_in_another_namespace() {
+    use std::os::unix::fs::MetadataExt;
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &[], &["true"]);
+    let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let boot = boot.trim();
+    let elsewhere = std::fs::metadata("/proc/self/ns/pid").unwrap().ino() + 1;
+    let worker = format!("{host}:1:0123abcd");
+    let now = leasehold::now_ms();
+    let conn = t.bare();
+    // Alive by its lease (an hour from now): from another namespace its pid proves nothing.
+    conn.execute(
+        "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
+             heartbeat_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns)
+         VALUES (?1, 1, 1, ?2, ?3, ?4, ?4, 3600000, 1000, 3, ?5)",
+        rusqlite::params![worker, boot, host, now, elsewhere as i64],
+    )
+    .unwrap();
+    conn.execute(
+        "UPDATE jobs SET teardown_token = '0123456789abcdef0123456789abcdef',
+             teardown_pgid = 1, teardown_start_time = 1, teardown_worker = ?2
+         WHERE id = ?1",
+        rusqlite::params![id, worker],
+    )
+    .unwrap();
+    let server = Server::start(db, &[]);
+    let teardown = || {
+        let page = server.get(&format!("/jobs/{id}"));
+        assert_eq!(page.status, 200, "{page:?}");
+        let at = page
+            .body
+            .find("id=\"teardown\"")
+            .unwrap_or_else(|| panic!("no teardown line: {}", page.body));
+        let line = &page.body[at..];
+        line[..line.find("</p>").unwrap()].to_string()
+    };
+    let why = format!(
+        "teardown waits for a runner in PID namespace {elsewhere} on host {host} (boot {boot})"
+    );
+    let line = teardown();
+    assert!(line.contains(&why), "{line}");
+    assert!(
+        line.contains(&format!(
+            "runner {worker} is there and tears it down at its next sweep"
+        )),
+        "{line}"
+    );
+    // Once that runner has stopped, none is there: start one there, or force it.
+    conn.execute(
+        "UPDATE runners SET stopped_at = ?2 WHERE worker_id = ?1",
+        rusqlite::params![worker, now],
+    )
+    .unwrap();
+    let line = teardown();
+    assert!(line.contains(&why), "{line}");
+    assert!(line.contains("no runner is registered there"), "{line}");
+    assert!(line.contains("leasehold jobs retry --force"), "{line}");
+}
+
 /// A time as the pages show it (`2024-01-31T12:00:00.000Z`), computed by date(1).
 fn render_time(ms: i64) -> String {
     let secs = ms.div_euclid(1000);

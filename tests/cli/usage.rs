@@ -129,6 +129,35 @@ fn misordered_timing_ladder_is_a_usage_error_naming_the_setting() {
     assert!(!db.exists());
 }
 
+/// The kill grace alone breaks the ladder: a 3 s lease with 1 s heartbeats and a 3 s sweep
+/// fits every other rule, and only the default 5 s grace does not (a renewal that misses one
+/// beat would kill every attempt). Without `--sweep 3` the default 5 s sweep is refused
+/// first, so the grace rule would go untested. With a 1 s grace the same settings start.
+#[test]
+fn a_kill_grace_that_alone_breaks_the_ladder_is_a_usage_error_naming_it() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let ladder = [
+        "run",
+        "--until-idle",
+        "--lease-ttl",
+        "3",
+        "--heartbeat",
+        "1",
+        "--sweep",
+        "3",
+    ];
+    let line = fails(&mut cli(db, &ladder), 2);
+    assert!(line.contains("--kill-grace"), "{line}");
+    assert!(line.contains("kill grace 5s"), "{line}");
+    assert!(!db.exists(), "a refused run created the database");
+    // Only the grace was wrong: with one that fits, the runner starts and, with nothing to
+    // run, exits 0.
+    let mut fits = ladder.to_vec();
+    fits.extend(["--kill-grace", "1"]);
+    ok(&mut cli(db, &fits));
+}
+
 /// How many jobs the file holds.
 fn job_count(db: &Path) -> i64 {
     bare(db)

@@ -817,6 +817,9 @@ pub(crate) fn run(
         spawned,
         buf: read_buffer(),
     };
+    // The keeper may have sent the command's end along with its start, read already: what is
+    // buffered wakes no poll.
+    sup.read_keeper();
     let (exit, leaked) = sup.supervise();
     // A kept attempt's output is in its files, complete once the keeper reported the end
     // and whatever was left of the attempt was killed.

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -284,6 +285,8 @@ int main(int argc, char **argv, char **envp) {
     int64_t drain_ms = strtoll(argv[4], NULL, 10);
     int control = CONTROL;
     signal(SIGPIPE, SIG_IGN);
+    /* Started from memory, its name would be the descriptor's number: name it for ps and top. */
+    prctl(PR_SET_NAME, "lh-keeper", 0, 0, 0);
 
     int dir = open(dirname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir < 0) fail(&control, "setup", errno);

@@ -129,12 +129,14 @@ impl Sweeper {
                 if report.did_something() {
                     log::info!(
                         "sweep reclaimed_pending={} reclaimed_failed={} torn_down={} \
-                         unverified={} dead_runners={}",
+                         unverified={} dead_runners={} adopted={} recovered={}",
                         report.reclaimed_pending,
                         report.reclaimed_failed,
                         report.torn_down,
                         report.unverified,
-                        report.dead_runners
+                        report.dead_runners,
+                        report.adopted,
+                        report.recovered
                     );
                 } else {
                     log::debug!("sweep: nothing to do");

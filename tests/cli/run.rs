@@ -175,6 +175,8 @@ fn sigterm_shuts_the_runner_down_and_requeues_its_job_without_spending_recovery(
     );
 }
 
+/// Without keepers, a killed runner's attempt dies with nothing to record its end: the next
+/// runner tears it down and runs it again. (With keepers, see `keepers.rs`.)
 #[test]
 fn a_new_runner_reclaims_a_dead_runners_job_and_logs_the_sweep() {
     let t = TestDb::new();
@@ -189,7 +191,8 @@ fn a_new_runner_reclaims_a_dead_runners_job_and_logs_the_sweep() {
             "if [ -e marker ]; then exit 0; fi; touch marker; sleep 30",
         ],
     );
-    let mut first = RunnerProcess::start(db, &FAST);
+    let no_keepers: Vec<&str> = FAST.iter().copied().chain(["--no-keepers"]).collect();
+    let mut first = RunnerProcess::start(db, &no_keepers);
     let pid = wait_running(db, id)["pid"].as_i64().unwrap();
     kill(first.pid(), Signal::SIGKILL).unwrap();
     first.wait(Duration::from_secs(10));
@@ -197,7 +200,7 @@ fn a_new_runner_reclaims_a_dead_runners_job_and_logs_the_sweep() {
     assert_eq!(v["runners"][0]["alive"], false, "{v}");
 
     let mut args = vec!["run", "--until-idle"];
-    args.extend_from_slice(&FAST);
+    args.extend_from_slice(&no_keepers);
     let out = cli(db, &args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");

@@ -1,5 +1,7 @@
-//! Crashed runners: a killed runner's jobs are torn down and run again by the next one, within
-//! the recovery budget and `on_lost`, without signalling a process that is not theirs.
+//! Crashed runners without keepers (`--no-keepers`): a killed runner's jobs are torn down and
+//! run again by the next one, within the recovery budget and `on_lost`, without signalling a
+//! process that is not theirs. (With keepers, the next runner adopts them or records their
+//! outcomes: see `keepers.rs`.)
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -13,7 +15,7 @@ use crate::util::{group_alive, token_alive};
 fn killed_runner_is_recovered_at_once_by_the_next_one() {
     let mut c = Case::new();
     let id = c.enqueue(Job::shell(PID_SCRIPT));
-    let r = c.start_runner(&args(&["--lease-ttl", "30"]));
+    let r = c.start_runner(&args(&["--no-keepers", "--lease-ttl", "30"]));
     let first = c.running(id, 1);
     c.wait_for("the first pid", |c| {
         (!c.file("pids").is_empty()).then_some(())
@@ -23,7 +25,7 @@ fn killed_runner_is_recovered_at_once_by_the_next_one() {
     assert!(group_alive(pgid), "the job's group survives its runner");
 
     let restart = Instant::now();
-    c.start_runner(&args(&["--lease-ttl", "30"]));
+    c.start_runner(&args(&["--no-keepers", "--lease-ttl", "30"]));
     let done = c.ended(id);
     let took = restart.elapsed();
     eprintln!("recovered and ran attempt 2 in {took:?} after the restart (lease TTL 30 s)");
@@ -56,7 +58,7 @@ fn killed_runner_is_recovered_at_once_by_the_next_one() {
 fn job_lost_more_often_than_the_budget_fails_as_lost() {
     let mut c = Case::new();
     let id = c.enqueue(Job::shell("sleep 300"));
-    let ttl = ["--lease-ttl", "30", "--max-recovery", "3"];
+    let ttl = ["--no-keepers", "--lease-ttl", "30", "--max-recovery", "3"];
     for attempt in 1..=4 {
         let r = c.start_runner(&args(&ttl));
         c.running(id, attempt);
@@ -94,7 +96,7 @@ setsid sh -c 'echo $$ > escapee; exec sleep 300' >/dev/null 2>&1 &
 sleep 300
 "#;
     let id = c.enqueue(Job::shell(script));
-    let r = c.start_runner(&args(&["--lease-ttl", "30"]));
+    let r = c.start_runner(&args(&["--no-keepers", "--lease-ttl", "30"]));
     let first = c.running(id, 1);
     c.wait_for("the escapee", |c| {
         (!c.file("escapee").is_empty()).then_some(())
@@ -102,7 +104,7 @@ sleep 300
     let token = first.run_token.clone().unwrap();
     assert!(token_alive(&token));
     c.crash(r);
-    c.start_runner(&args(&["--lease-ttl", "30"]));
+    c.start_runner(&args(&["--no-keepers", "--lease-ttl", "30"]));
     let done = c.ended(id);
     assert_eq!(done.status, Status::Succeeded, "{done:?}");
     assert_eq!(c.file("overlap"), "", "the escapee outlived its attempt");
@@ -136,7 +138,7 @@ fn recorded_pid_of_an_unrelated_process_is_never_signalled() {
             rusqlite::params![id, pid],
         )
         .unwrap();
-    c.start_runner(&args(&["--lease-ttl", "30"]));
+    c.start_runner(&args(&["--no-keepers", "--lease-ttl", "30"]));
     let torn = c.wait_for("the teardown", |c| {
         c.store()
             .events(id)
@@ -158,10 +160,10 @@ fn recorded_pid_of_an_unrelated_process_is_never_signalled() {
 fn on_lost_fail_job_is_not_run_again_after_a_crash() {
     let mut c = Case::new();
     let id = c.enqueue(Job::shell("echo $$ >> runs; sleep 300").on_lost(OnLost::Fail));
-    let r = c.start_runner(&args(&["--lease-ttl", "30"]));
+    let r = c.start_runner(&args(&["--no-keepers", "--lease-ttl", "30"]));
     c.running(id, 1);
     c.crash(r);
-    c.start_runner(&args(&["--lease-ttl", "30"]));
+    c.start_runner(&args(&["--no-keepers", "--lease-ttl", "30"]));
     let done = c.ended(id);
     assert_eq!(done.status, Status::Failed);
     assert_eq!(done.error_kind, Some(ErrorKind::Lost));

@@ -135,7 +135,12 @@ fn thawed_runner_does_not_start_jobs_it_claimed_before_a_freeze_past_their_lease
     let mut c = Case::new();
     // Each run notes its job, its pid and its parent (the runner that spawned it).
     let ids: Vec<i64> = (0..150)
-        .map(|_| c.enqueue(Job::shell(r#"echo "$LEASEHOLD_JOB_ID $$ $PPID" >> runs"#)))
+        // The runner is the parent, or the parent of the attempt's keeper (`lh-keeper`).
+        .map(|_| {
+            c.enqueue(Job::shell(
+                r#"r=$PPID; [ "$(cat /proc/$r/comm)" = lh-keeper ] && r=$(cut -d' ' -f4 /proc/$r/stat); echo "$LEASEHOLD_JOB_ID $$ $r" >> runs"#,
+            ))
+        })
         .collect();
     let opts = [
         "--workers",

@@ -11,6 +11,7 @@ mod exhaustion;
 mod flow;
 mod freeze;
 mod fulldisk;
+mod keepers;
 mod namespace;
 mod renewal;
 mod schedule;

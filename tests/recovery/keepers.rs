@@ -1,0 +1,335 @@
+//! Attempts under keepers outlive their runner: a killed runner's finished attempts are
+//! recorded, not rerun; its running ones are adopted by the next runner; `--on-exit leave`
+//! leaves them running; a cancel or a timeout still ends them; a keeper killed by hand is
+//! torn down and reclaimed as a runner's crash was before keepers.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use leasehold::{ErrorKind, Job, Status};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::helper::{Case, args};
+use crate::util::{alive, group_alive, poll};
+
+/// The attempt's folder of job `id`'s `attempt`, under the case's database.
+fn attempt_dir(c: &Case, id: i64) -> std::path::PathBuf {
+    let job = c.job(id);
+    let mut folder = std::fs::canonicalize(&c.db.path)
+        .expect("the database exists")
+        .into_os_string();
+    folder.push("-attempts");
+    std::path::PathBuf::from(folder)
+        .join(id.to_string())
+        .join(format!(
+            "{}-{}",
+            job.attempt,
+            job.run_token.expect("a run token")
+        ))
+}
+
+/// Waits until `pid` is gone (or a zombie), polling.
+fn wait_gone(c: &Case, what: &str, pid: i64) {
+    c.wait_for(what, |_| (!alive(pid)).then_some(()));
+}
+
+/// 200 jobs of 0.4 s while the runner is SIGKILLed and restarted every 0.7 s: every job
+/// succeeds, no two attempts of a job overlap, and each job's side effect happens exactly
+/// once. Before keepers a finished attempt whose runner was dead was run again: 27 reruns in
+/// 27 kills.
+#[test]
+fn sigkill_every_0_7_s_reruns_no_finished_work() {
+    let mut c = Case::new();
+    let ids: Vec<i64> = (0..200)
+        .map(|_| {
+            c.enqueue(Job::shell(
+                r#"echo "start $LEASEHOLD_JOB_ID $$" >> runs; sleep 0.4; echo "$LEASEHOLD_JOB_ID" >> effects; echo "end $LEASEHOLD_JOB_ID $$" >> runs"#,
+            ))
+        })
+        .collect();
+    // FAST's timings with 8 workers.
+    let opts = [
+        "--workers",
+        "8",
+        "--heartbeat",
+        "0.5",
+        "--sweep",
+        "0.5",
+        "--kill-grace",
+        "0.5",
+        "--shutdown-grace",
+        "0.5",
+        "--lease-ttl",
+        "30",
+    ];
+    let begun = Instant::now();
+    let mut kills = 0;
+    loop {
+        let r = c.start_runner(&opts);
+        std::thread::sleep(Duration::from_millis(700));
+        let done = c.store().counts().expect("counts");
+        if done.succeeded + done.failed + done.cancelled == ids.len() as u64 {
+            break;
+        }
+        c.crash(r);
+        kills += 1;
+        assert!(
+            begun.elapsed() < Duration::from_secs(240),
+            "still not done after {kills} kills"
+        );
+    }
+    let mut effects: BTreeMap<i64, usize> = BTreeMap::new();
+    for line in c.file("effects").lines() {
+        *effects.entry(line.parse().expect("a job id")).or_default() += 1;
+    }
+    let reruns: usize = effects.values().map(|n| n - 1).sum();
+    // Overlaps: a start of a job while an earlier start of it has not ended.
+    let mut open: BTreeMap<String, usize> = BTreeMap::new();
+    let mut overlaps = 0;
+    for line in c.file("runs").lines() {
+        let mut w = line.split(' ');
+        let (kind, id) = (w.next().unwrap(), w.next().unwrap().to_owned());
+        let n = open.entry(id).or_default();
+        if kind == "start" {
+            overlaps += usize::from(*n > 0);
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+    }
+    let store = c.store();
+    let recovered: usize = ids
+        .iter()
+        .map(|&id| {
+            store
+                .events(id)
+                .unwrap()
+                .iter()
+                .filter(|e| e.kind == "outcome_recovered")
+                .count()
+        })
+        .sum();
+    let adopted: usize = ids
+        .iter()
+        .map(|&id| {
+            store
+                .events(id)
+                .unwrap()
+                .iter()
+                .filter(|e| e.kind == "adopted")
+                .count()
+        })
+        .sum();
+    eprintln!(
+        "{kills} kills in {:.1}s: {reruns} reruns of finished work, {overlaps} overlaps, \
+         {adopted} attempts adopted, {recovered} outcomes recovered",
+        begun.elapsed().as_secs_f64()
+    );
+    assert!(kills >= 5, "only {kills} kills: the soak did not soak");
+    for &id in &ids {
+        let job = c.job(id);
+        assert_eq!(job.status, Status::Succeeded, "{job:?}");
+        assert_eq!(effects.get(&id), Some(&1), "job {id}'s side effect");
+    }
+    assert_eq!(reruns, 0);
+    assert_eq!(overlaps, 0);
+}
+
+/// `run --on-exit leave` with a 5 s job, SIGTERM after 1 s: the command exits within a second
+/// and the job runs on; a runner started 2 s later adopts it, and it ends succeeded with
+/// attempt 1, its whole output in its files and its tail in the database.
+#[test]
+fn on_exit_leave_leaves_the_job_running_for_the_next_runner_to_adopt() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell(
+        "for i in 1 2 3 4 5; do echo line $i; sleep 1; done",
+    ));
+    let r = c.start_runner(&args(&["--on-exit", "leave"]));
+    let first = c.running(id, 1);
+    std::thread::sleep(Duration::from_secs(1));
+    let term = Instant::now();
+    c.signal(r, Signal::SIGTERM);
+    let (code, log) = c.runners[r].wait(Duration::from_secs(5));
+    let took = term.elapsed();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(took < Duration::from_secs(1), "exit took {took:?}");
+    assert!(
+        group_alive(first.pgid.unwrap()),
+        "the job's processes run on after their runner exited"
+    );
+    assert_eq!(c.job(id).status, Status::Running);
+
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(group_alive(first.pgid.unwrap()), "still running");
+    c.start_runner(&args(&[]));
+    let done = c.ended(id);
+    assert_eq!(done.status, Status::Succeeded, "{done:?}");
+    assert_eq!(done.attempt, 1);
+    assert_eq!(done.recovery_count, 0);
+    let kinds = c.kinds(id);
+    assert!(kinds.contains(&"adopted".to_string()), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k == "started").count(), 1);
+    let whole: String = (1..=5).map(|i| format!("line {i}\n")).collect();
+    let dir = attempt_dir(&c, id);
+    assert_eq!(std::fs::read_to_string(dir.join("stdout")).unwrap(), whole);
+    let tail = c.store().output(id, None).unwrap().expect("an output row");
+    assert_eq!(String::from_utf8_lossy(&tail.stdout), whole);
+}
+
+/// The same job left running, with no runner until it has finished: the next runner records
+/// the outcome its keeper wrote, and does not run it again.
+#[test]
+fn an_outcome_written_while_no_runner_ran_is_recorded_without_a_rerun() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell(
+        "echo ran >> effects; sleep 1; echo out; echo err >&2; exit 3",
+    ));
+    let r = c.start_runner(&args(&["--on-exit", "leave"]));
+    let first = c.running(id, 1);
+    c.signal(r, Signal::SIGTERM);
+    c.runners[r].wait(Duration::from_secs(5));
+    let keeper = first.keeper_pid.expect("a keeper");
+    wait_gone(&c, "the keeper to finish alone", keeper);
+    assert!(attempt_dir(&c, id).join("outcome").exists());
+    assert_eq!(c.job(id).status, Status::Running, "nobody recorded it yet");
+
+    c.start_runner(&args(&[]));
+    let done = c.ended(id);
+    assert_eq!(done.status, Status::Failed, "{done:?}");
+    assert_eq!(done.exit_code, Some(3));
+    assert_eq!(done.attempt, 1);
+    assert_eq!(c.file("effects"), "ran\n", "run once");
+    assert!(c.kinds(id).contains(&"outcome_recovered".to_string()));
+    let out = c.store().output(id, None).unwrap().expect("an output row");
+    assert_eq!(
+        (out.stdout.as_slice(), out.stderr.as_slice()),
+        (&b"out\n"[..], &b"err\n"[..])
+    );
+}
+
+/// A job whose timeout passes while no runner runs is killed as soon as it is adopted, and
+/// ends `timeout`.
+#[test]
+fn a_timeout_that_passed_while_no_runner_ran_kills_the_job_once_adopted() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell("echo started; sleep 300").timeout(Duration::from_secs(2)));
+    let r = c.start_runner(&args(&["--on-exit", "leave"]));
+    let first = c.running(id, 1);
+    c.signal(r, Signal::SIGTERM);
+    c.runners[r].wait(Duration::from_secs(5));
+    // Past the deadline with no runner alive: the job still runs.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(group_alive(first.pgid.unwrap()));
+    let adopted_at = Instant::now();
+    c.start_runner(&args(&[]));
+    let done = c.ended(id);
+    assert_eq!(done.status, Status::Failed, "{done:?}");
+    assert_eq!(done.error_kind, Some(ErrorKind::Timeout));
+    assert!(
+        adopted_at.elapsed() < Duration::from_secs(5),
+        "killed {:?} after the adoption",
+        adopted_at.elapsed()
+    );
+    assert!(!group_alive(first.pgid.unwrap()));
+    wait_gone(&c, "the keeper", first.keeper_pid.unwrap());
+}
+
+/// A cancel of a job left running under its keeper: the command's group and the keeper are
+/// gone, and the job is cancelled.
+#[test]
+fn cancelling_a_kept_job_ends_its_command_and_its_keeper() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell("sleep 300"));
+    let r = c.start_runner(&args(&["--on-exit", "leave"]));
+    let first = c.running(id, 1);
+    c.signal(r, Signal::SIGTERM);
+    c.runners[r].wait(Duration::from_secs(5));
+    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("leasehold"))
+        .arg("--db")
+        .arg(&c.db.path)
+        .args(["jobs", "cancel", &id.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The cancel's teardown, or the next runner's, ends the command; its keeper then exits.
+    c.start_runner(&args(&[]));
+    c.wait_for("the command's group to end", |_| {
+        (!group_alive(first.pgid.unwrap())).then_some(())
+    });
+    wait_gone(&c, "the keeper", first.keeper_pid.unwrap());
+    assert_eq!(c.job(id).status, Status::Cancelled);
+}
+
+/// A keeper SIGKILLed by hand: its runner cannot learn how the command ended, so it tears the
+/// attempt down and the job runs again, never two attempts at once.
+#[test]
+fn a_keeper_killed_by_hand_is_torn_down_and_reclaimed() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell(crate::helper::PID_SCRIPT));
+    c.start_runner(&args(&[]));
+    let first = c.running(id, 1);
+    c.wait_for("the first pid", |c| {
+        (!c.file("pids").is_empty()).then_some(())
+    });
+    kill(
+        Pid::from_raw(first.keeper_pid.unwrap() as i32),
+        Signal::SIGKILL,
+    )
+    .unwrap();
+    let done = c.ended(id);
+    assert_eq!(done.status, Status::Succeeded, "{done:?}");
+    assert_eq!(done.attempt, 2);
+    assert_eq!(done.recovery_count, 1);
+    assert_eq!(c.file("overlap"), "", "attempts overlapped");
+    assert!(!group_alive(first.pgid.unwrap()));
+    let reclaimed = c.kinds(id);
+    assert!(
+        reclaimed.contains(&"reclaimed".to_string()),
+        "{reclaimed:?}"
+    );
+}
+
+/// A keeper's memory is its own: a runner that touched 500 MB before starting a job gives its
+/// keeper none of it (the keeper is exec'ed, not forked).
+#[test]
+fn a_keeper_holds_none_of_a_large_runners_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.db");
+    let mut big = vec![0u8; 500 << 20];
+    for i in (0..big.len()).step_by(4096) {
+        big[i] = 1;
+    }
+    let runner = leasehold::Runner::builder(&path)
+        .workers(1)
+        .start()
+        .expect("starts");
+    let id = runner.enqueue(&Job::shell("sleep 10")).unwrap();
+    let store = leasehold::Store::open(&path).unwrap();
+    let keeper = poll(Duration::from_secs(30), || {
+        store.job(id).unwrap().keeper_pid
+    })
+    .expect("a keeper");
+    let rollup = std::fs::read_to_string(format!("/proc/{keeper}/smaps_rollup")).unwrap();
+    let kib = |field: &str| -> u64 {
+        rollup
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {rollup}"))
+    };
+    let (rss, pss) = (kib("Rss:"), kib("Pss:"));
+    eprintln!(
+        "runner holds {} MiB; its keeper: Rss {rss} kB, Pss {pss} kB",
+        big.len() >> 20
+    );
+    assert!(rss < 8 * 1024, "keeper Rss {rss} kB");
+    assert!(pss < 8 * 1024, "keeper Pss {pss} kB");
+    runner.cancel(id).unwrap();
+    drop(runner);
+    std::hint::black_box(&big);
+}

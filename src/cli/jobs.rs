@@ -170,6 +170,7 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
     if args.json {
         let mut value = render::job_json(&job, args.show_env);
         value["teardown_waits"] = json!(operator::teardown_wait(&store, job.id)?);
+        value["kept"] = json!(operator::kept_without_runner(&store, &job)?);
         value["events"] = events.iter().map(render::event_json).collect();
         value["output"] = output.as_ref().map_or(Value::Null, render::output_json);
         print_json(&mut out, &value)?;
@@ -248,6 +249,9 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in &fields {
         writeln!(out, "  {k:width$}  {v}")?;
+    }
+    if let Some(kept) = operator::kept_without_runner(&store, &job)? {
+        writeln!(out, "  ({kept})")?;
     }
     if job.teardown_pending {
         match operator::teardown_wait(&store, job.id)? {

@@ -38,6 +38,18 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
         })
         .collect();
     let waits = operator::teardown_waits(&store, TEARDOWN_WAITS_SHOWN)?;
+    // Running jobs left to their keepers by a runner that stopped or died.
+    let mut kept: Vec<(i64, String)> = Vec::new();
+    let running = store.list(&leasehold::ListFilter {
+        status: Some(leasehold::Status::Running),
+        limit: Some(TEARDOWN_WAITS_SHOWN),
+        ..Default::default()
+    })?;
+    for job in &running {
+        if let Some(why) = operator::kept_without_runner(&store, job)? {
+            kept.push((job.id, why));
+        }
+    }
     let mut out = std::io::stdout().lock();
     if json {
         let runners: Vec<Value> = runners
@@ -83,6 +95,10 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
             "teardown_waits": waits
                 .iter()
                 .map(|(why, ids)| json!({"why": why, "jobs": ids}))
+                .collect::<Vec<Value>>(),
+            "kept": kept
+                .iter()
+                .map(|(id, why)| json!({"job": id, "why": why}))
                 .collect::<Vec<Value>>(),
         });
         print_json(&mut out, &value)?;
@@ -132,6 +148,9 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
                 render::time(r.heartbeat_at)
             )?;
         }
+    }
+    for (id, why) in &kept {
+        writeln!(out, "running: job {id} {why}")?;
     }
     for (why, ids) in &waits {
         let ids: Vec<String> = ids.iter().map(i64::to_string).collect();

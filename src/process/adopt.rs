@@ -44,6 +44,17 @@ pub(crate) fn live_keeper(pid: i32, start_time: u64, token: &str) -> Option<Live
     Some(LiveKeeper { pidfd, pid })
 }
 
+/// Whether `pid` is alive and is the keeper of the attempt with `token` (its first
+/// argument): what `jobs inspect` and `status` say of a job kept with no runner. Not a
+/// verification to act on (see [`live_keeper`]).
+pub(crate) fn keeper_running(pid: i32, token: &str) -> bool {
+    let alive = proc::proc_info(pid).is_some_and(|p| !p.is_dead());
+    let first_arg = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .and_then(|c| c.split(|&b| b == 0).nth(1).map(|a| a == token.as_bytes()));
+    alive && first_arg == Some(true)
+}
+
 /// Where an adopted attempt stands.
 pub(crate) struct Adopted {
     /// The keeper.

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::job::{JobRecord, now_ms};
+use crate::job::{JobRecord, Status, now_ms};
 use crate::process::{self, AttemptIdentity};
 use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, LostAttempt, Namespace, RunnerRecord, Store};
 
@@ -290,6 +290,46 @@ fn place(ns: &Namespace) -> String {
         "PID namespace {pid_ns} on host {} (boot {})",
         ns.host, ns.boot_id
     )
+}
+
+/// Why a running job has no runner following it while its keeper runs it on (or has run it
+/// to its end), if so: what `jobs inspect`, `status` and the dashboard say of a job left
+/// running at a runner's exit (`--on-exit leave`) or whose runner died, until the next runner
+/// on the file adopts it or records its outcome. `None` for any other job.
+///
+/// # Errors
+///
+/// [`Error::Sqlite`](crate::Error::Sqlite) when the database cannot be read.
+pub fn kept_without_runner(store: &Store, job: &JobRecord) -> Result<Option<String>> {
+    let (Status::Running, Some(keeper), Some(worker), Some(token)) =
+        (job.status, job.keeper_pid, &job.worker_id, &job.run_token)
+    else {
+        return Ok(None);
+    };
+    let here = Namespace::here();
+    let why = match store
+        .runners()?
+        .into_iter()
+        .find(|r| &r.worker_id == worker)
+    {
+        None => format!("its runner {worker} stopped"),
+        Some(r) => match runner_death_evidence(&r, &here) {
+            Some(evidence) => format!("its runner {worker} is dead ({evidence})"),
+            None => return Ok(None),
+        },
+    };
+    let keeper_alive = i32::try_from(keeper).is_ok_and(|pid| process::keeper_running(pid, token));
+    Ok(Some(if keeper_alive {
+        format!(
+            "kept, no runner: {why}; its keeper pid {keeper} runs it on, and the next runner \
+             on this file adopts it"
+        )
+    } else {
+        format!(
+            "kept, no runner: {why}; its keeper pid {keeper} has ended, and the next runner \
+             on this file records its outcome"
+        )
+    }))
 }
 
 /// Why job `job`'s lost attempt is not torn down yet, when its runner's namespace is known:

@@ -160,7 +160,30 @@ fn on_exit_leave_leaves_the_job_running_for_the_next_runner_to_adopt() {
     );
     assert_eq!(c.job(id).status, Status::Running);
 
-    std::thread::sleep(Duration::from_secs(2));
+    // Shown as it is: running, kept by its keeper, with no runner.
+    let cli_json = |args: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("leasehold"))
+            .arg("--db")
+            .arg(&c.db.path)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let inspected = cli_json(&["jobs", "inspect", &id.to_string(), "--json"]);
+    assert_eq!(inspected["status"], "running");
+    let kept = inspected["kept"].as_str().expect("a kept line");
+    assert!(kept.starts_with("kept, no runner: its runner"), "{kept}");
+    assert!(kept.contains("runs it on"), "{kept}");
+    let status = cli_json(&["status", "--json"]);
+    assert_eq!(status["kept"][0]["job"], id, "{status}");
+
+    std::thread::sleep(Duration::from_secs(1));
     assert!(group_alive(first.pgid.unwrap()), "still running");
     c.start_runner(&args(&[]));
     let done = c.ended(id);

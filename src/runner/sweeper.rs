@@ -191,17 +191,40 @@ impl Sweeper {
     /// when it pruned or freed anything. Errors are logged: the next sweep tries again.
     pub(crate) fn prune_and_log(&self, now: i64) {
         match self.prune(now) {
-            Ok(r) if r.jobs > 0 || r.bytes_freed > 0 || r.wal_truncated => log::info!(
-                "prune jobs={} bytes_freed={} more={} wal_truncated={}",
-                r.jobs,
-                r.bytes_freed,
-                r.more,
-                r.wal_truncated
-            ),
+            Ok(r) if r.jobs > 0 || r.bytes_freed > 0 || r.wal_truncated => {
+                log::info!(
+                    "prune jobs={} bytes_freed={} more={} wal_truncated={}",
+                    r.jobs,
+                    r.bytes_freed,
+                    r.more,
+                    r.wal_truncated
+                );
+                if r.jobs > 0 {
+                    self.remove_files_and_log();
+                }
+            }
             Ok(_) => log::debug!("prune: nothing to do"),
             Err(e) => {
                 if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
                     log::warn!("prune failed ({n} since the last report): {e:#}");
+                }
+            }
+        }
+    }
+
+    /// Removes the output files of the jobs that are gone, for at most a quarter of a sweep
+    /// interval (a folder left over is removed after a later prune, or by `db prune`), and
+    /// logs a line when it removed any. Errors are logged: a later prune tries again.
+    fn remove_files_and_log(&self) {
+        let deadline = Instant::now().checked_add(self.shared.config.sweep_interval / 4);
+        match self.store.remove_orphan_files(deadline) {
+            Ok(0) => {}
+            Ok(n) => log::info!("removed the output files of {n} pruned jobs"),
+            Err(e) => {
+                if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
+                    log::warn!(
+                        "removing pruned jobs' files failed ({n} since the last report): {e:#}"
+                    );
                 }
             }
         }

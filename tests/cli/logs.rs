@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::helper::{FAST, add, cli, fails, inspect, json, ok, run_until_idle, stop};
+use crate::serve::Server;
 use crate::util::{RunnerProcess, TestDb, wait_until};
 
 /// The folder of one job's attempts beside the database at `db`: `<db>-attempts/<id>/`.
@@ -274,6 +275,49 @@ fn follow_prints_lines_as_they_are_written_and_exits_when_the_job_ends() {
     assert_eq!(status.unwrap().code(), Some(0));
     let rest: Vec<String> = follower.stdout.try_iter().collect();
     assert_eq!(rest, ["the last line"]);
+}
+
+/// A running job's page shows the end of its attempt's files, escaped, and says it is live;
+/// it still reloads every 5 s.
+#[test]
+fn the_dashboard_shows_a_running_jobs_file_tail() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &[], &["true"]);
+    set_running(&t, id, "tokd");
+    // More than the 64 KiB shown, ending in markup that must come out escaped.
+    let mut out = numbered(100 << 10);
+    out.extend_from_slice(b"<b>bold</b> & the end\n");
+    write_attempt(db, id, 1, "tokd", &out, b"warning: <careful>\n");
+    let server = Server::start(db, &[]);
+    let page = server.get(&format!("/jobs/{id}"));
+    assert_eq!(page.status, 200);
+    let body = &page.body;
+    assert!(body.contains("http-equiv=\"refresh\""), "{body}");
+    assert!(body.contains("id=\"live\""), "{body}");
+    assert!(body.contains("live, reloads every 5 s"), "{body}");
+    assert!(
+        body.contains("&lt;b&gt;bold&lt;/b&gt; &amp; the end"),
+        "the tail, escaped"
+    );
+    assert!(!body.contains("<b>bold</b>"), "nothing unescaped");
+    assert!(body.contains("warning: &lt;careful&gt;"), "stderr");
+    // The last 64 KiB only: the first line is not on the page, a line near the end is.
+    assert!(!body.contains("line 00000000"), "only the tail");
+    let near_end = String::from_utf8_lossy(&out[out.len() - 200..]).into_owned();
+    let near_end = near_end.lines().nth(1).unwrap().to_string();
+    assert!(body.contains(&near_end), "{near_end}");
+
+    // Once it ended, the page neither reloads nor shows the files as live.
+    t.bare()
+        .execute(
+            "UPDATE jobs SET status = 'succeeded', exit_code = 0 WHERE id = ?1",
+            [id],
+        )
+        .unwrap();
+    let page = server.get(&format!("/jobs/{id}"));
+    assert!(!page.body.contains("http-equiv=\"refresh\""));
+    assert!(!page.body.contains("id=\"live\""));
 }
 
 /// `db prune` removes the folder of the job it pruned and keeps that of a job that stays; a

@@ -73,9 +73,9 @@ pub fn file(
     }
 }
 
-/// Follows attempt `attempt` of a running job that has no folder (yet): waits for its keeper
-/// to make one and follows that, or, when the attempt ends without one (a runner that writes
-/// no files), prints the tail the database kept.
+/// Follows attempt `attempt` of a running job that has no folder of its own (yet): waits for
+/// its keeper to make one and follows that. When the attempt ends first, prints its folder's
+/// file if one appeared, else (a runner that writes no files) the tail the database kept.
 pub fn until_files(
     store: &Store,
     job: &JobRecord,
@@ -86,7 +86,10 @@ pub fn until_files(
     loop {
         let running = is_running(&job, attempt, None);
         if let Some(dir) = attempt_dir(&store.attempt_files(job.id)?, attempt, &job) {
-            return file(store, &job, &dir, stream);
+            // While it runs, only its own folder (its run token's) is followed.
+            if !running || is_running(&job, attempt, Some(&dir)) {
+                return file(store, &job, &dir, stream);
+            }
         }
         if !running {
             let bytes = store.output(job.id, Some(attempt))?.map(|o| match stream {

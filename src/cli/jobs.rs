@@ -309,9 +309,14 @@ pub fn logs(db: &Path, args: &LogsArgs) -> anyhow::Result<()> {
     };
     let attempt = args.attempt.unwrap_or(job.attempt);
     let dir = attempt_dir(&store.attempt_files(args.id)?, attempt, &job);
-    let following = args.follow && is_running(&job, attempt, dir.as_ref());
+    // Only a running attempt is followed, and only from its own folder: an older folder of
+    // the same number (before an operator's retry) is not the running attempt's.
+    let following = args.follow && is_running(&job, attempt, None);
     match dir {
-        Some(dir) if following => follow::file(&store, &job, &dir, stream),
+        Some(dir) if following && is_running(&job, attempt, Some(&dir)) => {
+            follow::file(&store, &job, &dir, stream)
+        }
+        _ if following => follow::until_files(&store, &job, attempt, stream),
         Some(dir) => {
             let path = dir.stream(stream);
             let mut out = std::io::stdout().lock();
@@ -329,7 +334,6 @@ pub fn logs(db: &Path, args: &LogsArgs) -> anyhow::Result<()> {
             out.flush()?;
             Ok(())
         }
-        None if following => follow::until_files(&store, &job, attempt, stream),
         None => print_recorded(&store, args.id, args.attempt, stream),
     }
 }
@@ -356,7 +360,7 @@ pub(super) fn is_running(job: &JobRecord, attempt: i64, dir: Option<&AttemptDir>
 }
 
 /// Prints the tail of one stream the database kept for `attempt` (or the latest recorded).
-pub(super) fn print_recorded(
+fn print_recorded(
     store: &Store,
     id: i64,
     attempt: Option<i64>,

@@ -277,6 +277,49 @@ fn follow_prints_lines_as_they_are_written_and_exits_when_the_job_ends() {
     assert_eq!(rest, ["the last line"]);
 }
 
+/// A running attempt whose folder is not there yet is waited for, not confused with an older
+/// folder of the same number (an attempt before an operator's retry): `--follow` prints the
+/// running attempt's lines once its folder appears, and exits when the job ends.
+#[test]
+fn follow_waits_for_the_running_attempts_own_folder() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &[], &["true"]);
+    set_running(&t, id, "new");
+    write_attempt(db, id, 1, "old", b"from before the retry\n", b"");
+    let mut follower = Follower::start(db, &[&id.to_string(), "--follow"]);
+    // It waits: nothing printed, still running, while only the old folder exists.
+    assert!(
+        follower
+            .stdout
+            .recv_timeout(Duration::from_millis(700))
+            .is_err(),
+        "the older attempt's file is not the running attempt's"
+    );
+    assert!(
+        follower.running(),
+        "it waits for the running attempt's folder"
+    );
+    write_attempt(db, id, 1, "new", b"the running attempt\n", b"");
+    assert_eq!(
+        follower.line(Duration::from_secs(10)),
+        "the running attempt"
+    );
+    t.bare()
+        .execute("UPDATE jobs SET status = 'succeeded' WHERE id = ?1", [id])
+        .unwrap();
+    let mut status = None;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            status = follower.child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "it exits once the job ended"
+    );
+    assert_eq!(status.unwrap().code(), Some(0));
+    assert_eq!(follower.stdout.try_iter().count(), 0);
+}
+
 /// A running job's page shows the end of its attempt's files, escaped, and says it is live;
 /// it still reloads every 5 s.
 #[test]

@@ -157,9 +157,10 @@ const ORPHAN_BATCH: usize = 500;
 /// Removes the folders in `folder` of jobs that no longer exist in `store` (a prune deleted
 /// them), checking a batch of names per statement; returns how many it removed. A folder
 /// whose job exists is never removed: job ids are never reused (`AUTOINCREMENT`), so a
-/// missing id stays missing. Names that are not a job id are left alone. Stops between
-/// batches once `deadline` passes (the next call goes on). An absent `folder` has nothing to
-/// remove.
+/// missing id stays missing. Names that are not a job id are left alone. Stops once
+/// `deadline` passes, before the next folder (the next call goes on). An absent `folder` has
+/// nothing to remove. A folder that cannot be removed is passed over, and the first such
+/// error returned after the others were tried.
 pub(crate) fn remove_orphans(
     folder: &Path,
     store: &crate::Store,
@@ -185,27 +186,37 @@ pub(crate) fn remove_orphans(
         }
     }
     ids.sort_unstable();
+    let past = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
     let mut removed = 0;
-    for batch in ids.chunks(ORPHAN_BATCH) {
-        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+    // One folder that cannot be removed does not keep the others: the first error is
+    // returned once the rest were tried.
+    let mut failed = None;
+    'batches: for batch in ids.chunks(ORPHAN_BATCH) {
+        if past() {
             break;
         }
         for id in store.missing_jobs(batch)? {
+            // Removing is the slow part (on a busy disk, milliseconds a folder).
+            if past() {
+                break 'batches;
+            }
             let dir = job_dir(folder, id);
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => removed += 1,
                 // Another runner's sweeper or a `db prune` removed it first.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
-                    return Err(crate::Error::io(
-                        format!("cannot remove {}", dir.display()),
-                        e,
-                    ));
+                    failed.get_or_insert_with(|| {
+                        crate::Error::io(format!("cannot remove {}", dir.display()), e)
+                    });
                 }
             }
         }
     }
-    Ok(removed)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(removed),
+    }
 }
 
 /// How an attempt's command ended, as its keeper saw it.

@@ -45,7 +45,7 @@ impl Store {
 
     /// Removes the output files of jobs that no longer exist (a prune deleted them): every
     /// `<db>-attempts/<id>/` folder whose job is gone. A job that exists keeps its files.
-    /// Stops between batches of folders once `deadline` passes; the next call goes on.
+    /// Stops once `deadline` passes, before the next folder; the next call goes on.
     /// Returns how many job folders it removed. [`Store::prune`] leaves the files alone; the
     /// runner's sweeper and `leasehold db prune` call this after it.
     ///

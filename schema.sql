@@ -1,4 +1,4 @@
--- leasehold schema, version 12 (PRAGMA user_version = 12).
+-- leasehold schema, version 13 (PRAGMA user_version = 13).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -71,10 +71,12 @@ CREATE TABLE jobs (
     -- Version 9: teardown_worker names the runner that held the lost attempt still to be torn
     -- down: only a runner in that runner's PID namespace can see its processes. NULL (a
     -- marker from before version 9, or written by hand): any runner tears it down.
+    -- Version 13: keeper_pid and keeper_start_time identify the attempt's keeper, the
+    -- process that is its command's parent and writes its outcome beside the database.
     -- (Written as ALTER TABLE ADD COLUMN writes them, so that a migrated file's text and this
     -- one's agree.)
 , unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0,
-  teardown_worker TEXT);
+  teardown_worker TEXT, keeper_pid INTEGER, keeper_start_time INTEGER);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table.

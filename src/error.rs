@@ -156,6 +156,20 @@ pub enum Error {
         /// What is wrong with it: `is owned by uid 1001, not 0`, `has mode 0777, not 0700`.
         problem: String,
     },
+    /// The folder of attempts' files beside the database (`<db>-attempts`) is not this user's
+    /// alone: as the wake-up folder, it must be a directory owned by this process's effective
+    /// user with no group or other permission bit. A runner with keepers refuses to start.
+    #[error(
+        "{} {problem}: the attempts folder holds jobs' output and outcomes, so it must be \
+         this user's alone",
+        path.display()
+    )]
+    AttemptsFolder {
+        /// The folder.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The runner has shut down and no longer accepts the request.
     #[error("the runner has shut down")]
     ShutDown,

@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! <db>-attempts/                        owner-only (0700), made by a runner
+//!   .leasehold-keeper-<hash>            the keeper program (0700), written only where it cannot
+//!                                       be exec'ed from memory (a process that is not dumpable)
 //!   <job id>/                           one per job; retention removes it with the job
 //!     <attempt>-<run token>/            one per attempt (an operator's retry counts again)
 //!       stdout, stderr                  the streams, capped (see below), 0600
@@ -53,6 +55,32 @@ pub(crate) fn folder(db: &Path) -> PathBuf {
     let mut name = crate::store::wake::canonical(db).into_os_string();
     name.push("-attempts");
     PathBuf::from(name)
+}
+
+/// Makes the attempts folder `folder` (0700) if it is missing, and checks that it is this
+/// user's alone, as the wake-up folder is checked.
+///
+/// # Errors
+///
+/// [`Error::AttemptsFolder`](crate::Error::AttemptsFolder) naming what is wrong with it;
+/// [`Error::Io`](crate::Error::Io) when it cannot be made or looked at.
+pub(crate) fn prepare_folder(folder: &Path) -> crate::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(folder) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(crate::Error::io(
+                format!("cannot make {}", folder.display()),
+                e,
+            ));
+        }
+    }
+    crate::store::wake::check_owned(folder, |problem| crate::Error::AttemptsFolder {
+        path: folder.to_path_buf(),
+        problem,
+    })?;
+    Ok(())
 }
 
 /// The folder of one job's attempts.
@@ -219,6 +247,15 @@ pub(crate) fn remove_orphans(
     }
 }
 
+/// When the newest of an attempt's two output files last changed, if either exists: what an
+/// idle timeout reads of a kept attempt.
+pub(crate) fn newest_change(dir: &Path) -> Option<std::time::SystemTime> {
+    [STDOUT, STDERR]
+        .iter()
+        .filter_map(|name| std::fs::metadata(dir.join(name)).ok()?.modified().ok())
+        .max()
+}
+
 /// How an attempt's command ended, as its keeper saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ended {
@@ -241,6 +278,7 @@ pub(crate) struct Outcome {
 
 impl Outcome {
     /// The file's text (the keeper writes the same).
+    #[cfg(test)]
     pub(crate) fn render(&self) -> String {
         let ended = match self.ended {
             Ended::Exited(code) => format!("exit={code}"),

@@ -90,11 +90,17 @@ pub enum EventKind {
     /// A slot of a schedule enqueued nothing because its earlier job was still pending or
     /// running (overlap `skip`), or its unique key matched a job (a schedule's history).
     ScheduleSkipped,
+    /// The attempt's runner was gone, and its keeper had written how the command ended: the
+    /// ending recorded with it is the keeper's (the detail says how and when), with no rerun.
+    OutcomeRecovered,
+    /// A runner took over a running attempt whose runner was gone and whose keeper was
+    /// alive: the lease moved to it, the attempt and its run token stayed the same.
+    Adopted,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 19] = [
         EventKind::Enqueued,
         EventKind::Claimed,
         EventKind::Started,
@@ -112,6 +118,8 @@ impl EventKind {
         EventKind::LateResultDiscarded,
         EventKind::ScheduleMissed,
         EventKind::ScheduleSkipped,
+        EventKind::OutcomeRecovered,
+        EventKind::Adopted,
     ];
 
     /// The kind as stored in the `kind` column of `job_events`.
@@ -134,6 +142,8 @@ impl EventKind {
             EventKind::LateResultDiscarded => "late_result_discarded",
             EventKind::ScheduleMissed => "schedule_missed",
             EventKind::ScheduleSkipped => "schedule_skipped",
+            EventKind::OutcomeRecovered => "outcome_recovered",
+            EventKind::Adopted => "adopted",
         }
     }
 
@@ -862,6 +872,9 @@ pub struct JobRecord {
     pub pid: Option<i64>,
     /// The current or last attempt's process group.
     pub pgid: Option<i64>,
+    /// The current or last attempt's keeper: the process that is its command's parent and
+    /// writes its outcome beside the database, which outlives the runner.
+    pub keeper_pid: Option<i64>,
     /// The exit code of the last attempt, when it exited.
     pub exit_code: Option<i64>,
     /// The signal that killed the last attempt, when one did.

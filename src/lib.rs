@@ -31,8 +31,6 @@
 #![deny(missing_docs)]
 
 mod error;
-// Partly used by the keeper work that lands next; allowed until then.
-#[allow(dead_code)]
 mod files;
 mod job;
 mod metrics;
@@ -43,7 +41,7 @@ mod schedule;
 mod store;
 
 pub use error::{Error, Result};
-pub use files::{AttemptDir, Stream};
+pub use files::{AttemptDir, DEFAULT_OUTPUT_CAP, Stream};
 pub use job::{
     DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ErrorKind,
     Event, EventKind, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,
@@ -53,8 +51,8 @@ pub use runner::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
     DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS,
-    MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, Runner, RunnerBuilder, SweepCounters,
-    operator,
+    MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, OnShutdown, Runner, RunnerBuilder,
+    SweepCounters, operator,
 };
 pub use schedule::{
     CatchUp, MAX_CATCH_UP, MIN_INTERVAL, MISFIRE_GRACE, Overlap, Schedule, parse_rfc3339,

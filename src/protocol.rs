@@ -42,6 +42,6 @@
 //! ```
 
 pub use crate::store::{
-    AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, LostAttempt, ReclaimReport,
-    ReclaimRequest, Reclaimed, Renewal,
+    AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, KeptAttempt, KeptVerdict,
+    LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed, Renewal,
 };

@@ -465,6 +465,21 @@ struct RunArgs {
     #[arg(long, value_name = "N", allow_hyphen_values = true, env = "LEASEHOLD_RECLAIM_BATCH",
           default_value_t = DEFAULT_RECLAIM_BATCH)]
     reclaim_batch: u32,
+    /// Run each job's command as the runner's own child, without a keeper: jobs start
+    /// faster, but one whose runner dies is run again, and `--on-exit leave` is refused.
+    #[arg(long, env = "LEASEHOLD_NO_KEEPERS")]
+    no_keepers: bool,
+    /// The most bytes kept of each of a job's stdout and stderr files (the first half and
+    /// the newest bytes past it; 0: no cap).
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true, env = "LEASEHOLD_OUTPUT_CAP",
+          default_value_t = leasehold::DEFAULT_OUTPUT_CAP)]
+    output_cap: u64,
+    /// On SIGINT or SIGTERM: `interrupt` gives running jobs the shutdown grace, then kills
+    /// and requeues them; `leave` exits at once and leaves them running under their keepers,
+    /// for the next runner on the file to adopt.
+    #[arg(long, value_name = "WHAT", env = "LEASEHOLD_ON_EXIT", default_value = "interrupt",
+          value_parser = ["interrupt", "leave"])]
+    on_exit: String,
     #[command(flatten)]
     keep: KeepArgs,
 }

@@ -38,6 +38,13 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         .shutdown_grace(args.shutdown_grace.0)
         .max_recovery_attempts(args.max_recovery)
         .reclaim_batch(args.reclaim_batch)
+        .keepers(!args.no_keepers)
+        .output_cap(args.output_cap)
+        .on_shutdown(if args.on_exit == "leave" {
+            leasehold::OnShutdown::Leave
+        } else {
+            leasehold::OnShutdown::Interrupt
+        })
         .retention(args.keep.retention());
     for (q, limit) in &args.queue {
         builder = builder.queue(q, *limit);
@@ -170,6 +177,7 @@ fn flag(setting: &str) -> String {
         "shutdown_grace" => "shutdown-grace",
         "max_recovery_attempts" => "max-recovery",
         "reclaim_batch" => "reclaim-batch",
+        "on_shutdown" => "on-exit",
         other => return other.to_string(),
     };
     format!("--{name}")

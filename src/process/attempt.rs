@@ -25,12 +25,15 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
 use super::child::{ChildProc, pidfd_open};
+use super::keeper::Kept as KeptSpawn;
+use super::kept::{Keeping, KeptFiles};
 use super::kill::{self, POLL_INTERVAL};
 use super::output::{Stream, Tail, keep_read_buffer, read_buffer};
 use super::pidfd::{self, Held};
 use super::proc;
-use super::spawn::{BaseEnv, Command, Spawned, spawn};
+use super::spawn::{BaseEnv, Command, Spawned, spawn, spawn_kept};
 use super::stop::{StopHandle, StopReason};
+use crate::files::{self, Ended};
 
 /// If a pidfd cannot be had, the loop falls back to checking the child this
 /// often, which is the only periodic wake-up in that (unexpected) case.
@@ -54,9 +57,15 @@ pub(crate) struct AttemptSpec {
     pub cwd: Option<PathBuf>,
     /// Exported to the attempt as `LEASEHOLD_JOB_ID`.
     pub job_id: i64,
+    /// The attempt number (it names the attempt's folder of files).
+    pub attempt: i64,
     /// Exported to the attempt as `LEASEHOLD_RUN_TOKEN`; it is how processes
     /// that leave the attempt's process group are still found.
     pub run_token: String,
+    /// Run the command under a keeper that writes its output and outcome to these files,
+    /// and outlives the runner; `None`: the runner is the command's parent and reads its
+    /// output from pipes.
+    pub files: Option<KeptFiles>,
     /// Wall-clock bound on the attempt.
     pub timeout: Option<Duration>,
     /// Kill the attempt when neither stdout nor stderr produced output for
@@ -95,6 +104,8 @@ pub(crate) struct Started {
     pub pgid: i32,
     /// The main process's start time, in clock ticks since boot.
     pub start_time: u64,
+    /// The keeper's pid and start time, when the command runs under one.
+    pub keeper: Option<(i32, u64)>,
 }
 
 /// How an attempt's processes ended, as its supervisor saw them. Not the store's
@@ -118,6 +129,9 @@ pub(crate) enum Exit {
     /// Could not be started for want of descriptors, processes or memory:
     /// the runner's fault, not the job's.
     NoResources(String),
+    /// The attempt's keeper died before it reported the command's end: what was left of the
+    /// attempt was killed, and how the command ended is unknown.
+    KeeperLost,
 }
 
 /// A process of the attempt still alive after the main process exited (or
@@ -148,7 +162,7 @@ pub(crate) struct AttemptResult {
 
 /// Converts a wait into a poll timeout, rounding up so that poll does not
 /// return just before a deadline and make the loop spin until it passes.
-fn poll_timeout(wait: Option<Duration>) -> PollTimeout {
+pub(super) fn poll_timeout(wait: Option<Duration>) -> PollTimeout {
     match wait {
         None => PollTimeout::NONE,
         Some(d) => {
@@ -177,6 +191,8 @@ enum Slot {
     Exit,
     /// The stop handle's wake-up eventfd.
     Stop,
+    /// The keeper's control socket.
+    Keeper,
 }
 
 /// The state of one running attempt.
@@ -185,9 +201,11 @@ struct Supervisor<'a> {
     spec: &'a AttemptSpec,
     /// Stop requests.
     stop: &'a StopHandle,
-    /// The main process; `None` once reaped, only when the attempt is over
-    /// (or if someone else reaped it).
+    /// The main process, when the runner spawned it itself; `None` once reaped, only when
+    /// the attempt is over (or if someone else reaped it), and for a kept attempt.
     child: Option<ChildProc>,
+    /// The keeper, for an attempt run under one; `None` once released.
+    kept: Option<Keeping>,
     /// Whether the main process has exited; it is left a zombie, unreaped,
     /// so that its pid (the group's id) cannot be reused while the group may
     /// still be signalled.
@@ -221,7 +239,13 @@ struct Supervisor<'a> {
 impl Supervisor<'_> {
     /// Whether the main process still runs: not exited, not lost.
     fn running(&self) -> bool {
-        self.child.is_some() && !self.exited
+        (self.child.is_some() || self.kept.as_ref().is_some_and(|k| !k.lost)) && !self.exited
+    }
+
+    /// Whether the main process is held unreaped (by the runner, or by a keeper that still
+    /// answers), so that its pid and process group id are provably the attempt's.
+    fn held(&self) -> bool {
+        self.child.is_some() || self.kept.as_ref().is_some_and(|k| !k.lost)
     }
 
     /// Whether either pipe is still open.
@@ -235,7 +259,8 @@ impl Supervisor<'_> {
     /// stop handle and their deadlines themselves.
     fn pump(&mut self, wait: Option<Duration>, watch_stop: bool) {
         let mut wait = wait;
-        if self.running()
+        if self.child.is_some()
+            && self.running()
             && self.pidfd.is_none()
             && let Some(due) = self.pidfd_due
             // With its pipes closed, only a pidfd tells the exit without a poll.
@@ -243,21 +268,25 @@ impl Supervisor<'_> {
         {
             self.open_pidfd();
         }
-        if self.running() && self.pidfd.is_none() {
+        if self.child.is_some() && self.running() && self.pidfd.is_none() {
             let cap = match self.pidfd_due {
                 Some(due) => due.saturating_duration_since(Instant::now()),
                 None => NO_PIDFD_INTERVAL,
             };
             wait = Some(wait.map_or(cap, |w| w.min(cap)));
         }
-        let mut ready = [false; 4];
-        let mut slots = [Slot::Stop; 4];
-        let mut fds = Vec::with_capacity(4);
+        let mut ready = [false; 5];
+        let mut slots = [Slot::Stop; 5];
+        let mut fds = Vec::with_capacity(5);
         let candidates = [
             (Slot::Stdout, self.out.pipe.as_ref().map(AsFd::as_fd)),
             (Slot::Stderr, self.err.pipe.as_ref().map(AsFd::as_fd)),
             (Slot::Exit, self.pidfd.as_ref().map(AsFd::as_fd)),
             (Slot::Stop, watch_stop.then(|| self.stop.wake())),
+            (
+                Slot::Keeper,
+                self.kept.as_ref().and_then(Keeping::control_fd),
+            ),
         ];
         for (slot, fd) in candidates {
             if let Some(fd) = fd {
@@ -297,10 +326,29 @@ impl Supervisor<'_> {
                 }
                 Slot::Exit => self.check_exit(),
                 Slot::Stop => {}
+                Slot::Keeper => self.read_keeper(),
             }
         }
         if self.pidfd.is_none() {
             self.check_exit();
+        }
+    }
+
+    /// Reads the keeper's messages: the command's end, or the keeper's loss.
+    fn read_keeper(&mut self) {
+        let Some(kept) = &mut self.kept else {
+            return;
+        };
+        kept.read();
+        if kept.ended.is_some() {
+            self.exited = true;
+        } else if kept.lost {
+            log::error!(
+                "job {} attempt {}: its keeper pid {} went away before its command ended",
+                self.spec.job_id,
+                self.spec.attempt,
+                kept.pid()
+            );
         }
     }
 
@@ -341,9 +389,13 @@ impl Supervisor<'_> {
     }
 
     /// Reaps the main process once it has exited: the attempt is over, so its
-    /// group is no longer signalled.
+    /// group is no longer signalled. A keeper is released, and reaps it.
     fn reap_leader(&mut self) {
-        if !self.exited {
+        if !self.exited && !self.kept.as_ref().is_some_and(|k| k.lost) {
+            return;
+        }
+        if let Some(kept) = self.kept.take() {
+            kept.release();
             return;
         }
         if let Some(mut child) = self.child.take() {
@@ -356,6 +408,13 @@ impl Supervisor<'_> {
 
     /// The ending for a main process that exited by itself.
     fn exit(&self) -> Exit {
+        if let Some(kept) = &self.kept {
+            return match kept.ended {
+                Some(Ended::Exited(code)) => Exit::Exited(code),
+                Some(Ended::Signaled(sig)) => Exit::Signaled(sig),
+                None => Exit::KeeperLost,
+            };
+        }
         match self.status {
             Some(s) => match (s.code(), s.signal()) {
                 (Some(code), _) => Exit::Exited(code),
@@ -375,6 +434,14 @@ impl Supervisor<'_> {
         let deadline = spec.timeout.and_then(|t| self.spawned.checked_add(t));
         while self.running() {
             if let Some(reason) = self.stop.reason() {
+                if reason == StopReason::Leave
+                    && let Some(kept) = self.kept.take()
+                {
+                    // The keeper runs the attempt on, and the next runner adopts it.
+                    kept.leave();
+                    self.exited = true;
+                    return (Exit::Stopped(reason), Vec::new());
+                }
                 return (Exit::Stopped(reason), self.terminate(false, true));
             }
             let now = Instant::now();
@@ -383,9 +450,19 @@ impl Supervisor<'_> {
             {
                 return (Exit::TimedOut(t), self.terminate(false, true));
             }
-            let idle_deadline = spec
+            let mut idle_deadline = spec
                 .idle_timeout
                 .and_then(|i| self.last_output.checked_add(i));
+            if let (Some(d), Some(kept)) = (idle_deadline, &mut self.kept)
+                && now >= d
+                && let Some(age) = kept.output_age()
+            {
+                // A kept attempt's output goes to files: their change times say when.
+                self.last_output = self.last_output.max(now.checked_sub(age).unwrap_or(now));
+                idle_deadline = spec
+                    .idle_timeout
+                    .and_then(|i| self.last_output.checked_add(i));
+            }
             if let (Some(d), Some(i)) = (idle_deadline, spec.idle_timeout)
                 && now >= d
             {
@@ -394,14 +471,31 @@ impl Supervisor<'_> {
             let wait = earliest(&[deadline, idle_deadline]).map(|d| d - now);
             self.pump(wait, true);
         }
+        if self.kept.as_ref().is_some_and(|k| k.lost) {
+            // Nothing holds the command any more: what is left of the attempt is found by
+            // its group's members no older than it and by its token, through verified pidfds.
+            return (Exit::KeeperLost, self.terminate(true, true));
+        }
         let leaks = self.drain();
-        self.reap_leader();
+        if self.kept.is_none() {
+            self.reap_leader();
+        }
         (self.exit(), leaks)
     }
 
     /// After the main process exited by itself: read the pipes until EOF for
     /// at most `drain`, then kill whatever of the attempt is left.
     fn drain(&mut self) -> Vec<Leak> {
+        if let Some(kept) = &self.kept {
+            // The keeper drained the pipes itself before it reported the end.
+            return if kept.pipes_open {
+                self.terminate(true, true)
+            } else if proc::group_has_live_members(self.pgid) {
+                self.terminate(true, false)
+            } else {
+                Vec::new()
+            };
+        }
         let deadline = Instant::now().checked_add(self.spec.drain);
         while self.pipes_open() && self.stop.reason().is_none() {
             let now = Instant::now();
@@ -431,7 +525,7 @@ impl Supervisor<'_> {
     /// held unreaped, the group is the attempt's; once lost to someone else's
     /// reap, only members no older than the attempt count.
     fn group_alive(&self) -> bool {
-        if self.child.is_some() {
+        if self.held() {
             proc::group_has_live_members(self.pgid)
         } else {
             proc::group_members(self.pgid)
@@ -463,7 +557,7 @@ impl Supervisor<'_> {
                 leaks.insert(m.pid, false);
             }
         }
-        if self.child.is_some() {
+        if self.held() {
             if let Err(e) = kill::signal_group(pgid, sig) {
                 log::error!("{sig} to process group {pgid}: {e}");
             }
@@ -480,7 +574,7 @@ impl Supervisor<'_> {
         }
         if scan_token {
             for p in proc::processes_with_token(&self.spec.run_token) {
-                if p.pgid == pgid && self.child.is_some() {
+                if p.pgid == pgid && self.held() {
                     // Already signalled with the group.
                     if record_group {
                         leaks.insert(p.pid, false);
@@ -577,12 +671,15 @@ impl kill::Targets for Termination<'_, '_> {
             &mut self.leaks,
             &mut self.held,
         );
-        if sig == Signal::SIGKILL
-            && self.sup.running()
-            && let Some(child) = &self.sup.child
-        {
+        if sig == Signal::SIGKILL && self.sup.running() {
             // The main process may have moved itself out of the group.
-            child.kill();
+            if let Some(child) = &self.sup.child {
+                child.kill();
+            } else if self.sup.held()
+                && let Err(e) = kill::signal_pid(self.sup.pgid, Signal::SIGKILL)
+            {
+                log::error!("SIGKILL to attempt pid {}: {e}", self.sup.pgid);
+            }
         }
     }
 
@@ -623,60 +720,130 @@ pub(crate) fn run(
         return unstarted(Exit::Stopped(reason));
     }
 
-    let Spawned {
-        child,
-        stdout,
-        stderr,
-        start_time,
-    } = match spawn(&spec.command(), program) {
-        Ok(spawned) => spawned,
+    let started = match &spec.files {
+        None => spawn(&spec.command(), program).map(Leader::Direct),
+        Some(kept) => {
+            let dir = files::attempt_dir(&kept.folder, spec.job_id, spec.attempt, &spec.run_token);
+            spawn_kept(&spec.command(), program, &dir, kept.cap, spec.drain)
+                .map(|k| Leader::Kept(k, dir))
+        }
+    };
+    let leader = match started {
+        Ok(leader) => leader,
         Err(e) if e.resources => return unstarted(Exit::NoResources(e.message)),
         Err(e) => return unstarted(Exit::SpawnFailed(e.message)),
     };
-    let pid = child.pid;
+    let (child, kept, pipes, pid, start_time, keeper) = match leader {
+        Leader::Direct(Spawned {
+            child,
+            stdout,
+            stderr,
+            start_time,
+        }) => {
+            let pid = child.pid;
+            (
+                Some(child),
+                None,
+                Some((stdout, stderr)),
+                pid,
+                start_time,
+                None,
+            )
+        }
+        Leader::Kept(
+            KeptSpawn {
+                keeper,
+                keeper_start_time,
+                control,
+                pid,
+            },
+            dir,
+        ) => {
+            let keeper_id = keeper_start_time.map(|t| (keeper.pid, t));
+            let kept = Keeping::new(keeper, control, dir);
+            (None, Some(kept), None, pid, None, keeper_id)
+        }
+    };
     // Known from the boot clock around the spawn, nearly always; otherwise
-    // read: the child is not reaped yet, so /proc/PID exists (possibly as a
-    // zombie); only an unreadable /proc could leave this unknown.
+    // read: the child is not reaped yet (by us, or by its keeper), so /proc/PID exists
+    // (possibly as a zombie); only an unreadable /proc could leave this unknown.
     let start_time = start_time
         .or_else(|| proc::start_time(pid))
         .unwrap_or_else(|| {
             log::error!("cannot read the start time of attempt pid {pid}");
             0
         });
+    // A keeper whose start time the boot clock could not pin is read the same way.
+    let keeper = keeper.or_else(|| {
+        let k = kept.as_ref()?.pid();
+        Some((k, proc::start_time(k)?))
+    });
     on_started(&Started {
         pid,
         pgid: pid,
         start_time,
+        keeper,
     });
 
+    let (out, err) = match pipes {
+        Some((stdout, stderr)) => (
+            Stream::new(stdout, spec.tail_bytes),
+            Stream::new(stderr, spec.tail_bytes),
+        ),
+        None => (
+            Stream::closed(spec.tail_bytes),
+            Stream::closed(spec.tail_bytes),
+        ),
+    };
+    let direct = child.is_some();
     let mut sup = Supervisor {
         spec,
         stop,
-        child: Some(child),
+        child,
+        kept,
         exited: false,
         status: None,
         start_time,
         pgid: pid,
         pidfd: None,
-        pidfd_due: spawned.checked_add(LAZY_PIDFD),
-        out: Stream::new(stdout, spec.tail_bytes),
-        err: Stream::new(stderr, spec.tail_bytes),
+        pidfd_due: if direct {
+            spawned.checked_add(LAZY_PIDFD)
+        } else {
+            None
+        },
+        out,
+        err,
         last_output: spawned,
         spawned,
         buf: read_buffer(),
     };
     let (exit, leaked) = sup.supervise();
+    // A kept attempt's output is in its files, complete once the keeper reported the end
+    // and whatever was left of the attempt was killed.
+    let tails = sup.kept.as_ref().map(|k| k.tails(spec.tail_bytes));
     // Killed or stopped: the main process exited during the kill sequence and
-    // is reaped only now, its group being empty.
+    // is reaped only now, its group being empty. A keeper is released, and reaps it.
     sup.reap_leader();
     keep_read_buffer(mem::take(&mut sup.buf));
+    let (stdout, stderr) = match tails {
+        Some(tails) => tails,
+        None => (sup.out.tail.finish(), sup.err.tail.finish()),
+    };
     AttemptResult {
         exit,
-        stdout: sup.out.tail.finish(),
-        stderr: sup.err.tail.finish(),
+        stdout,
+        stderr,
         leaked,
         duration: spawned.elapsed(),
     }
+}
+
+/// What a spawn started: the command itself, or its keeper.
+enum Leader {
+    /// The runner is the command's parent.
+    Direct(Spawned),
+    /// A keeper is, with the attempt's folder.
+    Kept(KeptSpawn, std::path::PathBuf),
 }
 
 #[cfg(test)]
@@ -702,7 +869,9 @@ mod tests {
             base_env: Arc::new(BaseEnv::current()),
             cwd: None,
             job_id: 7,
+            attempt: 1,
             run_token: unique_token(name),
+            files: None,
             timeout: Some(Duration::from_secs(20)),
             idle_timeout: None,
             kill_grace: Duration::from_secs(1),

@@ -102,6 +102,23 @@ impl ChildProc {
         result?.ok_or_else(|| io::Error::other("waitpid without WNOHANG returned no status"))
     }
 
+    /// Lets the process run on without this runner: it is not killed, and a background
+    /// thread reaps it whenever it exits, so it never stays a zombie while the runner lives.
+    pub(super) fn leave(mut self) {
+        self.reaped = true;
+        let pid = self.pid;
+        let spawned = std::thread::Builder::new()
+            .name(format!("reap-{pid}"))
+            .spawn(move || {
+                if let Err(e) = waitpid(pid, 0) {
+                    log::error!("reaping pid {pid}: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("cannot start a reaper thread for pid {pid}: {e}");
+        }
+    }
+
     /// Sends SIGKILL to the process (not its group).
     pub(super) fn kill(&self) {
         if let Err(e) = kill::signal_pid(self.pid, Signal::SIGKILL) {

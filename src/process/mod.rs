@@ -21,6 +21,7 @@
 //! - `attempt`: the supervisor: poll loop, deadlines, [`run`];
 //! - `spawn`: `posix_spawn`, the child's environment and program;
 //! - `child`: the main process until it is reaped (`waitpid`, pidfd);
+//! - `keeper`: an attempt's keeper (`keeper.c`), its launcher and its messages;
 //! - `output`: the pipes and the tail kept of each stream;
 //! - `stop`: [`StopHandle`], which stops an attempt from another thread;
 //! - `limit`: the runner's own resource limits;
@@ -30,8 +31,11 @@
 //! - `proc`: facts read from `/proc`: start times, groups, token carriers;
 //! - `sigchld`: whether this process can still read its children's exit statuses.
 
+mod adopt;
 mod attempt;
 mod child;
+mod keeper;
+mod kept;
 mod kill;
 mod limit;
 mod output;
@@ -42,7 +46,9 @@ mod spawn;
 mod stop;
 mod teardown;
 
+pub(crate) use adopt::{Adopted, LiveKeeper, follow, live_keeper};
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
+pub(crate) use kept::KeptFiles;
 pub(crate) use limit::raise_nofile_limit;
 pub(crate) use proc::{
     boot_clock_ns, boot_id, hostname, pid_namespace, proc_info, self_start_time,

@@ -34,7 +34,7 @@ pub(super) struct TailBuf {
 
 impl TailBuf {
     /// An empty tail keeping at most `cap` bytes.
-    fn new(cap: usize) -> Self {
+    pub(super) fn new(cap: usize) -> Self {
         Self {
             // Grows on demand: most jobs print far less than the cap.
             buf: VecDeque::new(),
@@ -91,6 +91,15 @@ impl Stream {
         Self {
             pipe: Some(pipe),
             nonblocking,
+            tail: TailBuf::new(cap),
+        }
+    }
+
+    /// A stream without a pipe: a kept attempt's output goes to files.
+    pub(super) fn closed(cap: usize) -> Self {
+        Self {
+            pipe: None,
+            nonblocking: true,
             tail: TailBuf::new(cap),
         }
     }

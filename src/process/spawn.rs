@@ -19,12 +19,14 @@ use std::mem::{self, MaybeUninit};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::libc;
 use nix::unistd::AccessFlags;
 
 use super::child::ChildProc;
+use super::keeper::{self, KeeperSpec, Kept, Source};
 use super::proc::{self, RUN_TOKEN_VAR};
 
 /// The environment variable carrying the job id into the attempt.
@@ -45,11 +47,15 @@ const DEFAULT_SEARCH_PATH: &str = "/bin:/usr/bin";
 /// `#!` line) to, as `/bin/sh FILE ARGS...`; done here too, as std did.
 const SCRIPT_SHELL: &CStr = c"/bin/sh";
 
-/// The flags of [`SpawnAttr`]. The values are 2, 4 and 8, so the narrowing
+/// The flags of [`SpawnAttr::new`]. The values are 2, 4 and 8, so the narrowing
 /// to the `short` that `posix_spawnattr_setflags` takes is lossless.
 const SPAWN_FLAGS: libc::c_short = (libc::POSIX_SPAWN_SETPGROUP
     | libc::POSIX_SPAWN_SETSIGMASK
     | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short;
+
+/// The flags of [`SpawnAttr::new_session`]: SETSID (128) instead of SETPGROUP.
+const SESSION_FLAGS: libc::c_short = libc::POSIX_SPAWN_SETSID
+    | (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short;
 
 /// Turns the return value of a `posix_spawn*` function (0 or an error
 /// number; they do not set `errno`) into a result.
@@ -90,7 +96,7 @@ fn all_signals() -> libc::sigset_t {
 
 /// A `posix_spawnattr_t` that makes the child start clean; destroyed on drop.
 /// Boxed because POSIX does not say an initialised one may be moved.
-struct SpawnAttr(Box<MaybeUninit<libc::posix_spawnattr_t>>);
+pub(super) struct SpawnAttr(Box<MaybeUninit<libc::posix_spawnattr_t>>);
 
 impl SpawnAttr {
     /// Sets:
@@ -106,6 +112,20 @@ impl SpawnAttr {
     ///   so neither signals the runner ignores nor glibc's internal ones are
     ///   ignored in the job.
     fn new() -> io::Result<Self> {
+        Self::with_flags(SPAWN_FLAGS)
+    }
+
+    /// As [`SpawnAttr::new`], but the child starts a session of its own
+    /// (SETSID: it leads a new session and a new process group) instead of
+    /// only a group: an attempt's keeper, which no signal to the runner's
+    /// group or session may reach.
+    pub(super) fn new_session() -> io::Result<Self> {
+        Self::with_flags(SESSION_FLAGS)
+    }
+
+    /// The attributes with `flags`: the signal mask and defaults as
+    /// [`SpawnAttr::new`] says, and group 0 if SETPGROUP is among them.
+    fn with_flags(flags: libc::c_short) -> io::Result<Self> {
         let mut attr = Box::new(MaybeUninit::uninit());
         // SAFETY: init initialises the object the pointer points to, which
         // is on the heap and never moves.
@@ -117,7 +137,7 @@ impl SpawnAttr {
         // SAFETY: `attr` points to the initialised object; the setters only
         // write into it, and copy the signal sets, keeping no pointer to them.
         unsafe {
-            spawn_check(libc::posix_spawnattr_setflags(attr, SPAWN_FLAGS))?;
+            spawn_check(libc::posix_spawnattr_setflags(attr, flags))?;
             spawn_check(libc::posix_spawnattr_setpgroup(attr, 0))?;
             spawn_check(libc::posix_spawnattr_setsigmask(attr, &raw const empty))?;
             spawn_check(libc::posix_spawnattr_setsigdefault(attr, &raw const all))?;
@@ -136,9 +156,45 @@ impl Drop for SpawnAttr {
 
 /// A `posix_spawn_file_actions_t` giving the child exactly fds 0, 1 and 2
 /// (and its working directory); destroyed on drop. Boxed like [`SpawnAttr`].
-struct FileActions(Box<MaybeUninit<libc::posix_spawn_file_actions_t>>);
+pub(super) struct FileActions(Box<MaybeUninit<libc::posix_spawn_file_actions_t>>);
 
 impl FileActions {
+    /// For an attempt's keeper: `/dev/null` read-write as fds 0, 1 and 2,
+    /// `control` dup'ed to 3, every fd from 4 up closed. `control` must be
+    /// above 3, or the earlier actions would replace it first (and a dup2 of
+    /// an fd onto itself would leave its close-on-exec flag set).
+    pub(super) fn for_keeper(control: BorrowedFd<'_>) -> io::Result<Self> {
+        debug_assert!(control.as_raw_fd() > 3);
+        let mut actions = Box::new(MaybeUninit::uninit());
+        // SAFETY: init initialises the object the pointer points to, which
+        // is on the heap and never moves.
+        spawn_check(unsafe { libc::posix_spawn_file_actions_init(actions.as_mut_ptr()) })?;
+        // From here on, dropping `this` destroys the object.
+        let mut this = Self(actions);
+        let fa = this.0.as_mut_ptr();
+        // SAFETY: as in `new`: `fa` points to the initialised object, the
+        // path is a static C string that glibc copies, and the descriptors
+        // are only used by the child.
+        unsafe {
+            spawn_check(libc::posix_spawn_file_actions_addopen(
+                fa,
+                0,
+                c"/dev/null".as_ptr(),
+                libc::O_RDWR,
+                0,
+            ))?;
+            spawn_check(libc::posix_spawn_file_actions_adddup2(fa, 0, 1))?;
+            spawn_check(libc::posix_spawn_file_actions_adddup2(fa, 0, 2))?;
+            spawn_check(libc::posix_spawn_file_actions_adddup2(
+                fa,
+                control.as_raw_fd(),
+                3,
+            ))?;
+            spawn_check(libc::posix_spawn_file_actions_addclosefrom_np(fa, 4))?;
+        }
+        Ok(this)
+    }
+
     /// In order: `/dev/null` read-only as fd 0, `stdout` dup'ed to 1 and
     /// `stderr` to 2, every fd from 3 up closed (so none survives, even one
     /// the runner inherited or opened without close-on-exec), then the
@@ -193,7 +249,9 @@ impl Drop for FileActions {
 
 /// The NULL-terminated pointer array `posix_spawn` takes for argv and envp;
 /// valid while the strings are.
-fn c_pointers<'a>(strings: impl IntoIterator<Item = &'a CStr>) -> Vec<*mut libc::c_char> {
+pub(super) fn c_pointers<'a>(
+    strings: impl IntoIterator<Item = &'a CStr>,
+) -> Vec<*mut libc::c_char> {
     strings
         .into_iter()
         .map(|s| s.as_ptr().cast_mut())
@@ -206,7 +264,7 @@ fn c_pointers<'a>(strings: impl IntoIterator<Item = &'a CStr>) -> Vec<*mut libc:
 /// outlive the call), set up by `actions` and `attr`. Returns the pid; an
 /// exec or file-action failure in the child is returned as its error (glibc
 /// reports it and reaps the failed child before returning).
-fn posix_spawn(
+pub(super) fn posix_spawn(
     path: &CStr,
     argv: &[*mut libc::c_char],
     envp: &[*mut libc::c_char],
@@ -236,7 +294,7 @@ fn posix_spawn(
 }
 
 /// A C string of `bytes`, or the error std gives for an embedded NUL.
-fn c_string(bytes: impl Into<Vec<u8>>) -> io::Result<CString> {
+pub(super) fn c_string(bytes: impl Into<Vec<u8>>) -> io::Result<CString> {
     CString::new(bytes).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -301,7 +359,9 @@ struct ChildEnv<'a> {
 }
 
 impl<'a> ChildEnv<'a> {
-    fn new(cmd: &Command<'a>) -> io::Result<Self> {
+    /// The environment of `cmd`; without `LEASEHOLD_RUN_TOKEN` at all unless
+    /// `with_token` (a keeper's: it adds the token only to its child's).
+    fn new(cmd: &Command<'a>, with_token: bool) -> io::Result<Self> {
         let job_id = cmd.job_id.to_string();
         // The job's variables, the last of each name winning, then ours.
         let mut overrides: Vec<(&[u8], &[u8])> = Vec::with_capacity(cmd.env.len() + 2);
@@ -317,11 +377,17 @@ impl<'a> ChildEnv<'a> {
             overrides.retain(|(n, _)| *n != k);
             overrides.push((k, v));
         }
+        if !with_token {
+            overrides.retain(|(n, _)| *n != RUN_TOKEN_VAR.as_bytes());
+        }
         let base = cmd
             .base_env
             .vars
             .iter()
-            .filter(|(name, _)| !overrides.iter().any(|(n, _)| *n == name.as_slice()))
+            .filter(|(name, _)| {
+                name.as_slice() != RUN_TOKEN_VAR.as_bytes()
+                    && !overrides.iter().any(|(n, _)| *n == name.as_slice())
+            })
             .map(|(_, entry)| entry.as_c_str())
             .collect();
         let path = match cmd.env.iter().rev().find(|(k, _)| k == "PATH") {
@@ -480,7 +546,7 @@ pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnEr
             resources: out_of_resources(&e),
         })?;
     }
-    let env = ChildEnv::new(cmd).map_err(fail)?;
+    let env = ChildEnv::new(cmd, true).map_err(fail)?;
     let path = resolve_program(OsStr::new(program), env.path, cwd).map_err(fail)?;
     let path = c_string(path.into_os_string().into_vec()).map_err(fail)?;
     let argv = cmd
@@ -529,8 +595,88 @@ pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnEr
     })
 }
 
+/// Starts the attempt's main process (`program` is `cmd.argv[0]`) under a
+/// keeper (see [`super::keeper`]) that writes its output and outcome into
+/// `attempt_dir`, which is made first (owner-only, as is its job's folder).
+/// The program is resolved, the working directory checked and the
+/// environment built as [`spawn`] does; the run token goes to the keeper in
+/// its argv, and only the command's environment carries it. `cap` is each
+/// stream's cap in bytes (0: none); `drain` how long the pipes may stay open
+/// after the command exits. The error's message is the text of
+/// [`Exit::SpawnFailed`](super::attempt::Exit::SpawnFailed), as [`spawn`]'s is.
+pub(super) fn spawn_kept(
+    cmd: &Command<'_>,
+    program: &str,
+    attempt_dir: &Path,
+    cap: u64,
+    drain: Duration,
+) -> Result<Kept, SpawnError> {
+    spawn_kept_from(cmd, program, attempt_dir, cap, drain, false).map(|(kept, _)| kept)
+}
+
+/// [`spawn_kept`], also saying where the keeper's program came from;
+/// `force_file` skips the memfd (for the figures and the fallback's test).
+pub(super) fn spawn_kept_from(
+    cmd: &Command<'_>,
+    program: &str,
+    attempt_dir: &Path,
+    cap: u64,
+    drain: Duration,
+    force_file: bool,
+) -> Result<(Kept, Source), SpawnError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let cwd = cmd.cwd;
+    let fail = |e: io::Error| SpawnError {
+        message: spawn_error(program, cwd, &e),
+        resources: out_of_resources(&e),
+    };
+    if let Some(dir) = cwd {
+        check_cwd(dir).map_err(|e| SpawnError {
+            message: format!("spawn {program:?}: working directory {dir:?}: {e}"),
+            resources: out_of_resources(&e),
+        })?;
+    }
+    let env = ChildEnv::new(cmd, false).map_err(fail)?;
+    let path = resolve_program(OsStr::new(program), env.path, cwd).map_err(fail)?;
+    let path = c_string(path.into_os_string().into_vec()).map_err(fail)?;
+    let argv = cmd
+        .argv
+        .iter()
+        .map(|a| c_string(a.as_bytes()))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(fail)?;
+    let envp = env.pointers();
+    // Not the job's fault: the runner's folder (a full disk, most likely).
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(attempt_dir)
+        .map_err(|e| SpawnError {
+            message: format!("spawn {program:?}: attempt folder {attempt_dir:?}: {e}"),
+            resources: true,
+        })?;
+    // The attempts folder (`<db>-attempts`, the grandparent), where the keeper's
+    // program is written if it cannot run from memory.
+    let fallback_dir = attempt_dir.ancestors().nth(2).unwrap_or(attempt_dir);
+    keeper::spawn_keeper_from(
+        &KeeperSpec {
+            name: program,
+            token: cmd.run_token,
+            attempt_dir,
+            cap,
+            drain,
+            cwd,
+            program: &path,
+            argv: &argv,
+            envp: &envp,
+            fallback_dir,
+        },
+        force_file,
+    )
+}
+
 /// Describes a spawn failure: what failed and the OS reason.
-fn spawn_error(program: &str, cwd: Option<&Path>, err: &io::Error) -> String {
+pub(super) fn spawn_error(program: &str, cwd: Option<&Path>, err: &io::Error) -> String {
     // The child's chdir fails with the same errors as a bad program (ENOENT,
     // EACCES, ENOTDIR); point at the directory when it is the one that is
     // unusable (`spawn` checks it first, but it may have changed since).

@@ -20,6 +20,9 @@ pub(crate) enum StopReason {
     Shutdown,
     /// The runner can no longer prove it holds the lease and stops itself.
     SelfFenced,
+    /// The runner is shutting down and leaves the attempt running under its keeper: nothing
+    /// is killed, and the next runner adopts it.
+    Leave,
 }
 
 impl StopReason {
@@ -30,6 +33,7 @@ impl StopReason {
             Self::LeaseLost => 2,
             Self::Shutdown => 3,
             Self::SelfFenced => 4,
+            Self::Leave => 5,
         }
     }
 
@@ -40,6 +44,7 @@ impl StopReason {
             2 => Some(Self::LeaseLost),
             3 => Some(Self::Shutdown),
             4 => Some(Self::SelfFenced),
+            5 => Some(Self::Leave),
             _ => None,
         }
     }

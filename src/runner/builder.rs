@@ -61,6 +61,28 @@ pub(crate) struct Config {
     pub shutdown_grace: Duration,
     pub drain_timeout: Duration,
     pub poll_interval: Duration,
+    /// Run each attempt under a keeper (see [`RunnerBuilder::keepers`]).
+    pub keepers: bool,
+    /// The cap of each stream's file of a kept attempt.
+    pub output_cap: u64,
+    /// What shutdown does with running attempts.
+    pub on_shutdown: OnShutdown,
+}
+
+/// What [`Runner::shutdown`](crate::Runner::shutdown) (and a `leasehold run` that is told to
+/// stop) does with the attempts still running once the shutdown grace has passed, or at once
+/// for [`OnShutdown::Leave`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnShutdown {
+    /// Give them the shutdown grace, then kill them and give their jobs back (pending, no
+    /// attempt or recovery spent). The default: a runner that stops leaves nothing behind.
+    #[default]
+    Interrupt,
+    /// Return at once and leave them running under their keepers: the next runner on the
+    /// file adopts them, or records how they ended. Needs [`RunnerBuilder::keepers`] (the
+    /// default); without keepers it is refused at start.
+    Leave,
 }
 
 /// What a completion callback or subscriber is told: a job ended.
@@ -130,6 +152,9 @@ impl RunnerBuilder {
                 shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 poll_interval: DEFAULT_POLL_INTERVAL,
+                keepers: true,
+                output_cap: crate::files::DEFAULT_OUTPUT_CAP,
+                on_shutdown: OnShutdown::Interrupt,
             },
             callbacks: Vec::new(),
         }
@@ -245,6 +270,33 @@ impl RunnerBuilder {
         self
     }
 
+    /// Whether each attempt runs under a keeper: a small process (started from memory, nothing
+    /// installed) that is the command's parent, writes its output to files beside the database
+    /// (`<db>-attempts/`) and its outcome once it ends, and outlives the runner. A runner that
+    /// dies or leaves then costs the attempt nothing: the next runner adopts it or records its
+    /// outcome, and finished work is never run again. On by default; off, the runner is the
+    /// command's parent and keeps only the output's tails, which starts jobs faster (see the
+    /// README's Performance section) but reruns an attempt whose runner died.
+    pub fn keepers(mut self, on: bool) -> Self {
+        self.config.keepers = on;
+        self
+    }
+
+    /// The most bytes of a kept attempt's stdout file, and of its stderr file: past it, the
+    /// first half and the newest bytes are kept, with a marker of how many were dropped
+    /// between. 0: no cap. By default, 64 MiB.
+    pub fn output_cap(mut self, bytes: u64) -> Self {
+        self.config.output_cap = bytes;
+        self
+    }
+
+    /// What shutdown does with running attempts: [`OnShutdown::Interrupt`] (the default) or
+    /// [`OnShutdown::Leave`].
+    pub fn on_shutdown(mut self, what: OnShutdown) -> Self {
+        self.config.on_shutdown = what;
+        self
+    }
+
     /// How long [`Runner::shutdown`](crate::Runner::shutdown)(crate::Runner::shutdown) (and drop) lets running jobs finish before killing
     /// them. By default, 10 s.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
@@ -282,6 +334,12 @@ impl RunnerBuilder {
 /// Checks every setting before anything starts: each within what the runner's arithmetic
 /// and SQLite can represent, and the timing ladder in order.
 pub(super) fn validate(c: &Config) -> Result<()> {
+    if c.on_shutdown == OnShutdown::Leave && !c.keepers {
+        return Err(Error::invalid(
+            "on_shutdown",
+            "leaving attempts running at shutdown needs keepers, which are off",
+        ));
+    }
     let secs = |d: Duration| d.as_secs_f64();
     if c.workers == 0 || c.workers > MAX_WORKERS {
         return Err(Error::invalid(

@@ -1,6 +1,7 @@
 //! The runner: a dispatcher, a pool of workers, a writer, a heartbeat, a sweeper and a
 //! notifier, each a thread, sharing one [`Shared`] state.
 
+mod adopt;
 mod builder;
 mod dispatcher;
 mod firer;
@@ -39,7 +40,7 @@ pub use builder::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
     DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS,
-    MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, RunnerBuilder,
+    MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, OnShutdown, RunnerBuilder,
 };
 pub use shared::SweepCounters;
 

@@ -28,6 +28,12 @@ pub(crate) struct Running {
 pub(crate) struct Shared {
     pub config: Config,
     pub worker_id: String,
+    /// Where kept attempts write their files: `<db>-attempts` (`files::folder`).
+    pub attempts_folder: std::path::PathBuf,
+    /// Attempts adopted from dead runners whose threads have not started yet.
+    pub adopted: super::adopt::Pending,
+    /// The threads following adopted attempts, for the shutdown to join.
+    pub adopters: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub running: Mutex<HashMap<String, Running>>,
     pub shutting_down: AtomicBool,
     /// Workers not running an attempt.
@@ -72,6 +78,9 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn new(config: Config, worker_id: String) -> Shared {
         Shared {
+            attempts_folder: crate::files::folder(&config.path),
+            adopted: super::adopt::Pending::default(),
+            adopters: Mutex::new(Vec::new()),
             worker_id,
             running: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
@@ -390,6 +399,10 @@ pub struct SweepCounters {
     pub unverified: u64,
     /// Runners on this host found provably dead.
     pub dead_runners: u64,
+    /// Attempts of dead runners adopted: their keepers ran them on.
+    pub adopted: u64,
+    /// Attempts of dead runners whose keepers' outcomes were recorded instead of a rerun.
+    pub recovered: u64,
 }
 
 impl SweepCounters {
@@ -400,9 +413,17 @@ impl SweepCounters {
         self.torn_down += o.torn_down;
         self.unverified += o.unverified;
         self.dead_runners += o.dead_runners;
+        self.adopted += o.adopted;
+        self.recovered += o.recovered;
     }
 
     pub(crate) fn did_something(&self) -> bool {
-        self.reclaimed_pending + self.reclaimed_failed + self.torn_down + self.dead_runners > 0
+        self.reclaimed_pending
+            + self.reclaimed_failed
+            + self.torn_down
+            + self.dead_runners
+            + self.adopted
+            + self.recovered
+            > 0
     }
 }

@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::job::now_ms;
 use crate::process::StopReason;
 
+use super::builder::OnShutdown;
 use super::start::short_busy;
 use super::{Runner, deadline_after};
 
@@ -87,7 +88,13 @@ impl Runner {
         if let Some(d) = threads.dispatcher.take() {
             let _ = d.join();
         }
-        let deadline = deadline_after(grace);
+        let leave = self.shared.config.on_shutdown == OnShutdown::Leave;
+        // Leaving attempts to their keepers waits for nothing.
+        let deadline = if leave {
+            Some(Instant::now())
+        } else {
+            deadline_after(grace)
+        };
         let mut seen = self.shared.endings_seen();
         loop {
             let left = match deadline {
@@ -102,12 +109,22 @@ impl Runner {
         }
         let left: Vec<i64> = {
             let running = self.shared.running.lock();
+            let reason = if leave {
+                StopReason::Leave
+            } else {
+                StopReason::Shutdown
+            };
             for r in running.values() {
-                r.stop.stop(StopReason::Shutdown);
+                r.stop.stop(reason);
             }
             running.values().map(|r| r.job_id).collect()
         };
-        if !left.is_empty() {
+        if leave && !left.is_empty() {
+            log::info!(
+                "shutdown: leaving jobs {left:?} running under their keepers; the next runner \
+                 on this file adopts them"
+            );
+        } else if !left.is_empty() {
             log::info!(
                 "shutdown: grace of {}s over, killing and requeueing jobs {left:?}",
                 grace.as_secs_f64()
@@ -115,6 +132,9 @@ impl Runner {
         }
         for w in threads.workers.drain(..) {
             let _ = w.join();
+        }
+        for a in std::mem::take(&mut *self.shared.adopters.lock()) {
+            let _ = a.join();
         }
         if let Some((writer, handle)) = threads.writer.take() {
             drop(writer);

@@ -77,6 +77,10 @@ impl Runner {
             return Err(e);
         }
         let mut api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
+        if config.keepers {
+            // Made beside the file once it is known to be a database of ours.
+            crate::files::prepare_folder(&crate::files::folder(&config.path))?;
+        }
         let pid = std::process::id() as i64;
         let suffix = random_hex();
         let worker_id = format!("{}:{}:{}", process::hostname(), pid, suffix);
@@ -230,8 +234,10 @@ impl Runner {
                 },
             )?);
         }
+        // The writer's channels exist before its thread, for the sweeper's adopted attempts.
+        let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
         {
-            let (shared, stop) = (Arc::clone(&shared), stop_rx);
+            let (shared, stop, writer) = (Arc::clone(&shared), stop_rx, writer.clone());
             threads.background.push(spawn_thread(
                 "leasehold-sweeper",
                 "sweeper",
@@ -243,6 +249,7 @@ impl Runner {
                     {
                         shared.test_hook("sweeper");
                         sweeper.sweep_and_log(now_ms());
+                        shared.adopted.start(&shared, &writer);
                     }
                     Ok(())
                 },
@@ -267,7 +274,6 @@ impl Runner {
                 },
             )?);
         }
-        let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
         threads.writer = Some((writer.clone(), {
             let store = Runner::open(cfg, short_busy(cfg), false)?;
             let shared = Arc::clone(&shared);
@@ -281,6 +287,8 @@ impl Runner {
                 },
             )?
         }));
+        // What the first sweep adopted, now that endings can be written.
+        shared.adopted.start(&shared, &writer);
         let (work_tx, work_rx) = unbounded();
         for i in 0..cfg.workers {
             let (shared, rx, writer) = (Arc::clone(&shared), work_rx.clone(), writer.clone());

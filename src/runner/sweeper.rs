@@ -11,7 +11,9 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 
 use crate::error::Result;
-use crate::store::{Namespace, PruneOptions, PruneReport, ReclaimRequest, Store};
+use crate::store::{KeptAttempt, Namespace, PruneOptions, PruneReport, ReclaimRequest, Store};
+
+use super::adopt::Judged;
 
 use super::operator::{runner_death_evidence, tear_down_lost_attempts};
 use super::shared::{Shared, SweepCounters};
@@ -286,6 +288,8 @@ impl Sweeper {
         // Read before the reclaim: a token taken later comes with a fresh lease, which the
         // reclaim does not find expired.
         let held: Vec<String> = self.shared.running.lock().keys().cloned().collect();
+        let judged = Judged::default();
+        let judge = |kept: &KeptAttempt| judged.judge(&self.shared, kept);
         let reclaimed = self.store.reclaim(
             &ReclaimRequest {
                 max_recovery_attempts: cfg.max_recovery_attempts,
@@ -294,6 +298,8 @@ impl Sweeper {
                 held_tokens: Some(&held),
                 dead_workers: &dead,
                 expired: !settling,
+                keepers: Some(&judge),
+                lease_ttl: cfg.lease_ttl,
             },
             now,
         )?;
@@ -306,8 +312,22 @@ impl Sweeper {
                 r.message
             );
         }
+        for (kept, status) in &reclaimed.recovered {
+            log::info!(
+                "job {} attempt {}: runner {} was gone; recorded its keeper's outcome ({status})",
+                kept.job_id,
+                kept.attempt,
+                kept.worker_id
+            );
+        }
+        report.recovered = reclaimed.recovered.len() as u64;
+        report.adopted = reclaimed.adopted.len() as u64;
         report.reclaimed_pending = reclaimed.pending() as u64;
         report.reclaimed_failed = reclaimed.failed() as u64;
+        self.shared
+            .adopted
+            .add(&self.shared, &judged, reclaimed.adopted);
+        judged.clear();
         if cfg.reclaim_batch > 0 {
             let (torn, unverified) =
                 tear_down_lost_attempts(&self.store, u64::from(cfg.reclaim_batch), cfg.kill_grace)?;
@@ -334,13 +354,22 @@ impl Sweeper {
     /// Runners other than this one that are provably dead by evidence this runner can see
     /// (see [`runner_death_evidence`]), with the evidence.
     fn dead_runners(&self) -> Result<Vec<(String, String)>> {
-        Ok(self
+        let mut dead: Vec<(String, String)> = self
             .store
             .runners()?
             .into_iter()
             .filter(|r| r.worker_id != self.shared.worker_id)
             .filter_map(|r| runner_death_evidence(&r, &self.here).map(|why| (r.worker_id, why)))
-            .collect())
+            .collect();
+        // A runner that stopped and still holds running jobs left them to their keepers
+        // (`OnShutdown::Leave`), or could not record their endings: it renews nothing any
+        // more, by its own word.
+        for id in self.store.stopped_runners_holding_jobs()? {
+            if id != self.shared.worker_id {
+                dead.push((id, "it stopped and left its running attempts".to_owned()));
+            }
+        }
+        Ok(dead)
     }
 }
 

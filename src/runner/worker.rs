@@ -30,9 +30,11 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Handed>, writer: &Writer) {
             .map(|r| (r.stop.clone(), r.lease_expires_at));
         let finish = match running {
             // Claimed ahead but not started when shutdown began: give it back untouched.
-            Some(_) if shared.shutting_down.load(Ordering::SeqCst) => {
-                interrupted(&job, &shared.config, "the runner is shutting down")
-            }
+            Some(_) if shared.shutting_down.load(Ordering::SeqCst) => Some(interrupted(
+                &job,
+                &shared.config,
+                "the runner is shutting down",
+            )),
             Some((stop, expires)) => {
                 let lease = Lease {
                     expires_at: expires,
@@ -49,16 +51,28 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Handed>, writer: &Writer) {
                             job.id,
                             job.attempt
                         );
-                        interrupted(&job, &shared.config, &why)
+                        Some(interrupted(&job, &shared.config, &why))
                     }
                     None => run_guarded(shared, &job, &lease, &stop, writer),
                 }
             }
             // The heartbeat never saw it; cannot happen, as the dispatcher registers every
             // job before handing it over. Give it back rather than run it unguarded.
-            None => interrupted(&job, &shared.config, "not registered with the runner"),
+            None => Some(interrupted(
+                &job,
+                &shared.config,
+                "not registered with the runner",
+            )),
         };
-        writer.send(Op::Finish(Box::new(finish)));
+        match finish {
+            Some(finish) => writer.send(Op::Finish(Box::new(finish))),
+            // Left running under its keeper at shutdown: no ending to write, and the runner
+            // no longer renews its lease (the next runner adopts it).
+            None => {
+                shared.attempt_done(&job.run_token);
+                shared.endings_changed();
+            }
+        }
         shared.endings_total.fetch_add(1, Ordering::Relaxed);
         shared.idle_workers.fetch_add(1, Ordering::SeqCst);
         // Enough work queued: the dispatcher has nothing to do yet, so let it sleep.
@@ -122,14 +136,14 @@ impl Lease {
 /// process is killed and reaped as the supervisor unwinds; whatever else carries its run
 /// token (its group, escaped descendants) is torn down here, and the attempt is recorded as
 /// lost, so the job is requeued within its recovery budget. The worker then takes the next
-/// job as a fresh one would.
+/// job as a fresh one would. `None`: the attempt was left running under its keeper.
 fn run_guarded(
     shared: &Shared,
     job: &Claimed,
     lease: &Lease,
     stop: &process::StopHandle,
     writer: &Writer,
-) -> Finish {
+) -> Option<Finish> {
     // What the spawn reported, kept outside the unwind: with the process group known, the
     // teardown kills the group as a whole, which a scan for the token alone can miss (a child
     // caught in the middle of its exec shows no environment for a moment).
@@ -156,7 +170,7 @@ fn run_guarded(
                 shared.config.kill_grace,
             );
             log::info!("job {}: {}", job.id, teardown.describe());
-            Finish {
+            Some(Finish {
                 job_id: job.id,
                 run_token: job.run_token.clone(),
                 attempt: job.attempt,
@@ -166,7 +180,7 @@ fn run_guarded(
                 output: None,
                 notes: Vec::new(),
                 max_recovery_attempts: shared.config.max_recovery_attempts,
-            }
+            })
         }
     }
 }
@@ -178,7 +192,7 @@ fn run_one(
     stop: &process::StopHandle,
     writer: &Writer,
     spawned: &Cell<Option<process::Started>>,
-) -> Finish {
+) -> Option<Finish> {
     let cfg = &shared.config;
     let spec = AttemptSpec {
         argv: job.argv.clone(),
@@ -186,7 +200,12 @@ fn run_one(
         base_env: shared.base_env.clone(),
         cwd: job.cwd.as_ref().map(PathBuf::from),
         job_id: job.id,
+        attempt: job.attempt,
         run_token: job.run_token.clone(),
+        files: cfg.keepers.then(|| process::KeptFiles {
+            folder: shared.attempts_folder.clone(),
+            cap: cfg.output_cap,
+        }),
         timeout: job.timeout,
         idle_timeout: job.idle_timeout,
         kill_grace: cfg.kill_grace,
@@ -220,12 +239,13 @@ fn run_one(
             pid: s.pid,
             pgid: s.pgid,
             start_time: s.start_time,
+            keeper: s.keeper,
         }));
     });
     if let process::Exit::NoResources(why) = &result.exit {
         super::dispatcher::exhausted(why);
     }
-    finish_for(job, cfg, result)
+    finish_for(job.id, &job.run_token, job.attempt, cfg, result)
 }
 
 /// "1s", "1.5s": how durations read in messages.
@@ -238,7 +258,15 @@ pub(crate) fn secs(d: Duration) -> String {
     }
 }
 
-fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
+/// The ending to record for an attempt's result; `None` for one left running under its
+/// keeper.
+pub(super) fn finish_for(
+    job_id: i64,
+    run_token: &str,
+    attempt: i64,
+    cfg: &Config,
+    r: AttemptResult,
+) -> Option<Finish> {
     let failed = |kind: ErrorKind, exit_code: Option<i32>, signal: Option<i32>, message: String| {
         Ending::Failed {
             kind,
@@ -274,6 +302,13 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
             format!("idle timeout: no output for {}", secs(d)),
         ),
         process::Exit::SpawnFailed(reason) => failed(ErrorKind::Spawn, None, None, reason),
+        // How the command ended is unknown, and what was left of it was killed: like a
+        // runner that lost the attempt, within the recovery budget and `on_lost`.
+        process::Exit::KeeperLost => Ending::Lost {
+            message: "the attempt's keeper died before its command ended; what was left of \
+                      the attempt was killed"
+                .into(),
+        },
         // The runner's fault, not the job's: given back without spending an attempt.
         process::Exit::NoResources(reason) => Ending::Interrupted {
             message: format!("not run: the runner is out of resources ({reason})"),
@@ -283,6 +318,7 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
                       or stalled) and killed the attempt itself"
                 .into(),
         },
+        process::Exit::Stopped(StopReason::Leave) => return None,
         process::Exit::Stopped(StopReason::Shutdown) => Ending::Interrupted {
             message: "runner shut down: attempt killed and requeued".into(),
         },
@@ -310,13 +346,13 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
             )
         })
         .collect();
-    Finish {
-        job_id: job.id,
-        run_token: job.run_token.clone(),
-        attempt: job.attempt,
+    Some(Finish {
+        job_id,
+        run_token: run_token.to_owned(),
+        attempt,
         ending,
         output: Some(Output {
-            attempt: job.attempt,
+            attempt,
             stdout: r.stdout.bytes,
             stderr: r.stderr.bytes,
             stdout_truncated: r.stdout.truncated,
@@ -324,7 +360,7 @@ fn finish_for(job: &Claimed, cfg: &Config, r: AttemptResult) -> Finish {
         }),
         notes,
         max_recovery_attempts: cfg.max_recovery_attempts,
-    }
+    })
 }
 
 fn signal_name(sig: i32) -> String {

@@ -72,7 +72,7 @@ const CLAIM_ONE_SQL: &str = concat!(
     "UPDATE jobs SET status = 'running', attempt = ?2, run_token = ?3,
          worker_id = ?4, started_at = ?5, heartbeat_at = ?5, lease_expires_at = ?6,
          completed_at = NULL, pid = NULL, pgid = NULL, proc_start_time = NULL, exit_code = NULL,
-         signal = NULL, error_kind = NULL
+         signal = NULL, error_kind = NULL, keeper_pid = NULL, keeper_start_time = NULL
      WHERE id = ?1 AND ",
     ready_to_claim!()
 );
@@ -321,6 +321,9 @@ pub struct AttemptStart {
     pub pgid: i32,
     /// Its start time, in clock ticks since boot.
     pub start_time: u64,
+    /// The attempt's keeper, the command's parent that outlives the runner (see the
+    /// `files` layout): its pid and start time. `None` for an attempt run without one.
+    pub keeper: Option<(i32, u64)>,
 }
 
 pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Result<bool> {
@@ -328,7 +331,8 @@ pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Res
     // than this whole UPDATE. The event reads the attempt from the row just written.
     let changed = conn
         .prepare_cached(
-            "UPDATE jobs SET pid = ?3, pgid = ?4, proc_start_time = ?5
+            "UPDATE jobs SET pid = ?3, pgid = ?4, proc_start_time = ?5, keeper_pid = ?6,
+                 keeper_start_time = ?7
              WHERE id = ?1 AND status = 'running' AND run_token = ?2",
         )?
         .execute(params![
@@ -336,7 +340,9 @@ pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Res
             s.run_token,
             s.pid,
             s.pgid,
-            s.start_time as i64
+            s.start_time as i64,
+            s.keeper.map(|(pid, _)| pid),
+            s.keeper.map(|(_, start)| start as i64)
         ])?;
     if changed == 0 {
         return Ok(false);

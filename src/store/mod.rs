@@ -74,8 +74,10 @@ pub use open::{
 };
 pub use queue::QueueInfo;
 pub use read::{Counts, LeaseCounts, ListFilter};
+pub use reclaim::{
+    KeptAttempt, KeptVerdict, LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed,
+};
 pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
-pub use reclaim::{LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed};
 pub use retention::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,
     PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
@@ -936,6 +938,17 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn runners(&self) -> Result<Vec<RunnerRecord>> {
         runners::unstopped(&self.conn)
+    }
+
+    /// The runners recorded as stopped that still hold running jobs: a runner that left its
+    /// attempts to their keepers at shutdown, or could not record their endings. They renew
+    /// nothing, so their jobs are adopted, recovered or reclaimed at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn stopped_runners_holding_jobs(&self) -> Result<Vec<String>> {
+        runners::stopped_holding_jobs(&self.conn)
     }
 
     /// The most recently started runner, stopped or not.

@@ -2,10 +2,12 @@
 //! teardown markers that keep a reclaimed job from running again before its lost attempt's
 //! processes are gone.
 
+use std::time::Duration;
+
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::Result;
-use crate::job::{EventKind, OnLost, Status};
+use crate::job::{EventKind, OnLost, Output, Status};
 use crate::metrics::CounterKind;
 
 use super::counter;
@@ -19,7 +21,7 @@ pub const LEASE_EXPIRED_PREFIX: &str = "lease expired after missing heartbeat; "
 pub const LEASE_MISSING_PREFIX: &str = "lease metadata missing for running job; ";
 
 /// What a sweeper asks of [`Store::reclaim`](crate::Store::reclaim).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ReclaimRequest<'a> {
     /// The recovery budget.
     pub max_recovery_attempts: u32,
@@ -36,6 +38,78 @@ pub struct ReclaimRequest<'a> {
     /// Reclaim expired leases (false while a runner settles after a clock jump: only dead
     /// runners' jobs and lease-less rows are reclaimed then).
     pub expired: bool,
+    /// Judges each attempt of a runner in `dead_workers` that ran under a keeper, before it
+    /// is reclaimed: its keeper may still run it (adopt it) or may have left its outcome
+    /// (record that). `None`: every such attempt is reclaimed as any other.
+    pub keepers: Option<&'a dyn Fn(&KeptAttempt) -> KeptVerdict>,
+    /// The lease an adopted attempt gets, held by `exclude_worker`.
+    pub lease_ttl: Duration,
+}
+
+impl std::fmt::Debug for ReclaimRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReclaimRequest")
+            .field("max_recovery_attempts", &self.max_recovery_attempts)
+            .field("batch", &self.batch)
+            .field("exclude_worker", &self.exclude_worker)
+            .field("held_tokens", &self.held_tokens)
+            .field("dead_workers", &self.dead_workers)
+            .field("expired", &self.expired)
+            .field("keepers", &self.keepers.map(|_| "a judge"))
+            .field("lease_ttl", &self.lease_ttl)
+            .finish()
+    }
+}
+
+/// A dead runner's running attempt that ran under a keeper, for
+/// [`ReclaimRequest::keepers`] to judge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeptAttempt {
+    /// The job.
+    pub job_id: i64,
+    /// The attempt.
+    pub attempt: i64,
+    /// Its run token.
+    pub run_token: String,
+    /// The dead runner that held it.
+    pub worker_id: String,
+    /// The job's queue.
+    pub queue: String,
+    /// The command's pid, which is its process group.
+    pub pgid: Option<i32>,
+    /// The command's start time.
+    pub start_time: Option<u64>,
+    /// The keeper's pid.
+    pub keeper_pid: i32,
+    /// The keeper's start time, in clock ticks since boot.
+    pub keeper_start_time: u64,
+    /// When the attempt was claimed (ms since the epoch): its timeout runs from here.
+    pub started_at: Option<i64>,
+    /// The job's timeout.
+    pub timeout: Option<Duration>,
+    /// The job's idle timeout.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// What to do with a [`KeptAttempt`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeptVerdict {
+    /// Its keeper is alive, verified: the lease moves to the sweeping runner, which follows the
+    /// attempt to its end (an `adopted` event).
+    Adopt,
+    /// Its keeper wrote how the command ended: that is recorded (an `outcome_recovered`
+    /// event), as the dead runner would have, and the command does not run again.
+    Recovered {
+        /// The ending the keeper saw.
+        ending: super::lease::Ending,
+        /// The output's tails, read from the attempt's files.
+        output: Option<Output>,
+        /// In words, for the event: what the keeper wrote and when.
+        detail: String,
+    },
+    /// Neither: reclaimed and torn down as an attempt without a keeper is.
+    Reclaim,
 }
 
 /// A lost attempt: what is needed to find and tear down its processes.
@@ -78,6 +152,11 @@ pub struct Reclaimed {
 pub struct ReclaimReport {
     /// Every reclaimed job.
     pub reclaimed: Vec<Reclaimed>,
+    /// Attempts of dead runners adopted by the sweeping runner, whose keepers run them on.
+    pub adopted: Vec<KeptAttempt>,
+    /// Attempts of dead runners whose keepers' outcomes were recorded, and the status each
+    /// job went to.
+    pub recovered: Vec<(KeptAttempt, Status)>,
 }
 
 impl ReclaimReport {
@@ -103,7 +182,8 @@ impl ReclaimReport {
 /// tokens (JSON, or NULL for all of its rows).
 pub(super) const RECLAIM_CANDIDATES_SQL: &str =
     "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
-            on_lost, recovery_count
+            on_lost, recovery_count, keeper_pid, keeper_start_time, started_at, timeout_ms,
+            idle_timeout_ms, queue
      FROM jobs
      WHERE status = 'running'
        AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1
@@ -129,17 +209,29 @@ pub(super) fn reclaim(
         .held_tokens
         .map(|t| serde_json::to_string(t).unwrap_or_default());
     /// A running row that may be reclaimed: id, attempt, run_token, worker_id, pgid,
-    /// proc_start_time, lease_expires_at, on_lost, recovery_count.
+    /// proc_start_time, lease_expires_at, on_lost, recovery_count, and its keeper's facts.
     type Candidate = (
-        i64,
-        i64,
-        Option<String>,
-        Option<String>,
+        (
+            i64,
+            i64,
+            Option<String>,
+            Option<String>,
+            Option<i32>,
+            Option<i64>,
+            Option<i64>,
+            String,
+            i64,
+        ),
+        Keeper,
+    );
+    /// keeper_pid, keeper_start_time, started_at, timeout_ms, idle_timeout_ms, queue.
+    type Keeper = (
         Option<i32>,
         Option<i64>,
         Option<i64>,
+        Option<i64>,
+        Option<i64>,
         String,
-        i64,
     );
     let candidates: Vec<Candidate> = {
         let mut stmt = conn.prepare_cached(RECLAIM_CANDIDATES_SQL)?;
@@ -152,11 +244,74 @@ pub(super) fn reclaim(
                 req.batch,
                 held_json
             ],
-            |r| r.try_into(),
+            |r| {
+                Ok((
+                    (
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                        r.get(8)?,
+                    ),
+                    (
+                        r.get(9)?,
+                        r.get(10)?,
+                        r.get(11)?,
+                        r.get(12)?,
+                        r.get(13)?,
+                        r.get(14)?,
+                    ),
+                ))
+            },
         )?;
         rows.collect::<rusqlite::Result<_>>()?
     };
-    for (id, attempt, token, worker, pgid, start, expires, on_lost, recovery) in candidates {
+    for ((id, attempt, token, worker, pgid, start, expires, on_lost, recovery), keeper) in
+        candidates
+    {
+        let (keeper_pid, keeper_start, started_at, timeout_ms, idle_ms, queue) = keeper;
+        if let (Some(judge), Some(token), Some(worker), Some(keeper_pid), Some(keeper_start)) =
+            (req.keepers, &token, &worker, keeper_pid, keeper_start)
+            && let Some((_, why)) = req.dead_workers.iter().find(|(w, _)| w == worker)
+        {
+            let kept = KeptAttempt {
+                job_id: id,
+                attempt,
+                run_token: token.clone(),
+                worker_id: worker.clone(),
+                queue,
+                pgid,
+                start_time: start.map(|s| s as u64),
+                keeper_pid,
+                keeper_start_time: keeper_start as u64,
+                started_at,
+                timeout: timeout_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+                idle_timeout: idle_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            };
+            match judge(&kept) {
+                KeptVerdict::Reclaim => {}
+                KeptVerdict::Adopt => {
+                    if adopt(conn, req, &kept, why, now)? {
+                        report.adopted.push(kept);
+                    }
+                    continue;
+                }
+                KeptVerdict::Recovered {
+                    ending,
+                    output,
+                    detail,
+                } => {
+                    if let Some(status) = recover(conn, req, &kept, ending, output, &detail, now)? {
+                        report.recovered.push((kept, status));
+                    }
+                    continue;
+                }
+            }
+        }
         let missing = token.is_none() || worker.is_none() || expires.is_none();
         let message = if missing {
             let absent: Vec<&str> = [
@@ -239,6 +394,83 @@ pub(super) fn reclaim(
         });
     }
     Ok(report)
+}
+
+/// Moves a dead runner's attempt, whose keeper still runs it, to the sweeping runner: the
+/// same attempt and run token under a fresh lease, with an `adopted` event.
+fn adopt(
+    conn: &Connection,
+    req: &ReclaimRequest<'_>,
+    kept: &KeptAttempt,
+    why: &str,
+    now: i64,
+) -> Result<bool> {
+    let Some(me) = req.exclude_worker else {
+        return Ok(false);
+    };
+    let expires = now.saturating_add(i64::try_from(req.lease_ttl.as_millis()).unwrap_or(i64::MAX));
+    let changed = conn
+        .prepare_cached(
+            "UPDATE jobs SET worker_id = ?3, heartbeat_at = ?4, lease_expires_at = ?5
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+        )?
+        .execute(params![kept.job_id, kept.run_token, me, now, expires])?;
+    if changed == 0 {
+        return Ok(false);
+    }
+    event(
+        conn,
+        kept.job_id,
+        now,
+        EventKind::Adopted,
+        kept.attempt,
+        &format!(
+            "runner {} is dead ({why}); its keeper pid {} still runs the attempt; adopted by {me}",
+            kept.worker_id, kept.keeper_pid
+        ),
+    )?;
+    Ok(true)
+}
+
+/// Records the ending a dead runner's keeper left, as the runner would have recorded it, with
+/// an `outcome_recovered` event; the attempt keeps a teardown marker for whatever of it is
+/// still alive (an escaped descendant), which holds a retry back until it is gone. Returns the
+/// job's new status, or `None` when the attempt no longer held its lease.
+fn recover(
+    conn: &Connection,
+    req: &ReclaimRequest<'_>,
+    kept: &KeptAttempt,
+    ending: super::lease::Ending,
+    output: Option<Output>,
+    detail: &str,
+    now: i64,
+) -> Result<Option<Status>> {
+    let finish = super::lease::Finish {
+        job_id: kept.job_id,
+        run_token: kept.run_token.clone(),
+        attempt: kept.attempt,
+        ending,
+        output,
+        notes: vec![(EventKind::OutcomeRecovered, detail.to_owned())],
+        max_recovery_attempts: req.max_recovery_attempts,
+    };
+    let status = match super::lease::finish_attempt(conn, &finish, now)? {
+        super::lease::Finished::Recorded(status) => status,
+        super::lease::Finished::Fenced | super::lease::Finished::Stopped => return Ok(None),
+    };
+    conn.prepare_cached(
+        "UPDATE jobs SET teardown_token = ?2, teardown_pgid = ?3, teardown_start_time = ?4,
+             teardown_worker = ?5
+         WHERE id = ?1",
+    )?
+    .execute(params![
+        kept.job_id,
+        kept.run_token,
+        kept.pgid,
+        kept.start_time.map(|s| s as i64),
+        kept.worker_id
+    ])?;
+    Ok(Some(status))
 }
 
 /// Where a lost attempt's job goes: back to pending while the budget lasts and the job asks

@@ -14,7 +14,8 @@ pub(super) const JOB_COLUMNS: &str =
     unique_key, schedule, slot_at,
     (SELECT json_group_array(after_id) FROM job_deps WHERE job_id = jobs.id),
     (SELECT json_group_array(d.after_id) FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
-         WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded')";
+         WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
+    keeper_pid";
 
 pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
     let status: String = r.get(6)?;
@@ -62,6 +63,7 @@ pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
         slot_at: r.get(31)?,
         after: json_column(r, 32)?,
         waiting_for: json_column(r, 33)?,
+        keeper_pid: r.get(34)?,
     })
 }
 

@@ -134,6 +134,16 @@ pub(super) fn runner_heartbeat(conn: &Connection, worker_id: &str, now: i64) -> 
     Ok(())
 }
 
+/// The runners recorded as stopped that still hold running jobs: they renew nothing.
+pub(super) fn stopped_holding_jobs(conn: &Connection) -> Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT DISTINCT j.worker_id FROM jobs j JOIN runners r ON r.worker_id = j.worker_id
+         WHERE j.status = 'running' AND r.stopped_at IS NOT NULL",
+    )?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
 pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
     let mut stmt = conn.prepare_cached(
         "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,

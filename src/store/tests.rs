@@ -470,6 +470,7 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
             pid: 4242,
             pgid: 4242,
             start_time: 1,
+            keeper: None,
         };
         assert!(record_start(conn, &start, now)?);
         let finish = Finish {

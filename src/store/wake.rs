@@ -81,10 +81,15 @@ pub(crate) fn canonical(db: &Path) -> PathBuf {
 /// [`Error::WakeFolder`] naming the folder and what is wrong with it; [`Error::Io`] when it
 /// cannot be looked at (a parent folder this user may not search).
 pub(crate) fn check(dir: &Path) -> Result<bool> {
-    let refuse = |problem: String| Error::WakeFolder {
+    check_owned(dir, |problem| Error::WakeFolder {
         path: dir.to_path_buf(),
         problem,
-    };
+    })
+}
+
+/// [`check`]'s test of a folder that must be this user's alone, with `refuse` making the
+/// error that names what is wrong (the attempts folder has its own).
+pub(crate) fn check_owned(dir: &Path, refuse: impl Fn(String) -> Error) -> Result<bool> {
     let opened = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)

@@ -87,6 +87,7 @@ fn lost_attempt(store: &Store, script: &str) -> Attempt {
         pid,
         pgid: pid,
         start_time,
+        keeper: None,
     };
     assert!(store.record_start(&start, T0 + 1).unwrap());
     attempt

@@ -141,6 +141,7 @@ fn record_start_is_fenced_by_the_run_token() {
         pid: 4242,
         pgid: 4242,
         start_time: 777,
+        keeper: None,
     };
     assert!(!store.record_start(&start("0123"), T0 + 1).unwrap());
     assert_eq!(store.job(id).unwrap().pid, None);

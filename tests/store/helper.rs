@@ -78,6 +78,8 @@ pub fn sweep(budget: u32, batch: u32) -> ReclaimRequest<'static> {
         held_tokens: None,
         dead_workers: &[],
         expired: true,
+        keepers: None,
+        lease_ttl: std::time::Duration::from_secs(30),
     }
 }
 

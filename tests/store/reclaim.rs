@@ -334,6 +334,7 @@ fn a_reclaimed_job_is_not_claimable_until_its_teardown_is_recorded() {
         pid: 5000,
         pgid: 5000,
         start_time: 123_456,
+        keeper: None,
     };
     assert!(store.record_start(&start, T0 + 1).unwrap());
     store.reclaim(&sweep(3, 10), EXPIRED).unwrap();
@@ -405,4 +406,96 @@ fn two_sweeps_at_once_reclaim_an_expired_job_once() {
         assert_eq!(kinds(&store, id), ["enqueued", "claimed", "reclaimed"]);
         assert_eq!(store.job(id).unwrap().recovery_count, 1);
     }
+}
+
+/// A dead runner's attempts that ran under keepers: one whose keeper left its outcome is
+/// recorded as the keeper saw it (no rerun), one whose keeper is alive moves to the sweeping
+/// runner under the same token, and one with neither is reclaimed as before.
+#[test]
+fn a_dead_runners_kept_attempts_are_recovered_adopted_or_reclaimed_as_judged() {
+    use leasehold::protocol::{Ending, KeptAttempt, KeptVerdict};
+    let db = TestDb::new();
+    let store = db.store();
+    let ids: Vec<i64> = (0..3)
+        .map(|_| enqueue(&store, &Job::shell("true")))
+        .collect();
+    let claims = claim(&store, "dead", 3, T0);
+    for (i, c) in claims.iter().enumerate() {
+        let start = AttemptStart {
+            job_id: c.id,
+            run_token: c.run_token.clone(),
+            pid: 7000 + i as i32,
+            pgid: 7000 + i as i32,
+            start_time: 500,
+            keeper: Some((6000 + i as i32, 400)),
+        };
+        assert!(store.record_start(&start, T0 + 1).unwrap());
+    }
+    let verdict_of = |k: &KeptAttempt| match k.keeper_pid {
+        6000 => KeptVerdict::Recovered {
+            ending: Ending::Succeeded,
+            output: None,
+            detail: "exit 0 at T0+5".into(),
+        },
+        6001 => KeptVerdict::Adopt,
+        _ => KeptVerdict::Reclaim,
+    };
+    let judged = std::sync::Mutex::new(Vec::new());
+    let judge = |k: &KeptAttempt| {
+        judged
+            .lock()
+            .unwrap()
+            .push((k.job_id, k.keeper_start_time, k.pgid));
+        verdict_of(k)
+    };
+    let dead = [("dead".to_string(), "its pid is gone".to_string())];
+    let req = ReclaimRequest {
+        exclude_worker: Some("me"),
+        dead_workers: &dead,
+        expired: false,
+        keepers: Some(&judge),
+        ..sweep(3, 10)
+    };
+    let report = store.reclaim(&req, T0 + 10).unwrap();
+    assert_eq!(judged.lock().unwrap().len(), 3);
+    assert_eq!(report.recovered.len(), 1);
+    assert_eq!(report.recovered[0].1, Status::Succeeded);
+    assert_eq!(report.adopted.len(), 1);
+    assert_eq!(report.reclaimed.len(), 1);
+    let by_keeper = |pid: i32| {
+        claims
+            .iter()
+            .zip(&ids)
+            .find(|(c, _)| store.job(c.id).unwrap().keeper_pid == Some(i64::from(pid)))
+            .map(|(c, _)| c.clone())
+            .expect("a job with that keeper")
+    };
+
+    let recovered = store.job(by_keeper(6000).id).unwrap();
+    assert_eq!(recovered.status, Status::Succeeded);
+    assert_eq!(recovered.attempt, 1, "no rerun");
+    let k = kinds(&store, recovered.id);
+    assert!(k.contains(&"outcome_recovered".to_string()), "{k:?}");
+    // Whatever of the attempt is left alive (an escaped descendant) is torn down.
+    assert!(
+        recovered.teardown_pending,
+        "the recovered attempt keeps a teardown marker"
+    );
+
+    let adopted_claim = by_keeper(6001);
+    let adopted = store.job(adopted_claim.id).unwrap();
+    assert_eq!(adopted.status, Status::Running);
+    assert_eq!(adopted.worker_id.as_deref(), Some("me"));
+    assert_eq!(adopted.run_token, Some(adopted_claim.run_token.clone()));
+    assert_eq!(adopted.lease_expires_at, Some(T0 + 10 + TTL_MS));
+    assert_eq!(last_event(&store, adopted.id).kind.as_str(), "adopted");
+    assert!(
+        !adopted.teardown_pending,
+        "an adopted attempt is not torn down"
+    );
+
+    let reclaimed = store.job(by_keeper(6002).id).unwrap();
+    assert_eq!(reclaimed.status, Status::Pending);
+    assert_eq!(reclaimed.recovery_count, 1);
+    assert!(reclaimed.teardown_pending);
 }

@@ -1,0 +1,230 @@
+//! Following an attempt whose runner is gone, under its keeper: the adopting runner is not
+//! the keeper's parent and has no control socket to it, so it watches the keeper through a
+//! pidfd (opened, then verified by start time and run token), enforces the attempt's limits
+//! by signalling what is left of it through verified pidfds, and reads the outcome the keeper
+//! writes before it exits.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, poll};
+
+use super::attempt::{AttemptResult, AttemptSpec, Exit, Leak, poll_timeout};
+use super::child::pidfd_open;
+use super::kill;
+use super::proc;
+use super::stop::{StopHandle, StopReason};
+use crate::files::{self, Ended};
+
+/// A keeper found alive and verified: held by a pidfd, so that its pid cannot be recycled
+/// under the adopter.
+pub(crate) struct LiveKeeper {
+    /// Readable once the keeper exits.
+    pidfd: OwnedFd,
+    /// Its pid.
+    pub pid: i32,
+}
+
+/// Opens a pidfd for `pid` and keeps it only if the process is the attempt's keeper: alive,
+/// started at `start_time` (clock ticks since boot), and running the keeper for `token` (its
+/// first argument). Checked after the open, so the pidfd holds the process that was checked.
+pub(crate) fn live_keeper(pid: i32, start_time: u64, token: &str) -> Option<LiveKeeper> {
+    let pidfd = pidfd_open(pid).ok()?;
+    let info = proc::proc_info(pid)?;
+    if info.is_dead() || info.start_time != start_time {
+        return None;
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut args = cmdline.split(|&b| b == 0);
+    let _program = args.next()?;
+    if args.next()? != token.as_bytes() {
+        return None;
+    }
+    Some(LiveKeeper { pidfd, pid })
+}
+
+/// Where an adopted attempt stands.
+pub(crate) struct Adopted {
+    /// The keeper.
+    pub keeper: LiveKeeper,
+    /// The command's pid (its process group), as recorded at its start.
+    pub pgid: Option<i32>,
+    /// The command's start time, as recorded.
+    pub start_time: Option<u64>,
+    /// How long ago (wall clock) the attempt started: its timeout runs from then.
+    pub age: Duration,
+}
+
+/// How long to wait for the keeper to write the outcome and exit once the command was
+/// killed: its drain, then a durable write.
+const KEEPER_EXIT_WAIT: Duration = Duration::from_secs(10);
+
+/// Follows `adopted` to its end and returns what became of it, as [`run`](super::run)
+/// does for an attempt it started: the keeper's outcome, or a timeout, idle timeout or stop
+/// enforced here. A stop for [`StopReason::Leave`] leaves the attempt running.
+pub(crate) fn follow(spec: &AttemptSpec, adopted: Adopted, stop: &StopHandle) -> AttemptResult {
+    let begun = Instant::now();
+    let started = begun.checked_sub(adopted.age).unwrap_or(begun);
+    let dir = spec
+        .files
+        .as_ref()
+        .map(|f| files::attempt_dir(&f.folder, spec.job_id, spec.attempt, &spec.run_token));
+    let deadline = spec.timeout.and_then(|t| started.checked_add(t));
+    let mut last_output = begun;
+    let mut seen_change: Option<SystemTime> = None;
+    let killed: Option<Exit> = loop {
+        if let Some(reason) = stop.reason() {
+            if reason == StopReason::Leave {
+                return result(
+                    spec,
+                    Exit::Stopped(reason),
+                    Vec::new(),
+                    begun,
+                    dir.as_deref(),
+                );
+            }
+            break Some(Exit::Stopped(reason));
+        }
+        let now = Instant::now();
+        if let (Some(d), Some(t)) = (deadline, spec.timeout)
+            && now >= d
+        {
+            break Some(Exit::TimedOut(t));
+        }
+        let mut idle_deadline = spec.idle_timeout.and_then(|i| last_output.checked_add(i));
+        if let (Some(d), Some(dir)) = (idle_deadline, &dir)
+            && now >= d
+            && let Some(newest) = files::newest_change(dir)
+            && seen_change.is_none_or(|s| newest > s)
+        {
+            seen_change = Some(newest);
+            let age = SystemTime::now().duration_since(newest).unwrap_or_default();
+            last_output = last_output.max(now.checked_sub(age).unwrap_or(now));
+            idle_deadline = spec.idle_timeout.and_then(|i| last_output.checked_add(i));
+        }
+        if let (Some(d), Some(i)) = (idle_deadline, spec.idle_timeout)
+            && now >= d
+        {
+            break Some(Exit::IdleTimedOut(i));
+        }
+        let wait = [deadline, idle_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|d| d.saturating_duration_since(now));
+        if wait_keeper(&adopted.keeper, stop, wait) {
+            break None;
+        }
+    };
+    let mut leaked = Vec::new();
+    if let Some(exit) = killed {
+        kill_attempt(spec, &adopted);
+        let _ = wait_keeper(&adopted.keeper, stop, Some(KEEPER_EXIT_WAIT));
+        return result(spec, exit, leaked, begun, dir.as_deref());
+    }
+    let exit = match dir.as_deref().map(files::read_outcome) {
+        Some(Ok(Some(o))) if o.token == spec.run_token => match o.ended {
+            Ended::Exited(code) => Exit::Exited(code),
+            Ended::Signaled(sig) => Exit::Signaled(sig),
+        },
+        Some(Err(e)) => {
+            log::error!("job {}: reading its outcome: {e}", spec.job_id);
+            Exit::KeeperLost
+        }
+        _ => Exit::KeeperLost,
+    };
+    // Whatever outlived the command (its group, or escaped carrying the token) is killed.
+    let left: Vec<i32> = leftovers(spec, &adopted);
+    if !left.is_empty() {
+        kill_attempt(spec, &adopted);
+        leaked = left
+            .into_iter()
+            .map(|pid| Leak {
+                pid,
+                escaped_group: Some(pid) != adopted.pgid,
+            })
+            .collect();
+    }
+    result(spec, exit, leaked, begun, dir.as_deref())
+}
+
+/// Waits up to `wait` (forever if `None`) for the keeper to exit or a stop request. Returns
+/// whether the keeper exited.
+fn wait_keeper(keeper: &LiveKeeper, stop: &StopHandle, wait: Option<Duration>) -> bool {
+    let mut fds = [
+        PollFd::new(keeper.pidfd.as_fd(), PollFlags::POLLIN),
+        PollFd::new(stop.wake(), PollFlags::POLLIN),
+    ];
+    match poll(&mut fds, poll_timeout(wait)) {
+        Ok(_) | Err(Errno::EINTR) => {}
+        Err(e) => {
+            log::error!("poll failed: {e}");
+            std::thread::sleep(kill::POLL_INTERVAL);
+        }
+    }
+    fds[0].revents().is_some_and(|r| !r.is_empty())
+}
+
+/// The processes of the attempt still alive: members of its group no older than it, and
+/// carriers of its token.
+fn leftovers(spec: &AttemptSpec, adopted: &Adopted) -> Vec<i32> {
+    let mut pids: Vec<i32> = match (adopted.pgid, adopted.start_time) {
+        (Some(pgid), Some(start)) => proc::group_members(pgid)
+            .into_iter()
+            .filter(|m| m.start_time >= start && !m.is_dead())
+            .map(|m| m.pid)
+            .collect(),
+        _ => Vec::new(),
+    };
+    for p in proc::processes_with_token(&spec.run_token) {
+        if !pids.contains(&p.pid) && !p.is_dead() {
+            pids.push(p.pid);
+        }
+    }
+    pids
+}
+
+/// Kills what is left of the attempt with the kill sequence, through the same verified
+/// teardown a lost attempt gets (the keeper is never signalled: it exits by itself once its
+/// command is gone).
+fn kill_attempt(spec: &AttemptSpec, adopted: &Adopted) {
+    let report = super::teardown(
+        &super::AttemptIdentity {
+            pgid: adopted.pgid,
+            start_time: adopted.start_time,
+            token: spec.run_token.clone(),
+        },
+        spec.kill_grace,
+    );
+    log::info!("job {}: {}", spec.job_id, report.describe());
+}
+
+/// The result, with the output's tails read from the attempt's files.
+fn result(
+    spec: &AttemptSpec,
+    exit: Exit,
+    leaked: Vec<Leak>,
+    begun: Instant,
+    dir: Option<&std::path::Path>,
+) -> AttemptResult {
+    let read = |name: &str| {
+        let Some(dir) = dir else {
+            return Default::default();
+        };
+        match files::read_tail(&dir.join(name), spec.tail_bytes) {
+            Ok((bytes, truncated)) => super::output::Tail { bytes, truncated },
+            Err(e) => {
+                log::warn!("reading {}: {e}", dir.join(name).display());
+                Default::default()
+            }
+        }
+    };
+    AttemptResult {
+        exit,
+        stdout: read(files::STDOUT),
+        stderr: read(files::STDERR),
+        leaked,
+        duration: begun.elapsed(),
+    }
+}

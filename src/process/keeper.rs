@@ -1,0 +1,1151 @@
+//! Starting an attempt under its keeper, and reading what the keeper says.
+//!
+//! The keeper (`keeper.c`, built by `build.rs` and embedded here) is a small static
+//! program that becomes the parent of an attempt's command and outlives the runner: it
+//! copies the command's output into the attempt's files, waits for it without reaping it,
+//! writes its outcome durably and reports on a socket (see [`crate::files`] for the files
+//! and `keeper.c` for the protocol). It is started from memory, so an embedder installs
+//! nothing: the program is written once per process into a sealed memfd and exec'ed by
+//! its `/proc/<pid>/fd/<n>` path. Where that path cannot be exec'ed (a process that is not
+//! dumpable owns no `/proc/<pid>/fd` it may open), the program is written once to an
+//! owner-only file in a folder the caller names, and exec'ed from there.
+//!
+//! The keeper is spawned with `posix_spawn` (never a fork of the runner: it holds no copy
+//! of the application's memory) in a session of its own, with only `/dev/null` as fds 0
+//! to 2 and its end of the control socket as fd 3.
+
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::hash::Hasher;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::libc;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use parking_lot::Mutex;
+
+use super::child::ChildProc;
+use super::proc;
+use super::spawn::{
+    FileActions, SpawnAttr, SpawnError, c_pointers, c_string, out_of_resources, posix_spawn,
+    spawn_error,
+};
+use crate::files::Ended;
+
+/// The keeper program, as built by `build.rs`.
+static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/leasehold-keeper"));
+
+/// The name the keeper runs under (its `argv[0]`, and the memfd's name).
+const NAME: &CStr = c"leasehold-keeper";
+
+/// How long a spawn waits for the keeper's first message before it gives up on it.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The sealed memfd holding the program, made once per process.
+static MEMFD: OnceLock<OwnedFd> = OnceLock::new();
+
+/// Set once making the memfd failed for a reason that will not pass (no memfd, no /proc);
+/// a lack of descriptors or memory is tried again at the next spawn.
+static NO_MEMFD: AtomicBool = AtomicBool::new(false);
+
+/// The memfd, made at the first call that can make it.
+fn memfd() -> Option<&'static OwnedFd> {
+    if let Some(fd) = MEMFD.get() {
+        return Some(fd);
+    }
+    if NO_MEMFD.load(Ordering::Relaxed) {
+        return None;
+    }
+    match make_memfd() {
+        // Two threads may both make one; the loser's is closed.
+        Ok(fd) => Some(MEMFD.get_or_init(|| fd)),
+        Err(e) => {
+            log::debug!("no memfd for the keeper ({e}); it runs from a file");
+            if !out_of_resources(&e) {
+                NO_MEMFD.store(true, Ordering::Relaxed);
+            }
+            None
+        }
+    }
+}
+
+/// The program's file in a caller's folder, once one was written (the fallback).
+static FILE: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// Makes the memfd: the program written into it, then sealed so that nobody can change
+/// it, and reopened read-only (an exec refuses a file open for writing, ETXTBSY).
+fn make_memfd() -> io::Result<OwnedFd> {
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: memfd_create reads the NUL-terminated name and returns a new fd or -1.
+    let mut ret = unsafe { libc::memfd_create(NAME.as_ptr(), flags | libc::MFD_EXEC) };
+    if ret < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // A kernel before 6.3 knows no MFD_EXEC (and makes every memfd executable).
+        // SAFETY: as above.
+        ret = unsafe { libc::memfd_create(NAME.as_ptr(), flags) };
+    }
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor, so it is open and ours alone.
+    let mut file = File::from(unsafe { OwnedFd::from_raw_fd(ret) });
+    file.write_all(PROGRAM)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: F_ADD_SEALS takes an int argument and touches no memory of ours.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let read_only = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)?;
+    Ok(read_only.into())
+}
+
+/// The fallback: the program written once, as an owner-only file in `folder`, named
+/// after its content so that another build's program is never taken for it.
+fn program_file(folder: &Path) -> io::Result<PathBuf> {
+    let mut known = FILE.lock();
+    if let Some(path) = known.as_ref().filter(|p| p.starts_with(folder)) {
+        return Ok(path.clone());
+    }
+    let mut hash = std::hash::DefaultHasher::new();
+    hash.write(PROGRAM);
+    let path = folder.join(format!(".leasehold-keeper-{:016x}", hash.finish()));
+    let fresh = std::fs::metadata(&path)
+        .is_ok_and(|m| m.len() == PROGRAM.len() as u64 && m.permissions().mode() & 0o777 == 0o700);
+    if !fresh {
+        // Written whole under a temporary name and renamed, so an exec never sees a
+        // partial program; closed before any exec, so none fails with ETXTBSY for it.
+        let tmp = folder.join(format!(".leasehold-keeper.tmp-{}", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o700)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&tmp)?;
+        file.write_all(PROGRAM)?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    *known = Some(path.clone());
+    Ok(path)
+}
+
+/// What to start under a keeper: the command, resolved and converted by the caller.
+pub(super) struct KeeperSpec<'a> {
+    /// The command's program as the job names it (for messages).
+    pub name: &'a str,
+    /// The attempt's run token; the keeper puts it in the command's environment only.
+    pub token: &'a str,
+    /// The attempt's folder (it exists); the keeper writes its files there.
+    pub attempt_dir: &'a Path,
+    /// The cap of each stream's file in bytes; 0 for none.
+    pub cap: u64,
+    /// How long the pipes may stay open after the command exits.
+    pub drain: Duration,
+    /// The command's working directory; the runner's if `None`.
+    pub cwd: Option<&'a Path>,
+    /// The resolved path of the program to exec.
+    pub program: &'a CStr,
+    /// The command's argv.
+    pub argv: &'a [CString],
+    /// The command's environment, without `LEASEHOLD_RUN_TOKEN`: a NULL-terminated array
+    /// (made by `c_pointers`) of strings that outlive the call.
+    pub envp: &'a [*mut libc::c_char],
+    /// Where the program is written if it cannot be exec'ed from memory.
+    pub fallback_dir: &'a Path,
+}
+
+/// A command started under its keeper.
+#[derive(Debug)]
+pub(super) struct Kept {
+    /// The keeper: the runner's child. It exits after the runner releases the command
+    /// (closes [`Control`]), with the command's status (128 + n for signal n).
+    pub keeper: ChildProc,
+    /// The keeper's start time in clock ticks since boot, when the spawn fell within one
+    /// tick (see [`proc::start_time_between`]).
+    pub keeper_start_time: Option<u64>,
+    /// The runner's end of the control socket.
+    pub control: Control,
+    /// The command's pid, which leads its own process group.
+    pub pid: i32,
+}
+
+/// What failed in the keeper before its command started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// The change to the working directory.
+    Chdir,
+    /// The exec of the program.
+    Exec,
+    /// The keeper's own preparations (its files, pipes, the fork).
+    Setup,
+}
+
+/// One message from a keeper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Message {
+    /// The command runs, as this pid.
+    Started {
+        /// The command's pid.
+        pid: i32,
+    },
+    /// The command could not start: what failed, and the OS error number.
+    Failed {
+        /// What failed.
+        stage: Stage,
+        /// The error number.
+        errno: i32,
+    },
+    /// The command ended, and its outcome file was written (or is being retried).
+    Exited {
+        /// How it ended.
+        ended: Ended,
+        /// A pipe was still open when the drain time ran out: processes of the attempt
+        /// outlive its main process, and the runner kills them before it releases.
+        pipes_open: bool,
+    },
+}
+
+impl Message {
+    /// Parses one line (without its newline).
+    fn parse(line: &[u8]) -> Option<Self> {
+        let line = std::str::from_utf8(line).ok()?;
+        let words: Vec<&str> = line.split(' ').collect();
+        match words.as_slice() {
+            ["started", pid] => Some(Self::Started {
+                pid: pid.parse().ok()?,
+            }),
+            ["failed", stage, errno] => Some(Self::Failed {
+                stage: match *stage {
+                    "chdir" => Stage::Chdir,
+                    "exec" => Stage::Exec,
+                    "setup" => Stage::Setup,
+                    _ => return None,
+                },
+                errno: errno.parse().ok()?,
+            }),
+            ["exited", how, n, open] => Some(Self::Exited {
+                ended: match *how {
+                    "exit" => Ended::Exited(n.parse().ok()?),
+                    "signal" => Ended::Signaled(n.parse().ok()?),
+                    _ => return None,
+                },
+                pipes_open: match *open {
+                    "0" => false,
+                    "1" => true,
+                    _ => return None,
+                },
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// What a read of the control socket found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Received {
+    /// A whole message.
+    Message(Message),
+    /// Nothing whole yet.
+    Pending,
+    /// The keeper closed its end: it is gone.
+    Closed,
+}
+
+/// The runner's end of a keeper's control socket (nonblocking, close-on-exec). Dropping
+/// it releases the command: the keeper then reaps it and exits.
+#[derive(Debug)]
+pub(super) struct Control {
+    /// The socket.
+    fd: OwnedFd,
+    /// Bytes read that do not make a whole line yet.
+    partial: Vec<u8>,
+    /// The keeper closed its end.
+    closed: bool,
+}
+
+impl AsFd for Control {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Control {
+    /// The next message if one has arrived, without blocking.
+    ///
+    /// # Errors
+    ///
+    /// A read error, or a line that is not a message (`InvalidData`).
+    pub(super) fn next(&mut self) -> io::Result<Received> {
+        loop {
+            if let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.partial.drain(..=end).collect();
+                let line = &line[..line.len() - 1];
+                return Message::parse(line).map(Received::Message).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("keeper sent {:?}", String::from_utf8_lossy(line)),
+                    )
+                });
+            }
+            if self.closed {
+                return Ok(Received::Closed);
+            }
+            let mut buf = [0u8; 256];
+            match nix::unistd::read(&self.fd, &mut buf) {
+                Ok(0) => self.closed = true,
+                Ok(n) => self.partial.extend_from_slice(&buf[..n]),
+                Err(nix::errno::Errno::EAGAIN) => return Ok(Received::Pending),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The next message, waiting for it until `deadline` (then `Pending`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Control::next`], or a failed `poll`.
+    pub(super) fn wait(&mut self, deadline: Instant) -> io::Result<Received> {
+        loop {
+            let received = self.next()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if received != Received::Pending || left.is_zero() {
+                return Ok(received);
+            }
+            let ms = u16::try_from(left.as_millis().saturating_add(1)).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// A connected pair of stream sockets, both close-on-exec: the runner's end (made
+/// nonblocking) and the keeper's end (moved above fd 3, where its file actions want it).
+fn control_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two descriptors into the array, which outlives the call.
+    let ret = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned these two descriptors; nothing else owns them.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    fcntl(&ours, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    if theirs.as_raw_fd() > 3 {
+        return Ok((ours, theirs));
+    }
+    let moved = fcntl(&theirs, FcntlArg::F_DUPFD_CLOEXEC(4))?;
+    // SAFETY: fcntl just returned this new descriptor, so it is open and nothing else owns it.
+    Ok((ours, unsafe { OwnedFd::from_raw_fd(moved) }))
+}
+
+/// Where the keeper program was exec'ed from (for the start-cost figures).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    /// The memfd, by its `/proc/<pid>/fd/<n>` path.
+    Memory,
+    /// The fallback file.
+    File,
+}
+
+/// Spawns the keeper with `argv`, from memory unless that cannot work (or `force_file`),
+/// then from the fallback file. Returns its pid and where it came from.
+fn spawn_program(
+    argv: &[*mut libc::c_char],
+    envp: &[*mut libc::c_char],
+    control: BorrowedFd<'_>,
+    fallback_dir: &Path,
+    force_file: bool,
+) -> io::Result<(i32, Source)> {
+    let mut attr = SpawnAttr::new_session()?;
+    let mut actions = FileActions::for_keeper(control)?;
+    if !force_file {
+        if let Some(memfd) = memfd() {
+            let path = format!("/proc/{}/fd/{}", std::process::id(), memfd.as_raw_fd());
+            let path = c_string(path)?;
+            match posix_spawn(&path, argv, envp, &mut actions, &mut attr) {
+                Ok(pid) => return Ok((pid, Source::Memory)),
+                // Not ours to open (EACCES: a process that is not dumpable), no /proc
+                // (ENOENT), or an exec refused from memory: the file it is.
+                Err(e) if !out_of_resources(&e) => {
+                    log::debug!("keeper from memory: {e}; from a file instead");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let path = program_file(fallback_dir)?;
+    let path = c_string(path.into_os_string().into_encoded_bytes())?;
+    let mut tries = 0;
+    loop {
+        match posix_spawn(&path, argv, envp, &mut actions, &mut attr) {
+            Ok(pid) => return Ok((pid, Source::File)),
+            // A child another thread was spawning while the file was written may still
+            // hold a copy of its (close-on-exec) write descriptor, for a moment.
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 10 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Starts `spec`'s command under a keeper and waits (at most 10 s) for it to start.
+///
+/// # Errors
+///
+/// The command could not start: the keeper could not be spawned, or it reported that the
+/// working directory or the exec failed (with the message a direct spawn gives), or it
+/// ended or said nothing in time (then it is killed).
+#[cfg(test)]
+pub(super) fn spawn_keeper(spec: &KeeperSpec<'_>) -> Result<Kept, SpawnError> {
+    spawn_keeper_from(spec, false).map(|(kept, _)| kept)
+}
+
+/// [`spawn_keeper`], also saying where the program came from; `force_file` skips the
+/// memfd (for the figures and the fallback's test).
+pub(super) fn spawn_keeper_from(
+    spec: &KeeperSpec<'_>,
+    force_file: bool,
+) -> Result<(Kept, Source), SpawnError> {
+    let (name, cwd) = (spec.name, spec.cwd);
+    let fail = |e: io::Error| SpawnError {
+        message: spawn_error(name, cwd, &e),
+        resources: out_of_resources(&e),
+    };
+    let keeper_failed = |what: &str| SpawnError {
+        message: format!("spawn {name:?}: keeper {what}"),
+        resources: true,
+    };
+    let drain_ms = u64::try_from(spec.drain.as_millis()).unwrap_or(u64::MAX);
+    let words = [
+        NAME.to_owned(),
+        c_string(spec.token).map_err(fail)?,
+        c_string(spec.attempt_dir.as_os_str().as_bytes()).map_err(fail)?,
+        c_string(spec.cap.to_string()).map_err(fail)?,
+        c_string(drain_ms.to_string()).map_err(fail)?,
+        c_string(cwd.map_or(&[][..], |d| d.as_os_str().as_bytes())).map_err(fail)?,
+        spec.program.to_owned(),
+    ];
+    let argv = c_pointers(
+        words
+            .iter()
+            .map(CString::as_c_str)
+            .chain(spec.argv.iter().map(CString::as_c_str)),
+    );
+    let (ours, theirs) = control_pair().map_err(fail)?;
+    let before = proc::boot_clock_ns();
+    let (pid, source) = spawn_program(
+        &argv,
+        spec.envp,
+        theirs.as_fd(),
+        spec.fallback_dir,
+        force_file,
+    )
+    .map_err(fail)?;
+    let keeper_start_time = before
+        .zip(proc::boot_clock_ns())
+        .and_then(|(before, after)| proc::start_time_between(before, after));
+    // The keeper has its copy; with ours closed, EOF means the keeper is gone.
+    drop(theirs);
+    let keeper = ChildProc::new(pid);
+    let mut control = Control {
+        fd: ours,
+        partial: Vec::new(),
+        closed: false,
+    };
+    let first = control.wait(Instant::now() + START_TIMEOUT);
+    let error = match first {
+        Ok(Received::Message(Message::Started { pid })) => {
+            return Ok((
+                Kept {
+                    keeper,
+                    keeper_start_time,
+                    control,
+                    pid,
+                },
+                source,
+            ));
+        }
+        Ok(Received::Message(Message::Failed { stage, errno })) => {
+            let e = io::Error::from_raw_os_error(errno);
+            match (stage, cwd) {
+                (Stage::Chdir, Some(dir)) => SpawnError {
+                    message: format!("spawn {name:?}: working directory {dir:?}: {e}"),
+                    resources: out_of_resources(&e),
+                },
+                (Stage::Exec | Stage::Chdir, _) => fail(e),
+                (Stage::Setup, _) => SpawnError {
+                    message: format!("spawn {name:?}: keeper: {e}"),
+                    resources: true,
+                },
+            }
+        }
+        Ok(Received::Message(other)) => keeper_failed(&format!("began with {other:?}")),
+        Ok(Received::Closed) => keeper_failed("ended before starting the command"),
+        Ok(Received::Pending) => {
+            keeper.kill();
+            keeper_failed("did not start the command in time")
+        }
+        Err(e) => keeper_failed(&format!("control socket: {e}")),
+    };
+    reap_soon(keeper);
+    Err(error)
+}
+
+/// Reaps a keeper that is exiting, waiting a second at most; one that takes longer is
+/// killed and left to `ChildProc`'s background reaper.
+fn reap_soon(mut keeper: ChildProc) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        match keeper.exited() {
+            Ok(true) => {
+                let _ = keeper.reap();
+                return;
+            }
+            Ok(false) => std::thread::sleep(Duration::from_millis(1)),
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use nix::sys::signal::Signal;
+
+    use crate::files::{self, Outcome};
+    use crate::process::kill::signal_group;
+    use crate::process::proc::tests::{token, wait_until};
+    use crate::process::spawn::{BaseEnv, Command, spawn_kept, spawn_kept_from};
+
+    /// A long drain, for commands whose pipes close when they exit.
+    const DRAIN: Duration = Duration::from_secs(5);
+
+    /// A command to start under a keeper, in an attempts folder of its own.
+    struct Job {
+        argv: Vec<String>,
+        cwd: Option<PathBuf>,
+        base_env: BaseEnv,
+        token: String,
+        folder: tempfile::TempDir,
+    }
+
+    impl Job {
+        /// `argv` as attempt 1 of job 1, with a token named after the test.
+        fn new(argv: &[&str], name: &str) -> Self {
+            Self {
+                argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+                cwd: None,
+                base_env: BaseEnv::current(),
+                token: token(&format!("keeper-{name}")),
+                folder: tempfile::tempdir().expect("tempdir"),
+            }
+        }
+
+        /// `sh -c script`.
+        fn sh(script: &str, name: &str) -> Self {
+            Self::new(&["sh", "-c", script], name)
+        }
+
+        /// The attempt's folder.
+        fn dir(&self) -> PathBuf {
+            files::attempt_dir(&self.folder.path().join("db-attempts"), 1, 1, &self.token)
+        }
+
+        fn command(&self) -> Command<'_> {
+            Command {
+                argv: &self.argv,
+                env: &[],
+                base_env: &self.base_env,
+                cwd: self.cwd.as_deref(),
+                job_id: 1,
+                run_token: &self.token,
+            }
+        }
+
+        /// Starts it, from memory unless `force_file`.
+        fn try_start(&self, cap: u64, drain: Duration, file: bool) -> Result<Running, SpawnError> {
+            let (kept, source) = spawn_kept_from(
+                &self.command(),
+                &self.argv[0],
+                &self.dir(),
+                cap,
+                drain,
+                file,
+            )?;
+            assert_eq!(source, if file { Source::File } else { Source::Memory });
+            Ok(Running(Some(kept)))
+        }
+
+        fn start(&self, cap: u64, drain: Duration) -> Running {
+            let cmd = self.command();
+            Running(Some(
+                spawn_kept(&cmd, &self.argv[0], &self.dir(), cap, drain).expect("starts"),
+            ))
+        }
+
+        fn outcome(&self) -> Option<Outcome> {
+            files::read_outcome(&self.dir()).expect("outcome readable")
+        }
+
+        fn stream(&self, name: &str) -> Vec<u8> {
+            std::fs::read(self.dir().join(name)).expect("stream file")
+        }
+    }
+
+    /// A started command; on drop, its group is killed while the keeper still holds its
+    /// leader (so the group id is still its), and the keeper is killed and reaped.
+    struct Running(Option<Kept>);
+
+    impl Running {
+        fn kept(&mut self) -> &mut Kept {
+            self.0.as_mut().expect("not yet ended")
+        }
+
+        /// The next message, within 10 s.
+        fn message(&mut self) -> Message {
+            match self
+                .kept()
+                .control
+                .wait(Instant::now() + Duration::from_secs(10))
+            {
+                Ok(Received::Message(m)) => m,
+                other => panic!("no message: {other:?}"),
+            }
+        }
+
+        /// Releases the command and waits for the keeper's exit code.
+        fn release(&mut self) -> Option<i32> {
+            let mut kept = self.0.take().expect("not yet ended");
+            drop(kept.control);
+            assert!(
+                wait_until(Duration::from_secs(10), || kept
+                    .keeper
+                    .exited()
+                    .expect("waitid")),
+                "keeper {} did not exit",
+                kept.keeper.pid
+            );
+            kept.keeper.reap().expect("reap keeper").code()
+        }
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if let Some(kept) = self.0.take() {
+                let leader = proc::proc_info(kept.pid);
+                if leader.is_some_and(|p| p.ppid == kept.keeper.pid && p.pgid == kept.pid) {
+                    let _ = signal_group(kept.pid, Signal::SIGKILL);
+                }
+                // Dropping the unreaped keeper kills and reaps it.
+            }
+        }
+    }
+
+    /// The keeper's exit code once it exits on its own (no runner), within 10 s.
+    fn keeper_exit(keeper: &mut ChildProc) -> Option<i32> {
+        assert!(
+            wait_until(Duration::from_secs(10), || keeper.exited().expect("waitid")),
+            "keeper {} did not exit",
+            keeper.pid
+        );
+        keeper.reap().expect("reap keeper").code()
+    }
+
+    #[test]
+    fn output_and_exit_code_reach_the_files_and_the_outcome() {
+        let job = Job::sh("echo out; echo err >&2; exit 3", "exit");
+        let before = crate::job::now_ms();
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(3),
+                pipes_open: false
+            }
+        ));
+        assert_eq!(job.stream(files::STDOUT), b"out\n");
+        assert_eq!(job.stream(files::STDERR), b"err\n");
+        let outcome = job.outcome().expect("an outcome");
+        assert_eq!(
+            (outcome.token.as_str(), outcome.ended),
+            (job.token.as_str(), Ended::Exited(3))
+        );
+        assert!(outcome.ended_at >= before && outcome.ended_at <= crate::job::now_ms());
+        assert!(!job.dir().join("outcome.tmp").exists());
+        assert_eq!(run.release(), Some(3));
+    }
+
+    #[test]
+    fn a_command_killed_by_a_signal_is_reported_as_killed() {
+        let job = Job::sh("kill -9 $$", "signal");
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Signaled(9),
+                pipes_open: false
+            }
+        ));
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Signaled(9)));
+        assert_eq!(run.release(), Some(128 + 9));
+    }
+
+    #[test]
+    fn a_missing_program_and_a_bad_cwd_fail_as_a_direct_spawn_does() {
+        let job = Job::new(&["/no/such/program"], "missing");
+        let err = job
+            .try_start(0, DRAIN, false)
+            .map(|_| ())
+            .expect_err("no program");
+        assert_eq!(
+            err.message,
+            "spawn \"/no/such/program\": No such file or directory (os error 2)"
+        );
+        assert!(!err.resources);
+
+        let mut job = Job::sh("exit 0", "badcwd");
+        job.cwd = Some(PathBuf::from("/no/such/dir"));
+        let err = job
+            .try_start(0, DRAIN, false)
+            .map(|_| ())
+            .expect_err("no cwd");
+        assert_eq!(
+            err.message,
+            "spawn \"sh\": working directory \"/no/such/dir\": No such file or directory (os error 2)"
+        );
+        // The keeper's own chdir, for a folder that goes away after the check.
+        std::fs::create_dir_all(job.dir()).expect("attempt dir");
+        let (program, argv) = (c"/bin/sh", [c"sh".to_owned()]);
+        let envp = c_pointers([]);
+        let err = spawn_keeper(&KeeperSpec {
+            name: "sh",
+            token: &job.token,
+            attempt_dir: &job.dir(),
+            cap: 0,
+            drain: DRAIN,
+            cwd: job.cwd.as_deref(),
+            program,
+            argv: &argv,
+            envp: &envp,
+            fallback_dir: job.folder.path(),
+        })
+        .map(|_| ())
+        .expect_err("the keeper's chdir fails");
+        assert_eq!(
+            err.message,
+            "spawn \"sh\": working directory \"/no/such/dir\": No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn a_stream_past_its_cap_keeps_its_head_a_marker_with_the_exact_count_and_its_tail() {
+        let all: Vec<u8> = (1..=100_000)
+            .flat_map(|i| format!("{i}\n").into_bytes())
+            .collect();
+        let marker =
+            files::DROPPED_PREFIX.len() + files::DROPPED_WIDTH + files::DROPPED_SUFFIX.len();
+        // A cap larger than a pipe read, one smaller, and a tiny one.
+        for cap in [60_000u64, 1000, 7] {
+            let job = Job::sh("seq 1 100000; seq 1 1000 >&2", &format!("cap-{cap}"));
+            let mut run = job.start(cap, DRAIN);
+            assert!(matches!(
+                run.message(),
+                Message::Exited {
+                    ended: Ended::Exited(0),
+                    ..
+                }
+            ));
+            assert!(all.len() as u64 > 9 * cap);
+            let file = job.stream(files::STDOUT);
+            let head = usize::try_from(cap / 2).expect("small");
+            assert!(
+                file.len() as u64 <= cap * 5 / 4 + marker as u64,
+                "cap {cap}: {} bytes",
+                file.len()
+            );
+            assert_eq!(file[..head], all[..head], "cap {cap}");
+            let dropped =
+                files::dropped(&file[head..head + marker]).expect("a marker after the head");
+            let tail = &file[head + marker..];
+            assert!(
+                !tail.is_empty() && all.ends_with(tail),
+                "cap {cap}: the tail is the last bytes"
+            );
+            assert_eq!(
+                head as u64 + dropped + tail.len() as u64,
+                all.len() as u64,
+                "cap {cap}"
+            );
+            if cap == 60_000 {
+                // Under the cap, a stream is whole.
+                let err: Vec<u8> = (1..=1000)
+                    .flat_map(|i| format!("{i}\n").into_bytes())
+                    .collect();
+                assert_eq!(job.stream(files::STDERR), err);
+            }
+            assert_eq!(run.release(), Some(0));
+        }
+    }
+
+    #[test]
+    fn a_runner_that_dies_costs_the_command_nothing_and_the_keeper_still_writes_the_outcome() {
+        // Any signal the runner's death could bring (a hangup, a broken pipe, a
+        // termination) would show in the output and the exit code.
+        let job = Job::sh(
+            "trap 'echo HUP; exit 91' HUP; trap 'echo PIPE; exit 92' PIPE; \
+             trap 'echo TERM; exit 93' TERM; sleep 0.5; echo done; exit 5",
+            "runner-dies",
+        );
+        let mut run = job.start(0, DRAIN);
+        let Kept {
+            mut keeper,
+            control,
+            pid,
+            ..
+        } = run.0.take().expect("started");
+        drop(control);
+        assert_eq!(keeper_exit(&mut keeper), Some(5));
+        assert_eq!(job.stream(files::STDOUT), b"done\n");
+        let outcome = job.outcome().expect("an outcome");
+        assert_eq!(outcome.ended, Ended::Exited(5));
+        assert!(
+            proc::proc_info(pid).is_none_or(|p| p.ppid != keeper.pid),
+            "reaped"
+        );
+    }
+
+    #[test]
+    fn a_keeper_leads_its_own_session_and_holds_its_command_unreaped_until_released() {
+        let job = Job::new(&["sleep", "30"], "identity");
+        let mut run = job.start(0, DRAIN);
+        let (keeper, pid) = (run.kept().keeper.pid, run.kept().pid);
+        // SAFETY: getsid reads nothing of ours.
+        let sid = unsafe { libc::getsid(keeper) };
+        assert_eq!(sid, keeper, "the keeper leads a session");
+        let (kinfo, cinfo) = (
+            proc::proc_info(keeper).expect("keeper"),
+            proc::proc_info(pid).expect("command"),
+        );
+        assert_eq!(kinfo.pgid, keeper);
+        assert_eq!((cinfo.pgid, cinfo.ppid), (pid, keeper));
+        assert_ne!(cinfo.pgid, kinfo.pgid);
+        let entry = format!("{}={}", proc::RUN_TOKEN_VAR, job.token);
+        let environ = |p: i32| std::fs::read(format!("/proc/{p}/environ")).expect("environ");
+        let has = |env: Vec<u8>| env.split(|&b| b == 0).any(|e| e == entry.as_bytes());
+        assert!(!has(environ(keeper)), "the keeper does not carry the token");
+        assert!(has(environ(pid)), "the command does");
+        assert_eq!(
+            proc::processes_with_token(&job.token)
+                .iter()
+                .map(|p| p.pid)
+                .collect::<Vec<_>>(),
+            [pid]
+        );
+        let status = std::fs::read_to_string(format!("/proc/{keeper}/status")).expect("status");
+        let rss_kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("VmRSS");
+        let pss = std::fs::read_to_string(format!("/proc/{keeper}/smaps_rollup"))
+            .ok()
+            .and_then(|r| r.lines().find(|l| l.starts_with("Pss:")).map(str::to_owned));
+        eprintln!("keeper VmRSS: {rss_kb} kB, {}", pss.unwrap_or_default());
+        assert!(rss_kb < 2048, "keeper VmRSS {rss_kb} kB");
+
+        // A teardown of the command's group does not reach the keeper.
+        signal_group(pid, Signal::SIGKILL).expect("kill the command's group");
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Signaled(9),
+                ..
+            }
+        ));
+        assert_eq!(
+            proc::proc_info(pid).map(|p| p.state),
+            Some('Z'),
+            "held unreaped"
+        );
+        assert!(
+            proc::is_alive(keeper),
+            "the keeper outlives its command's group"
+        );
+        assert!(matches!(run.kept().control.next(), Ok(Received::Pending)));
+        assert_eq!(run.release(), Some(128 + 9));
+        assert!(
+            proc::proc_info(pid).is_none_or(|p| p.ppid != keeper),
+            "reaped at the release"
+        );
+    }
+
+    #[test]
+    fn pipes_held_past_the_drain_are_reported_and_killed_when_no_runner_is_left() {
+        let job = Job::sh("sleep 30 & echo hi", "leftover");
+        let mut run = job.start(0, Duration::from_millis(200));
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(0),
+                pipes_open: true
+            }
+        ));
+        let pid = run.kept().pid;
+        assert!(
+            crate::process::group_has_live_members(pid),
+            "the leftover runs"
+        );
+        // The runner goes without killing it: the keeper kills the group and exits.
+        assert_eq!(run.release(), Some(0));
+        assert!(!crate::process::group_has_live_members(pid));
+        assert_eq!(job.stream(files::STDOUT), b"hi\n");
+    }
+
+    #[test]
+    fn the_program_runs_from_an_owner_only_file_where_memory_will_not_do() {
+        let job = Job::sh("echo from-file", "file");
+        let mut run = job.try_start(0, DRAIN, true).expect("starts");
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(0),
+                ..
+            }
+        ));
+        assert_eq!(job.stream(files::STDOUT), b"from-file\n");
+        let written: Vec<_> = std::fs::read_dir(job.folder.path().join("db-attempts"))
+            .expect("attempts folder")
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".leasehold-keeper-")
+            })
+            .collect();
+        assert_eq!(written.len(), 1);
+        let mode = written[0].metadata().expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir_mode = std::fs::metadata(job.dir())
+            .expect("attempt dir")
+            .permissions()
+            .mode();
+        assert_eq!(dir_mode & 0o777, 0o700);
+        assert_eq!(run.release(), Some(0));
+    }
+
+    #[test]
+    fn a_stream_that_cannot_be_written_costs_the_command_nothing() {
+        // Every write of stdout fails (ENOSPC), as on a full disk.
+        let job = Job::sh("seq 1 100000; echo fine >&2; exit 4", "full");
+        std::fs::create_dir_all(job.dir()).expect("attempt dir");
+        std::os::unix::fs::symlink("/dev/full", job.dir().join(files::STDOUT)).expect("symlink");
+        let mut run = job.start(1000, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(4),
+                pipes_open: false
+            }
+        ));
+        assert_eq!(job.stream(files::STDERR), b"fine\n");
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(4)));
+        assert_eq!(run.release(), Some(4));
+    }
+
+    #[test]
+    fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_shebang() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("plain");
+        std::fs::write(
+            &script,
+            "echo $0 $1 $LEASEHOLD_JOB_ID $LEASEHOLD_RUN_TOKEN; pwd\n",
+        )
+        .expect("write script");
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let script = script.to_string_lossy().into_owned();
+        let mut job = Job::new(&[&script, "arg"], "env");
+        job.cwd = Some(PathBuf::from("/tmp"));
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(0),
+                ..
+            }
+        ));
+        let out = String::from_utf8(job.stream(files::STDOUT)).expect("text");
+        assert_eq!(out, format!("{script} arg 1 {}\n/tmp\n", job.token));
+        assert_eq!(run.release(), Some(0));
+    }
+
+    #[test]
+    fn an_outcome_that_cannot_be_written_is_retried_every_second_while_no_runner_holds_it() {
+        let job = Job::sh("exit 6", "retry");
+        // A folder where the temporary file goes: every attempt to write it fails, as on
+        // a full disk (the tests run as root, to whom permissions are no obstacle).
+        let blocker = job.dir().join("outcome.tmp");
+        std::fs::create_dir_all(&blocker).expect("blocker");
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(6),
+                ..
+            }
+        ));
+        assert_eq!(job.outcome(), None);
+        let Kept {
+            mut keeper,
+            control,
+            ..
+        } = run.0.take().expect("started");
+        drop(control);
+        // Released, but the outcome is not on disk: the keeper stays and retries.
+        assert!(
+            !wait_until(Duration::from_millis(1500), || keeper
+                .exited()
+                .expect("waitid")),
+            "the keeper waits for its outcome"
+        );
+        std::fs::remove_dir(&blocker).expect("unblock");
+        assert_eq!(keeper_exit(&mut keeper), Some(6));
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(6)));
+    }
+
+    #[test]
+    fn messages_parse_and_garbage_is_refused() {
+        assert_eq!(
+            Message::parse(b"started 42"),
+            Some(Message::Started { pid: 42 })
+        );
+        assert_eq!(
+            Message::parse(b"failed exec 2"),
+            Some(Message::Failed {
+                stage: Stage::Exec,
+                errno: 2
+            })
+        );
+        assert_eq!(
+            Message::parse(b"exited signal 15 1"),
+            Some(Message::Exited {
+                ended: Ended::Signaled(15),
+                pipes_open: true
+            })
+        );
+        for bad in [
+            &b"started"[..],
+            b"exited exit x 0",
+            b"exited exit 1 2",
+            b"failed fork 1",
+            b"",
+        ] {
+            assert_eq!(Message::parse(bad), None);
+        }
+    }
+
+    /// The median of `samples`, in µs.
+    fn median_us(mut samples: Vec<Duration>) -> f64 {
+        samples.sort();
+        samples[samples.len() / 2].as_secs_f64() * 1e6
+    }
+
+    /// Figures, not assertions: `cargo test --profile ci --lib keeper_figures -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[ignore = "a measurement; run by hand"]
+    fn keeper_figures() {
+        const N: usize = 500;
+        // The keeper program alone (no arguments: it exits 2 at once), spawned and reaped:
+        // its start cost from memory and from a file, against /bin/true.
+        let folder = tempfile::tempdir().expect("tempdir");
+        let (_ours, theirs) = control_pair().expect("socketpair");
+        let argv = c_pointers([NAME]);
+        let envp = c_pointers([]);
+        for (label, file) in [("memfd", false), ("file", true)] {
+            let mut alone = Vec::new();
+            for _ in 0..N {
+                let t = Instant::now();
+                let (pid, _) = spawn_program(&argv, &envp, theirs.as_fd(), folder.path(), file)
+                    .expect("spawns");
+                let status = ChildProc::new(pid).reap().expect("waitpid");
+                alone.push(t.elapsed());
+                assert_eq!(status.code(), Some(2));
+            }
+            eprintln!(
+                "keeper program alone ({label}): spawn + wait {:.0} µs (median of {N})",
+                median_us(alone)
+            );
+        }
+        let mut job = Job::new(&["/bin/true"], "bench");
+        for (label, file, shm) in [
+            ("memfd", false, false),
+            ("file", true, false),
+            ("memfd, tmpfs", false, true),
+        ] {
+            if shm {
+                // The same on tmpfs, where the outcome's two fsyncs cost nothing: the
+                // processes' own cost.
+                match tempfile::tempdir_in("/dev/shm") {
+                    Ok(dir) => job.folder = dir,
+                    Err(_) => continue,
+                }
+            }
+            let (mut start, mut total) = (Vec::new(), Vec::new());
+            for _ in 0..N {
+                let t = Instant::now();
+                let mut run = job.try_start(0, DRAIN, file).expect("starts");
+                start.push(t.elapsed());
+                assert!(matches!(run.message(), Message::Exited { .. }));
+                total.push(t.elapsed());
+                run.release();
+            }
+            eprintln!(
+                "keeper ({label}): spawn to started {:.0} µs, spawn to exited {:.0} µs (median of {N})",
+                median_us(start),
+                median_us(total)
+            );
+        }
+        let mut direct = Vec::new();
+        for _ in 0..N {
+            let t = Instant::now();
+            let mut spawned =
+                super::super::spawn::spawn(&job.command(), "/bin/true").expect("spawns");
+            spawned.child.reap().expect("waitpid");
+            direct.push(t.elapsed());
+        }
+        eprintln!(
+            "direct posix_spawn + wait: {:.0} µs (median of {N})",
+            median_us(direct)
+        );
+    }
+}

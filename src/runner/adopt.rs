@@ -1,0 +1,219 @@
+//! Attempts a dead runner left to their keepers: judged by the sweeper before it reclaims
+//! anything (a live keeper's attempt is adopted, a finished one's outcome recorded), and the
+//! adopted ones followed to their end by a thread each, as a worker follows an attempt it
+//! started.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::files::{self, Ended};
+use crate::job::{ErrorKind, Output, now_ms};
+use crate::process::{self, AttemptSpec, KeptFiles, LiveKeeper, StopHandle};
+use crate::store::{Ending, KeptAttempt, KeptVerdict};
+
+use super::shared::{Op, Running, Shared, Writer};
+use super::worker::finish_for;
+
+/// What the sweeper's judge found alive, kept until the reclaim says which it adopted.
+#[derive(Default)]
+pub(crate) struct Judged {
+    keepers: Mutex<HashMap<i64, LiveKeeper>>,
+}
+
+impl Judged {
+    /// The verdict on one of a dead runner's kept attempts: adopt it while its keeper is
+    /// alive (held by a verified pidfd from now on), record the outcome its keeper left, or
+    /// reclaim it as any other attempt when there is neither.
+    pub(crate) fn judge(&self, shared: &Shared, kept: &KeptAttempt) -> KeptVerdict {
+        if let Some(keeper) =
+            process::live_keeper(kept.keeper_pid, kept.keeper_start_time, &kept.run_token)
+        {
+            self.keepers.lock().insert(kept.job_id, keeper);
+            return KeptVerdict::Adopt;
+        }
+        // The keeper is gone, so whatever it wrote is all it will write.
+        let dir = files::attempt_dir(
+            &shared.attempts_folder,
+            kept.job_id,
+            kept.attempt,
+            &kept.run_token,
+        );
+        let outcome = match files::read_outcome(&dir) {
+            Ok(Some(o)) if o.token == kept.run_token => o,
+            Ok(_) => return KeptVerdict::Reclaim,
+            Err(e) => {
+                log::warn!("job {}: its keeper's outcome: {e}", kept.job_id);
+                return KeptVerdict::Reclaim;
+            }
+        };
+        let (ending, how) = match outcome.ended {
+            Ended::Exited(0) => (Ending::Succeeded, "exited 0".to_owned()),
+            Ended::Exited(code) => (
+                Ending::Failed {
+                    kind: ErrorKind::Exit,
+                    exit_code: Some(code),
+                    signal: None,
+                    message: format!("exited with code {code}"),
+                },
+                format!("exited with code {code}"),
+            ),
+            Ended::Signaled(sig) => (
+                Ending::Failed {
+                    kind: ErrorKind::Signal,
+                    exit_code: None,
+                    signal: Some(sig),
+                    message: format!("killed by signal {sig}"),
+                },
+                format!("killed by signal {sig}"),
+            ),
+        };
+        let tail = shared.config.output_tail;
+        let read = |name: &str| files::read_tail(&dir.join(name), tail).unwrap_or_default();
+        let (stdout, stdout_truncated) = read(files::STDOUT);
+        let (stderr, stderr_truncated) = read(files::STDERR);
+        KeptVerdict::Recovered {
+            ending,
+            output: Some(Output {
+                attempt: kept.attempt,
+                stdout,
+                stderr,
+                stdout_truncated,
+                stderr_truncated,
+            }),
+            detail: format!(
+                "runner {} was gone; its keeper saw the command end ({how}) at {} ms",
+                kept.worker_id, outcome.ended_at
+            ),
+        }
+    }
+
+    /// The keeper found alive for `job_id`, once its adoption is committed.
+    fn take(&self, job_id: i64) -> Option<LiveKeeper> {
+        self.keepers.lock().remove(&job_id)
+    }
+
+    /// Forgets the keepers of attempts the reclaim did not adopt after all.
+    pub(crate) fn clear(&self) {
+        self.keepers.lock().clear();
+    }
+}
+
+/// Attempts adopted by a sweep whose threads have not started yet (the runner's first sweep
+/// runs before its writer exists).
+#[derive(Default)]
+pub(crate) struct Pending {
+    adopted: Mutex<Vec<(KeptAttempt, LiveKeeper)>>,
+}
+
+impl Pending {
+    /// Keeps the attempts `adopted` names, with the keepers `judged` found, registering each
+    /// with the runner at once so that its heartbeat renews the lease.
+    pub(crate) fn add(&self, shared: &Shared, judged: &Judged, adopted: Vec<KeptAttempt>) {
+        for kept in adopted {
+            let Some(keeper) = judged.take(kept.job_id) else {
+                continue;
+            };
+            let stop = match StopHandle::new() {
+                Ok(stop) => stop,
+                Err(e) => {
+                    // Its lease runs out unrenewed and the next sweep judges it again.
+                    log::error!("job {}: cannot follow its keeper: {e}", kept.job_id);
+                    continue;
+                }
+            };
+            shared.running.lock().insert(
+                kept.run_token.clone(),
+                Running {
+                    job_id: kept.job_id,
+                    queue: kept.queue.clone(),
+                    stop,
+                    lease_expires_at: now_ms()
+                        + i64::try_from(shared.config.lease_ttl.as_millis()).unwrap_or(i64::MAX),
+                },
+            );
+            log::info!(
+                "job {} attempt {}: adopted from runner {}, keeper pid {}",
+                kept.job_id,
+                kept.attempt,
+                kept.worker_id,
+                keeper.pid
+            );
+            self.adopted.lock().push((kept, keeper));
+        }
+    }
+
+    /// Starts a thread for each adopted attempt, which follows it and sends its ending to
+    /// `writer`. The threads are kept in `shared` for the shutdown to join.
+    pub(crate) fn start(&self, shared: &Arc<Shared>, writer: &Writer) {
+        let adopted = std::mem::take(&mut *self.adopted.lock());
+        for (kept, keeper) in adopted {
+            let (shared2, writer) = (Arc::clone(shared), writer.clone());
+            let token = kept.run_token.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("leasehold-adopted-{}", kept.job_id))
+                .spawn(move || follow(&shared2, kept, keeper, &writer));
+            match spawned {
+                Ok(handle) => shared.adopters.lock().push(handle),
+                Err(e) => {
+                    log::error!("cannot start a thread for an adopted attempt: {e}");
+                    shared.attempt_done(&token);
+                }
+            }
+        }
+    }
+}
+
+/// Follows one adopted attempt to its end and sends its ending.
+fn follow(shared: &Shared, kept: KeptAttempt, keeper: LiveKeeper, writer: &Writer) {
+    let cfg = &shared.config;
+    let Some(stop) = shared
+        .running
+        .lock()
+        .get(&kept.run_token)
+        .map(|r| r.stop.clone())
+    else {
+        return;
+    };
+    let spec = AttemptSpec {
+        argv: Vec::new(),
+        env: Vec::new(),
+        base_env: shared.base_env.clone(),
+        cwd: None,
+        job_id: kept.job_id,
+        attempt: kept.attempt,
+        run_token: kept.run_token.clone(),
+        files: Some(KeptFiles {
+            folder: shared.attempts_folder.clone(),
+            cap: cfg.output_cap,
+        }),
+        timeout: kept.timeout,
+        idle_timeout: kept.idle_timeout,
+        kill_grace: cfg.kill_grace,
+        drain: cfg.drain_timeout,
+        tail_bytes: cfg.output_tail,
+    };
+    let age = kept
+        .started_at
+        .map(|t| Duration::from_millis(u64::try_from(now_ms() - t).unwrap_or(0)))
+        .unwrap_or_default();
+    let result = process::follow(
+        &spec,
+        process::Adopted {
+            keeper,
+            pgid: kept.pgid,
+            start_time: kept.start_time,
+            age,
+        },
+        &stop,
+    );
+    match finish_for(kept.job_id, &kept.run_token, kept.attempt, cfg, result) {
+        Some(finish) => writer.send(Op::Finish(Box::new(finish))),
+        None => {
+            shared.attempt_done(&kept.run_token);
+            shared.endings_changed();
+        }
+    }
+}

@@ -93,10 +93,10 @@ pub(crate) fn attempt_dir(folder: &Path, job_id: i64, attempt: i64, token: &str)
     job_dir(folder, job_id).join(format!("{attempt}-{token}"))
 }
 
-/// One attempt's folder found on disk.
+/// One attempt's folder found on disk, as [`Store::attempt_files`](crate::Store::attempt_files)
+/// lists them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(not(test), allow(dead_code, reason = "`jobs logs` reads it next"))]
-pub(crate) struct AttemptDir {
+pub struct AttemptDir {
     /// The attempt number.
     pub attempt: i64,
     /// Its run token.
@@ -108,7 +108,6 @@ pub(crate) struct AttemptDir {
 /// The attempts of one job that have a folder, oldest first (by attempt number, then by the
 /// folder's change time: an operator's retry counts attempts again). Empty when the job has
 /// none.
-#[cfg_attr(not(test), allow(dead_code, reason = "`jobs logs` reads it next"))]
 pub(crate) fn attempt_dirs(folder: &Path, job_id: i64) -> io::Result<Vec<AttemptDir>> {
     let entries = match std::fs::read_dir(job_dir(folder, job_id)) {
         Ok(entries) => entries,
@@ -140,6 +139,112 @@ pub(crate) fn attempt_dirs(folder: &Path, job_id: i64) -> io::Result<Vec<Attempt
             path,
         })
         .collect())
+}
+
+/// One of an attempt's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// The command's standard output.
+    Stdout,
+    /// The command's standard error.
+    Stderr,
+}
+
+impl Stream {
+    /// The name of its file in an attempt's folder: `stdout` or `stderr`.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Stream::Stdout => STDOUT,
+            Stream::Stderr => STDERR,
+        }
+    }
+}
+
+impl AttemptDir {
+    /// The path of one stream's file (which may not exist yet: its keeper creates it when the
+    /// attempt starts).
+    pub fn stream(&self, stream: Stream) -> PathBuf {
+        self.path.join(stream.file_name())
+    }
+
+    /// The last at most `n` bytes of one stream's file, and whether anything before them is
+    /// missing (the file is longer, or its keeper dropped bytes past the cap). A file not
+    /// created yet reads as empty.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read.
+    pub fn tail(&self, stream: Stream, n: usize) -> io::Result<(Vec<u8>, bool)> {
+        read_tail(&self.stream(stream), n)
+    }
+}
+
+/// How many job folders [`remove_orphans`] checks against the database in one statement.
+const ORPHAN_BATCH: usize = 500;
+
+/// Removes the folders in `folder` of jobs that no longer exist in `store` (a prune deleted
+/// them), checking a batch of names per statement; returns how many it removed. A folder
+/// whose job exists is never removed: job ids are never reused (`AUTOINCREMENT`), so a
+/// missing id stays missing. Names that are not a job id are left alone. Stops once
+/// `deadline` passes, before the next folder (the next call goes on). An absent `folder` has
+/// nothing to remove. A folder that cannot be removed is passed over, and the first such
+/// error returned after the others were tried.
+pub(crate) fn remove_orphans(
+    folder: &Path,
+    store: &crate::Store,
+    deadline: Option<std::time::Instant>,
+) -> crate::Result<usize> {
+    let context = || format!("cannot list {}", folder.display());
+    let entries = match std::fs::read_dir(folder) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(crate::Error::io(context(), e)),
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| crate::Error::io(context(), e))?;
+        // Only names a job folder would have: the decimal id, nothing else.
+        if let Some(id) = entry
+            .file_name()
+            .to_str()
+            .filter(|n| !n.starts_with(['+', '-', '0']))
+            .and_then(|n| n.parse::<i64>().ok())
+        {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    let past = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
+    let mut removed = 0;
+    // One folder that cannot be removed does not keep the others: the first error is
+    // returned once the rest were tried.
+    let mut failed = None;
+    'batches: for batch in ids.chunks(ORPHAN_BATCH) {
+        if past() {
+            break;
+        }
+        for id in store.missing_jobs(batch)? {
+            // Removing is the slow part (on a busy disk, milliseconds a folder).
+            if past() {
+                break 'batches;
+            }
+            let dir = job_dir(folder, id);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => removed += 1,
+                // Another runner's sweeper or a `db prune` removed it first.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    failed.get_or_insert_with(|| {
+                        crate::Error::io(format!("cannot remove {}", dir.display()), e)
+                    });
+                }
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(removed),
+    }
 }
 
 /// When the newest of an attempt's two output files last changed, if either exists: what an

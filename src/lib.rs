@@ -32,7 +32,6 @@
 
 mod error;
 mod files;
-pub use files::DEFAULT_OUTPUT_CAP;
 mod job;
 mod metrics;
 mod process;
@@ -42,6 +41,7 @@ mod schedule;
 mod store;
 
 pub use error::{Error, Result};
+pub use files::{AttemptDir, DEFAULT_OUTPUT_CAP, Stream};
 pub use job::{
     DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ErrorKind,
     Event, EventKind, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,

@@ -104,8 +104,9 @@ pub fn vacuum(db: &Path, json: bool, force: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prunes finished jobs past `policy` now (or counts them, for a dry run), and says how many
-/// and how the file's size (main file and WAL) changed.
+/// Prunes finished jobs past `policy` now (or counts them, for a dry run), removes the output
+/// files of the jobs that are gone, and says how many and how the file's size (main file and
+/// WAL) changed.
 pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow::Result<()> {
     // A dry run must not change a byte: no migration either.
     let store = if dry_run {
@@ -120,6 +121,13 @@ pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow
     } else {
         prune_showing_progress(&store, policy)?
     };
+    // The output files of every job that is gone, pruned now or before (by a runner that
+    // stopped before it removed them).
+    let files_removed = if dry_run {
+        0
+    } else {
+        store.remove_orphan_files(None)?
+    };
     let after = on_disk()?;
     let mut out = std::io::stdout().lock();
     if json {
@@ -130,6 +138,7 @@ pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow
                 "dry_run": dry_run,
                 "bytes_before": before,
                 "bytes_after": after,
+                "files_removed": files_removed,
             }),
         )?;
     } else if dry_run {

@@ -5,9 +5,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use leasehold::{Job, JobRecord, ListFilter, Status, Store, now_ms, operator};
+use leasehold::{AttemptDir, Job, JobRecord, ListFilter, Status, Store, Stream, now_ms, operator};
 use serde_json::{Value, json};
 
+use super::follow;
 use super::progress;
 use super::render::{self, print_json};
 use super::{
@@ -304,17 +305,78 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
 
 pub fn logs(db: &Path, args: &LogsArgs) -> anyhow::Result<()> {
     let store = open_read_only(db)?;
-    store.job(args.id)?;
-    let output = store.output(args.id, args.attempt)?;
-    let bytes = match (output, args.attempt) {
-        (Some(o), _) => {
-            if args.stderr {
-                o.stderr
-            } else {
-                o.stdout
-            }
+    let job = store.job(args.id)?;
+    let stream = if args.stderr {
+        Stream::Stderr
+    } else {
+        Stream::Stdout
+    };
+    let attempt = args.attempt.unwrap_or(job.attempt);
+    let dir = attempt_dir(&store.attempt_files(args.id)?, attempt, &job);
+    // Only a running attempt is followed, and only from its own folder: an older folder of
+    // the same number (before an operator's retry) is not the running attempt's.
+    let following = args.follow && is_running(&job, attempt, None);
+    match dir {
+        Some(dir) if following && is_running(&job, attempt, Some(&dir)) => {
+            follow::file(&store, &job, &dir, stream)
         }
-        (None, Some(attempt)) => bail!("job {} has no output for attempt {attempt}", args.id),
+        _ if following => follow::until_files(&store, &job, attempt, stream),
+        Some(dir) => {
+            let path = dir.stream(stream);
+            let mut out = std::io::stdout().lock();
+            match std::fs::File::open(&path) {
+                Ok(mut file) => {
+                    std::io::copy(&mut file, &mut out)
+                        .with_context(|| format!("cannot copy {}", path.display()))?;
+                }
+                // The keeper had not created it yet: nothing written.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot read {}", path.display()));
+                }
+            }
+            out.flush()?;
+            Ok(())
+        }
+        None => print_recorded(&store, args.id, args.attempt, stream),
+    }
+}
+
+/// The folder of `attempt` among a job's `dirs`: the one of the job's current run token when
+/// that is the attempt asked for, else the newest of that number (an operator's retry counts
+/// attempts from 1 again).
+pub(super) fn attempt_dir(
+    dirs: &[AttemptDir],
+    attempt: i64,
+    job: &JobRecord,
+) -> Option<AttemptDir> {
+    let token = job.run_token.as_deref().filter(|_| attempt == job.attempt);
+    let mut of_attempt = dirs.iter().filter(|d| d.attempt == attempt);
+    let current = token.and_then(|t| of_attempt.clone().find(|d| d.token == t));
+    current.or_else(|| of_attempt.next_back()).cloned()
+}
+
+/// Whether `job` is running `attempt` (the attempt of `dir`, when it has a folder).
+pub(super) fn is_running(job: &JobRecord, attempt: i64, dir: Option<&AttemptDir>) -> bool {
+    job.status == Status::Running
+        && job.attempt == attempt
+        && dir.is_none_or(|d| job.run_token.as_deref() == Some(d.token.as_str()))
+}
+
+/// Prints the tail of one stream the database kept for `attempt` (or the latest recorded).
+fn print_recorded(
+    store: &Store,
+    id: i64,
+    attempt: Option<i64>,
+    stream: Stream,
+) -> anyhow::Result<()> {
+    let output = store.output(id, attempt)?;
+    let bytes = match (output, attempt) {
+        (Some(o), _) => match stream {
+            Stream::Stdout => o.stdout,
+            Stream::Stderr => o.stderr,
+        },
+        (None, Some(attempt)) => bail!("job {id} has no output for attempt {attempt}"),
         (None, None) => Vec::new(),
     };
     let mut out = std::io::stdout().lock();

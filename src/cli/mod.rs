@@ -3,6 +3,7 @@
 
 mod arg;
 mod db;
+mod follow;
 mod jobs;
 mod options;
 mod progress;
@@ -183,7 +184,8 @@ enum JobsCommand {
     Ls(LsArgs),
     /// A job, its event history and the tails of its output.
     Inspect(InspectArgs),
-    /// The captured tail of a job's stdout (or stderr), raw.
+    /// A job's stdout (or stderr), raw: the whole file an attempt's keeper wrote, else the tail
+    /// kept in the database; --follow prints a running attempt's output as it comes.
     Logs(LogsArgs),
     /// Requeue a failed or cancelled job, or a running one whose lease is missing or expired.
     Retry(RetryArgs),
@@ -326,6 +328,10 @@ struct LogsArgs {
     /// This attempt instead of the latest.
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(1..))]
     attempt: Option<i64>,
+    /// Keep printing the output as it is written until the attempt ends (exit 0 then). A job
+    /// that is not running prints what there is and exits.
+    #[arg(long)]
+    follow: bool,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@
 //! runner's thread only waits, calls it and logs.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -37,6 +38,9 @@ pub(crate) struct Sweeper {
     sweep_failures: Mutex<Repeated>,
     prune_failures: Mutex<Repeated>,
     sample_failures: Mutex<Repeated>,
+    /// Whether the output files of pruned jobs are left to remove: the last removal stopped at
+    /// its deadline, or failed.
+    files_left: AtomicBool,
 }
 
 /// How often a failure that repeats every sweep is logged.
@@ -117,6 +121,7 @@ impl Sweeper {
             sweep_failures: Mutex::default(),
             prune_failures: Mutex::default(),
             sample_failures: Mutex::default(),
+            files_left: AtomicBool::new(false),
         }
     }
 
@@ -195,17 +200,49 @@ impl Sweeper {
     /// when it pruned or freed anything. Errors are logged: the next sweep tries again.
     pub(crate) fn prune_and_log(&self, now: i64) {
         match self.prune(now) {
-            Ok(r) if r.jobs > 0 || r.bytes_freed > 0 || r.wal_truncated => log::info!(
-                "prune jobs={} bytes_freed={} more={} wal_truncated={}",
-                r.jobs,
-                r.bytes_freed,
-                r.more,
-                r.wal_truncated
-            ),
-            Ok(_) => log::debug!("prune: nothing to do"),
+            Ok(r) if r.jobs > 0 || r.bytes_freed > 0 || r.wal_truncated => {
+                log::info!(
+                    "prune jobs={} bytes_freed={} more={} wal_truncated={}",
+                    r.jobs,
+                    r.bytes_freed,
+                    r.more,
+                    r.wal_truncated
+                );
+                if r.jobs > 0 || self.files_left.load(Ordering::Relaxed) {
+                    self.remove_files_and_log();
+                }
+            }
+            Ok(_) => {
+                log::debug!("prune: nothing to do");
+                if self.files_left.load(Ordering::Relaxed) {
+                    self.remove_files_and_log();
+                }
+            }
             Err(e) => {
                 if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
                     log::warn!("prune failed ({n} since the last report): {e:#}");
+                }
+            }
+        }
+    }
+
+    /// Removes the output files of the jobs that are gone, for at most a quarter of a sweep
+    /// interval (what is left over is removed at the next sweeps), and logs a line when it
+    /// removed any. Errors are logged: the next sweep tries again.
+    fn remove_files_and_log(&self) {
+        let deadline = Instant::now().checked_add(self.shared.config.sweep_interval / 4);
+        let removed = self.store.remove_orphan_files(deadline);
+        // Stopped at the deadline (or failed): go on at the next sweep, pruned jobs or not.
+        let left = removed.is_err() || deadline.is_some_and(|d| Instant::now() >= d);
+        self.files_left.store(left, Ordering::Relaxed);
+        match removed {
+            Ok(0) => {}
+            Ok(n) => log::info!("removed the output files of {n} pruned jobs"),
+            Err(e) => {
+                if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
+                    log::warn!(
+                        "removing pruned jobs' files failed ({n} since the last report): {e:#}"
+                    );
                 }
             }
         }

@@ -36,6 +36,7 @@ use crate::schedule::Schedule;
 #[macro_use]
 mod ready;
 
+mod attempts;
 mod batch;
 mod counter;
 mod dependency;

@@ -12,6 +12,7 @@ mod db;
 mod fsync;
 mod handoff;
 mod jobs;
+mod logs;
 mod numeric;
 mod progress;
 mod prune;

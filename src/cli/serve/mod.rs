@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use crossbeam_channel::Receiver;
-use leasehold::{Error, ListFilter, Status, Store, now_ms, operator};
+use leasehold::{Error, JobRecord, ListFilter, Status, Store, Stream, now_ms, operator};
 
 pub use self::auth::host_name;
 use self::http::{ReadError, Request, Response};
@@ -439,6 +439,7 @@ fn job(store: &Store, app: &App, id: &str, view: &page::View) -> Result<Response
     let record = store.job(id)?;
     let events = store.events(id)?;
     let output = store.output(id, None)?;
+    let live = live_tail(store, &record)?;
     let waits = if record.teardown_pending {
         operator::teardown_wait(store, id)?
     } else {
@@ -450,12 +451,42 @@ fn job(store: &Store, app: &App, id: &str, view: &page::View) -> Result<Response
             &record,
             &events,
             output.as_ref(),
+            live.as_ref(),
             waits.as_deref(),
             app.token.as_deref(),
             app.show_env,
             view,
         ),
     ))
+}
+
+/// The most of each stream's file a running job's page shows.
+const LIVE_TAIL: usize = 64 << 10;
+
+/// The last [`LIVE_TAIL`] bytes of a running attempt's files, when it has a folder (its keeper
+/// writes them as the command runs).
+fn live_tail(store: &Store, job: &JobRecord) -> Result<Option<page::Live>, Error> {
+    if job.status != Status::Running {
+        return Ok(None);
+    }
+    let Some(token) = job.run_token.as_deref() else {
+        return Ok(None);
+    };
+    let dirs = store.attempt_files(job.id)?;
+    let Some(dir) = dirs.iter().find(|d| d.token == token) else {
+        return Ok(None);
+    };
+    let tail = |stream: Stream| {
+        dir.tail(stream, LIVE_TAIL).map_err(|source| Error::Io {
+            context: format!("cannot read {}", dir.stream(stream).display()),
+            source,
+        })
+    };
+    Ok(Some(page::Live {
+        attempt: dir.attempt,
+        stdout: tail(Stream::Stdout)?,
+        stderr: tail(Stream::Stderr)?,
+    }))
 }
 
 /// `n` random bytes from the kernel, as hex.

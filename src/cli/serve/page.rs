@@ -441,10 +441,25 @@ pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool, view: 
     layout("Jobs", false, actions, Some(view), body)
 }
 
+/// The newest bytes of a running attempt's output files.
+pub struct Live {
+    /// The attempt.
+    pub attempt: i64,
+    /// The end of its stdout file, and whether bytes before it are not shown.
+    pub stdout: (Vec<u8>, bool),
+    /// The end of its stderr file, likewise.
+    pub stderr: (Vec<u8>, bool),
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one page's parts, each from its own read"
+)]
 pub fn job(
     j: &JobRecord,
     events: &[Event],
     output: Option<&Output>,
+    live: Option<&Live>,
     teardown_waits: Option<&str>,
     token: Option<&str>,
     show_env: bool,
@@ -560,9 +575,22 @@ pub fn job(
         }
         h2 { "Output" }
         @if running {
-            p #live.later {
-                "Attempt " (j.attempt) " is running: its output is recorded when it ends, and "
-                "this page reloads every 5 seconds until then."
+            @match live {
+                Some(l) => {
+                    p #live.later {
+                        "Attempt " (l.attempt) " is running: the last 64 KiB of its output "
+                        "files, live, reloads every 5 s."
+                    }
+                    h3 { "stdout (attempt " (l.attempt) ", live" @if l.stdout.1 { ", tail" } ")" }
+                    pre #live-stdout { (String::from_utf8_lossy(&l.stdout.0)) }
+                    h3 { "stderr (attempt " (l.attempt) ", live" @if l.stderr.1 { ", tail" } ")" }
+                    pre #live-stderr { (String::from_utf8_lossy(&l.stderr.0)) }
+                    @if output.is_some() { p.later { "Recorded when an earlier attempt ended:" } }
+                },
+                None => p #live.later {
+                    "Attempt " (j.attempt) " is running: its output is recorded when it ends, and "
+                    "this page reloads every 5 seconds until then."
+                },
             }
         }
         @match output {

@@ -1,0 +1,128 @@
+//! An attempt's files beside the database (see the crate's `files` module): listing a job's
+//! attempt folders, and removing the folders of jobs that are gone.
+
+use std::time::Instant;
+
+use rusqlite::Connection;
+
+use crate::error::{Error, Result};
+use crate::files::{self, AttemptDir};
+
+use super::Store;
+
+/// The ids among `ids` that name no job. One statement for the whole batch: the ids go in as
+/// one JSON array.
+pub(super) fn missing_jobs(conn: &Connection, ids: &[i64]) -> Result<Vec<i64>> {
+    let list = format!(
+        "[{}]",
+        ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+    );
+    let mut stmt = conn.prepare_cached(
+        "SELECT value FROM json_each(?1) WHERE value NOT IN (SELECT id FROM jobs)",
+    )?;
+    let rows = stmt.query_map([list], |r| r.get::<_, i64>(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+impl Store {
+    /// The folders of job `id`'s attempts that have output files beside the database
+    /// (`<db>-attempts/<id>/<attempt>-<run token>/`), oldest first: by attempt number, then
+    /// by the folder's age, as an operator's retry counts attempts from 1 again. Empty when
+    /// the job has none, whether or not it exists.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] when the job's folder cannot be read.
+    pub fn attempt_files(&self, id: i64) -> Result<Vec<AttemptDir>> {
+        let folder = files::folder(&self.path);
+        files::attempt_dirs(&folder, id).map_err(|e| {
+            Error::io(
+                format!("cannot list {}", files::job_dir(&folder, id).display()),
+                e,
+            )
+        })
+    }
+
+    /// Removes the output files of jobs that no longer exist (a prune deleted them): every
+    /// `<db>-attempts/<id>/` folder whose job is gone. A job that exists keeps its files.
+    /// Stops once `deadline` passes, before the next folder; the next call goes on.
+    /// Returns how many job folders it removed. [`Store::prune`] leaves the files alone; the
+    /// runner's sweeper and `leasehold db prune` call this after it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] when the folder cannot be read or a job's folder removed, and
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn remove_orphan_files(&self, deadline: Option<Instant>) -> Result<usize> {
+        files::remove_orphans(&files::folder(&self.path), self, deadline)
+    }
+
+    /// The ids among `ids` that name no job.
+    pub(crate) fn missing_jobs(&self, ids: &[i64]) -> Result<Vec<i64>> {
+        missing_jobs(&self.conn, ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn only_the_folders_of_jobs_that_are_gone_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let jobs: Vec<crate::Job> = (0..3).map(|_| crate::Job::shell("true")).collect();
+        let ids = store.enqueue_many(&jobs, 1_700_000_000_000).unwrap();
+        let folder = files::folder(store.path());
+        for &id in ids.iter().chain(&[99]) {
+            let attempt = files::attempt_dir(&folder, id, 1, "tok");
+            std::fs::create_dir_all(&attempt).unwrap();
+            std::fs::write(attempt.join(files::STDOUT), b"out\n").unwrap();
+        }
+        // Not a job's folder: left alone, as are files beside the job folders.
+        std::fs::create_dir_all(folder.join("junk")).unwrap();
+        std::fs::create_dir_all(folder.join("0042")).unwrap();
+        store
+            .conn()
+            .execute("DELETE FROM jobs WHERE id = ?1", [ids[1]])
+            .unwrap();
+
+        // A deadline already passed checks nothing.
+        let past = Instant::now().checked_sub(Duration::from_millis(1));
+        assert_eq!(store.remove_orphan_files(past).unwrap(), 0);
+        assert!(files::job_dir(&folder, ids[1]).exists());
+
+        assert_eq!(store.remove_orphan_files(None).unwrap(), 2);
+        assert!(files::job_dir(&folder, ids[0]).exists());
+        assert!(!files::job_dir(&folder, ids[1]).exists());
+        assert!(files::job_dir(&folder, ids[2]).exists());
+        assert!(!files::job_dir(&folder, 99).exists());
+        assert!(folder.join("junk").exists() && folder.join("0042").exists());
+        assert_eq!(store.remove_orphan_files(None).unwrap(), 0);
+
+        let listed = store.attempt_files(ids[0]).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].attempt, listed[0].token.as_str()), (1, "tok"));
+        assert_eq!(
+            listed[0].tail(crate::Stream::Stdout, 2).unwrap(),
+            (b"t\n".to_vec(), true)
+        );
+        assert!(store.attempt_files(ids[1]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn missing_jobs_are_found_in_batches_larger_than_sqlites_variable_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("jobs.db")).unwrap();
+        let id = store
+            .enqueue(&crate::Job::shell("true"), 1_700_000_000_000)
+            .unwrap();
+        let ids: Vec<i64> = (1..=40_000).collect();
+        let missing = store.missing_jobs(&ids).unwrap();
+        assert_eq!(missing.len(), 39_999);
+        assert!(!missing.contains(&id));
+        assert!(store.missing_jobs(&[]).unwrap().is_empty());
+    }
+}

@@ -416,3 +416,45 @@ fn pruning_a_job_removes_its_files_and_keeps_a_live_ones() {
     assert!(job_dir(db, live).exists());
     ok(&mut cli(db, &["jobs", "inspect", &live.to_string()]));
 }
+
+/// A running job whose runner stopped and left it to its keeper is shown as such on its page:
+/// running, kept with no runner, and whether its keeper still runs it.
+#[test]
+fn the_dashboard_says_a_running_job_is_kept_with_no_runner() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &[], &["true"]);
+    set_running(&t, id, "tokk");
+    let now = leasehold::now_ms();
+    let conn = t.bare();
+    // A runner recorded as stopped still holds the job; the keeper's pid is one no process has.
+    conn.execute(
+        "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
+             heartbeat_at, stopped_at, lease_ttl_ms, heartbeat_interval_ms,
+             max_recovery_attempts, pid_ns)
+         VALUES ('left:1:aa', 1, 1, 'b', 'h', ?1, ?1, ?1, 30000, 1000, 3, 1)",
+        [now],
+    )
+    .unwrap();
+    conn.execute(
+        "UPDATE jobs SET worker_id = 'left:1:aa', keeper_pid = 2147483646 WHERE id = ?1",
+        [id],
+    )
+    .unwrap();
+    let server = Server::start(db, &[]);
+    let page = server.get(&format!("/jobs/{id}"));
+    assert_eq!(page.status, 200);
+    let body = &page.body;
+    assert!(body.contains("id=\"kept\""), "{body}");
+    assert!(
+        body.contains("kept, no runner: its runner left:1:aa stopped"),
+        "{body}"
+    );
+    assert!(body.contains("has ended"), "{body}");
+    // The same words in `jobs inspect`.
+    let out = cli(db, &["jobs", "inspect", &id.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("kept, no runner"), "{text}");
+}

@@ -445,6 +445,7 @@ fn job(store: &Store, app: &App, id: &str, view: &page::View) -> Result<Response
     } else {
         None
     };
+    let kept = operator::kept_without_runner(store, &record)?;
     Ok(Response::html(
         200,
         page::job(
@@ -453,6 +454,7 @@ fn job(store: &Store, app: &App, id: &str, view: &page::View) -> Result<Response
             output.as_ref(),
             live.as_ref(),
             waits.as_deref(),
+            kept.as_deref(),
             app.token.as_deref(),
             app.show_env,
             view,

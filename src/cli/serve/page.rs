@@ -461,6 +461,7 @@ pub fn job(
     output: Option<&Output>,
     live: Option<&Live>,
     teardown_waits: Option<&str>,
+    kept: Option<&str>,
     token: Option<&str>,
     show_env: bool,
     view: &View,
@@ -525,6 +526,9 @@ pub fn job(
                     }
                 }
             }
+        }
+        @if let Some(kept) = kept {
+            p #kept { "Running, " (kept) "." }
         }
         @if j.teardown_pending {
             p.bad #teardown {

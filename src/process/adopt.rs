@@ -44,6 +44,16 @@ pub(crate) fn live_keeper(pid: i32, start_time: u64, token: &str) -> Option<Live
     Some(LiveKeeper { pidfd, pid })
 }
 
+/// The live keeper of the attempt with `token`, found by its arguments among every process
+/// (for an attempt whose runner died between the keeper's spawn and its record), held by a
+/// pidfd and verified after the open as [`live_keeper`] does.
+pub(crate) fn find_keeper(token: &str) -> Option<LiveKeeper> {
+    proc::all_processes()
+        .filter(|p| !p.is_dead())
+        .find(|p| keeper_running(p.pid, token))
+        .and_then(|p| live_keeper(p.pid, p.start_time, token))
+}
+
 /// Whether `pid` is alive and is the keeper of the attempt with `token` (its first
 /// argument): what `jobs inspect` and `status` say of a job kept with no runner. Not a
 /// verification to act on (see [`live_keeper`]).

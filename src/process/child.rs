@@ -106,17 +106,7 @@ impl ChildProc {
     /// thread reaps it whenever it exits, so it never stays a zombie while the runner lives.
     pub(super) fn leave(mut self) {
         self.reaped = true;
-        let pid = self.pid;
-        let spawned = std::thread::Builder::new()
-            .name(format!("reap-{pid}"))
-            .spawn(move || {
-                if let Err(e) = waitpid(pid, 0) {
-                    log::error!("reaping pid {pid}: {e}");
-                }
-            });
-        if let Err(e) = spawned {
-            log::error!("cannot start a reaper thread for pid {pid}: {e}");
-        }
+        reap_in_background(self.pid);
     }
 
     /// Sends SIGKILL to the process (not its group).
@@ -133,17 +123,21 @@ impl Drop for ChildProc {
             return;
         }
         self.kill();
-        let pid = self.pid;
-        let spawned = std::thread::Builder::new()
-            .name(format!("reap-{pid}"))
-            .spawn(move || {
-                if let Err(e) = waitpid(pid, 0) {
-                    log::error!("reaping attempt pid {pid}: {e}");
-                }
-            });
-        if let Err(e) = spawned {
-            log::error!("cannot start a reaper thread for pid {pid}: {e}");
-        }
+        reap_in_background(self.pid);
+    }
+}
+
+/// Waits for child `pid` in a thread of its own, so that it never stays a zombie.
+fn reap_in_background(pid: i32) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("reap-{pid}"))
+        .spawn(move || {
+            if let Err(e) = waitpid(pid, 0) {
+                log::error!("reaping pid {pid}: {e}");
+            }
+        });
+    if let Err(e) = spawned {
+        log::error!("cannot start a reaper thread for pid {pid}: {e}");
     }
 }
 

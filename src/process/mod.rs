@@ -46,7 +46,7 @@ mod spawn;
 mod stop;
 mod teardown;
 
-pub(crate) use adopt::{Adopted, LiveKeeper, follow, keeper_running, live_keeper};
+pub(crate) use adopt::{Adopted, LiveKeeper, find_keeper, follow, keeper_running, live_keeper};
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
 pub(crate) use kept::KeptFiles;
 pub(crate) use limit::raise_nofile_limit;

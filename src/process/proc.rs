@@ -199,7 +199,7 @@ pub(crate) fn is_alive(pid: i32) -> bool {
 /// Every process listed in `/proc` (only thread-group leaders are listed,
 /// so each process appears once). Processes that vanish while we read are
 /// skipped.
-fn all_processes() -> impl Iterator<Item = ProcInfo> {
+pub(super) fn all_processes() -> impl Iterator<Item = ProcInfo> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()

@@ -159,18 +159,23 @@ impl Drop for SpawnAttr {
 pub(super) struct FileActions(Box<MaybeUninit<libc::posix_spawn_file_actions_t>>);
 
 impl FileActions {
+    /// No actions yet.
+    fn empty() -> io::Result<Self> {
+        let mut actions = Box::new(MaybeUninit::uninit());
+        // SAFETY: init initialises the object the pointer points to, which
+        // is on the heap and never moves.
+        spawn_check(unsafe { libc::posix_spawn_file_actions_init(actions.as_mut_ptr()) })?;
+        // From here on, dropping the value destroys the object.
+        Ok(Self(actions))
+    }
+
     /// For an attempt's keeper: `/dev/null` read-write as fds 0, 1 and 2,
     /// `control` dup'ed to 3, every fd from 4 up closed. `control` must be
     /// above 3, or the earlier actions would replace it first (and a dup2 of
     /// an fd onto itself would leave its close-on-exec flag set).
     pub(super) fn for_keeper(control: BorrowedFd<'_>) -> io::Result<Self> {
         debug_assert!(control.as_raw_fd() > 3);
-        let mut actions = Box::new(MaybeUninit::uninit());
-        // SAFETY: init initialises the object the pointer points to, which
-        // is on the heap and never moves.
-        spawn_check(unsafe { libc::posix_spawn_file_actions_init(actions.as_mut_ptr()) })?;
-        // From here on, dropping `this` destroys the object.
-        let mut this = Self(actions);
+        let mut this = Self::empty()?;
         let fa = this.0.as_mut_ptr();
         // SAFETY: as in `new`: `fa` points to the initialised object, the
         // path is a static C string that glibc copies, and the descriptors
@@ -201,12 +206,7 @@ impl FileActions {
     /// change to `cwd` if given. `stdout` and `stderr` must be above 2, or
     /// the earlier actions would replace them first.
     fn new(stdout: BorrowedFd<'_>, stderr: BorrowedFd<'_>, cwd: Option<&CStr>) -> io::Result<Self> {
-        let mut actions = Box::new(MaybeUninit::uninit());
-        // SAFETY: init initialises the object the pointer points to, which
-        // is on the heap and never moves.
-        spawn_check(unsafe { libc::posix_spawn_file_actions_init(actions.as_mut_ptr()) })?;
-        // From here on, dropping `this` destroys the object.
-        let mut this = Self(actions);
+        let mut this = Self::empty()?;
         let fa = this.0.as_mut_ptr();
         // SAFETY: `fa` points to the initialised object. The add functions
         // take integers and NUL-terminated strings, which glibc copies (the
@@ -532,29 +532,58 @@ pub(super) fn out_of_resources(err: &io::Error) -> bool {
     )
 }
 
-/// Starts the attempt's main process (`program` is `cmd.argv[0]`). The
-/// error's message is the text of [`Exit::SpawnFailed`](super::attempt::Exit::SpawnFailed).
-pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnError> {
-    let cwd = cmd.cwd;
-    let fail = |e: io::Error| SpawnError {
+/// What both kinds of spawn need of a command, checked and converted: its environment (with
+/// the run token, or without it for a keeper, which passes it on to the command alone), the
+/// program resolved on its PATH, and its argv as C strings.
+struct Prepared<'a> {
+    env: ChildEnv<'a>,
+    path: CString,
+    argv: Vec<CString>,
+}
+
+/// Turns an OS error of spawning `program` into the spawn's error.
+fn failure<'a>(
+    program: &'a str,
+    cwd: Option<&'a Path>,
+) -> impl Fn(io::Error) -> SpawnError + Copy + 'a {
+    move |e: io::Error| SpawnError {
         message: spawn_error(program, cwd, &e),
         resources: out_of_resources(&e),
-    };
+    }
+}
+
+/// Checks `cmd`'s working directory and prepares what its spawn needs (see [`Prepared`]).
+fn prepare<'a>(
+    cmd: &Command<'a>,
+    program: &str,
+    with_token: bool,
+) -> Result<Prepared<'a>, SpawnError> {
+    let cwd = cmd.cwd;
+    let fail = failure(program, cwd);
     if let Some(dir) = cwd {
         check_cwd(dir).map_err(|e| SpawnError {
             message: format!("spawn {program:?}: working directory {dir:?}: {e}"),
             resources: out_of_resources(&e),
         })?;
     }
-    let env = ChildEnv::new(cmd, true).map_err(fail)?;
-    let path = resolve_program(OsStr::new(program), env.path, cwd).map_err(fail)?;
-    let path = c_string(path.into_os_string().into_vec()).map_err(fail)?;
+    let env = ChildEnv::new(cmd, with_token).map_err(&fail)?;
+    let path = resolve_program(OsStr::new(program), env.path, cwd).map_err(&fail)?;
+    let path = c_string(path.into_os_string().into_vec()).map_err(&fail)?;
     let argv = cmd
         .argv
         .iter()
         .map(|a| c_string(a.as_bytes()))
         .collect::<io::Result<Vec<_>>>()
-        .map_err(fail)?;
+        .map_err(&fail)?;
+    Ok(Prepared { env, path, argv })
+}
+
+/// Starts the attempt's main process (`program` is `cmd.argv[0]`). The
+/// error's message is the text of [`Exit::SpawnFailed`](super::attempt::Exit::SpawnFailed).
+pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnError> {
+    let cwd = cmd.cwd;
+    let fail = failure(program, cwd);
+    let Prepared { env, path, argv } = prepare(cmd, program, true)?;
     let envp = env.pointers();
     let cwd_c = cwd
         .map(|d| c_string(d.as_os_str().as_bytes()))
@@ -626,25 +655,7 @@ pub(super) fn spawn_kept_from(
 ) -> Result<(Kept, Source), SpawnError> {
     use std::os::unix::fs::DirBuilderExt;
     let cwd = cmd.cwd;
-    let fail = |e: io::Error| SpawnError {
-        message: spawn_error(program, cwd, &e),
-        resources: out_of_resources(&e),
-    };
-    if let Some(dir) = cwd {
-        check_cwd(dir).map_err(|e| SpawnError {
-            message: format!("spawn {program:?}: working directory {dir:?}: {e}"),
-            resources: out_of_resources(&e),
-        })?;
-    }
-    let env = ChildEnv::new(cmd, false).map_err(fail)?;
-    let path = resolve_program(OsStr::new(program), env.path, cwd).map_err(fail)?;
-    let path = c_string(path.into_os_string().into_vec()).map_err(fail)?;
-    let argv = cmd
-        .argv
-        .iter()
-        .map(|a| c_string(a.as_bytes()))
-        .collect::<io::Result<Vec<_>>>()
-        .map_err(fail)?;
+    let Prepared { env, path, argv } = prepare(cmd, program, false)?;
     let envp = env.pointers();
     // Not the job's fault: the runner's folder (a full disk, most likely).
     std::fs::DirBuilder::new()

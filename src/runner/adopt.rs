@@ -28,9 +28,12 @@ impl Judged {
     /// alive (held by a verified pidfd from now on), record the outcome its keeper left, or
     /// reclaim it as any other attempt when there is neither.
     pub(crate) fn judge(&self, shared: &Shared, kept: &KeptAttempt) -> KeptVerdict {
-        if let Some(keeper) =
-            process::live_keeper(kept.keeper_pid, kept.keeper_start_time, &kept.run_token)
-        {
+        // A keeper whose runner died before recording it is found by its token.
+        let live = match kept.keeper {
+            Some((pid, start)) => process::live_keeper(pid, start, &kept.run_token),
+            None => process::find_keeper(&kept.run_token),
+        };
+        if let Some(keeper) = live {
             self.keepers.lock().insert(kept.job_id, keeper);
             return KeptVerdict::Adopt;
         }

@@ -80,10 +80,10 @@ pub struct KeptAttempt {
     pub pgid: Option<i32>,
     /// The command's start time.
     pub start_time: Option<u64>,
-    /// The keeper's pid.
-    pub keeper_pid: i32,
-    /// The keeper's start time, in clock ticks since boot.
-    pub keeper_start_time: u64,
+    /// The keeper's pid and start time (clock ticks since boot), as recorded with the
+    /// attempt's start; `None` when its runner died before it recorded them (the keeper is
+    /// then found by its run token).
+    pub keeper: Option<(i32, u64)>,
     /// When the attempt was claimed (ms since the epoch): its timeout runs from here.
     pub started_at: Option<i64>,
     /// The job's timeout.
@@ -274,8 +274,7 @@ pub(super) fn reclaim(
         candidates
     {
         let (keeper_pid, keeper_start, started_at, timeout_ms, idle_ms, queue) = keeper;
-        if let (Some(judge), Some(token), Some(worker), Some(keeper_pid), Some(keeper_start)) =
-            (req.keepers, &token, &worker, keeper_pid, keeper_start)
+        if let (Some(judge), Some(token), Some(worker)) = (req.keepers, &token, &worker)
             && let Some((_, why)) = req.dead_workers.iter().find(|(w, _)| w == worker)
         {
             let kept = KeptAttempt {
@@ -286,8 +285,7 @@ pub(super) fn reclaim(
                 queue,
                 pgid,
                 start_time: start.map(|s| s as u64),
-                keeper_pid,
-                keeper_start_time: keeper_start as u64,
+                keeper: keeper_pid.zip(keeper_start.map(|s| s as u64)),
                 started_at,
                 timeout: timeout_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
                 idle_timeout: idle_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
@@ -426,7 +424,10 @@ fn adopt(
         kept.attempt,
         &format!(
             "runner {} is dead ({why}); its keeper pid {} still runs the attempt; adopted by {me}",
-            kept.worker_id, kept.keeper_pid
+            kept.worker_id,
+            kept.keeper
+                .map_or("(found by its token)".to_owned(), |(pid, _)| pid
+                    .to_string())
         ),
     )?;
     Ok(true)

@@ -431,21 +431,18 @@ fn a_dead_runners_kept_attempts_are_recovered_adopted_or_reclaimed_as_judged() {
         };
         assert!(store.record_start(&start, T0 + 1).unwrap());
     }
-    let verdict_of = |k: &KeptAttempt| match k.keeper_pid {
-        6000 => KeptVerdict::Recovered {
+    let verdict_of = |k: &KeptAttempt| match k.keeper.map(|(pid, _)| pid) {
+        Some(6000) => KeptVerdict::Recovered {
             ending: Ending::Succeeded,
             output: None,
             detail: "exit 0 at T0+5".into(),
         },
-        6001 => KeptVerdict::Adopt,
+        Some(6001) => KeptVerdict::Adopt,
         _ => KeptVerdict::Reclaim,
     };
     let judged = std::sync::Mutex::new(Vec::new());
     let judge = |k: &KeptAttempt| {
-        judged
-            .lock()
-            .unwrap()
-            .push((k.job_id, k.keeper_start_time, k.pgid));
+        judged.lock().unwrap().push((k.job_id, k.keeper, k.pgid));
         verdict_of(k)
     };
     let dead = [("dead".to_string(), "its pid is gone".to_string())];

@@ -450,11 +450,58 @@ const WORKERS: usize = 4;
 /// Rounds of the runner benchmark; its figures are the medians.
 const ROUNDS: usize = 5;
 
+/// Where a runner's database (and so its attempts' folder) lives.
+#[derive(Clone, Copy)]
+enum Disk {
+    /// A temporary folder on this machine's disk (`/tmp`), as every runner row used.
+    Disk,
+    /// `/dev/shm`: tmpfs, where an fsync costs nothing, so the keeper's processes are what is
+    /// left of its cost.
+    Tmpfs,
+}
+
+/// One run of a round of the runner benchmark: the bare loop, or a runner with this
+/// durability, keepers on or off, on this disk.
+type RunnerRun = (&'static str, Option<(Durability, bool, Disk)>);
+
+/// The runs of each round of the runner benchmark: the bare loop, then each durability with
+/// keepers on (the default since issue 20) and off (as every runner row measured before it),
+/// then FULL both ways on tmpfs.
+const RUNNER_RUNS: [RunnerRun; 7] = [
+    ("bare", None),
+    (
+        "FULL, keepers on (default)",
+        Some((Durability::Full, true, Disk::Disk)),
+    ),
+    (
+        "FULL, keepers off",
+        Some((Durability::Full, false, Disk::Disk)),
+    ),
+    (
+        "NORMAL, keepers on",
+        Some((Durability::Normal, true, Disk::Disk)),
+    ),
+    (
+        "NORMAL, keepers off",
+        Some((Durability::Normal, false, Disk::Disk)),
+    ),
+    (
+        "FULL, keepers on, tmpfs",
+        Some((Durability::Full, true, Disk::Tmpfs)),
+    ),
+    (
+        "FULL, keepers off, tmpfs",
+        Some((Durability::Full, false, Disk::Tmpfs)),
+    ),
+];
+
 /// 2,000 jobs of `/bin/true` on 4 workers, beside a bare loop of `Command::output()` (spawn,
-/// capture both streams, wait) on 4 threads. This machine is shared and noisy: one run of
-/// each swung the ratio from 0.71 to 0.88. So each round runs the bare loop and both
-/// durabilities back to back (in a rotating order, so that none is always first), the
-/// ratio is taken within the round, and the table shows the medians of the rounds.
+/// capture both streams, wait) on 4 threads, with keepers (each attempt's command a child of
+/// its keeper, its output in files and its outcome written durably) and without. This machine
+/// is shared and noisy: one run of each swung the ratio from 0.71 to 0.88. So each round runs
+/// the bare loop and all six runner modes back to back (in a rotating order, so that none is
+/// always first), the ratios are taken within the round, and the table shows the medians of
+/// the rounds. Then the keeper's memory, from a keeper of a running `sleep`.
 fn runner_benchmarks() {
     println!();
     heading(
@@ -462,16 +509,16 @@ fn runner_benchmarks() {
         "jobs/s",
         "bare jobs/s",
     );
-    // Per round: (bare, FULL, NORMAL) jobs/s.
-    let mut rounds: Vec<[f64; 3]> = Vec::with_capacity(ROUNDS);
+    // Per round: jobs/s of each of RUNNER_RUNS, in its order.
+    let mut rounds: Vec<[f64; RUNNER_RUNS.len()]> = Vec::with_capacity(ROUNDS);
+    let n = RUNNER_RUNS.len();
     for round in 0..ROUNDS {
-        let mut rates = [0.0; 3];
-        for k in 0..3 {
-            let which = (round + k) % 3;
-            rates[which] = match which {
-                0 => bare_spawn_rate(),
-                1 => runner_rate(Durability::Full),
-                _ => runner_rate(Durability::Normal),
+        let mut rates = [0.0; RUNNER_RUNS.len()];
+        for k in 0..n {
+            let which = (round + k) % n;
+            rates[which] = match RUNNER_RUNS[which].1 {
+                None => bare_spawn_rate(),
+                Some((durability, keepers, disk)) => runner_rate(durability, keepers, disk),
             };
         }
         rounds.push(rates);
@@ -480,24 +527,64 @@ fn runner_benchmarks() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let listed = |ratios: &[f64]| {
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        each.join(", ")
+    };
     let bare = mid(rounds.iter().map(|r| r[0]).collect());
-    for (name, i) in [("FULL", 1), ("NORMAL", 2)] {
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "bare Command::output() loop, 4 threads",
+        thousands(bare),
+        thousands(bare),
+        "1.00"
+    );
+    for (i, (name, _)) in RUNNER_RUNS.iter().enumerate().skip(1) {
         let ratios: Vec<f64> = rounds.iter().map(|r| r[i] / r[0]).collect();
         println!(
             "{:<50} {:>18} {:>18} {:>7.2}",
-            format!("leasehold runner, durability {name}"),
+            format!("leasehold runner, {name}"),
             thousands(mid(rounds.iter().map(|r| r[i]).collect())),
             thousands(bare),
             mid(ratios.clone())
         );
-        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        println!("  (ratio in each round: {})", listed.join(", "));
+        println!("  (ratio in each round: {})", listed(&ratios));
     }
     println!(
-        "{ROUNDS} rounds, each the bare loop and both durabilities back to back; jobs/s are the"
+        "{ROUNDS} rounds, each the bare loop and the six runner modes back to back; jobs/s are"
     );
-    println!("medians of the rounds, ratio the median of each round's leasehold / bare (higher is");
-    println!("better; 1.00 = no overhead).");
+    println!(
+        "the medians of the rounds, ratio the median of each round's leasehold / bare (higher"
+    );
+    println!("is better; 1.00 = no overhead).");
+    println!();
+    println!(
+        "{:<50} {:>18} {:>18}",
+        "runner: keepers on / off", "ratio", "ms more a job"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    for (name, on, off) in [("FULL", 1, 2), ("NORMAL", 3, 4), ("FULL, tmpfs", 5, 6)] {
+        let ratios: Vec<f64> = rounds.iter().map(|r| r[on] / r[off]).collect();
+        // The worker time a keeper adds to a job: each of the workers spends 1 / rate × WORKERS
+        // seconds a job.
+        let extra: Vec<f64> = rounds
+            .iter()
+            .map(|r| (1.0 / r[on] - 1.0 / r[off]) * WORKERS as f64 * 1000.0)
+            .collect();
+        println!(
+            "{:<50} {:>18.2} {:>18.2}",
+            format!("keepers on / off, {name}"),
+            mid(ratios.clone()),
+            mid(extra)
+        );
+        println!("  (ratio in each round: {})", listed(&ratios));
+    }
+    println!("ratio = jobs/s with keepers / without, in the same round (median of the rounds);");
+    println!(
+        "ms more a job = the worker time a keeper adds to each job, (1/on - 1/off) × 4 workers."
+    );
+    println!();
+    keeper_memory();
 }
 
 fn bare_spawn_rate() -> f64 {
@@ -520,8 +607,15 @@ fn bare_spawn_rate() -> f64 {
     JOBS as f64 / t.elapsed().as_secs_f64()
 }
 
-fn runner_rate(durability: Durability) -> f64 {
-    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+/// `JOBS` jobs of `/bin/true` through a runner of `WORKERS` workers with `durability`, each
+/// attempt under a keeper when `keepers`, its database on `disk`; jobs/s from the enqueue to
+/// the last ending.
+fn runner_rate(durability: Durability, keepers: bool, disk: Disk) -> f64 {
+    let dir = match disk {
+        Disk::Disk => tempfile::tempdir(),
+        Disk::Tmpfs => tempfile::tempdir_in("/dev/shm"),
+    }
+    .expect("a temporary folder can be created (on tmpfs: /dev/shm, as on every Linux)");
     let path = dir.path().join("runner.db");
     // The last ending is learnt as an application would, from the runner's completions, not
     // by polling the database: a poll every 5 ms from a third connection cost the runner's
@@ -531,6 +625,7 @@ fn runner_rate(durability: Durability) -> f64 {
     let runner = leasehold::Runner::builder(&path)
         .workers(WORKERS)
         .durability(durability)
+        .keepers(keepers)
         .on_complete(move |_| {
             if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == JOBS {
                 let _ = last.send(());
@@ -555,6 +650,80 @@ fn runner_rate(durability: Durability) -> f64 {
     rate
 }
 
+/// The memory of one keeper: a runner (keepers on, one worker) starts `sleep 30`, and once
+/// the job's keeper is recorded, the keeper's VmRSS (`/proc/PID/status`) and its Rss and Pss
+/// (`/proc/PID/smaps_rollup`), beside those of the `sleep` it keeps and of this process (the
+/// application that links the runner). The keeper is spawned, never forked from the
+/// application, so its memory is its own small static program's.
+fn keeper_memory() {
+    let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let path = dir.path().join("keeper.db");
+    let runner = leasehold::Runner::builder(&path)
+        .workers(1)
+        .start()
+        .expect("the runner starts");
+    let id = runner
+        .enqueue(&Job::command(["sleep", "30"]))
+        .expect("the job is enqueued");
+    let watch = Store::open(&path).expect("the bench database opens");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pids = loop {
+        let job = watch.job(id).expect("the job reads");
+        if let (Some(keeper), Some(command)) = (job.keeper_pid, job.pid) {
+            break Some((keeper, command));
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    println!(
+        "{:<50} {:>12} {:>12} {:>12}",
+        "memory of a keeper of a running `sleep 30`", "VmRSS", "Rss", "Pss"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    match pids {
+        Some((keeper, command)) => {
+            let this = i64::from(std::process::id());
+            for (label, pid) in [
+                ("the keeper", keeper),
+                ("the `sleep` it keeps", command),
+                ("this process (the application)", this),
+            ] {
+                let status = proc_kb(pid, "status", "VmRSS:");
+                let rss = proc_kb(pid, "smaps_rollup", "Rss:");
+                let pss = proc_kb(pid, "smaps_rollup", "Pss:");
+                println!(
+                    "{:<50} {:>12} {:>12} {:>12}",
+                    label,
+                    kb(status),
+                    kb(rss),
+                    kb(pss)
+                );
+            }
+        }
+        None => println!("(the job's keeper was not recorded within 10 s)"),
+    }
+    runner.cancel(id).expect("the job is cancelled");
+    runner.shutdown().expect("the runner shuts down");
+}
+
+/// The kB of the line that starts with `key` in `/proc/PID/<file>`; `None` when the file or
+/// the line cannot be read (no `/proc`, an older kernel without `smaps_rollup`).
+fn proc_kb(pid: i64, file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// `Some(708)` as `708 kB`, `None` as `-`.
+fn kb(v: Option<u64>) -> String {
+    v.map_or_else(
+        || "-".to_string(),
+        |v| format!("{} kB", thousands(v as f64)),
+    )
+}
+
 // ---------------------------------------------------------------------------------------------
 // Retention
 
@@ -565,6 +734,7 @@ fn retention_benchmarks() {
     println!();
     println!("retention");
     heading("", "with pruning", "baseline");
+    println!("(the runners here run with keepers on, the default)");
     prune_cost();
     steady_state();
     claim_latency_during_prune();
@@ -1408,6 +1578,7 @@ const FED_JOBS: usize = 2000;
 fn wake_benchmarks() {
     println!();
     heading("wake-up, start/stop, idle", "leasehold", "baseline");
+    println!("(the runners here run with keepers on, the default)");
     let cli = cli_binary();
     if cli.is_none() {
         println!("(no target/release/leasehold: `cargo build --release` first for the CLI rows)");

@@ -68,7 +68,7 @@ fn out_of_range_counts_and_durations_are_usage_errors_naming_the_flag() {
 
 /// Every option or argument that takes a number, by command, as `--help` shows it. When a
 /// command gains one, add it here: the test below fails until it is listed.
-const NUMERIC: [(&str, &str); 39] = [
+const NUMERIC: [(&str, &str); 40] = [
     ("db prune", "--keep-succeeded"),
     ("db prune", "--keep-failed"),
     ("db prune", "--keep-cancelled"),
@@ -97,6 +97,7 @@ const NUMERIC: [(&str, &str); 39] = [
     ("run", "--shutdown-grace"),
     ("run", "--max-recovery"),
     ("run", "--reclaim-batch"),
+    ("run", "--output-cap"),
     ("run", "--keep-succeeded"),
     ("run", "--keep-failed"),
     ("run", "--keep-cancelled"),
@@ -111,7 +112,7 @@ const NUMERIC: [(&str, &str); 39] = [
 ];
 
 /// The value names that `--help` gives a number.
-const NUMERIC_VALUE_NAMES: [&str; 3] = ["N", "SECS", "ID"];
+const NUMERIC_VALUE_NAMES: [&str; 4] = ["N", "SECS", "ID", "BYTES"];
 
 /// The commands that take no subcommand, as `--help` lists them (`jobs add`, `run`, ...).
 fn leaf_commands() -> Vec<String> {
@@ -197,6 +198,7 @@ fn run_env(flag: &str) -> Option<&'static str> {
         "--shutdown-grace" => "LEASEHOLD_SHUTDOWN_GRACE",
         "--max-recovery" => "LEASEHOLD_MAX_RECOVERY",
         "--reclaim-batch" => "LEASEHOLD_RECLAIM_BATCH",
+        "--output-cap" => "LEASEHOLD_OUTPUT_CAP",
         "--keep-succeeded" => "LEASEHOLD_KEEP_SUCCEEDED",
         "--keep-failed" => "LEASEHOLD_KEEP_FAILED",
         "--keep-cancelled" => "LEASEHOLD_KEEP_CANCELLED",

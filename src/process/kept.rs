@@ -16,6 +16,10 @@ use super::keeper::{Control, Message, Received};
 use super::output::Tail;
 use crate::files::{self, Ended};
 
+/// How long a worker waits for a released keeper to exit before leaving it to a background
+/// reaper.
+const RELEASE_WAIT: Duration = Duration::from_millis(20);
+
 /// The files a kept attempt writes, and their cap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeptFiles {
@@ -114,11 +118,12 @@ impl Keeping {
             .or(Some(Duration::ZERO))
     }
 
-    /// Lets the keeper go (it reaps the command and exits) and reaps it. Waits for it: it
-    /// exits at once once released, unless it is stuck, which is logged after a while.
+    /// Lets the keeper go (it reaps the command and exits) and reaps it. A released keeper
+    /// exits at once, unless its outcome could not be written (a full disk): it then retries
+    /// that every second, and is left to a background reaper rather than hold the worker.
     pub(super) fn release(mut self) {
         self.control = None;
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + RELEASE_WAIT;
         loop {
             match self.keeper.exited() {
                 Ok(true) => {
@@ -128,14 +133,14 @@ impl Keeping {
                     return;
                 }
                 Ok(false) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_micros(200));
+                    std::thread::sleep(Duration::from_micros(100));
                 }
                 Ok(false) => {
-                    // Dropping it kills it and reaps it in the background.
-                    log::error!(
-                        "keeper pid {} did not exit once released; killing it",
+                    log::debug!(
+                        "keeper pid {} still runs once released; reaped when it exits",
                         self.keeper.pid
                     );
+                    self.keeper.leave();
                     return;
                 }
                 Err(e) => {

@@ -44,6 +44,9 @@ const NO_PIDFD_INTERVAL: Duration = Duration::from_millis(50);
 /// loop wakes on output and checks for the exit after each wake-up.
 const LAZY_PIDFD: Duration = Duration::from_millis(10);
 
+/// How long a group member that closed the attempt's pipes is given to finish exiting.
+const EXITING_MEMBER_WAIT: Duration = Duration::from_millis(50);
+
 /// What to run for one attempt and the limits to enforce on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AttemptSpec {
@@ -490,7 +493,7 @@ impl Supervisor<'_> {
             // The keeper drained the pipes itself before it reported the end.
             return if kept.pipes_open {
                 self.terminate(true, true)
-            } else if proc::group_has_live_members(self.pgid) {
+            } else if self.group_lingers() {
                 self.terminate(true, false)
             } else {
                 Vec::new()
@@ -508,11 +511,26 @@ impl Supervisor<'_> {
             // Someone still holds the pipes: descendants, possibly outside
             // the group, so the (costly) token scan is warranted.
             self.terminate(true, true)
-        } else if proc::group_has_live_members(self.pgid) {
+        } else if self.group_lingers() {
             self.terminate(true, false)
         } else {
             Vec::new()
         }
+    }
+
+    /// Whether a member of the attempt's group is still alive once its pipes are closed. A
+    /// process closes its descriptors on its way out, a moment before /proc shows it exited:
+    /// a member that closed the pipes by exiting is given [`EXITING_MEMBER_WAIT`] to finish,
+    /// rather than be killed and recorded as a leak.
+    fn group_lingers(&self) -> bool {
+        let deadline = Instant::now() + EXITING_MEMBER_WAIT;
+        while proc::group_has_live_members(self.pgid) {
+            if Instant::now() >= deadline {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
     }
 
     /// Whether the main process is reaped, the group has no live member and

@@ -5,13 +5,14 @@
 //! writes before it exits.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, poll};
 
 use super::attempt::{AttemptResult, AttemptSpec, Exit, Leak, poll_timeout};
 use super::child::pidfd_open;
+use super::kept::OutputFiles;
 use super::kill;
 use super::proc;
 use super::stop::{StopHandle, StopReason};
@@ -91,19 +92,13 @@ pub(crate) fn follow(spec: &AttemptSpec, adopted: Adopted, stop: &StopHandle) ->
         .files
         .as_ref()
         .map(|f| files::attempt_dir(&f.folder, spec.job_id, spec.attempt, &spec.run_token));
+    let mut out = dir.clone().map(OutputFiles::new);
     let deadline = spec.timeout.and_then(|t| started.checked_add(t));
     let mut last_output = begun;
-    let mut seen_change: Option<SystemTime> = None;
     let killed: Option<Exit> = loop {
         if let Some(reason) = stop.reason() {
             if reason == StopReason::Leave {
-                return result(
-                    spec,
-                    Exit::Stopped(reason),
-                    Vec::new(),
-                    begun,
-                    dir.as_deref(),
-                );
+                return result(spec, Exit::Stopped(reason), Vec::new(), begun, out.as_ref());
             }
             break Some(Exit::Stopped(reason));
         }
@@ -114,13 +109,10 @@ pub(crate) fn follow(spec: &AttemptSpec, adopted: Adopted, stop: &StopHandle) ->
             break Some(Exit::TimedOut(t));
         }
         let mut idle_deadline = spec.idle_timeout.and_then(|i| last_output.checked_add(i));
-        if let (Some(d), Some(dir)) = (idle_deadline, &dir)
+        if let (Some(d), Some(out)) = (idle_deadline, &mut out)
             && now >= d
-            && let Some(newest) = files::newest_change(dir)
-            && seen_change.is_none_or(|s| newest > s)
+            && let Some(age) = out.new_change_age()
         {
-            seen_change = Some(newest);
-            let age = SystemTime::now().duration_since(newest).unwrap_or_default();
             last_output = last_output.max(now.checked_sub(age).unwrap_or(now));
             idle_deadline = spec.idle_timeout.and_then(|i| last_output.checked_add(i));
         }
@@ -142,7 +134,7 @@ pub(crate) fn follow(spec: &AttemptSpec, adopted: Adopted, stop: &StopHandle) ->
     if let Some(exit) = killed {
         kill_attempt(spec, &adopted);
         let _ = wait_keeper(&adopted.keeper, stop, Some(KEEPER_EXIT_WAIT));
-        return result(spec, exit, leaked, begun, dir.as_deref());
+        return result(spec, exit, leaked, begun, out.as_ref());
     }
     let exit = match dir.as_deref().map(files::read_outcome) {
         Some(Ok(Some(o))) if o.token == spec.run_token => match o.ended {
@@ -167,7 +159,7 @@ pub(crate) fn follow(spec: &AttemptSpec, adopted: Adopted, stop: &StopHandle) ->
             })
             .collect();
     }
-    result(spec, exit, leaked, begun, dir.as_deref())
+    result(spec, exit, leaked, begun, out.as_ref())
 }
 
 /// Waits up to `wait` (forever if `None`) for the keeper to exit or a stop request. Returns
@@ -227,24 +219,13 @@ fn result(
     exit: Exit,
     leaked: Vec<Leak>,
     begun: Instant,
-    dir: Option<&std::path::Path>,
+    out: Option<&OutputFiles>,
 ) -> AttemptResult {
-    let read = |name: &str| {
-        let Some(dir) = dir else {
-            return Default::default();
-        };
-        match files::read_tail(&dir.join(name), spec.tail_bytes) {
-            Ok((bytes, truncated)) => super::output::Tail { bytes, truncated },
-            Err(e) => {
-                log::warn!("reading {}: {e}", dir.join(name).display());
-                Default::default()
-            }
-        }
-    };
+    let (stdout, stderr) = out.map(|o| o.tails(spec.tail_bytes)).unwrap_or_default();
     AttemptResult {
         exit,
-        stdout: read(files::STDOUT),
-        stderr: read(files::STDERR),
+        stdout,
+        stderr,
         leaked,
         duration: begun.elapsed(),
     }

@@ -458,7 +458,7 @@ impl Supervisor<'_> {
                 .and_then(|i| self.last_output.checked_add(i));
             if let (Some(d), Some(kept)) = (idle_deadline, &mut self.kept)
                 && now >= d
-                && let Some(age) = kept.output_age()
+                && let Some(age) = kept.files().new_change_age()
             {
                 // A kept attempt's output goes to files: their change times say when.
                 self.last_output = self.last_output.max(now.checked_sub(age).unwrap_or(now));
@@ -841,7 +841,7 @@ pub(crate) fn run(
     let (exit, leaked) = sup.supervise();
     // A kept attempt's output is in its files, complete once the keeper reported the end
     // and whatever was left of the attempt was killed.
-    let tails = sup.kept.as_ref().map(|k| k.tails(spec.tail_bytes));
+    let tails = sup.kept.as_mut().map(|k| k.files().tails(spec.tail_bytes));
     // Killed or stopped: the main process exited during the kill sequence and
     // is reaped only now, its group being empty. A keeper is released, and reaps it.
     sup.reap_leader();

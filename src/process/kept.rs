@@ -29,14 +29,56 @@ pub(crate) struct KeptFiles {
     pub cap: u64,
 }
 
+/// An attempt's output files as a supervisor reads them: their change times, which the idle
+/// timeout reads, and their tails, which the database keeps.
+pub(crate) struct OutputFiles {
+    /// The attempt's folder.
+    dir: PathBuf,
+    /// When the files were last seen to change.
+    last_change: Option<SystemTime>,
+}
+
+impl OutputFiles {
+    /// The files in the attempt's folder `dir`.
+    pub(crate) fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            last_change: None,
+        }
+    }
+
+    /// The age of the newest change to either file, when it is newer than the last one seen.
+    pub(super) fn new_change_age(&mut self) -> Option<Duration> {
+        let newest = files::newest_change(&self.dir)?;
+        if self.last_change.is_some_and(|seen| seen >= newest) {
+            return None;
+        }
+        self.last_change = Some(newest);
+        Some(SystemTime::now().duration_since(newest).unwrap_or_default())
+    }
+
+    /// The last `tail` bytes of each stream (empty where a file cannot be read, which is
+    /// logged).
+    pub(crate) fn tails(&self, tail: usize) -> (Tail, Tail) {
+        let read = |name: &str| match files::read_tail(&self.dir.join(name), tail) {
+            Ok((bytes, truncated)) => Tail { bytes, truncated },
+            Err(e) => {
+                log::warn!("reading {}: {e}", self.dir.join(name).display());
+                Tail::default()
+            }
+        };
+        (read(files::STDOUT), read(files::STDERR))
+    }
+}
+
 /// A running keeper, from its spawn until it is reaped.
 pub(super) struct Keeping {
     /// The keeper: the runner's child.
     keeper: ChildProc,
     /// The runner's end of the control socket; `None` once released or at its EOF.
     control: Option<Control>,
-    /// The attempt's folder.
-    dir: PathBuf,
+    /// The attempt's output files.
+    files: OutputFiles,
     /// The command's end as the keeper reported it.
     pub ended: Option<Ended>,
     /// Whether a pipe of the command was still held open when the keeper stopped draining.
@@ -44,8 +86,6 @@ pub(super) struct Keeping {
     /// The keeper went away before it reported the command's end: the command is no longer
     /// held, and its group id no longer provably the attempt's.
     pub lost: bool,
-    /// When the output files were last seen to change, for the idle timeout.
-    last_change: Option<SystemTime>,
 }
 
 impl Keeping {
@@ -54,11 +94,10 @@ impl Keeping {
         Self {
             keeper,
             control: Some(control),
-            dir,
+            files: OutputFiles::new(dir),
             ended: None,
             pipes_open: false,
             lost: false,
-            last_change: None,
         }
     }
 
@@ -103,19 +142,9 @@ impl Keeping {
         }
     }
 
-    /// Whether the output files changed since `since`, by their modification times: what
-    /// the idle timeout reads instead of pipes. Returns the age of the newest change when
-    /// it is younger than `since` ago.
-    pub(super) fn output_age(&mut self) -> Option<Duration> {
-        let newest = files::newest_change(&self.dir)?;
-        if self.last_change.is_some_and(|seen| seen >= newest) {
-            return None;
-        }
-        self.last_change = Some(newest);
-        SystemTime::now()
-            .duration_since(newest)
-            .ok()
-            .or(Some(Duration::ZERO))
+    /// The attempt's output files.
+    pub(super) fn files(&mut self) -> &mut OutputFiles {
+        &mut self.files
     }
 
     /// Lets the keeper go (it reaps the command and exits) and reaps it. A released keeper
@@ -160,17 +189,5 @@ impl Keeping {
         } = self;
         drop(control);
         keeper.leave();
-    }
-
-    /// The last `tail` bytes of each stream, read from the files.
-    pub(super) fn tails(&self, tail: usize) -> (Tail, Tail) {
-        let read = |name: &str| match files::read_tail(&self.dir.join(name), tail) {
-            Ok((bytes, truncated)) => Tail { bytes, truncated },
-            Err(e) => {
-                log::warn!("reading {}: {e}", self.dir.join(name).display());
-                Tail::default()
-            }
-        };
-        (read(files::STDOUT), read(files::STDERR))
     }
 }

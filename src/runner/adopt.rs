@@ -10,11 +10,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::files::{self, Ended};
-use crate::job::{ErrorKind, Output, now_ms};
-use crate::process::{self, AttemptSpec, KeptFiles, LiveKeeper, StopHandle};
+use crate::job::now_ms;
+use crate::process::{self, AttemptResult, AttemptSpec, Exit, KeptFiles, LiveKeeper, OutputFiles};
 use crate::store::{Ending, KeptAttempt, KeptVerdict};
 
-use super::shared::{Op, Running, Shared, Writer};
+use super::shared::{Op, Shared, Writer};
 use super::worker::finish_for;
 
 /// What the sweeper's judge found alive, kept until the reclaim says which it adopted.
@@ -52,40 +52,37 @@ impl Judged {
                 return KeptVerdict::Reclaim;
             }
         };
-        let (ending, how) = match outcome.ended {
-            Ended::Exited(0) => (Ending::Succeeded, "exited 0".to_owned()),
-            Ended::Exited(code) => (
-                Ending::Failed {
-                    kind: ErrorKind::Exit,
-                    exit_code: Some(code),
-                    signal: None,
-                    message: format!("exited with code {code}"),
-                },
-                format!("exited with code {code}"),
-            ),
-            Ended::Signaled(sig) => (
-                Ending::Failed {
-                    kind: ErrorKind::Signal,
-                    exit_code: None,
-                    signal: Some(sig),
-                    message: format!("killed by signal {sig}"),
-                },
-                format!("killed by signal {sig}"),
-            ),
+        // Recorded as the dead runner would have recorded it: the same ending and tails.
+        let (stdout, stderr) = OutputFiles::new(dir).tails(shared.config.output_tail);
+        let exit = match outcome.ended {
+            Ended::Exited(code) => Exit::Exited(code),
+            Ended::Signaled(sig) => Exit::Signaled(sig),
         };
-        let tail = shared.config.output_tail;
-        let read = |name: &str| files::read_tail(&dir.join(name), tail).unwrap_or_default();
-        let (stdout, stdout_truncated) = read(files::STDOUT);
-        let (stderr, stderr_truncated) = read(files::STDERR);
+        let result = AttemptResult {
+            exit,
+            stdout,
+            stderr,
+            leaked: Vec::new(),
+            duration: Duration::ZERO,
+        };
+        let finish = finish_for(
+            kept.job_id,
+            &kept.run_token,
+            kept.attempt,
+            &shared.config,
+            result,
+        );
+        // An exit or a signal always makes an ending.
+        let Some(finish) = finish else {
+            return KeptVerdict::Reclaim;
+        };
+        let how = match &finish.ending {
+            Ending::Failed { message, .. } => message.clone(),
+            _ => "exited 0".to_owned(),
+        };
         KeptVerdict::Recovered {
-            ending,
-            output: Some(Output {
-                attempt: kept.attempt,
-                stdout,
-                stderr,
-                stdout_truncated,
-                stderr_truncated,
-            }),
+            ending: finish.ending,
+            output: finish.output,
             detail: format!(
                 "runner {} was gone; its keeper saw the command end ({how}) at {} ms",
                 kept.worker_id, outcome.ended_at
@@ -119,24 +116,13 @@ impl Pending {
             let Some(keeper) = judged.take(kept.job_id) else {
                 continue;
             };
-            let stop = match StopHandle::new() {
-                Ok(stop) => stop,
-                Err(e) => {
-                    // Its lease runs out unrenewed and the next sweep judges it again.
-                    log::error!("job {}: cannot follow its keeper: {e}", kept.job_id);
-                    continue;
-                }
-            };
-            shared.running.lock().insert(
-                kept.run_token.clone(),
-                Running {
-                    job_id: kept.job_id,
-                    queue: kept.queue.clone(),
-                    stop,
-                    lease_expires_at: now_ms()
-                        + i64::try_from(shared.config.lease_ttl.as_millis()).unwrap_or(i64::MAX),
-                },
-            );
+            let expires =
+                now_ms() + i64::try_from(shared.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
+            if let Err(e) = shared.register(&kept.run_token, kept.job_id, &kept.queue, expires) {
+                // Its lease runs out unrenewed and the next sweep judges it again.
+                log::error!("job {}: cannot follow its keeper: {e}", kept.job_id);
+                continue;
+            }
             log::info!(
                 "job {} attempt {}: adopted from runner {}, keeper pid {}",
                 kept.job_id,

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::process::{self, StopHandle};
+use crate::process;
 use crate::store::Claimed;
 
-use super::shared::{LINGER, Op, Running, Shared, Writer, interrupted};
+use super::shared::{LINGER, Op, Shared, Writer, interrupted};
 
 /// Claims jobs while workers are free and hands them over.
 ///
@@ -62,30 +62,24 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
                     claimed_all = jobs.len() == want;
                     fresh_due = true;
                     for job in jobs {
-                        let stop = match StopHandle::new() {
-                            Ok(s) => s,
-                            Err(e) => {
-                                // Out of descriptors: give the job back untouched, and
-                                // claim nothing for a while rather than claim it again at
-                                // once, writing events each time.
-                                exhausted(&format!("an eventfd for job {}: {e}", job.id));
-                                writer.send(Op::Finish(Box::new(interrupted(
-                                    &job,
-                                    &shared.config,
-                                    &e.to_string(),
-                                ))));
-                                continue;
-                            }
-                        };
-                        shared.running.lock().insert(
-                            job.run_token.clone(),
-                            Running {
-                                job_id: job.id,
-                                queue: job.queue.clone(),
-                                stop,
-                                lease_expires_at: job.lease_expires_at,
-                            },
+                        let registered = shared.register(
+                            &job.run_token,
+                            job.id,
+                            &job.queue,
+                            job.lease_expires_at,
                         );
+                        if let Err(e) = registered {
+                            // Out of descriptors: give the job back untouched, and claim
+                            // nothing for a while rather than claim it again at once,
+                            // writing events each time.
+                            exhausted(&format!("an eventfd for job {}: {e}", job.id));
+                            writer.send(Op::Finish(Box::new(interrupted(
+                                &job,
+                                &shared.config,
+                                &e.to_string(),
+                            ))));
+                            continue;
+                        }
                         if work
                             .send(Handed {
                                 job,

@@ -158,6 +158,33 @@ impl Shared {
             .collect()
     }
 
+    /// Registers the attempt under `token` with the runner, with a stop handle of its own:
+    /// from now on the heartbeat renews its lease, and a lost lease, a cancel or a shutdown
+    /// stops it.
+    ///
+    /// # Errors
+    ///
+    /// The stop handle's eventfd could not be made (out of descriptors).
+    pub(crate) fn register(
+        &self,
+        token: &str,
+        job_id: i64,
+        queue: &str,
+        lease_expires_at: i64,
+    ) -> std::io::Result<()> {
+        let stop = StopHandle::new()?;
+        self.running.lock().insert(
+            token.to_owned(),
+            Running {
+                job_id,
+                queue: queue.to_owned(),
+                stop,
+                lease_expires_at,
+            },
+        );
+        Ok(())
+    }
+
     /// The attempt under `token` has ended (its ending is committed, or given up on).
     pub(crate) fn attempt_done(&self, token: &str) {
         self.running.lock().remove(token);

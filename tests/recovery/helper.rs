@@ -150,3 +150,13 @@ pub const FAST: &[&str] = &[
 pub fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     FAST.iter().copied().chain(extra.iter().copied()).collect()
 }
+
+/// [`args`] with `workers` workers instead of FAST's two.
+pub fn args_with_workers<'a>(workers: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let timings = FAST.iter().copied().skip_while(|a| *a != "--heartbeat");
+    ["--workers", workers]
+        .into_iter()
+        .chain(timings)
+        .chain(extra.iter().copied())
+        .collect()
+}

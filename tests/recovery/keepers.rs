@@ -10,7 +10,7 @@ use leasehold::{ErrorKind, Job, Status};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::helper::{Case, args};
+use crate::helper::{Case, args, args_with_workers};
 use crate::util::{alive, group_alive, poll};
 
 /// The attempt's folder of job `id`'s `attempt`, under the case's database.
@@ -36,6 +36,12 @@ fn leave_running(c: &mut Case, job: Job) -> (i64, leasehold::JobRecord, usize) {
     let r = c.start_runner(&args(&["--on-exit", "leave"]));
     let first = c.running(id, 1);
     (id, first, r)
+}
+
+/// Stops runner `r` with SIGTERM and waits for it to exit.
+fn stop(c: &mut Case, r: usize) {
+    c.signal(r, Signal::SIGTERM);
+    c.runners[r].wait(Duration::from_secs(5));
 }
 
 /// Waits until `pid` is gone (or a zombie), polling.
@@ -65,21 +71,7 @@ echo "$LEASEHOLD_JOB_ID" >> effects; echo "end $LEASEHOLD_JOB_ID" >> runs"#,
             ))
         })
         .collect();
-    // FAST's timings with 8 workers.
-    let opts = [
-        "--workers",
-        "8",
-        "--heartbeat",
-        "0.5",
-        "--sweep",
-        "0.5",
-        "--kill-grace",
-        "0.5",
-        "--shutdown-grace",
-        "0.5",
-        "--lease-ttl",
-        "30",
-    ];
+    let opts = args_with_workers("8", &["--lease-ttl", "30"]);
     let begun = Instant::now();
     let mut kills = 0;
     loop {
@@ -205,8 +197,7 @@ fn an_outcome_written_while_no_runner_ran_is_recorded_without_a_rerun() {
         &mut c,
         Job::shell("echo ran >> effects; sleep 1; echo out; echo err >&2; exit 3"),
     );
-    c.signal(r, Signal::SIGTERM);
-    c.runners[r].wait(Duration::from_secs(5));
+    stop(&mut c, r);
     let keeper = first.keeper_pid.expect("a keeper");
     wait_gone(&c, "the keeper to finish alone", keeper);
     assert!(attempt_dir(&c, id).join("outcome").exists());
@@ -235,8 +226,7 @@ fn a_timeout_that_passed_while_no_runner_ran_kills_the_job_once_adopted() {
         &mut c,
         Job::shell("echo started; sleep 300").timeout(Duration::from_secs(2)),
     );
-    c.signal(r, Signal::SIGTERM);
-    c.runners[r].wait(Duration::from_secs(5));
+    stop(&mut c, r);
     // Past the deadline with no runner alive: the job still runs.
     std::thread::sleep(Duration::from_secs(3));
     assert!(group_alive(first.pgid.unwrap()));
@@ -260,8 +250,7 @@ fn a_timeout_that_passed_while_no_runner_ran_kills_the_job_once_adopted() {
 fn cancelling_a_kept_job_ends_its_command_and_its_keeper() {
     let mut c = Case::new();
     let (id, first, r) = leave_running(&mut c, Job::shell("sleep 300"));
-    c.signal(r, Signal::SIGTERM);
-    c.runners[r].wait(Duration::from_secs(5));
+    stop(&mut c, r);
     let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("leasehold"))
         .arg("--db")
         .arg(&c.db.path)

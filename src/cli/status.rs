@@ -39,17 +39,12 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
         .collect();
     let waits = operator::teardown_waits(&store, TEARDOWN_WAITS_SHOWN)?;
     // Running jobs left to their keepers by a runner that stopped or died.
-    let mut kept: Vec<(i64, String)> = Vec::new();
     let running = store.list(&leasehold::ListFilter {
         status: Some(leasehold::Status::Running),
         limit: Some(TEARDOWN_WAITS_SHOWN),
         ..Default::default()
     })?;
-    for job in &running {
-        if let Some(why) = operator::kept_without_runner(&store, job)? {
-            kept.push((job.id, why));
-        }
-    }
+    let kept = operator::kept_without_runners(&store, &running)?;
     let mut out = std::io::stdout().lock();
     if json {
         let runners: Vec<Value> = runners

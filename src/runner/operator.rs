@@ -301,25 +301,54 @@ fn place(ns: &Namespace) -> String {
 ///
 /// [`Error::Sqlite`](crate::Error::Sqlite) when the database cannot be read.
 pub fn kept_without_runner(store: &Store, job: &JobRecord) -> Result<Option<String>> {
-    let (Status::Running, Some(keeper), Some(worker), Some(token)) =
-        (job.status, job.keeper_pid, &job.worker_id, &job.run_token)
-    else {
-        return Ok(None);
-    };
+    Ok(kept_without_runners(store, std::slice::from_ref(job))?
+        .pop()
+        .map(|(_, why)| why))
+}
+
+/// [`kept_without_runner`] for each of `jobs`, reading the runners once: the ids and reasons
+/// of those kept with no runner, in `jobs`' order.
+///
+/// # Errors
+///
+/// [`Error::Sqlite`](crate::Error::Sqlite) when the database cannot be read.
+pub fn kept_without_runners(store: &Store, jobs: &[JobRecord]) -> Result<Vec<(i64, String)>> {
+    let mut runners = None;
     let here = Namespace::here();
-    let why = match store
-        .runners()?
-        .into_iter()
-        .find(|r| &r.worker_id == worker)
-    {
+    let mut kept = Vec::new();
+    for job in jobs {
+        let (Status::Running, Some(_), Some(_), Some(_)) =
+            (job.status, job.keeper_pid, &job.worker_id, &job.run_token)
+        else {
+            continue;
+        };
+        let runners = match &runners {
+            Some(r) => r,
+            None => runners.insert(store.runners()?),
+        };
+        if let Some(why) = kept_reason(runners, &here, job) {
+            kept.push((job.id, why));
+        }
+    }
+    Ok(kept)
+}
+
+/// Why `job`, running with a keeper, has no runner, given the live `runners`.
+fn kept_reason(runners: &[RunnerRecord], here: &Namespace, job: &JobRecord) -> Option<String> {
+    let (keeper, worker, token) = (
+        job.keeper_pid?,
+        job.worker_id.as_ref()?,
+        job.run_token.as_ref()?,
+    );
+    let why = match runners.iter().find(|r| &r.worker_id == worker) {
         None => format!("its runner {worker} stopped"),
-        Some(r) => match runner_death_evidence(&r, &here) {
-            Some(evidence) => format!("its runner {worker} is dead ({evidence})"),
-            None => return Ok(None),
-        },
+        Some(r) => format!(
+            "its runner {worker} is dead ({})",
+            runner_death_evidence(r, here)?
+        ),
     };
     let keeper_alive = i32::try_from(keeper).is_ok_and(|pid| process::keeper_running(pid, token));
-    Ok(Some(if keeper_alive {
+    Some(if keeper_alive {
         format!(
             "kept, no runner: {why}; its keeper pid {keeper} runs it on, and the next runner \
              on this file adopts it"
@@ -329,7 +358,7 @@ pub fn kept_without_runner(store: &Store, job: &JobRecord) -> Result<Option<Stri
             "kept, no runner: {why}; its keeper pid {keeper} has ended, and the next runner \
              on this file records its outcome"
         )
-    }))
+    })
 }
 
 /// Why job `job`'s lost attempt is not torn down yet, when its runner's namespace is known:

@@ -1,4 +1,4 @@
--- leasehold schema, version 13 (PRAGMA user_version = 13).
+-- leasehold schema, version 14 (PRAGMA user_version = 14).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -73,19 +73,27 @@ CREATE TABLE jobs (
     -- marker from before version 9, or written by hand): any runner tears it down.
     -- Version 13: keeper_pid and keeper_start_time identify the attempt's keeper, the
     -- process that is its command's parent and writes its outcome beside the database.
+    -- Version 14: deferred is 1 for a pending job written to run later (enqueued with a
+    -- delay, or retried after a backoff): it is left out of the claim indexes until a claim
+    -- promotes it, once due, in its own transaction (see 0014_per_job_cost.sql). A row written
+    -- by hand is 0: claimable once due, as before.
     -- (Written as ALTER TABLE ADD COLUMN writes them, so that a migrated file's text and this
     -- one's agree.)
 , unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0,
-  teardown_worker TEXT, keeper_pid INTEGER, keeper_start_time INTEGER);
+  teardown_worker TEXT, keeper_pid INTEGER, keeper_start_time INTEGER,
+  deferred INTEGER NOT NULL DEFAULT 0);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
--- the head of the index whatever the size of the table.
+-- the head of the index whatever the size of the table. Jobs not yet due are not in them
+-- (version 14), whatever their priority.
 CREATE INDEX jobs_claim ON jobs (priority DESC, scheduled_at, id)
-    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0;
+    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0 AND deferred = 0;
 CREATE INDEX jobs_claim_queue ON jobs (queue, priority DESC, scheduled_at, id)
-    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0;
--- Renewing and reclaiming leases: only running rows are indexed.
-CREATE INDEX jobs_running_lease ON jobs (lease_expires_at) WHERE status = 'running';
+    WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0 AND deferred = 0;
+-- Deferred jobs by due time: a claim promotes the due ones with one seek (version 14).
+CREATE INDEX jobs_deferred ON jobs (scheduled_at) WHERE deferred = 1;
+-- Renewing and reclaiming leases: only running rows are indexed (one index since version 14:
+-- the sweeper reads every running row, bounded by the runners' workers).
 CREATE INDEX jobs_running_worker ON jobs (worker_id, run_token) WHERE status = 'running';
 -- Lost attempts still to be torn down.
 CREATE INDEX jobs_teardown ON jobs (teardown_token) WHERE teardown_token IS NOT NULL;
@@ -180,8 +188,10 @@ CREATE TABLE metric_histograms (
 -- Jobs by queue and status. Enqueues add to it in their transaction (one row per queue and
 -- batch: a trigger on INSERT made every single-row INSERT open a statement journal, and a
 -- batch enqueue 3x slower); the triggers below follow every UPDATE and DELETE of `jobs`, the
--- runbook's hand-written SQL included. A job inserted by hand is not counted. A row stays
--- at 0 once its jobs are gone, so that a gauge falls to 0 instead of vanishing.
+-- runbook's hand-written SQL included. A job inserted by hand is not counted. A queue gets its
+-- row of every status when its first job is enqueued (version 14), so that a change of status
+-- is two plain UPDATEs, not an upsert; a row stays at 0 once its jobs are gone, so that a gauge
+-- falls to 0 instead of vanishing.
 CREATE TABLE job_counts (
     queue    TEXT    NOT NULL,
     status   TEXT    NOT NULL,
@@ -192,11 +202,20 @@ CREATE TABLE job_counts (
 CREATE TRIGGER job_counts_delete AFTER DELETE ON jobs BEGIN
     UPDATE job_counts SET n = n - 1 WHERE queue = OLD.queue AND status = OLD.status;
 END;
-CREATE TRIGGER job_counts_update AFTER UPDATE OF queue, status ON jobs
-    WHEN OLD.queue IS NOT NEW.queue OR OLD.status IS NOT NEW.status BEGIN
+CREATE TRIGGER job_counts_status AFTER UPDATE OF status ON jobs
+    WHEN OLD.status IS NOT NEW.status AND OLD.queue IS NEW.queue BEGIN
     UPDATE job_counts SET n = n - 1 WHERE queue = OLD.queue AND status = OLD.status;
-    INSERT INTO job_counts (queue, status, n) VALUES (NEW.queue, NEW.status, 1)
-        ON CONFLICT (queue, status) DO UPDATE SET n = n + 1;
+    UPDATE job_counts SET n = n + 1 WHERE queue = NEW.queue AND status = NEW.status;
+END;
+-- A job moved to another queue (hand-written SQL only): that queue may have no rows yet,
+-- and gets its row of every status.
+CREATE TRIGGER job_counts_queue AFTER UPDATE OF queue ON jobs
+    WHEN OLD.queue IS NOT NEW.queue BEGIN
+    UPDATE job_counts SET n = n - 1 WHERE queue = OLD.queue AND status = OLD.status;
+    INSERT OR IGNORE INTO job_counts (queue, status, n)
+        VALUES (NEW.queue, 'pending', 0), (NEW.queue, 'running', 0), (NEW.queue, 'succeeded', 0),
+               (NEW.queue, 'failed', 0), (NEW.queue, 'cancelled', 0);
+    UPDATE job_counts SET n = n + 1 WHERE queue = NEW.queue AND status = NEW.status;
 END;
 -- One row per recurring schedule. A slot fires in the IMMEDIATE transaction that enqueues its
 -- job and moves next_slot_at past it, guarded by next_slot_at: any number of runners fire

@@ -40,13 +40,21 @@ pub(super) fn bump(conn: &Connection, kind: CounterKind, queue: &str, outcome: &
 }
 
 /// `n` jobs were inserted into `queue` as pending: the job counts' share of an enqueue (the
-/// triggers follow updates and deletes, not inserts; see `0003_counters.sql`).
+/// triggers follow updates and deletes, not inserts; see `schema.sql`).
 pub(super) fn enqueued(conn: &Connection, queue: &str, n: usize) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO job_counts (queue, status, n) VALUES (?1, 'pending', ?2)
-         ON CONFLICT (queue, status) DO UPDATE SET n = n + excluded.n",
-    )?
-    .execute(params![queue, n as i64])?;
+    let counted = conn
+        .prepare_cached("UPDATE job_counts SET n = n + ?2 WHERE queue = ?1 AND status = 'pending'")?
+        .execute(params![queue, n as i64])?;
+    if counted == 0 {
+        // The queue's first job: a row for every status, so that the triggers' change of
+        // status finds both of its rows (see schema.sql).
+        conn.prepare_cached(
+            "INSERT OR IGNORE INTO job_counts (queue, status, n)
+             VALUES (?1, 'pending', ?2), (?1, 'running', 0), (?1, 'succeeded', 0),
+                    (?1, 'failed', 0), (?1, 'cancelled', 0)",
+        )?
+        .execute(params![queue, n as i64])?;
+    }
     Ok(())
 }
 

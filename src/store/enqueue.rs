@@ -97,7 +97,8 @@ pub(super) fn insert_gated(conn: &Connection, job: &Job, now: i64) -> Result<(i6
 }
 
 /// Inserts a job's row without its event (nor its count: see [`counter::enqueued`]). A
-/// slot's job is ready at its slot.
+/// slot's job is ready at its slot. A job due after `now` is written deferred: out of the
+/// claim indexes until a claim promotes it (see `ready.rs`).
 fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) -> Result<i64> {
     let f = job.fields();
     let scheduled_at = match slot {
@@ -107,8 +108,9 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
     conn.prepare_cached(
         "INSERT INTO jobs (queue, argv, env, cwd, priority, status, max_attempts,
              backoff_base_ms, backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms,
-             created_at, scheduled_at, unique_key, schedule, slot_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             created_at, scheduled_at, unique_key, schedule, slot_at, deferred)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                 ?13 > ?12)",
     )?
     .execute(params![
         f.queue,

@@ -68,8 +68,14 @@ pub struct Claimed {
 
 /// What a claim writes into each job it takes, guarded by the status it read. Parameters: id,
 /// attempt, run token, worker id, now, lease expiry.
+///
+/// `OR FAIL`, as every UPDATE of a job's status the store runs for each job: a statement that
+/// fires a trigger (`job_counts`) writes more than one row, and under the default `OR ABORT`
+/// SQLite opens a statement journal for it, which copies every page it touches. Nothing here
+/// can fail halfway (one row, checked before it is written); a full disk rolls back the whole
+/// transaction, which the callers handle.
 const CLAIM_ONE_SQL: &str = concat!(
-    "UPDATE jobs SET status = 'running', attempt = ?2, run_token = ?3,
+    "UPDATE OR FAIL jobs SET status = 'running', attempt = ?2, run_token = ?3,
          worker_id = ?4, started_at = ?5, heartbeat_at = ?5, lease_expires_at = ?6,
          completed_at = NULL, pid = NULL, pgid = NULL, proc_start_time = NULL, exit_code = NULL,
          signal = NULL, error_kind = NULL, keeper_pid = NULL, keeper_start_time = NULL
@@ -89,7 +95,7 @@ const CANDIDATE_COLUMNS: &str = "id, queue, attempt + 1, lower(hex(randomblob(16
 const CANDIDATES_SQL: &str = concat!(
     "SELECT {columns} FROM jobs INDEXED BY {index}
      WHERE ",
-    ready_to_claim!(),
+    in_claim_index!(),
     "
        AND scheduled_at <= ?1 {queues}
      ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?2)"
@@ -123,7 +129,7 @@ pub(super) const QUEUE_HEAD_SQL: &str = concat!(
     "SELECT id, priority, scheduled_at
      FROM jobs INDEXED BY jobs_claim_queue
      WHERE queue = ?1 AND ",
-    ready_to_claim!(),
+    in_claim_index!(),
     "
        AND scheduled_at <= ?2
      ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?3)"
@@ -137,6 +143,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     if req.limit == 0 {
         return Ok(Vec::new());
     }
+    promote_due(conn, now)?;
     let expires = now.saturating_add(duration_ms(req.lease_ttl));
     let rules = queue::rules(conn)?;
     let candidate = |r: &rusqlite::Row<'_>| {
@@ -200,6 +207,37 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
         claimed.push(c);
     }
     Ok(claimed)
+}
+
+/// At most this many deferred jobs become claimable in one claim's transaction: a claim's
+/// write lock stays short when a million jobs fall due at once; the next claims promote the
+/// rest, in due order.
+const PROMOTE_AT_MOST: i64 = 500;
+
+/// The deferred jobs due at `now`, earliest first: one seek into `jobs_deferred`, which holds
+/// only the jobs not yet promoted. Parameters: now, limit.
+pub(super) const DUE_DEFERRED_SQL: &str = "SELECT id FROM jobs INDEXED BY jobs_deferred
+     WHERE deferred = 1 AND scheduled_at <= ?1
+     ORDER BY scheduled_at LIMIT (SELECT ?2)";
+
+/// Moves the deferred jobs that are due at `now` into the claim indexes (at most
+/// [`PROMOTE_AT_MOST`]), in the claim's own transaction, before it reads them. When none is
+/// due this is one seek that finds nothing. A row by id, not `UPDATE ... WHERE id IN
+/// (SELECT ...)`, which builds a temporary b-tree on every run.
+fn promote_due(conn: &Connection, now: i64) -> Result<()> {
+    let due: Vec<i64> = {
+        let mut stmt = conn.prepare_cached(DUE_DEFERRED_SQL)?;
+        let rows = stmt.query_map(params![now, PROMOTE_AT_MOST], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    if due.is_empty() {
+        return Ok(());
+    }
+    let mut promote = conn.prepare_cached("UPDATE jobs SET deferred = 0 WHERE id = ?1")?;
+    for id in due {
+        promote.execute([id])?;
+    }
+    Ok(())
 }
 
 /// The earliest `scheduled_at` after `now` among the claimable pending jobs of one queue: the
@@ -522,7 +560,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
                 let wait = backoff_ms(base, cap, failed);
                 conn.prepare_cached(&format!(
                     "UPDATE jobs SET status = 'pending', failed_attempts = ?4,
-                         scheduled_at = ?3 + ?5, exit_code = ?6, signal = ?7, error_kind = ?8,
+                         scheduled_at = ?3 + ?5, deferred = ?5 > 0, exit_code = ?6, signal = ?7, error_kind = ?8,
                          last_error = ?9, started_at = NULL, completed_at = NULL,
                          heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL,
                          worker_id = NULL {FENCE}"

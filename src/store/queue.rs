@@ -43,13 +43,13 @@ pub(super) const READY_QUEUES_SQL: &str = concat!(
     "WITH RECURSIVE q(name) AS (
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
                  WHERE ",
-    ready_to_claim!(),
+    in_claim_index!(),
     "
                  ORDER BY queue LIMIT 1)
          UNION ALL
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
                  WHERE ",
-    ready_to_claim!(),
+    in_claim_index!(),
     "
                    AND queue > q.name
                  ORDER BY queue LIMIT 1)

@@ -3,7 +3,7 @@
 
 use rusqlite::params_from_iter;
 
-use super::lease::{QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
+use super::lease::{DUE_DEFERRED_SQL, QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
 use super::queue::READY_QUEUES_SQL;
 use super::reclaim::RECLAIM_CANDIDATES_SQL;
 use super::*;
@@ -58,6 +58,41 @@ fn counts_and_queues_agree_with_the_rows() {
         .collect();
     // The teardown-marked pending job 9 counts too.
     assert_eq!(q, vec![("a", 2, 1), ("b", 2, 1)]);
+
+    // Hand-written SQL that moves jobs to a queue no job was enqueued to (which has no rows
+    // yet), one of them with a change of status in the same statement, then back, then deletes.
+    conn.execute_batch(
+        "UPDATE jobs SET queue = 'c' WHERE id IN (5, 6);
+         UPDATE jobs SET queue = 'c', status = 'cancelled' WHERE id = 10;
+         UPDATE jobs SET status = 'succeeded' WHERE id = 5;",
+    )
+    .unwrap();
+    let by_queue = |store: &Store| -> Vec<(String, u64, u64, u64)> {
+        let q = store.queues(now).unwrap();
+        q.iter()
+            .map(|q| (q.name.clone(), q.pending, q.running, q.succeeded))
+            .collect()
+    };
+    let c = |name: &str, p, r, s| (name.to_string(), p, r, s);
+    assert_eq!(
+        by_queue(&store),
+        vec![c("a", 0, 1, 2), c("b", 1, 1, 0), c("c", 1, 0, 1)]
+    );
+    conn.execute_batch(
+        "UPDATE jobs SET queue = 'a' WHERE queue = 'c';
+         DELETE FROM jobs WHERE id IN (1, 2);",
+    )
+    .unwrap();
+    assert_eq!(
+        by_queue(&store),
+        vec![c("a", 1, 1, 1), c("b", 1, 1, 0)],
+        "a queue whose jobs are all gone is not listed"
+    );
+    let c = store.counts().unwrap();
+    assert_eq!(
+        (c.pending, c.running, c.succeeded, c.failed, c.cancelled),
+        (2, 2, 1, 1, 2)
+    );
 }
 
 #[test]
@@ -155,11 +190,22 @@ fn list_pages_read_an_index_in_id_order_for_every_filter() {
     }
 }
 
-/// The virtual-machine steps of the read that picks one job for a claim, on a file of `pending` ready jobs,
-/// half in queue `a` and half in `b`, beside `waiting` jobs (of both queues, at a higher
-/// priority) that wait for a job still pending: a count of work, the same on any machine,
+/// The jobs beside the ready ones in [`claim_steps`], all of both queues and at a higher
+/// priority than the ready ones.
+#[derive(Clone, Copy, Default)]
+struct Beside {
+    /// Jobs that wait for a job still pending.
+    waiting: usize,
+    /// Jobs due in an hour.
+    not_due: usize,
+}
+
+/// The virtual-machine steps of the reads that pick one job for a claim (the promotion of due
+/// deferred jobs, then the claim's read), on a file of `pending` ready jobs, half in queue `a`
+/// and half in `b`, beside the jobs of `beside`: a count of work, the same on any machine,
 /// where a timing would be noise.
-fn claim_steps(pending: usize, waiting: usize, queues: &[String]) -> i32 {
+fn claim_steps(pending: usize, beside: Beside, queues: &[String]) -> i32 {
+    let Beside { waiting, not_due } = beside;
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("jobs.db")).unwrap();
     let now = 1_700_000_000_000i64;
@@ -179,11 +225,29 @@ fn claim_steps(pending: usize, waiting: usize, queues: &[String]) -> i32 {
             .collect();
         store.enqueue_many(&jobs, now).unwrap();
     }
+    if not_due > 0 {
+        let jobs: Vec<crate::Job> = (0..not_due)
+            .map(|i| {
+                crate::Job::shell("true")
+                    .queue(queue(i))
+                    .priority(10)
+                    .delay(std::time::Duration::from_secs(3600))
+            })
+            .collect();
+        store.enqueue_many(&jobs, now).unwrap();
+    }
     let jobs: Vec<crate::Job> = (0..pending)
         .map(|i| crate::Job::shell("true").queue(queue(i)))
         .collect();
     store.enqueue_many(&jobs, now).unwrap();
     let conn = store.conn();
+    let mut promote = conn.prepare(DUE_DEFERRED_SQL).unwrap();
+    let due = promote
+        .query_map(params_from_iter([now, 500]), |r| r.get::<_, i64>(0))
+        .unwrap()
+        .count();
+    assert_eq!(due, 0, "nothing is due to promote");
+    let promote_steps = promote.get_status(rusqlite::StatementStatus::VmStep);
     let mut values: Vec<rusqlite::types::Value> = vec![now.into(), 1i64.into()];
     values.extend(queues.iter().map(|q| q.clone().into()));
     let mut stmt = conn.prepare(&claim_sql(queues)).unwrap();
@@ -194,15 +258,15 @@ fn claim_steps(pending: usize, waiting: usize, queues: &[String]) -> i32 {
     }
     drop(rows);
     assert_eq!(claimed, 1);
-    stmt.get_status(rusqlite::StatementStatus::VmStep)
+    promote_steps + stmt.get_status(rusqlite::StatementStatus::VmStep)
 }
 
 #[test]
 fn a_claim_does_the_same_work_from_a_thousand_or_a_hundred_thousand_pending_jobs() {
     for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
         let (few, many) = (
-            claim_steps(1_000, 0, &queues),
-            claim_steps(100_000, 0, &queues),
+            claim_steps(1_000, Beside::default(), &queues),
+            claim_steps(100_000, Beside::default(), &queues),
         );
         // Measured: 40, 43 and 99 steps of the claim's read at both sizes. A read that scanned
         // or sorted the pending rows of its queues would take at least one step per row:
@@ -217,15 +281,40 @@ fn a_claim_does_the_same_work_from_a_thousand_or_a_hundred_thousand_pending_jobs
 #[test]
 fn a_hundred_thousand_waiting_jobs_cost_a_claim_nothing() {
     for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+        let waiting = Beside {
+            waiting: 100_000,
+            ..Beside::default()
+        };
         let (alone, beside) = (
-            claim_steps(1_000, 0, &queues),
-            claim_steps(1_000, 100_000, &queues),
+            claim_steps(1_000, Beside::default(), &queues),
+            claim_steps(1_000, waiting, &queues),
         );
         // The waiting jobs are not in the claim indexes: a claim that read them would
         // take a step for each, 100,000 here.
         assert!(
             beside <= alone + alone / 5,
             "queues {queues:?}: {beside} steps beside 100,000 waiting jobs, {alone} without"
+        );
+    }
+}
+
+#[test]
+fn a_hundred_thousand_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing() {
+    for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
+        let not_due = Beside {
+            not_due: 100_000,
+            ..Beside::default()
+        };
+        let (alone, beside) = (
+            claim_steps(1_000, Beside::default(), &queues),
+            claim_steps(1_000, not_due, &queues),
+        );
+        // Jobs due later are deferred, out of the claim indexes; the promotion's seek finds
+        // none due. Were they in the claim indexes, a claim (which reads them in priority
+        // order and filters by due time) would step over all 100,000 to reach a ready job.
+        assert!(
+            beside <= alone + alone / 5,
+            "queues {queues:?}: {beside} steps beside 100,000 jobs not yet due, {alone} without"
         );
     }
 }
@@ -256,7 +345,7 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
             assert!(!p.contains("TEMP B-TREE"), "{queues:?}: {p}");
         }
     }
-    // The sweeper's query reads the running rows only (through either index on them):
+    // The sweeper's query reads the running rows only (through the index on them):
     // their number is bounded by the runners' workers, whatever the size of the table.
     for (exclude, expired, held) in [
         (Some("me"), true, None),
@@ -272,9 +361,8 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
             held.map(v).unwrap_or(rusqlite::types::Value::Null),
         ];
         let p = plan(conn, RECLAIM_CANDIDATES_SQL, values);
-        let running_only = uses_index(&p, "jobs_running_lease")
-            || uses_index(&p, "jobs_running_worker")
-            || p.contains("INDEX jobs_status (status=?)");
+        let running_only =
+            uses_index(&p, "jobs_running_worker") || p.contains("INDEX jobs_status (status=?)");
         let full_scan = p.lines().any(|l| l.trim() == "SCAN jobs");
         assert!(running_only && !full_scan, "{p}");
     }

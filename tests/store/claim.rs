@@ -101,6 +101,100 @@ fn claim_skips_jobs_scheduled_in_the_future() {
     assert_eq!(claim_one(&store, "w", T0 + 60_000).id, id);
 }
 
+/// The number of jobs still deferred (out of the claim indexes), read with plain SQL.
+fn deferred(db: &TestDb) -> i64 {
+    db.bare()
+        .query_row("SELECT count(*) FROM jobs WHERE deferred = 1", [], |r| {
+            r.get(0)
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_job_due_later_joins_the_claim_order_at_its_priority_once_due() {
+    let db = TestDb::new();
+    let store = db.store();
+    let high = enqueue(
+        &store,
+        &Job::shell("high")
+            .priority(9)
+            .delay(Duration::from_secs(60)),
+    );
+    let low = [
+        enqueue(&store, &Job::shell("low")),
+        enqueue(&store, &Job::shell("low")),
+    ];
+    assert_eq!(
+        deferred(&db),
+        1,
+        "the delayed job waits out of the claim indexes"
+    );
+    assert_eq!(claim_one(&store, "w", T0 + 59_999).id, low[0]);
+    // The claim that finds it due promotes it and takes it first, by its priority.
+    assert_eq!(claim_one(&store, "w", T0 + 60_000).id, high);
+    assert_eq!(deferred(&db), 0);
+    assert_eq!(claim_one(&store, "w", T0 + 60_000).id, low[1]);
+}
+
+#[test]
+fn a_retry_after_its_backoff_waits_out_of_the_claim_indexes() {
+    let db = TestDb::new();
+    let store = db.store();
+    let id = enqueue(&store, &Job::shell("flaky").max_attempts(2));
+    let c = claim_one(&store, "w", T0);
+    assert_eq!(
+        finish(&store, &c, crate::helper::exit(1), T0),
+        leasehold::protocol::Finished::Recorded(Status::Pending)
+    );
+    assert_eq!(deferred(&db), 1);
+    let due = store.job(id).unwrap().scheduled_at;
+    assert!(due > T0, "a backoff: {due}");
+    assert!(claim(&store, "w", 1, due - 1).is_empty());
+    assert_eq!(claim_one(&store, "w", due).id, id);
+}
+
+#[test]
+fn the_due_time_written_by_hand_is_obeyed_in_both_directions() {
+    let db = TestDb::new();
+    let store = db.store();
+    let later = enqueue(
+        &store,
+        &Job::shell("later").delay(Duration::from_secs(3600)),
+    );
+    let now = enqueue(&store, &Job::shell("now"));
+    // The runbook's plain SQL: run the delayed job now, and put off the ready one. The first
+    // stays deferred until a claim finds it due; the second stays in the claim indexes, where
+    // the claim's own due-time filter skips it.
+    db.bare()
+        .execute_batch(&format!(
+            "UPDATE jobs SET scheduled_at = {T0} WHERE id = {later};
+             UPDATE jobs SET scheduled_at = {} WHERE id = {now};",
+            T0 + 3_600_000
+        ))
+        .unwrap();
+    assert_eq!(claim_one(&store, "w", T0).id, later);
+    assert!(claim(&store, "w", 10, T0).is_empty());
+    assert_eq!(claim_one(&store, "w", T0 + 3_600_000).id, now);
+}
+
+#[test]
+fn a_claim_promotes_a_bounded_slice_of_the_jobs_falling_due_at_once() {
+    let db = TestDb::new();
+    let store = db.store();
+    let jobs = vec![Job::shell("true").delay(Duration::from_secs(1)); 1_200];
+    let ids = store.enqueue_many(&jobs, T0).unwrap();
+    assert_eq!(deferred(&db), 1_200);
+    // Each claim promotes at most 500, earliest due first (here: by id), and takes the best
+    // of what it promoted.
+    assert_eq!(claim_one(&store, "w", T0 + 1_000).id, ids[0]);
+    assert_eq!(deferred(&db), 700);
+    assert_eq!(claim_one(&store, "w", T0 + 1_000).id, ids[1]);
+    assert_eq!(deferred(&db), 200);
+    let rest = claim(&store, "w", 2_000, T0 + 1_000);
+    assert_eq!(rest.len(), 1_198);
+    assert_eq!(deferred(&db), 0);
+}
+
 #[test]
 fn claim_takes_only_from_the_requested_queues() {
     let db = TestDb::new();

@@ -12,6 +12,8 @@
 -- 2. `jobs_running_lease` goes: no statement needs it. The sweeper's query reads the running
 --    rows through `jobs_running_worker` (their number is bounded by the runners' workers), and
 --    every renewal moved an entry of it.
+--    `jobs_teardown` is keyed by id, not by token: the sweeper reads the markers in id order a
+--    page at a time, and with the token as the key that read walked the table by rowid.
 -- 3. `job_counts` follows a change of status with two plain UPDATEs of rows that exist: a queue
 --    gets its row of every status when it first appears (an enqueue writes them), so the
 --    trigger no longer upserts on every transition. A change of queue (only hand-written SQL
@@ -30,6 +32,8 @@ CREATE INDEX jobs_claim_queue ON jobs (queue, priority DESC, scheduled_at, id)
     WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0 AND deferred = 0;
 CREATE INDEX jobs_deferred ON jobs (scheduled_at) WHERE deferred = 1;
 DROP INDEX jobs_running_lease;
+DROP INDEX jobs_teardown;
+CREATE INDEX jobs_teardown ON jobs (id) WHERE teardown_token IS NOT NULL;
 
 DROP TRIGGER job_counts_update;
 INSERT OR IGNORE INTO job_counts (queue, status, n)

@@ -68,16 +68,18 @@ pub(super) fn enqueue(
     })
 }
 
+/// The newest job of a unique key that is unfinished, or created after a time when that is
+/// not NULL. Parameters: key, the time.
+pub(super) const MATCHING_SQL: &str = "SELECT id FROM jobs WHERE unique_key = ?1
+         AND (status IN ('pending', 'running') OR (?2 IS NOT NULL AND created_at > ?2))
+     ORDER BY id DESC LIMIT 1";
+
 /// The newest job that `key` matches at `now`: an unfinished one, or with a window, one
 /// created within it.
 fn matching(conn: &Connection, key: &str, window_ms: Option<i64>, now: i64) -> Result<Option<i64>> {
     let since = window_ms.map(|w| now.saturating_sub(w));
     Ok(conn
-        .prepare_cached(
-            "SELECT id FROM jobs WHERE unique_key = ?1
-                 AND (status IN ('pending', 'running') OR (?2 IS NOT NULL AND created_at > ?2))
-             ORDER BY id DESC LIMIT 1",
-        )?
+        .prepare_cached(MATCHING_SQL)?
         .query_row(params![key, since], |r| r.get(0))
         .optional()?)
 }

@@ -253,7 +253,7 @@ const QUEUE_NEXT_DUE_SQL: &str = concat!(
 
 /// The same over every queue: a skip through `jobs_pending_due` from one queue to the next
 /// (one seek each), then one seek per queue past `now`. Parameter: now.
-const NEXT_DUE_SQL: &str = concat!(
+pub(super) const NEXT_DUE_SQL: &str = concat!(
     "WITH RECURSIVE q(name) AS (
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
                  WHERE ",

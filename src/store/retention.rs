@@ -327,7 +327,7 @@ fn next_key(rows: &mut rusqlite::Rows<'_>) -> Result<Option<(i64, i64)>> {
 
 /// The jobs of one status due under `bound`: the prune's selection. Parameters: status, bound's
 /// completed_at, bound's id, limit.
-const DUE_SQL: &str = "SELECT id FROM jobs
+pub(super) const DUE_SQL: &str = "SELECT id FROM jobs
      WHERE status = ?1 AND completed_at IS NOT NULL AND (completed_at, id) <= (?2, ?3)
        AND teardown_token IS NULL
      ORDER BY completed_at, id LIMIT (SELECT ?4)";

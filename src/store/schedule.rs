@@ -405,6 +405,11 @@ fn due_slots(schedule: &Schedule, first: i64, now: i64) -> Result<(u64, VecDeque
     Ok((count, kept))
 }
 
+/// A schedule's oldest unfinished job, if any: its overlap check. Parameter: the schedule.
+pub(super) const SCHEDULE_BUSY_SQL: &str =
+    "SELECT id, status FROM jobs WHERE schedule = ?1 AND status IN ('pending', 'running')
+     ORDER BY id LIMIT 1";
+
 /// Fires the due slots of one schedule, in the caller's IMMEDIATE transaction: enqueues what
 /// the policies say, records what was missed or skipped, and moves the schedule past `now`.
 /// Nothing when the schedule is paused, gone, or not due (another runner fired it first);
@@ -487,17 +492,15 @@ pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport
         report.missed += missed;
     }
     let to_fire: Vec<i64> = caught_up.into_iter().chain(on_time).collect();
-    let busy =
-        if schedule.overlap_policy() == Overlap::Skip && !to_fire.is_empty() {
-            conn.prepare_cached(
-            "SELECT id, status FROM jobs WHERE schedule = ?1 AND status IN ('pending', 'running')
-                 ORDER BY id LIMIT 1",
-        )?
-        .query_row([name], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
-        .optional()?
-        } else {
-            None
-        };
+    let busy = if schedule.overlap_policy() == Overlap::Skip && !to_fire.is_empty() {
+        conn.prepare_cached(SCHEDULE_BUSY_SQL)?
+            .query_row([name], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })
+            .optional()?
+    } else {
+        None
+    };
     for slot in to_fire {
         if let Some((id, status)) = &busy {
             schedule_event(

@@ -391,6 +391,86 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
     assert!(uses_index(&p, "job_deps_after"), "{p}");
 }
 
+/// Every index on `jobs` is read by a statement of the store: an index costs every write that
+/// touches its columns, so one that no statement reads is dropped (as `jobs_running_lease` was
+/// in version 14). The list below names, for each index, a statement that needs it; an index
+/// added without one fails here.
+#[test]
+fn every_index_on_jobs_serves_a_statement_of_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("jobs.db")).unwrap();
+    let conn = store.conn();
+    let now = 1_700_000_000_000i64;
+    let v = |x: &str| rusqlite::types::Value::from(x.to_string());
+    let i = rusqlite::types::Value::from;
+    let list = |filter: ListFilter| read::list_sql(conn, &filter).unwrap();
+    let by_status = list(ListFilter {
+        status: Some(crate::Status::Pending),
+        before: Some(10),
+        ..ListFilter::default()
+    });
+    let by_queue = list(ListFilter {
+        queue: Some("a".into()),
+        before: Some(10),
+        ..ListFilter::default()
+    });
+    let stale = list(ListFilter {
+        failed_stale: Some(3),
+        ..ListFilter::default()
+    });
+    let statements: Vec<(String, Vec<rusqlite::types::Value>)> = vec![
+        (claim_sql(&[]), vec![i(now), i(1)]),
+        (claim_sql(&["a".into()]), vec![i(now), i(1), v("a")]),
+        (DUE_DEFERRED_SQL.into(), vec![i(now), i(500)]),
+        (
+            RENEW_SQL.into(),
+            vec![v("w"), i(now), i(now), v(r#"["t"]"#)],
+        ),
+        (super::reclaim::pending_teardowns_sql(), vec![i(0), i(100)]),
+        by_status,
+        by_queue,
+        stale,
+        (
+            super::retention::DUE_SQL.into(),
+            vec![v("succeeded"), i(now), i(10), i(500)],
+        ),
+        (super::lease::NEXT_DUE_SQL.into(), vec![i(now)]),
+        (
+            super::enqueue::MATCHING_SQL.into(),
+            vec![v("k"), rusqlite::types::Value::Null],
+        ),
+        (super::schedule::SCHEDULE_BUSY_SQL.into(), vec![v("s")]),
+    ];
+    let plans: Vec<String> = statements
+        .iter()
+        .map(|(sql, values)| plan(conn, sql, values.clone()))
+        .collect();
+    let indexes: Vec<String> = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema
+             WHERE type = 'index' AND tbl_name = 'jobs' AND sql IS NOT NULL ORDER BY name",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(indexes.len() >= 10, "{indexes:?}");
+    assert!(!indexes.iter().any(|x| x == "jobs_running_lease"));
+    for index in &indexes {
+        let reads = plans.iter().any(|p| {
+            uses_index(p, index)
+                || p.contains(&format!("COVERING INDEX {index} "))
+                || p.contains(&format!("COVERING INDEX {index}\n"))
+        });
+        assert!(
+            reads,
+            "no statement of the store reads {index}: drop it, or name here the statement \
+             that needs it\n{plans:#?}"
+        );
+    }
+}
+
 #[test]
 fn a_failed_savepoint_undoes_only_its_own_writes() {
     let dir = tempfile::tempdir().unwrap();

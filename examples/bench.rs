@@ -2065,11 +2065,15 @@ fn datagram_round_trip(dir: &std::path::Path) -> Duration {
 struct Answerer {
     /// The database the `jobs add` calls name.
     db: std::path::PathBuf,
+    /// The socket the thread answers from.
     socket: std::path::PathBuf,
+    /// The thread, which ends at the first datagram that is not a request.
     thread: std::thread::JoinHandle<()>,
 }
 
 impl Answerer {
+    /// Makes the wake-up folder of `answered.db` in `dir` (owner-only, as a runner makes it),
+    /// binds the socket in it and starts the thread that answers.
     fn start(dir: &std::path::Path) -> Answerer {
         use std::os::unix::fs::DirBuilderExt;
         use std::os::unix::net::UnixDatagram;
@@ -2135,6 +2139,7 @@ fn feed(cli: &std::path::Path, path: &std::path::Path, n: usize, args: &[&str]) 
 struct Tsp {
     /// `tsp` (Debian's name: moreutils has a `ts`) or `ts` (task-spooler's own name).
     program: &'static str,
+    /// Where its socket, its list and its jobs' output go.
     dir: std::path::PathBuf,
 }
 
@@ -2165,6 +2170,7 @@ impl Tsp {
         Some(tsp)
     }
 
+    /// Runs task-spooler with `args` against this server; panics unless it succeeds.
     fn run(&self, args: &[&str]) -> std::process::Output {
         let out = std::process::Command::new(self.program)
             .args(args)

@@ -1859,35 +1859,72 @@ fn idle_cpu() {
     );
 }
 
-/// 2,000 jobs of `sh -c true` fed one `leasehold jobs add` call each into a running runner
-/// (4 workers), first add to last ending, beside task-spooler's `tsp -n` fed the same way
-/// (4 slots).
+/// One `leasehold jobs add` per job into a running runner (4 workers), beside task-spooler's
+/// `tsp -n` fed the same way (4 slots), and the floor of such a call, part by part.
+///
+/// A handed `jobs add` returns only once the runner has committed its job durably (FULL), and
+/// the shell starts the next one only then, so a call costs at least: the start and exit of
+/// the binary, the datagram round trip, and the runner's commit. The first two are timed as
+/// `jobs add` answered at once by a thread that stores nothing ([`Answerer`]), the commit as
+/// an in-process `Store::hand_off` less the round trip, each beside `jobs add` calls whose
+/// jobs are not run (a queue the runner does not serve), in [`FEED_ROUNDS`] interleaved
+/// rounds (this machine's load and disk drift; the median round of each is shown). Then
+/// 2,000 `sh -c true` jobs are fed and run, first add to last ending, in rounds that
+/// alternate with `tsp -n`'s, which stores nothing on disk; and `tsp`'s time per job is set
+/// beside the least any command that waits for a durable commit could take: the start of
+/// `/bin/true` and the commit.
 fn fed_by_the_shell(cli: &std::path::Path) {
     let dir = tempfile::tempdir().expect("a temporary folder can be created");
+    let parts = feed_parts(cli, dir.path());
+    // The binary's start and exit, its own work and the round trip, without a commit; then
+    // the runner's commit, from a hand-off in process without the round trip.
+    let floor = parts.answered + parts.handed.saturating_sub(parts.round_trip);
+    let ms = |d: Duration| format!("{:.3} ms", d.as_secs_f64() * 1000.0);
+    let row = |label: &str, ours: Duration, base: Option<Duration>| {
+        let (base_text, ratio) = base.map_or((String::new(), String::new()), |b| {
+            (
+                ms(b),
+                format!("{:.2}", ours.as_secs_f64() / b.as_secs_f64()),
+            )
+        });
+        println!("{label:<50} {:>18} {base_text:>18} {ratio:>7}", ms(ours));
+    };
+    row("exec of `/bin/true`", parts.exec_true, None);
+    row("exec of `leasehold --version`", parts.exec_cli, None);
+    row("part: `jobs add` answered at once", parts.answered, None);
+    row("  of which the datagram round trip", parts.round_trip, None);
+    let commit = parts.handed.saturating_sub(parts.round_trip);
+    row("part: durable commit of a handed job", commit, None);
+    row("floor: the two parts", floor, None);
+    row(
+        "`jobs add` in a loop, per call / the floor",
+        parts.adds,
+        Some(floor),
+    );
+
     let path = dir.path().join("fed.db");
     let runner = leasehold::Runner::builder(&path)
         .workers(WORKERS)
         .start()
         .expect("the runner starts");
     let watch = Store::open(&path).expect("the bench database opens");
-    let t = Instant::now();
-    for _ in 0..FED_JOBS {
-        let status = std::process::Command::new(cli)
-            .arg("--db")
-            .arg(&path)
-            .args(["jobs", "add", "--", "sh", "-c", "true"])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("leasehold jobs add runs");
-        assert!(status.success());
+    let tsp = Tsp::start(dir.path());
+    let per_round = FED_JOBS / FEED_ROUNDS;
+    let (mut ours, mut theirs) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..FEED_ROUNDS {
+        let t = Instant::now();
+        feed(cli, &path, per_round, &[]);
+        while watch.has_unfinished(&[]).expect("the bench database reads") {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        ours += t.elapsed();
+        if let Some(tsp) = &tsp {
+            theirs += tsp.feed(per_round);
+        }
     }
-    while watch.has_unfinished(&[]).expect("the bench database reads") {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let ours = t.elapsed();
     assert_eq!(watch.counts().expect("counts").succeeded, FED_JOBS as u64);
     runner.shutdown().expect("the runner shuts down");
-    let tsp = tsp_rate(dir.path());
+    let tsp = tsp.map(|_| theirs);
     let rate = |d: Duration| FED_JOBS as f64 / d.as_secs_f64();
     println!(
         "{:<50} {:>18} {:>18} {:>7}",
@@ -1899,42 +1936,293 @@ fn fed_by_the_shell(cli: &std::path::Path) {
         )),
         tsp.map_or(String::new(), |d| format!("{:.2}", rate(ours) / rate(d)))
     );
+    row(
+        "  the same, per job / the floor",
+        ours / FED_JOBS as u32,
+        Some(floor),
+    );
+    if let Some(tsp) = tsp {
+        row(
+            "  tsp's, per job / `/bin/true` + the commit",
+            tsp / FED_JOBS as u32,
+            Some(parts.exec_true + commit),
+        );
+    }
     println!(
-        "  `sh -c true`, one call per job from one thread, first add to last ending; ratio = \
-         leasehold's jobs/s / tsp's"
+        "  `sh -c true`, one call per job from one thread, first add to last ending, in \
+         {FEED_ROUNDS} rounds alternating with tsp's; ratio = leasehold's jobs/s / tsp's. \
+         Parts: the median of {FEED_ROUNDS} rounds, each the mean of {PART_CALLS} calls \
+         (round trip: {ROUND_TRIPS}); answered at once: by a thread of the bench that \
+         stores nothing; commit = in-process `Store::hand_off` - round trip; tsp commits \
+         nothing to disk"
     );
 }
 
-/// task-spooler fed `tsp -n sh -c true` once per job (4 slots, its own server), first add
-/// to last ending; None (with a note) when `tsp` is not installed.
-fn tsp_rate(dir: &std::path::Path) -> Option<Duration> {
-    let socket = dir.join("tsp.socket");
-    let tsp = |args: &[&str]| {
-        std::process::Command::new("tsp")
-            .args(args)
-            .env("TS_SOCKET", &socket)
-            .env("TS_SAVELIST", dir.join("tsp.list"))
-            .env("TMPDIR", dir)
-            .output()
-    };
-    if tsp(&["-S", "4"]).is_err() {
-        println!("(tsp not found: install the task-spooler package for its baseline)");
-        return None;
-    }
-    let t = Instant::now();
-    for _ in 0..FED_JOBS {
-        let out = tsp(&["-n", "sh", "-c", "true"]).expect("tsp runs");
-        assert!(out.status.success(), "{out:?}");
-    }
-    loop {
-        let out = tsp(&["-l"]).expect("tsp runs");
-        let list = String::from_utf8_lossy(&out.stdout);
-        if !list.contains("running") && !list.contains("queued") {
-            break;
+/// How many interleaved rounds time the parts of a handed `jobs add`, and feed the runner
+/// and task-spooler.
+const FEED_ROUNDS: usize = 5;
+/// How many calls each round times of each part.
+const PART_CALLS: usize = 100;
+/// How many datagram round trips are timed.
+const ROUND_TRIPS: usize = 2000;
+
+/// The parts of one handed `jobs add`, each a mean per call.
+struct FeedParts {
+    /// Spawning `/bin/true` and waiting for it: a small program's start and exit.
+    exec_true: Duration,
+    /// Spawning `leasehold --version` and waiting for it: this binary's start and exit.
+    exec_cli: Duration,
+    /// `leasehold jobs add` answered at once by a thread of the bench posing as a runner,
+    /// which stores nothing: the binary's start and exit, its parse, the round trip.
+    answered: Duration,
+    /// A 353-byte request and a 70-byte answer between two Unix datagram sockets, one read
+    /// by another thread (as a runner's listener reads its socket).
+    round_trip: Duration,
+    /// `Store::hand_off` of one job to a running runner, in process: the command's own work,
+    /// the round trip and the runner's durable commit.
+    handed: Duration,
+    /// `leasehold jobs add` run to the end, one after another, its jobs stored and not run.
+    adds: Duration,
+}
+
+/// Times each part of a handed `jobs add` on its own, in `dir`, and the whole calls, in
+/// interleaved rounds; the median round of each.
+fn feed_parts(cli: &std::path::Path, dir: &std::path::Path) -> FeedParts {
+    let exec = |program: &std::path::Path, arg: &str| {
+        let t = Instant::now();
+        for _ in 0..PART_CALLS {
+            let status = std::process::Command::new(program)
+                .arg(arg)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .expect("the program runs");
+            assert!(status.success());
         }
-        std::thread::sleep(Duration::from_millis(2));
+        t.elapsed() / PART_CALLS as u32
+    };
+    // A runner that serves another queue: the jobs handed to it are stored, never run.
+    let path = dir.join("parts.db");
+    let runner = leasehold::Runner::builder(&path)
+        .workers(WORKERS)
+        .queue("served", None)
+        .start()
+        .expect("the runner starts");
+    let options = OpenOptions::new().checkpoint_on_close(false);
+    let job = Job::command(["sh", "-c", "true"]).queue("unserved");
+    let mut rounds: [Vec<Duration>; 5] = Default::default();
+    for _ in 0..FEED_ROUNDS {
+        rounds[0].push(exec(std::path::Path::new("/bin/true"), "--version"));
+        rounds[1].push(exec(cli, "--version"));
+        let t = Instant::now();
+        for _ in 0..PART_CALLS {
+            Store::hand_off(&path, &options, &job, now_ms()).expect("the job is handed over");
+        }
+        rounds[2].push(t.elapsed() / PART_CALLS as u32);
+        let answerer = Answerer::start(dir);
+        let t = Instant::now();
+        feed(cli, &answerer.db, PART_CALLS, &[]);
+        rounds[3].push(t.elapsed() / PART_CALLS as u32);
+        answerer.stop();
+        let t = Instant::now();
+        feed(cli, &path, PART_CALLS, &["--queue", "unserved"]);
+        rounds[4].push(t.elapsed() / PART_CALLS as u32);
     }
-    let took = t.elapsed();
-    let _ = tsp(&["-K"]);
-    Some(took)
+    runner.shutdown().expect("the runner shuts down");
+    let [exec_true, exec_cli, handed, answered, adds] = rounds.map(|mut r| {
+        r.sort_unstable();
+        r[r.len() / 2]
+    });
+    FeedParts {
+        exec_true,
+        exec_cli,
+        answered,
+        round_trip: datagram_round_trip(dir),
+        handed,
+        adds,
+    }
+}
+
+/// The mean round trip of a request the size of a handed job's and an answer the size of a
+/// runner's, between a socket bound in `dir` and read by another thread and an abstract one
+/// (as `jobs add` binds).
+fn datagram_round_trip(dir: &std::path::Path) -> Duration {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let server_path = dir.join("echo.sock");
+    let server = UnixDatagram::bind(&server_path).expect("the echo socket binds");
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        for _ in 0..ROUND_TRIPS {
+            let (_, from) = server.recv_from(&mut buf).expect("a request");
+            server
+                .send_to_addr(&[b'a'; 70], &from)
+                .expect("the answer is sent");
+        }
+    });
+    let name = format!("leasehold-bench-{}", std::process::id());
+    let client = SocketAddr::from_abstract_name(name)
+        .and_then(|addr| UnixDatagram::bind_addr(&addr))
+        .expect("the client socket binds");
+    let mut buf = [0u8; 512];
+    let t = Instant::now();
+    for _ in 0..ROUND_TRIPS {
+        client
+            .send_to(&[b'r'; 353], &server_path)
+            .expect("the request is sent");
+        client.recv(&mut buf).expect("the answer comes");
+    }
+    let took = t.elapsed() / ROUND_TRIPS as u32;
+    echo.join().expect("the echo thread does not panic");
+    took
+}
+
+/// A thread posing as a runner on a database that does not exist: a socket in the file's
+/// wake-up folder that answers every handed job at once as stored (id 1), storing nothing.
+struct Answerer {
+    /// The database the `jobs add` calls name.
+    db: std::path::PathBuf,
+    /// The socket the thread answers from.
+    socket: std::path::PathBuf,
+    /// The thread, which ends at the first datagram that is not a request.
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Answerer {
+    /// Makes the wake-up folder of `answered.db` in `dir` (owner-only, as a runner makes it),
+    /// binds the socket in it and starts the thread that answers.
+    fn start(dir: &std::path::Path) -> Answerer {
+        use std::os::unix::fs::DirBuilderExt;
+        use std::os::unix::net::UnixDatagram;
+        let dir = std::fs::canonicalize(dir).expect("the bench folder resolves");
+        let db = dir.join("answered.db");
+        let folder = dir.join("answered.db-wake");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&folder)
+            .expect("the wake-up folder is made");
+        let socket = folder.join("1-bench.sock");
+        let listener = UnixDatagram::bind(&socket).expect("the socket binds");
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            loop {
+                let (n, from) = listener.recv_from(&mut buf).expect("a datagram");
+                if buf[..n].first() != Some(&b'{') {
+                    break;
+                }
+                let request: serde_json::Value =
+                    serde_json::from_slice(&buf[..n]).expect("a request is JSON");
+                let answer = serde_json::json!({
+                    "token": request["token"], "id": 1, "duplicate": false
+                });
+                listener
+                    .send_to_addr(answer.to_string().as_bytes(), &from)
+                    .expect("the answer is sent");
+            }
+        });
+        Answerer { db, socket, thread }
+    }
+
+    /// Ends the thread and removes its folder.
+    fn stop(self) {
+        let poke = std::os::unix::net::UnixDatagram::unbound().expect("a socket");
+        poke.send_to(&[0], &self.socket).expect("the stop is sent");
+        self.thread
+            .join()
+            .expect("the answering thread does not panic");
+        let folder = self.socket.parent().expect("the socket is in a folder");
+        std::fs::remove_dir_all(folder).expect("the folder is removed");
+    }
+}
+
+/// Runs `leasehold --db PATH jobs add ARGS -- sh -c true` `n` times, one after another, as a
+/// shell loop would.
+fn feed(cli: &std::path::Path, path: &std::path::Path, n: usize, args: &[&str]) {
+    for _ in 0..n {
+        let status = std::process::Command::new(cli)
+            .arg("--db")
+            .arg(path)
+            .args(["jobs", "add"])
+            .args(args)
+            .args(["--", "sh", "-c", "true"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("leasehold jobs add runs");
+        assert!(status.success());
+    }
+}
+
+/// task-spooler with its own server (4 slots) in a folder of the bench's.
+struct Tsp {
+    /// `tsp` (Debian's name: moreutils has a `ts`) or `ts` (task-spooler's own name).
+    program: &'static str,
+    /// Where its socket, its list and its jobs' output go.
+    dir: std::path::PathBuf,
+}
+
+impl Tsp {
+    /// Starts task-spooler's server in `dir` with 4 slots; None (with a note) when neither
+    /// `tsp` nor `ts` on the PATH is task-spooler.
+    fn start(dir: &std::path::Path) -> Option<Tsp> {
+        let program = ["tsp", "ts"].into_iter().find(|name| {
+            std::process::Command::new(name)
+                .arg("-V")
+                .output()
+                .is_ok_and(|out| {
+                    let text = [out.stdout, out.stderr].concat();
+                    String::from_utf8_lossy(&text)
+                        .to_lowercase()
+                        .contains("task spooler")
+                })
+        });
+        let Some(program) = program else {
+            println!("(task-spooler not found as `tsp` or `ts`: install it for its baseline)");
+            return None;
+        };
+        let tsp = Tsp {
+            program,
+            dir: dir.to_path_buf(),
+        };
+        tsp.run(&["-S", "4"]);
+        Some(tsp)
+    }
+
+    /// Runs task-spooler with `args` against this server; panics unless it succeeds.
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        let out = std::process::Command::new(self.program)
+            .args(args)
+            .env("TS_SOCKET", self.dir.join("tsp.socket"))
+            .env("TS_SAVELIST", self.dir.join("tsp.list"))
+            .env("TMPDIR", &self.dir)
+            .output()
+            .expect("task-spooler runs");
+        assert!(out.status.success(), "{out:?}");
+        out
+    }
+
+    /// `tsp -n sh -c true` `n` times, one after another, first add to last ending.
+    fn feed(&self, n: usize) -> Duration {
+        let t = Instant::now();
+        for _ in 0..n {
+            self.run(&["-n", "sh", "-c", "true"]);
+        }
+        loop {
+            let out = self.run(&["-l"]);
+            let list = String::from_utf8_lossy(&out.stdout);
+            if !list.contains("running") && !list.contains("queued") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        t.elapsed()
+    }
+}
+
+impl Drop for Tsp {
+    /// Ends task-spooler's server.
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(self.program)
+            .arg("-K")
+            .env("TS_SOCKET", self.dir.join("tsp.socket"))
+            .output();
+    }
 }

@@ -8,12 +8,10 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
-use crate::cli::{Cli, Failure};
+use crate::cli::Failure;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(e) => return cli::report_clap(&e),
     };

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::builder::{OsStringValueParser, TypedValueParser};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use leasehold::{
     DEFAULT_MAX_RECOVERY_ATTEMPTS, DEFAULT_RECLAIM_BATCH, DEFAULT_WORKERS, OpenOptions, Status,
     Store,
@@ -39,6 +39,16 @@ use self::arg::{Keep, Secs};
     arg_required_else_help = false
 )]
 pub struct Cli {
+    #[command(flatten)]
+    db: DbArg,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// `--db`, global: its own struct so that [`parse`]'s grammar of `jobs add` alone has the same
+/// one.
+#[derive(Debug, Args)]
+struct DbArg {
     /// The database file.
     #[arg(
         long,
@@ -48,8 +58,65 @@ pub struct Cli {
         value_name = "PATH"
     )]
     db: PathBuf,
-    #[command(subcommand)]
-    command: Command,
+}
+
+/// Parses the command line (`std::env::args_os`).
+///
+/// `leasehold jobs add`, which a shell may run once per job, is first parsed by a grammar of
+/// its own arguments and `--db` only ([`parse_add`]): clap's tree of every command, with all
+/// their arguments and help, took more instructions to build and drop than the rest of the
+/// command did before its job was sent (docs/performance.md, *One `jobs add` handed to a
+/// runner*). Anything that grammar does not accept (help, version, another command, a
+/// mistake) is parsed again by the whole tree, so every message and exit code is the whole
+/// tree's.
+///
+/// # Errors
+///
+/// The whole tree's error: help, version, or a usage error to report ([`report_clap`]).
+pub fn parse() -> Result<Cli, clap::Error> {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(cli) = parse_add(&args) {
+        return Ok(cli);
+    }
+    let mut tree = Cli::command();
+    let parsed = tree
+        .try_get_matches_from_mut(&args)
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
+        .map_err(|e| e.format(&mut tree));
+    // The process ends soon after: freeing each of the tree's thousands of allocations one by
+    // one would cost more than building some of them (the kernel takes the pages back at
+    // exit). The tree holds no file or lock.
+    std::mem::forget(tree);
+    parsed
+}
+
+/// `args` parsed as `leasehold [--db PATH] jobs add ...` by a tree of those two commands and
+/// `jobs add`'s arguments only; `None` when `args` name no `jobs add`, or that tree refuses
+/// them (help, version and mistakes are the whole tree's to report).
+///
+/// The small tree is the whole tree's path to `jobs add` with its other branches cut: the
+/// same `--db` ([`DbArg`]), the same [`AddArgs`], under the same names. So what it accepts
+/// the whole tree accepts, with the same values.
+fn parse_add(args: &[std::ffi::OsString]) -> Option<Cli> {
+    // `jobs` then `add`: the only way to name the command (no aliases, no inferred names).
+    // A value that happens to be spelled so (`--db jobs add ...`) only costs a second parse.
+    if !args.windows(2).any(|w| w[0] == "jobs" && w[1] == "add") {
+        return None;
+    }
+    let add = AddArgs::augment_args(clap::Command::new("add"));
+    let jobs = clap::Command::new("jobs")
+        .subcommand_required(true)
+        .subcommand(add);
+    let mut tree = DbArg::augment_args(clap::Command::new("leasehold"))
+        .subcommand_required(true)
+        .subcommand(jobs);
+    let parsed = tree
+        .try_get_matches_from_mut(args)
+        .ok()
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches).ok());
+    // As in `parse`: not worth freeing before exit.
+    std::mem::forget(tree);
+    parsed
 }
 
 #[derive(Debug, Subcommand)]
@@ -486,7 +553,7 @@ struct RunArgs {
 
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    let db = cli.db.as_path();
+    let db = cli.db.db.as_path();
     match cli.command {
         Command::Db(DbCommand::Migrate(a)) => db::migrate(db, a.json, a.force),
         Command::Db(DbCommand::Version(a)) => db::version(db, a.json),
@@ -647,4 +714,108 @@ pub fn report_clap(e: &clap::Error) -> ExitCode {
 /// Makes a message one line: a reason on stderr never spans two.
 pub fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use clap::{CommandFactory, FromArgMatches};
+
+    use super::{Cli, parse_add};
+
+    fn args(line: &[&str]) -> Vec<OsString> {
+        std::iter::once("leasehold")
+            .chain(line.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    /// What the whole tree makes of `args`, or its error's kind.
+    fn whole(args: &[OsString]) -> Result<String, clap::error::ErrorKind> {
+        let mut matches = Cli::command()
+            .try_get_matches_from(args)
+            .map_err(|e| e.kind())?;
+        Cli::from_arg_matches_mut(&mut matches)
+            .map(|cli| format!("{cli:?}"))
+            .map_err(|e| e.kind())
+    }
+
+    #[test]
+    fn the_jobs_add_grammar_parses_as_the_whole_tree_does() {
+        let accepted: &[&[&str]] = &[
+            &["jobs", "add", "--", "sh", "-c", "true"],
+            &["jobs", "add", "echo", "--not-an-option"],
+            &["--db", "x.db", "jobs", "add", "--", "true"],
+            &["--db=x.db", "jobs", "add", "true"],
+            &["jobs", "add", "--db", "y.db", "--json", "--", "true"],
+            &[
+                "jobs",
+                "add",
+                "--queue",
+                "q",
+                "--priority",
+                "-5",
+                "--timeout",
+                "1.5",
+                "--idle-timeout",
+                "2",
+                "--max-attempts",
+                "3",
+                "--on-lost",
+                "fail",
+                "--env",
+                "A=1",
+                "--env",
+                "B=2",
+                "--cwd",
+                "/tmp",
+                "--delay",
+                "0.25",
+                "--after",
+                "1,2",
+                "--after",
+                "3",
+                "--unique-key",
+                "k",
+                "--unique-window",
+                "60",
+                "--",
+                "true",
+            ],
+            &["jobs", "add", "--from-file", "-"],
+            // Refused later, by `jobs add` itself, the same way whichever tree parsed it.
+            &["jobs", "add"],
+            &["jobs", "add", "--from-file", "f", "--", "true"],
+        ];
+        for line in accepted {
+            let args = args(line);
+            let small = parse_add(&args).map(|cli| format!("{cli:?}"));
+            assert_eq!(small.as_deref(), whole(&args).ok().as_deref(), "{line:?}");
+            assert!(small.is_some(), "{line:?} left to the whole tree");
+        }
+    }
+
+    #[test]
+    fn what_the_jobs_add_grammar_refuses_is_left_to_the_whole_tree() {
+        let refused: &[&[&str]] = &[
+            &["jobs", "add", "--help"],
+            &["jobs", "add", "-h"],
+            &["jobs", "add", "--version"],
+            &["--version", "jobs", "add", "true"],
+            &["jobs", "add", "--bogus", "--", "true"],
+            &["jobs", "add", "--timeout", "-1", "--", "true"],
+            &["jobs", "add", "--timeout", "--", "true"],
+            &["jobs", "add", "--unique-window", "5", "--", "true"],
+            &["jobs", "ls"],
+            &["queues", "ls", "--json"],
+            // Valid, but `--db` between `jobs` and `add` is rare enough for the whole tree.
+            &["jobs", "--db", "z.db", "add", "true"],
+            &["help", "jobs", "add"],
+        ];
+        for line in refused {
+            let args = args(line);
+            assert!(parse_add(&args).is_none(), "{line:?} taken as a jobs add");
+        }
+    }
 }

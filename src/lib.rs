@@ -30,6 +30,12 @@
 //! [`Metrics::to_prometheus`] renders in the Prometheus text format.
 #![deny(missing_docs)]
 
+/// The README's Rust examples, compiled (and run unless `no_run`) as doc tests so that they
+/// keep up with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 mod error;
 mod files;
 mod job;

@@ -287,16 +287,16 @@ impl Listener {
 
     /// Blocks until a datagram comes, then drains every datagram already queued, so a burst
     /// of pokes is one wake-up. Returns the hand-off requests among them (a JSON object, see
-    /// [`handoff`](super::handoff)), each with its sender, or `None` once the listener is
-    /// closed.
-    pub(crate) fn wait(&mut self) -> Option<Vec<Request>> {
+    /// [`handoff`](super::handoff)), each with its sender, and whether a plain poke came too;
+    /// or `None` once the listener is closed.
+    pub(crate) fn wait(&mut self) -> Option<Received> {
         let buf = &mut self.buf;
-        let mut requests = Vec::new();
+        let mut got = Received::default();
         match self.socket.recv_from(buf) {
             // A closed socket reads as an empty datagram.
             Ok((0, _)) => return None,
-            Ok((n, from)) => keep_request(&buf[..n], from, &mut requests),
-            Err(e) if e.kind() == ErrorKind::Interrupted => return Some(requests),
+            Ok((n, from)) => got.keep(&buf[..n], from),
+            Err(e) if e.kind() == ErrorKind::Interrupted => return Some(got),
             Err(e) => {
                 log::warn!("wake-up socket {}: {e}", self.path.display());
                 return None;
@@ -306,11 +306,11 @@ impl Listener {
             while let Ok((n, from)) = self.socket.recv_from(buf)
                 && n > 0
             {
-                keep_request(&buf[..n], from, &mut requests);
+                got.keep(&buf[..n], from);
             }
             let _ = self.socket.set_nonblocking(false);
         }
-        Some(requests)
+        Some(got)
     }
 
     /// Sends `answer` to the sender of a request, without blocking: a sender that has gone, or
@@ -337,13 +337,27 @@ pub(crate) struct Request {
     pub(crate) from: SocketAddr,
 }
 
-/// Keeps a datagram that is a hand-off request (a JSON object); a poke is one byte.
-fn keep_request(datagram: &[u8], from: SocketAddr, requests: &mut Vec<Request>) {
-    if datagram.first() == Some(&b'{') {
-        requests.push(Request {
-            body: datagram.to_vec(),
-            from,
-        });
+/// What one [`Listener::wait`] read.
+#[derive(Default)]
+pub(crate) struct Received {
+    /// The hand-off requests, in the order they came.
+    pub(crate) requests: Vec<Request>,
+    /// A plain poke came: something changed in the file that a hand-off does not say (an
+    /// enqueue by another process, a schedule added or resumed, a queue resumed).
+    pub(crate) poked: bool,
+}
+
+impl Received {
+    /// Keeps a datagram that is a hand-off request (a JSON object); a poke is one byte.
+    fn keep(&mut self, datagram: &[u8], from: SocketAddr) {
+        if datagram.first() == Some(&b'{') {
+            self.requests.push(Request {
+                body: datagram.to_vec(),
+                from,
+            });
+        } else {
+            self.poked = true;
+        }
     }
 }
 
@@ -386,7 +400,11 @@ mod tests {
         assert!(stale.exists());
         assert_eq!(poker.poke(&folder(&db), None), 1);
         assert!(!stale.exists(), "the stale socket is deleted");
-        assert!(listener.wait().is_some_and(|requests| requests.is_empty()));
+        assert!(
+            listener
+                .wait()
+                .is_some_and(|got| got.requests.is_empty() && got.poked)
+        );
         // Its own socket is skipped.
         assert_eq!(poker.poke(&folder(&db), Some(listener.path())), 0);
     }

@@ -1,4 +1,4 @@
--- leasehold schema, version 14 (PRAGMA user_version = 14).
+-- leasehold schema, version 15 (PRAGMA user_version = 15).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -123,7 +123,13 @@ CREATE TABLE job_events (
     kind        TEXT    NOT NULL,
     attempt     INTEGER NOT NULL,
     detail      TEXT
-);
+    -- Version 15: start_detail, when set, makes this row record two events: the attempt's
+    -- `started` (at the same `at`, for the same attempt, with start_detail as its detail),
+    -- then the row's own `kind`, the attempt's ending. The runner writes it so when an
+    -- attempt's start and its ending share one commit (a short job): one row instead of two.
+    -- A `started` row of its own still records a start committed before its ending.
+    -- (Written as ALTER TABLE ADD COLUMN writes it.)
+, start_detail TEXT);
 CREATE INDEX job_events_job ON job_events (job_id, id);
 
 -- The bounded tail of each attempt's stdout and stderr. An operator's retry starts counting

@@ -47,7 +47,9 @@ fn checked_duration_ms(d: Duration) -> Option<i64> {
 
 /// What happened to a job: one row of its history in `job_events`. The spelling in the
 /// database is [`EventKind::as_str`]. Each is written in the transaction of the transition it
-/// records.
+/// records. A [`Started`](EventKind::Started) committed together with its attempt's ending
+/// is not a row of its own: the ending's row carries it (`start_detail`), and the history
+/// reads it back as a `started` event before the ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum EventKind {
@@ -903,7 +905,8 @@ pub struct JobRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Event {
-    /// The event's id: increasing in the order events were written.
+    /// The event's id: increasing in the order events were written. A `started` event
+    /// recorded on its attempt's ending's row has that ending's id.
     pub id: i64,
     /// The job it belongs to.
     pub job_id: i64,

@@ -13,11 +13,18 @@
 //! writer commits almost every write on its own, and the commits' CPU cost (WAL frames,
 //! checksums, locks, the flush) becomes the runner's limit.
 //!
+//! An attempt's start and its ending that fall in one batch (a short job's) are applied as
+//! one write: the ending's statement writes the process too, and its event row records the
+//! start ([`store::finish_started`]), so such a job costs one event row and one UPDATE fewer.
+//! A claim and its attempt's start never share a batch: the worker spawns the attempt only
+//! once the claim is committed. A batch retried in savepoints (below) pairs nothing.
+//!
 //! A batch is first applied as plain statements. If one write fails, the transaction is
 //! rolled back and the batch applied again with each write in its own savepoint, so one that
 //! fails does not undo the others; savepoints cost a copy of every page they touch, which the
 //! common case does without.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -26,7 +33,7 @@ use rusqlite::Connection;
 
 use crate::error::{Error, Result};
 use crate::job::Status;
-use crate::store::{self, ClaimRequest, Claimed, Finish, Finished, Store};
+use crate::store::{self, AttemptStart, ClaimRequest, Claimed, Finish, Finished, Store};
 
 use super::shared::{LINGER, Op, Shared, WriterLoop};
 
@@ -122,25 +129,16 @@ fn commit(
         let commit_started = Instant::now();
         let mut write_failed = false;
         let mut next_due = None;
+        // A batch retried in savepoints applies each write alone, as it did before pairing: a
+        // start that fails then costs only itself, never its ending.
+        let pairs = if savepoints {
+            vec![Pair::Alone; batch.len()]
+        } else {
+            pairs(&batch)
+        };
         let attempt = store::transaction(store.conn(), &mut |conn| {
-            let applied = if savepoints {
-                batch
-                    .iter()
-                    .map(|op| apply(conn, op, &ctx))
-                    .collect::<Result<Vec<_>>>()?
-            } else {
-                let mut applied = Vec::with_capacity(batch.len());
-                for op in &batch {
-                    match apply_op(conn, op, &ctx) {
-                        Ok(a) => applied.push(a),
-                        Err(e) => {
-                            write_failed = true;
-                            return Err(e);
-                        }
-                    }
-                }
-                applied
-            };
+            let applied = apply_batch(conn, &batch, &pairs, savepoints, &ctx)
+                .inspect_err(|_| write_failed = !savepoints)?;
             next_due = look_ahead(conn, &batch, &applied, &ctx);
             Ok(applied)
         });
@@ -397,6 +395,40 @@ impl Held {
     }
 }
 
+/// How one write of a batch is applied: on its own, or as part of another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pair {
+    /// On its own.
+    Alone,
+    /// A start that the ending at this index records with it.
+    StartOf(usize),
+    /// An ending that records the start at this index with it.
+    EndingOf(usize),
+}
+
+/// Pairs each ending of `batch` with its attempt's start (same job, same run token) when that
+/// start comes earlier in the batch: a worker queues the start before the ending, on one
+/// channel, so it always does when both are in the batch.
+fn pairs(batch: &[Op]) -> Vec<Pair> {
+    let mut pairs = vec![Pair::Alone; batch.len()];
+    let mut starts: HashMap<(i64, &str), usize> = HashMap::new();
+    for (i, op) in batch.iter().enumerate() {
+        match op {
+            Op::Start(s) => {
+                starts.insert((s.job_id, s.run_token.as_str()), i);
+            }
+            Op::Finish(f) => {
+                if let Some(start) = starts.remove(&(f.job_id, f.run_token.as_str())) {
+                    pairs[start] = Pair::StartOf(i);
+                    pairs[i] = Pair::EndingOf(start);
+                }
+            }
+            Op::Claim { .. } => {}
+        }
+    }
+    pairs
+}
+
 enum Applied {
     Claimed(Result<Vec<Claimed>>),
     Started,
@@ -440,8 +472,46 @@ fn look_ahead(
     }
 }
 
-/// Applies one write as plain statements; a failure may leave part of it applied.
-fn apply_op(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Result<Applied> {
+/// Applies the writes of `batch`, each paired start with its ending: as plain statements, or
+/// each in its own savepoint.
+fn apply_batch(
+    conn: &Connection,
+    batch: &[Op],
+    pairs: &[Pair],
+    savepoints: bool,
+    ctx: &Ctx<'_>,
+) -> Result<Vec<Applied>> {
+    let mut applied = Vec::with_capacity(batch.len());
+    for (op, pair) in batch.iter().zip(pairs) {
+        let start = match *pair {
+            // Recorded with its ending, further on.
+            Pair::StartOf(_) => {
+                applied.push(Applied::Started);
+                continue;
+            }
+            Pair::EndingOf(i) => match &batch[i] {
+                Op::Start(s) => Some(s),
+                _ => None,
+            },
+            Pair::Alone => None,
+        };
+        applied.push(if savepoints {
+            apply(conn, op, start, ctx)?
+        } else {
+            apply_op(conn, op, start, ctx)?
+        });
+    }
+    Ok(applied)
+}
+
+/// Applies one write as plain statements; a failure may leave part of it applied. An ending
+/// given its attempt's `start` records both.
+fn apply_op(
+    conn: &Connection,
+    op: &Op,
+    start: Option<&AttemptStart>,
+    ctx: &Ctx<'_>,
+) -> Result<Applied> {
     let now = ctx.now;
     Ok(match op {
         Op::Claim { limit, caps, .. } => {
@@ -458,14 +528,22 @@ fn apply_op(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Result<Applied> {
             store::record_start(conn, s, now)?;
             Applied::Started
         }
-        Op::Finish(f) => Applied::Finished(Ok(store::finish_attempt(conn, f, now)?)),
+        Op::Finish(f) => Applied::Finished(Ok(match start {
+            Some(s) => store::finish_started(conn, s, f, now)?,
+            None => store::finish_attempt(conn, f, now)?,
+        })),
     })
 }
 
 /// Applies one write inside a savepoint, so that its failure undoes only itself. A full disk
 /// fails the whole transaction instead: SQLite may have rolled it back already.
-fn apply(conn: &Connection, op: &Op, ctx: &Ctx<'_>) -> Result<Applied> {
-    let result = store::savepoint(conn, |conn| apply_op(conn, op, ctx));
+fn apply(
+    conn: &Connection,
+    op: &Op,
+    start: Option<&AttemptStart>,
+    ctx: &Ctx<'_>,
+) -> Result<Applied> {
+    let result = store::savepoint(conn, |conn| apply_op(conn, op, start, ctx));
     Ok(match (op, result) {
         (_, Ok(a)) => a,
         (_, Err(e)) if e.is_full() => return Err(e),
@@ -536,6 +614,110 @@ mod tests {
     use crate::job::{Job, Output, Status};
     use crate::runner::Runner;
     use crate::store::Ending;
+
+    /// An attempt's start and its ending queued in one batch are applied as one write: one
+    /// event row (enqueued, claimed, then the ending carrying the start), the job keeps the
+    /// attempt's pid, and the history reads started then the ending at the commit's time. A
+    /// start whose ending is not in the batch is recorded alone, as before.
+    #[test]
+    fn a_start_and_its_ending_in_one_batch_write_one_event_row() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("jobs.db");
+        let config = Runner::builder(&path).config;
+        let shared = Arc::new(Shared::new(config, "w1".to_string()));
+        let (_writer, queues) = super::super::shared::Writer::new(Arc::clone(&shared));
+        let store = Store::open(&path).expect("open");
+        let ids: Vec<i64> = (0..3)
+            .map(|_| store.enqueue(&Job::shell("true"), 1).expect("enqueue"))
+            .collect();
+        let req = ClaimRequest {
+            worker_id: "w1",
+            limit: 3,
+            queues: &[],
+            lease_ttl: Duration::from_secs(60),
+            queue_caps: &[],
+        };
+        let jobs = store.claim(&req, crate::job::now_ms()).expect("claim");
+        assert_eq!(jobs.len(), 3);
+        let start = |c: &Claimed, pid: i32| {
+            Op::Start(AttemptStart {
+                job_id: c.id,
+                run_token: c.run_token.clone(),
+                pid,
+                pgid: pid,
+                start_time: 99,
+                keeper: None,
+            })
+        };
+        let finish = |c: &Claimed, ending: Ending| {
+            Op::Finish(Box::new(Finish {
+                job_id: c.id,
+                run_token: c.run_token.clone(),
+                attempt: c.attempt,
+                ending,
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            }))
+        };
+        let failed = Ending::Failed {
+            kind: crate::job::ErrorKind::Exit,
+            exit_code: Some(1),
+            signal: None,
+            message: "exit 1".to_string(),
+        };
+        // Interleaved as workers queue them; the third job's ending is not in the batch.
+        let batch = vec![
+            start(&jobs[0], 501),
+            start(&jobs[1], 502),
+            start(&jobs[2], 503),
+            finish(&jobs[1], failed),
+            finish(&jobs[0], Ending::Succeeded),
+        ];
+        let done = commit(&store, &shared, &queues, &mut Held::default(), batch);
+        assert_eq!(done.len(), 5);
+        let history = |id: i64| -> Vec<(String, i64, String)> {
+            store
+                .events(id)
+                .expect("events")
+                .into_iter()
+                .map(|e| (e.kind.to_string(), e.at, e.detail.unwrap_or_default()))
+                .collect()
+        };
+        let rows = |id: i64| -> i64 {
+            store
+                .conn()
+                .query_row(
+                    "SELECT count(*) FROM job_events WHERE job_id = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
+                .expect("count")
+        };
+        for (i, (id, ending, detail)) in [
+            (ids[0], "succeeded", "exit 0"),
+            (ids[1], "failed", "exit 1"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let h = history(id);
+            let kinds: Vec<&str> = h.iter().map(|e| e.0.as_str()).collect();
+            assert_eq!(kinds, ["enqueued", "claimed", "started", ending]);
+            let pid = 501 + i;
+            assert_eq!(h[2].2, format!("pid {pid} pgid {pid}"));
+            assert_eq!(h[3].2, detail);
+            assert_eq!(h[2].1, h[3].1, "one commit, one time");
+            assert_eq!(rows(id), 3);
+            let job = store.job(id).expect("job");
+            assert_eq!(job.pid, Some(pid as i64), "{job:?}");
+            assert_eq!(job.pgid, Some(pid as i64), "{job:?}");
+        }
+        let kinds: Vec<String> = history(ids[2]).into_iter().map(|e| e.0).collect();
+        assert_eq!(kinds, ["enqueued", "claimed", "started"]);
+        assert_eq!(rows(ids[2]), 3);
+        assert_eq!(store.job(ids[2]).expect("job").pid, Some(503));
+    }
 
     /// A writer whose file is full (`PRAGMA max_page_count` at its size, with no free page)
     /// holds an ending, refuses claims meanwhile, and records the ending exactly once when

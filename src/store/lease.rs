@@ -364,9 +364,31 @@ pub struct AttemptStart {
     pub keeper: Option<(i32, u64)>,
 }
 
+/// Records an attempt's process and its `started` event, under the attempt's lease; false when
+/// the lease is gone and nothing was written.
 pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Result<bool> {
+    if !set_process(conn, s)? {
+        return Ok(false);
+    }
+    let attempt: i64 = conn
+        .prepare_cached("SELECT attempt FROM jobs WHERE id = ?1")?
+        .query_row([s.job_id], |r| r.get(0))?;
+    event(
+        conn,
+        s.job_id,
+        now,
+        EventKind::Started,
+        attempt,
+        &start_detail(s),
+    )?;
+    Ok(true)
+}
+
+/// Writes the attempt's process into its job, fenced by the lease; false when the lease is
+/// gone and nothing changed.
+fn set_process(conn: &Connection, s: &AttemptStart) -> Result<bool> {
     // No RETURNING: SQLite gathers a RETURNING's rows in a temporary b-tree, which costs more
-    // than this whole UPDATE. The event reads the attempt from the row just written.
+    // than this whole UPDATE. `record_start` reads the attempt from the row just written.
     let changed = conn
         .prepare_cached(
             "UPDATE jobs SET pid = ?3, pgid = ?4, proc_start_time = ?5, keeper_pid = ?6,
@@ -382,21 +404,67 @@ pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Res
             s.keeper.map(|(pid, _)| pid),
             s.keeper.map(|(_, start)| start as i64)
         ])?;
-    if changed == 0 {
-        return Ok(false);
+    Ok(changed > 0)
+}
+
+/// The detail of an attempt's `started` event, in its own row or on its ending's.
+fn start_detail(s: &AttemptStart) -> String {
+    format!("pid {} pgid {}", s.pid, s.pgid)
+}
+
+/// Records an attempt's start and its ending together, as the runner's writer does when both
+/// fall in one transaction: the ending's event row carries the start (`start_detail`, read
+/// back as a `started` event at the same time), and a success writes the process into the
+/// job in its own UPDATE. The history reads as if [`record_start`] and [`finish_attempt`] had
+/// run one after the other, in one row and one statement fewer.
+pub(crate) fn finish_started(
+    conn: &Connection,
+    s: &AttemptStart,
+    f: &Finish,
+    now: i64,
+) -> Result<Finished> {
+    debug_assert!(s.job_id == f.job_id && s.run_token == f.run_token);
+    if !f.notes.is_empty() {
+        // The notes' events (leaked processes, say) come between the start and the ending:
+        // the start keeps a row of its own ahead of them. Rare, so not worth a second path.
+        record_start(conn, s, now)?;
+        return finish_attempt(conn, f, now);
     }
-    let attempt: i64 = conn
-        .prepare_cached("SELECT attempt FROM jobs WHERE id = ?1")?
-        .query_row([s.job_id], |r| r.get(0))?;
-    event(
-        conn,
-        s.job_id,
+    if f.ending == Ending::Succeeded {
+        return finish_succeeded(conn, f, Some(s), now);
+    }
+    // Other endings write columns of their own; the process goes in first, under the same
+    // fence. Should the lease be gone, the ending finds it gone too, and records no start.
+    let held = set_process(conn, s)?;
+    finish_with(conn, f, held.then_some(s), now)
+}
+
+/// Appends an ending's event; with `start`, the same row records the attempt's start.
+fn ending_event(
+    conn: &Connection,
+    f: &Finish,
+    now: i64,
+    kind: EventKind,
+    attempt: i64,
+    detail: &str,
+    start: Option<&AttemptStart>,
+) -> Result<()> {
+    let Some(s) = start else {
+        return event(conn, f.job_id, now, kind, attempt, detail);
+    };
+    conn.prepare_cached(
+        "INSERT INTO job_events (job_id, at, kind, attempt, detail, start_detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        f.job_id,
         now,
-        EventKind::Started,
+        kind.as_str(),
         attempt,
-        &format!("pid {} pgid {}", s.pid, s.pgid),
-    )?;
-    Ok(true)
+        detail,
+        start_detail(s)
+    ])?;
+    Ok(())
 }
 
 /// What [`Store::renew`](crate::Store::renew) found.
@@ -527,8 +595,19 @@ pub(crate) fn backoff_ms(base_ms: i64, max_ms: i64, failures: i64) -> i64 {
 }
 
 pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+    finish_with(conn, f, None, now)
+}
+
+/// [`finish_attempt`], with the event row of a recorded ending carrying `start` when given
+/// (see [`finish_started`]).
+fn finish_with(
+    conn: &Connection,
+    f: &Finish,
+    start: Option<&AttemptStart>,
+    now: i64,
+) -> Result<Finished> {
     if f.ending == Ending::Succeeded {
-        return finish_succeeded(conn, f, now);
+        return finish_succeeded(conn, f, start, now);
     }
     let row: Option<(i64, i64, i64, i64, i64, String, i64)> = conn
         .prepare_cached(
@@ -547,7 +626,7 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
     const RELEASE: &str = "lease_expires_at = NULL, heartbeat_at = ?3";
     let (status, kind, detail) = match &f.ending {
         // Taken by the early return above, which needs no SELECT.
-        Ending::Succeeded => return finish_succeeded(conn, f, now),
+        Ending::Succeeded => return finish_succeeded(conn, f, start, now),
         Ending::Failed {
             kind,
             exit_code,
@@ -642,24 +721,50 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
         }
     };
     finish_rest(conn, f, now, attempt)?;
-    event(conn, f.job_id, now, kind, attempt, &detail)?;
+    ending_event(conn, f, now, kind, attempt, &detail, start)?;
     counter::attempt_ended(conn, facts.as_ref(), &f.ending, status, now)?;
     dependency::job_ended(conn, f.job_id, status, now)?;
     Ok(Finished::Recorded(status))
 }
 
 /// A successful ending: the fenced UPDATE needs no read before it; no row changed means the
-/// lease is gone, and only the fenced event is written.
-fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
-    // No RETURNING (see `record_start`): the success leaves attempt, queue, scheduled_at and
+/// lease is gone, and only the fenced event is written. With `start`, the same UPDATE writes
+/// the attempt's process and the ending's event row records the start.
+fn finish_succeeded(
+    conn: &Connection,
+    f: &Finish,
+    start: Option<&AttemptStart>,
+    now: i64,
+) -> Result<Finished> {
+    // No RETURNING (see `set_process`): the success leaves attempt, queue, scheduled_at and
     // started_at as they were, so what the metrics need of the attempt is read after it.
-    let changed = conn
-        .prepare_cached(
-            "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
-                 signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
-             WHERE id = ?1 AND status = 'running' AND run_token = ?2",
-        )?
-        .execute(params![f.job_id, f.run_token, now])?;
+    let changed = match start {
+        None => conn
+            .prepare_cached(
+                "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                     signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
+                 WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+            )?
+            .execute(params![f.job_id, f.run_token, now])?,
+        Some(s) => conn
+            .prepare_cached(
+                "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                     signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3,
+                     pid = ?4, pgid = ?5, proc_start_time = ?6, keeper_pid = ?7,
+                     keeper_start_time = ?8
+                 WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+            )?
+            .execute(params![
+                f.job_id,
+                f.run_token,
+                now,
+                s.pid,
+                s.pgid,
+                s.start_time as i64,
+                s.keeper.map(|(pid, _)| pid),
+                s.keeper.map(|(_, start)| start as i64)
+            ])?,
+    };
     if changed == 0 {
         return fenced(conn, f, now);
     }
@@ -672,7 +777,7 @@ fn finish_succeeded(conn: &Connection, f: &Finish, now: i64) -> Result<Finished>
             ))
         })?;
     finish_rest(conn, f, now, attempt)?;
-    event(conn, f.job_id, now, EventKind::Succeeded, attempt, "exit 0")?;
+    ending_event(conn, f, now, EventKind::Succeeded, attempt, "exit 0", start)?;
     counter::attempt_ended(conn, Some(&facts), &f.ending, Status::Succeeded, now)?;
     dependency::job_ended(conn, f.job_id, Status::Succeeded, now)?;
     Ok(Finished::Recorded(Status::Succeeded))
@@ -832,6 +937,201 @@ mod tests {
                 "{plan:?}"
             );
         }
+    }
+
+    /// Two jobs of a queue of their own claimed at `now`; their claims.
+    fn claimed_pair(store: &crate::Store, job: &crate::Job, now: i64) -> Vec<Claimed> {
+        let queue = format!("q{now}");
+        let job = job.clone().queue(&queue);
+        store.enqueue(&job, now).expect("enqueue");
+        store.enqueue(&job, now).expect("enqueue");
+        let req = ClaimRequest {
+            worker_id: "w",
+            limit: 2,
+            queues: &[queue],
+            lease_ttl: Duration::from_secs(30),
+            queue_caps: &[],
+        };
+        let claimed = claim(store.conn(), &req, now).expect("claim");
+        assert_eq!(claimed.len(), 2);
+        claimed
+    }
+
+    /// The start of claim `c`'s attempt, with a keeper.
+    fn start_of(c: &Claimed) -> AttemptStart {
+        let pid = 40_000 + i32::try_from(c.id).expect("a small id");
+        AttemptStart {
+            job_id: c.id,
+            run_token: c.run_token.clone(),
+            pid,
+            pgid: pid,
+            start_time: 777,
+            keeper: Some((pid - 1, 776)),
+        }
+    }
+
+    /// What a job's history and row show, without what differs between two jobs (ids,
+    /// pids).
+    fn seen(store: &crate::Store, id: i64) -> (Vec<(String, i64, i64, String)>, String) {
+        let events = store
+            .events(id)
+            .expect("events")
+            .into_iter()
+            .map(|e| {
+                let detail = e.detail.unwrap_or_default();
+                let pid = (40_000 + id).to_string();
+                (
+                    e.kind.to_string(),
+                    e.at,
+                    e.attempt,
+                    detail.replace(&pid, "P"),
+                )
+            })
+            .collect();
+        let j = store.job(id).expect("job");
+        let row = format!(
+            "{} {:?} {:?} {:?} {:?} {:?} {:?}",
+            j.status,
+            j.pid.map(|p| p - id),
+            j.pgid.map(|p| p - id),
+            j.keeper_pid.map(|p| p - id),
+            j.exit_code,
+            j.error_kind,
+            j.last_error
+        );
+        (events, row)
+    }
+
+    /// Event rows of job `id`.
+    fn rows(store: &crate::Store, id: i64) -> i64 {
+        store
+            .conn()
+            .query_row(
+                "SELECT count(*) FROM job_events WHERE job_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .expect("count")
+    }
+
+    /// A start and its ending recorded together read exactly as the two recorded one after
+    /// the other (kinds, times, attempts, details, and the job's pid and ending), in one
+    /// event row fewer, for every kind of ending; with notes, the start keeps its own row so
+    /// that the notes stay between it and the ending.
+    #[test]
+    fn a_start_recorded_with_its_ending_reads_as_the_two_recorded_apart() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let store = crate::Store::open(dir.path().join("jobs.db")).expect("open");
+        let failed = |code| Ending::Failed {
+            kind: ErrorKind::Exit,
+            exit_code: Some(code),
+            signal: None,
+            message: format!("exit {code}"),
+        };
+        let retried = crate::Job::shell("false")
+            .max_attempts(3)
+            .backoff(Duration::ZERO, Duration::ZERO);
+        let once = crate::Job::shell("true");
+        let leak = vec![(EventKind::Leaked, "1 process left".to_string())];
+        let cases = [
+            (&once, Ending::Succeeded, Vec::new(), 1),
+            (&once, failed(1), Vec::new(), 1),
+            (&retried, failed(2), Vec::new(), 1),
+            (
+                &once,
+                Ending::Lost {
+                    message: "frozen".to_string(),
+                },
+                Vec::new(),
+                1,
+            ),
+            (
+                &once,
+                Ending::Interrupted {
+                    message: "shutdown".to_string(),
+                },
+                Vec::new(),
+                1,
+            ),
+            (&once, Ending::Succeeded, leak, 0),
+        ];
+        for (i, (job, ending, notes, fewer)) in cases.into_iter().enumerate() {
+            let now = 1_700_000_000_000 + 1_000 * i as i64;
+            let pair = claimed_pair(&store, job, now);
+            let finish = |c: &Claimed| Finish {
+                job_id: c.id,
+                run_token: c.run_token.clone(),
+                attempt: c.attempt,
+                ending: ending.clone(),
+                output: None,
+                notes: notes.clone(),
+                max_recovery_attempts: 3,
+            };
+            let (apart, together) = (&pair[0], &pair[1]);
+            let at = now + 10;
+            crate::store::transaction(store.conn(), &mut |conn| {
+                assert!(record_start(conn, &start_of(apart), at)?);
+                finish_attempt(conn, &finish(apart), at)?;
+                finish_started(conn, &start_of(together), &finish(together), at)
+            })
+            .expect("recorded");
+            assert_eq!(
+                seen(&store, apart.id),
+                seen(&store, together.id),
+                "{ending:?}"
+            );
+            let kinds: Vec<String> = seen(&store, together.id)
+                .0
+                .into_iter()
+                .map(|e| e.0)
+                .collect();
+            assert_eq!(kinds[..3], ["enqueued", "claimed", "started"], "{ending:?}");
+            assert_eq!(
+                rows(&store, together.id),
+                rows(&store, apart.id) - fewer,
+                "{ending:?}"
+            );
+        }
+    }
+
+    /// A start and ending recorded together after the lease moved on record no start, as
+    /// the start recorded alone would not have.
+    #[test]
+    fn a_start_with_its_ending_after_the_lease_is_gone_records_no_start() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let store = crate::Store::open(dir.path().join("jobs.db")).expect("open");
+        let now = 1_700_000_000_000;
+        let pair = claimed_pair(&store, &crate::Job::shell("true"), now);
+        for c in &pair {
+            store.cancel(c.id, now + 1).expect("cancel");
+        }
+        let (apart, together) = (&pair[0], &pair[1]);
+        let finish = |c: &Claimed| Finish {
+            job_id: c.id,
+            run_token: c.run_token.clone(),
+            attempt: c.attempt,
+            ending: Ending::Succeeded,
+            output: None,
+            notes: Vec::new(),
+            max_recovery_attempts: 3,
+        };
+        let at = now + 10;
+        let done = crate::store::transaction(store.conn(), &mut |conn| {
+            assert!(!record_start(conn, &start_of(apart), at)?);
+            Ok((
+                finish_attempt(conn, &finish(apart), at)?,
+                finish_started(conn, &start_of(together), &finish(together), at)?,
+            ))
+        })
+        .expect("recorded");
+        assert_eq!(done, (Finished::Stopped, Finished::Stopped));
+        assert_eq!(seen(&store, apart.id), seen(&store, together.id));
+        let kinds: Vec<String> = seen(&store, together.id)
+            .0
+            .into_iter()
+            .map(|e| e.0)
+            .collect();
+        assert!(!kinds.contains(&"started".to_string()), "{kinds:?}");
     }
 
     /// The wait before jitter, as `backoff_ms` computes it.

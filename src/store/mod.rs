@@ -67,7 +67,7 @@ pub use crate::metrics::DatabaseSize;
 pub use enqueue::Enqueued;
 pub use failure::RecentFailure;
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
-pub(crate) use lease::{claim, finish_attempt, next_due, record_start};
+pub(crate) use lease::{claim, finish_attempt, finish_started, next_due, record_start};
 pub use maintenance::VacuumReport;
 pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,

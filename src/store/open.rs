@@ -12,7 +12,7 @@ use super::maintenance::{self, AUTO_VACUUM_INCREMENTAL};
 use crate::error::{Error, Result, is_busy};
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 14;
+pub const SCHEMA_VERSION: i64 = 15;
 
 /// How long a connection waits for another to release the database before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -147,7 +147,7 @@ pub(super) struct Opened {
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 /// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
 /// file: see [`migrate`].
-const MIGRATIONS: [&str; 14] = [
+const MIGRATIONS: [&str; 15] = [
     include_str!("../migrations/0001_initial.sql"),
     include_str!("../migrations/0002_auto_vacuum.sql"),
     include_str!("../migrations/0003_failed_stale.sql"),
@@ -162,6 +162,7 @@ const MIGRATIONS: [&str; 14] = [
     include_str!("../migrations/0012_dashboard.sql"),
     include_str!("../migrations/0013_keepers.sql"),
     include_str!("../migrations/0014_per_job_cost.sql"),
+    include_str!("../migrations/0015_start_with_ending.sql"),
 ];
 
 /// The version whose migration is [`rewrite_check_lists`], done in code.

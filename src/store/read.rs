@@ -3,7 +3,7 @@
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
 use crate::error::{Error, Result};
-use crate::job::{Event, JobRecord, Output, Status};
+use crate::job::{Event, EventKind, JobRecord, Output, Status};
 
 use super::row::{JOB_COLUMNS, event_row, job_row};
 use super::tx::queue_filter;
@@ -130,13 +130,28 @@ fn query_jobs(
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+/// Job `id`'s history, oldest first. A row with a `start_detail` (an ending committed with its
+/// attempt's start) reads as two events: the `started` it records, then its own.
 pub(super) fn events(conn: &Connection, id: i64) -> Result<Vec<Event>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id, job_id, at, kind, attempt, detail FROM job_events
+        "SELECT id, job_id, at, kind, attempt, detail, start_detail FROM job_events
              WHERE job_id = ?1 ORDER BY id",
     )?;
-    let rows = stmt.query_map([id], event_row)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let mut rows = stmt.query([id])?;
+    let mut events = Vec::new();
+    while let Some(row) = rows.next()? {
+        let event = event_row(row)?;
+        if let Some(detail) = row.get::<_, Option<String>>(6)? {
+            // Its id is the ending's: the row that holds them both.
+            events.push(Event {
+                kind: EventKind::Started,
+                detail: Some(detail),
+                ..event.clone()
+            });
+        }
+        events.push(event);
+    }
+    Ok(events)
 }
 
 pub(super) fn endings_after(conn: &Connection, after_id: i64, limit: u64) -> Result<Vec<Event>> {

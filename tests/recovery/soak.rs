@@ -311,20 +311,29 @@ fn soak_64_workers_20000_jobs_wrapping_pids_a_frozen_runner_and_shell_adds() {
     let total = count("SELECT count(*) FROM jobs");
     let succeeded = count("SELECT count(*) FROM jobs WHERE status = 'succeeded'");
     // Per job, its events in order: a `started` while the previous attempt has neither
-    // ended nor been torn down is a second run at once, as the database saw it.
+    // ended nor been torn down is a second run at once, as the database saw it. A row with a
+    // start_detail records its attempt's start before its own event.
     let mut events: HashMap<i64, Vec<(String, i64, String)>> = HashMap::new();
     {
         let mut stmt = bare
             .prepare(
-                "SELECT job_id, kind, attempt, coalesce(detail, '') FROM job_events ORDER BY id",
+                "SELECT job_id, kind, attempt, coalesce(detail, ''), start_detail
+                 FROM job_events ORDER BY id",
             )
             .unwrap();
         let rows = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
             .unwrap();
         for row in rows {
-            let (job, kind, attempt, detail): (i64, String, i64, String) = row.unwrap();
-            events.entry(job).or_default().push((kind, attempt, detail));
+            let (job, kind, attempt, detail, start): (i64, String, i64, String, Option<String>) =
+                row.unwrap();
+            let evs = events.entry(job).or_default();
+            if let Some(start) = start {
+                evs.push(("started".to_string(), attempt, start));
+            }
+            evs.push((kind, attempt, detail));
         }
     }
     let mut kinds: HashMap<String, usize> = HashMap::new();

@@ -93,3 +93,58 @@ fn shutdown_returns_while_another_connection_holds_the_write_lock() {
     assert!(group_members(pgid).is_empty(), "the attempt was killed");
     holder.execute_batch("ROLLBACK").expect("rollback");
 }
+
+/// Short jobs' starts and endings share commits: such a job's ending row carries its start,
+/// so a stream of `/bin/true` jobs costs fewer than four event rows a job (enqueued, claimed,
+/// started, succeeded were four), while every job's history still reads those four events,
+/// the start before the ending at the same time, and the job keeps its attempt's pid.
+#[test]
+fn short_jobs_write_fewer_event_rows_and_read_the_same_history() {
+    const N: usize = 200;
+    let db = TestDb::new();
+    let runner = fast(&db.path).workers(8).start().expect("start");
+    let jobs = vec![Job::command(["/bin/true"]); N];
+    let ids = runner.enqueue_many(&jobs).expect("enqueue");
+    let store = db.store();
+    wait_for("every job to succeed", WAIT, || {
+        (store.counts().expect("counts").succeeded == N as u64).then_some(())
+    });
+    runner.shutdown().expect("shutdown");
+
+    let rows: i64 = db
+        .bare()
+        .query_row("SELECT count(*) FROM job_events", [], |r| r.get(0))
+        .expect("count");
+    let folded: i64 = db
+        .bare()
+        .query_row(
+            "SELECT count(*) FROM job_events WHERE start_detail IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    eprintln!(
+        "{N} jobs: {rows} event rows ({:.2} a job), {folded} starts on their ending's row",
+        rows as f64 / N as f64
+    );
+    assert!(rows < 4 * N as i64, "{rows} rows for {N} jobs");
+    for &id in &ids {
+        let events = store.events(id).expect("events");
+        let kinds: Vec<String> = events.iter().map(|e| e.kind.to_string()).collect();
+        assert_eq!(
+            kinds,
+            ["enqueued", "claimed", "started", "succeeded"],
+            "job {id}"
+        );
+        let (started, ended) = (&events[2], &events[3]);
+        assert!(started.at <= ended.at, "{events:?}");
+        assert_eq!(started.attempt, 1);
+        let job = store.job(id).expect("job");
+        let pid = job.pid.expect("the attempt's pid");
+        assert_eq!(
+            started.detail.as_deref(),
+            Some(format!("pid {pid} pgid {}", job.pgid.expect("its group")).as_str()),
+            "{job:?}"
+        );
+    }
+}

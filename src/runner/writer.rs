@@ -719,6 +719,93 @@ mod tests {
         assert_eq!(store.job(ids[2]).expect("job").pid, Some(503));
     }
 
+    /// The writer's work for `n` short jobs, `per` at a time: a claim's transaction, then
+    /// one transaction with their starts and endings, as a runner commits jobs that end
+    /// within the linger. With `pair` false each start and ending is applied on its own, as
+    /// the writer did before it paired them. Kept out of line for callgrind's
+    /// `--toggle-collect`.
+    #[inline(never)]
+    fn short_jobs_writer_cycles(store: &Store, n: usize, per: u32, pair: bool) -> usize {
+        let ctx = Ctx {
+            worker_id: "w1",
+            queues: &[],
+            lease_ttl: Duration::from_secs(60),
+            now: crate::job::now_ms(),
+        };
+        let req = ClaimRequest {
+            worker_id: "w1",
+            limit: per,
+            queues: &[],
+            lease_ttl: ctx.lease_ttl,
+            queue_caps: &[],
+        };
+        let mut done = 0;
+        while done < n {
+            let claimed =
+                store::transaction(store.conn(), &mut |conn| store::claim(conn, &req, ctx.now))
+                    .expect("claim");
+            assert!(!claimed.is_empty(), "jobs are left to claim");
+            let mut batch = Vec::with_capacity(2 * claimed.len());
+            for (i, c) in claimed.iter().enumerate() {
+                let pid = 1000 + i32::try_from(i).expect("a small batch");
+                batch.push(Op::Start(AttemptStart {
+                    job_id: c.id,
+                    run_token: c.run_token.clone(),
+                    pid,
+                    pgid: pid,
+                    start_time: 1,
+                    keeper: Some((pid + 1, 1)),
+                }));
+                batch.push(Op::Finish(Box::new(Finish {
+                    job_id: c.id,
+                    run_token: c.run_token.clone(),
+                    attempt: c.attempt,
+                    ending: Ending::Succeeded,
+                    output: None,
+                    notes: Vec::new(),
+                    max_recovery_attempts: 3,
+                })));
+            }
+            let pairs = if pair {
+                pairs(&batch)
+            } else {
+                vec![Pair::Alone; batch.len()]
+            };
+            store::transaction(store.conn(), &mut |conn| {
+                apply_batch(conn, &batch, &pairs, false, &ctx)
+            })
+            .expect("starts and endings");
+            done += claimed.len();
+        }
+        done
+    }
+
+    /// A measurement, run by hand (see docs/performance.md): the writer's work for 2,000
+    /// short jobs, 8 a batch, with `LEASEHOLD_PAIR=0` as before pairing; prints the event
+    /// rows a job.
+    #[test]
+    #[ignore = "a measurement: run under valgrind --tool=callgrind"]
+    fn short_jobs_writer_work() {
+        const N: usize = 2_000;
+        let pair = std::env::var("LEASEHOLD_PAIR").map_or(true, |v| v != "0");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let store = Store::open(dir.path().join("jobs.db")).expect("open");
+        store
+            .enqueue_many(&vec![Job::command(["/bin/true"]); N], 1)
+            .expect("enqueue");
+        let started = Instant::now();
+        assert_eq!(short_jobs_writer_cycles(&store, N, 8, pair), N);
+        let took = started.elapsed();
+        let rows: i64 = store
+            .conn()
+            .query_row("SELECT count(*) FROM job_events", [], |r| r.get(0))
+            .expect("count");
+        eprintln!(
+            "pair {pair}: {N} jobs in {took:.2?}, {:.2} event rows a job",
+            rows as f64 / N as f64
+        );
+    }
+
     /// A writer whose file is full (`PRAGMA max_page_count` at its size, with no free page)
     /// holds an ending, refuses claims meanwhile, and records the ending exactly once when
     /// another connection frees pages.

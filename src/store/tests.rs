@@ -589,7 +589,8 @@ fn a_handed_duplicate_is_answered_as_one() {
 }
 
 /// The statements a runner's writer runs for every job (a claim, a start, a success that
-/// releases a dependent, its counters and events) build no temporary b-tree. SQLite builds one, once
+/// releases a dependent, its counters and events, and a start committed with its success)
+/// build no temporary b-tree. SQLite builds one, once
 /// per run of the statement, for an IN list of more than two constants (in a CHECK
 /// constraint too), for a RETURNING clause and for `IN (SELECT ...)` in an UPDATE; each has a
 /// page cache of its own, and the allocator's churn of those caches cost more CPU than the
@@ -656,6 +657,39 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
     assert_eq!(outcome, Finished::Recorded(crate::job::Status::Succeeded));
     // The success released the dependent: it is the next claim.
     assert_eq!(store.job(second).unwrap().waiting_for, Vec::<i64>::new());
+    // A start committed with its ending (the writer's pair), for it and one more job.
+    store.enqueue(&crate::Job::shell("true"), now).unwrap();
+    transaction(&conn, &mut |conn| {
+        let req = ClaimRequest {
+            worker_id: "w",
+            limit: 2,
+            queues: &[],
+            lease_ttl: std::time::Duration::from_secs(60),
+            queue_caps: &[],
+        };
+        for job in claim(conn, &req, now)? {
+            let start = AttemptStart {
+                job_id: job.id,
+                run_token: job.run_token.clone(),
+                pid: 4243,
+                pgid: 4243,
+                start_time: 1,
+                keeper: Some((4244, 1)),
+            };
+            let finish = Finish {
+                job_id: job.id,
+                run_token: job.run_token.clone(),
+                attempt: job.attempt,
+                ending: Ending::Succeeded,
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            };
+            finish_started(conn, &start, &finish, now)?;
+        }
+        Ok(())
+    })
+    .unwrap();
 
     let statements = traced.lock().clone();
     let ran = |part: &str| statements.iter().any(|s| s.contains(part));
@@ -665,6 +699,7 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
         "SET pid =",
         "SET status = 'succeeded'",
         "INSERT INTO job_events",
+        "start_detail",
         "INSERT INTO metric_counters",
         "INSERT INTO metric_histograms",
         "FROM job_deps",
@@ -672,6 +707,12 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
     ] {
         assert!(ran(part), "no statement with {part:?} ran: {statements:#?}");
     }
+    assert!(
+        statements
+            .iter()
+            .any(|s| s.contains("SET status = 'succeeded'") && s.contains("pid = 4243")),
+        "no success wrote its start's process: {statements:#?}"
+    );
     let building: Vec<&String> = statements
         .iter()
         .filter(|sql| {

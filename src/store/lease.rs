@@ -69,7 +69,9 @@ pub struct Claimed {
 /// What a claim writes into each job it takes, guarded by the status it read. Parameters: id,
 /// attempt, run token, worker id, now, lease expiry.
 ///
-/// `OR FAIL`, as every UPDATE of a job's status the store runs for each job: a statement that
+/// `OR FAIL`, as every UPDATE of a job's status the store runs for each job (the claim and
+/// every ending below; an operator's, a reclaim's or a cascade's are rare and keep the default,
+/// being able to fail halfway through many rows): a statement that
 /// fires a trigger (`job_counts`) writes more than one row, and under the default `OR ABORT`
 /// SQLite opens a statement journal for it, which copies every page it touches. Nothing here
 /// can fail halfway (one row, checked before it is written); a full disk rolls back the whole
@@ -638,7 +640,7 @@ fn finish_with(
             if retry {
                 let wait = backoff_ms(base, cap, failed);
                 conn.prepare_cached(&format!(
-                    "UPDATE jobs SET status = 'pending', failed_attempts = ?4,
+                    "UPDATE OR FAIL jobs SET status = 'pending', failed_attempts = ?4,
                          scheduled_at = ?3 + ?5, deferred = ?5 > 0, exit_code = ?6, signal = ?7, error_kind = ?8,
                          last_error = ?9, started_at = NULL, completed_at = NULL,
                          heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL,
@@ -662,7 +664,7 @@ fn finish_with(
                 (Status::Pending, EventKind::RetryScheduled, detail)
             } else {
                 conn.prepare_cached(&format!(
-                    "UPDATE jobs SET status = 'failed', failed_attempts = ?4, completed_at = ?3,
+                    "UPDATE OR FAIL jobs SET status = 'failed', failed_attempts = ?4, completed_at = ?3,
                          exit_code = ?5, signal = ?6, error_kind = ?7, last_error = ?8,
                          {RELEASE} {FENCE}"
                 ))?
@@ -685,7 +687,7 @@ fn finish_with(
             let (status, message) =
                 lost_verdict(&on_lost, recovery, f.max_recovery_attempts, message);
             conn.prepare_cached(&format!(
-                "UPDATE jobs SET status = ?4, recovery_count = ?5, last_error = ?6,
+                "UPDATE OR FAIL jobs SET status = ?4, recovery_count = ?5, last_error = ?6,
                      scheduled_at = CASE WHEN ?4 = 'pending' THEN ?3 ELSE scheduled_at END,
                      completed_at = CASE WHEN ?4 = 'failed' THEN ?3 END,
                      error_kind = CASE WHEN ?4 = 'failed' THEN 'lost' END,
@@ -712,7 +714,7 @@ fn finish_with(
         }
         Ending::Interrupted { message } => {
             conn.prepare_cached(&format!(
-                "UPDATE jobs SET status = 'pending', scheduled_at = ?3, last_error = ?4,
+                "UPDATE OR FAIL jobs SET status = 'pending', scheduled_at = ?3, last_error = ?4,
                      started_at = NULL, completed_at = NULL, heartbeat_at = NULL,
                      lease_expires_at = NULL, run_token = NULL, worker_id = NULL {FENCE}"
             ))?
@@ -741,14 +743,14 @@ fn finish_succeeded(
     let changed = match start {
         None => conn
             .prepare_cached(
-                "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                "UPDATE OR FAIL jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
                      signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
                  WHERE id = ?1 AND status = 'running' AND run_token = ?2",
             )?
             .execute(params![f.job_id, f.run_token, now])?,
         Some(s) => conn
             .prepare_cached(
-                "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                "UPDATE OR FAIL jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
                      signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3,
                      pid = ?4, pgid = ?5, proc_start_time = ?6, keeper_pid = ?7,
                      keeper_start_time = ?8

@@ -8,8 +8,10 @@
 //!   <job id>/                           one per job; retention removes it with the job
 //!     <attempt>-<run token>/            one per attempt (an operator's retry counts again)
 //!       stdout, stderr                  the streams, capped (see below), 0600
-//!       outcome                         written once the command ended, atomically and
-//!                                       durably (outcome.tmp, fsync, rename, fsync)
+//!       outcome                         written once the command ended, atomically
+//!                                       (outcome.tmp renamed); flushed (file, then
+//!                                       folder) before its keeper exits, unless the
+//!                                       runner released it (docs/keeper.md)
 //! ```
 //!
 //! A stream's file holds everything up to its cap. Past the cap it keeps the first half of

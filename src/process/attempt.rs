@@ -392,7 +392,9 @@ impl Supervisor<'_> {
     }
 
     /// Reaps the main process once it has exited: the attempt is over, so its
-    /// group is no longer signalled. A keeper is released, and reaps it.
+    /// group is no longer signalled. A keeper is released (`release` on its
+    /// socket: the ending is the runner's to record now, so it flushes
+    /// nothing), and reaps it.
     fn reap_leader(&mut self) {
         if !self.exited && !self.kept.as_ref().is_some_and(|k| k.lost) {
             return;
@@ -715,7 +717,9 @@ impl kill::Targets for Termination<'_, '_> {
 /// `on_started` is called right after a successful spawn, before any waiting,
 /// so the caller can record the attempt's identity. When this returns, no
 /// process of the attempt is alive (barring one stuck in uninterruptible
-/// sleep, which is logged) and the main process has been reaped.
+/// sleep, which is logged) and the main process has been reaped, or, under a
+/// keeper, released to its keeper, which reaps it at once (the runner no
+/// longer signals its group).
 pub(crate) fn run(
     spec: &AttemptSpec,
     stop: &StopHandle,

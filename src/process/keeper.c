@@ -13,16 +13,30 @@
  * The keeper copies the command's stdout and stderr into ATTEMPT_DIR/stdout and /stderr,
  * capped as src/files.rs describes, waits for the command without reaping it (its pid and
  * group id stay reserved while anyone may signal the group), writes ATTEMPT_DIR/outcome
- * atomically and durably, and tells the runner on fd 3, one line per message:
+ * atomically (outcome.tmp renamed) and tells the runner on fd 3, one line per message:
  *
  *   started <pid>                      the command runs
  *   failed <chdir|exec|setup> <errno>  it could not start; the keeper exits 127
  *   exited exit <code> <open>          it ended (open: 1 if a pipe was still open at the
  *   exited signal <n> <open>           drain deadline, so the runner kills the leftovers)
  *
- * The runner "releases" the command by closing its end of fd 3; the keeper then reaps it and
- * exits with its status (128+n for signal n). A runner that is gone (EOF on fd 3) costs the
- * command nothing: the keeper goes on alone and exits once the outcome is on disk.
+ * The runner sends one line, `release`, once it has taken the ending from `exited`, and then
+ * closes its end of fd 3. The keeper then reaps the command and exits with its status (128+n
+ * for signal n).
+ *
+ * What is durable when. With a runner connected when the command ends, the outcome is
+ * written and renamed into place with no fsync, and `exited` is said at once: the runner's own
+ * durable commit of the ending is the record. On a release the keeper exits without ever
+ * fsyncing it (a crash of the runner's process loses no page cache, so a successor still
+ * reads the outcome; an OS crash or power loss before the runner's commit loses the outcome,
+ * and the attempt runs again, as one without a keeper would). On an EOF of fd 3 without a
+ * release (the runner died, left with `--on-exit leave`, or dropped its end), the outcome is
+ * the record: the keeper fsyncs the file, then the folder, and only then exits. With no
+ * runner connected when the command ends, it writes the outcome durably at once (fsync,
+ * rename, fsync of the folder). Either way a keeper that is gone without a release has its
+ * outcome on disk, which recovery relies on when it checks the keeper before the outcome. An
+ * outcome that cannot be written (a full disk) is retried every second until it is on disk,
+ * unless the runner released the command.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -50,6 +64,8 @@
 #endif
 
 #define CONTROL 3
+/* The one line a runner sends on fd 3: it has taken the ending from `exited`. */
+#define RELEASE "release\n"
 /* The marker line of dropped bytes, as src/files.rs spells it: prefix, count right-aligned
  * in 20 columns, suffix. 13 + 20 + 16 bytes. */
 #define MARK_PREFIX "\n[leasehold: "
@@ -206,8 +222,12 @@ static void pump(struct stream *s) {
     }
 }
 
-/* Writes the outcome durably: outcome.tmp, fsync, rename, fsync of the folder. 0 on success. */
-static int write_outcome(int dir, const char *token, int status, int64_t ended_at) {
+/* Writes the outcome: outcome.tmp, renamed to outcome. With `durable`, the file is fsynced
+ * before the rename and the folder after it, and closed. Without, nothing is fsynced and the
+ * file stays open in *file, for sync_outcome should the runner go without a release. 0 on
+ * success. */
+static int write_outcome(int dir, const char *token, int status, int64_t ended_at, int durable,
+                         int *file) {
     char text[4096];
     int n = snprintf(text, sizeof text, "leasehold-outcome 1\ntoken=%s\n%s=%d\nended_at=%lld\n",
                      token, WIFEXITED(status) ? "exit" : "signal",
@@ -216,10 +236,25 @@ static int write_outcome(int dir, const char *token, int status, int64_t ended_a
     if (n < 0 || (size_t)n >= sizeof text) return -1;
     int fd = openat(dir, "outcome.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
-    int ok = pwrite_all(fd, text, (uint64_t)n, 0) == (uint64_t)n && fsync(fd) == 0;
-    ok = close(fd) == 0 && ok;
-    if (!ok || renameat(dir, "outcome.tmp", dir, "outcome") != 0) return -1;
-    return fsync(dir);
+    int ok = pwrite_all(fd, text, (uint64_t)n, 0) == (uint64_t)n && (!durable || fsync(fd) == 0);
+    if (ok && renameat(dir, "outcome.tmp", dir, "outcome") == 0) {
+        if (!durable) {
+            *file = fd;
+            return 0;
+        }
+        return close(fd) == 0 && fsync(dir) == 0 ? 0 : -1;
+    }
+    close(fd);
+    return -1;
+}
+
+/* Makes an outcome written without fsyncs durable: the file (open in *file, closed here), then
+ * the folder that names it. 0 on success; on a failure the caller writes it again, durably. */
+static int sync_outcome(int dir, int *file) {
+    int ok = fsync(*file) == 0;
+    ok = close(*file) == 0 && ok;
+    *file = -1;
+    return ok && fsync(dir) == 0 ? 0 : -1;
 }
 
 /* The child: becomes the command, or reports why it could not on `report` and exits 127. */
@@ -323,7 +358,14 @@ int main(int argc, char **argv, char **envp) {
     say(&control, line);
 
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    int exited = 0, status = 0, open_at_deadline = 0, written = 0, reported = 0;
+    int exited = 0, status = 0, open_at_deadline = 0, reported = 0;
+    /* The outcome is in place (written), and on disk (durable); `outcome` is its file while
+     * it is in place but not yet durable. */
+    int written = 0, durable = 0, outcome = -1;
+    /* The runner released the command after the end was reported; `heard` counts the bytes
+     * of that line read so far. */
+    int released = 0;
+    size_t heard = 0;
     int64_t ended_at = 0, deadline = 0, retry_at = 0;
     for (;;) {
         int64_t now = now_ms(CLOCK_MONOTONIC);
@@ -339,7 +381,11 @@ int main(int argc, char **argv, char **envp) {
                 continue;
             }
             open_at_deadline = pipes > 0;
-            written = write_outcome(dir, token, status, ended_at) == 0;
+            /* A connected runner takes the ending from the message, so the outcome waits for
+             * its fsyncs until the runner goes without a release; with no runner, the outcome
+             * is the only record and is made durable at once. */
+            written = write_outcome(dir, token, status, ended_at, control < 0, &outcome) == 0;
+            durable = written && control < 0;
             retry_at = now + 1000;
             snprintf(line, sizeof line, "exited %s %d %d\n", WIFEXITED(status) ? "exit" : "signal",
                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
@@ -348,11 +394,22 @@ int main(int argc, char **argv, char **envp) {
             reported = 1;
         }
         if (reported && control < 0) {
+            /* Released: the runner holds the ending, and its own durable commit is the record
+             * (a process crash loses no page cache; an OS crash before that commit reruns the
+             * attempt). Gone without a release: the outcome is the record, so it is made
+             * durable BEFORE the exit, for recovery trusts that a gone keeper wrote all it
+             * will write. */
+            if (released) break;
+            if (written && !durable && sync_outcome(dir, &outcome) != 0) {
+                written = 0; /* written again, durably, at once and then every second */
+                retry_at = now;
+            }
+            durable = written;
             if (!written && now >= retry_at) {
-                written = write_outcome(dir, token, status, ended_at) == 0;
+                written = durable = write_outcome(dir, token, status, ended_at, 1, &outcome) == 0;
                 retry_at = now + 1000;
             }
-            if (written) break;
+            if (durable) break;
         }
         if (reported && control < 0 && pipes) { /* a released or lost runner: stop reading */
             for (int i = 0; i < 2; i++) if (s[i].pipe >= 0) { close(s[i].pipe); s[i].pipe = -1; }
@@ -373,10 +430,18 @@ int main(int argc, char **argv, char **envp) {
         for (int i = 0; i < 2; i++)
             if (s[i].pipe >= 0) pump(&s[i]);
         if (control >= 0) {
-            char junk[64];
-            ssize_t r = recv(control, junk, sizeof junk, MSG_DONTWAIT);
-            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-                close(control); /* the runner is gone, or released the command */
+            char got[64];
+            ssize_t r = recv(control, got, sizeof got, MSG_DONTWAIT);
+            for (ssize_t i = 0; i < r; i++) {
+                /* A release before the end was reported cannot be one: it is ignored. */
+                heard = got[i] == RELEASE[heard] ? heard + 1 : (size_t)(got[i] == RELEASE[0]);
+                if (heard == sizeof RELEASE - 1) {
+                    released = released || reported;
+                    heard = 0;
+                }
+            }
+            if (released || r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+                close(control); /* the runner released the command, or is gone */
                 control = -1;
                 if (reported && (s[0].pipe >= 0 || s[1].pipe >= 0)) kill(-pid, SIGKILL);
             }

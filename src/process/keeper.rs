@@ -45,6 +45,9 @@ static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/leasehold-keep
 /// The name the keeper runs under (its `argv[0]`, and the memfd's name).
 const NAME: &CStr = c"leasehold-keeper";
 
+/// The line that releases a keeper (see [`Control::release`]).
+const RELEASE: &[u8] = b"release\n";
+
 /// How long a spawn waits for the keeper's first message before it gives up on it.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -264,8 +267,13 @@ pub(super) enum Received {
     Closed,
 }
 
-/// The runner's end of a keeper's control socket (nonblocking, close-on-exec). Dropping
-/// it releases the command: the keeper then reaps it and exits.
+/// The runner's end of a keeper's control socket (nonblocking, close-on-exec).
+///
+/// [`Control::release`] lets the command go once its end was taken from
+/// [`Message::Exited`]: the keeper reaps it and exits without making the outcome file
+/// durable, the runner's own commit being the record. Dropping it without a release is the
+/// runner going away: the keeper goes on alone, and makes the outcome durable (file, then
+/// folder) before it exits.
 #[derive(Debug)]
 pub(super) struct Control {
     /// The socket.
@@ -311,6 +319,35 @@ impl Control {
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// Releases the command, whose end the runner has taken from [`Message::Exited`]: says
+    /// `release` and closes the socket. The keeper then reaps the command and exits at once,
+    /// without an fsync of the outcome file. A keeper that is gone already is no error: there
+    /// is nobody left to release.
+    pub(super) fn release(self) {
+        let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+        // SAFETY: send reads RELEASE.len() bytes from RELEASE, a static that outlives the call,
+        // on a descriptor this value owns; MSG_NOSIGNAL keeps a gone keeper from raising
+        // SIGPIPE in the application.
+        let sent = unsafe {
+            libc::send(
+                self.fd.as_raw_fd(),
+                RELEASE.as_ptr().cast(),
+                RELEASE.len(),
+                flags,
+            )
+        };
+        if sent < 0 {
+            let e = io::Error::last_os_error();
+            // A keeper that is gone already has nobody left to release.
+            if !matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) {
+                log::warn!("releasing a keeper: {e}");
+            }
+        } else if sent.unsigned_abs() != RELEASE.len() {
+            // The keeper only ever drains its end, so eight bytes go whole or not at all.
+            log::warn!("releasing a keeper: {sent} of {} bytes sent", RELEASE.len());
         }
     }
 
@@ -641,10 +678,11 @@ mod tests {
             }
         }
 
-        /// Releases the command and waits for the keeper's exit code.
+        /// Releases the command (as a runner does once it has the end) and waits for the
+        /// keeper's exit code.
         fn release(&mut self) -> Option<i32> {
             let mut kept = self.0.take().expect("not yet ended");
-            drop(kept.control);
+            kept.control.release();
             assert!(
                 wait_until(Duration::from_secs(10), || kept
                     .keeper
@@ -1042,6 +1080,215 @@ mod tests {
         assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(6)));
     }
 
+    /// A keeper's system calls that write or flush its outcome, and its exit, read by
+    /// `strace -p` attached to it while its command waits; `-y` names each descriptor's file.
+    struct Trace {
+        strace: std::process::Child,
+        log: PathBuf,
+    }
+
+    impl Trace {
+        /// Attaches strace to `pid` and waits (10 s at most) until it traces it.
+        fn attach(pid: i32, log: PathBuf) -> Self {
+            let strace = std::process::Command::new("strace")
+                .args(["-qq", "-y", "-e", "signal=none", "-e"])
+                .arg(
+                    "trace=openat,fsync,fdatasync,sync_file_range,syncfs,rename,renameat,\
+                     renameat2,exit_group",
+                )
+                .arg("-o")
+                .arg(&log)
+                .arg("-p")
+                .arg(pid.to_string())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("strace runs (.ci/run installs it)");
+            let trace = Self { strace, log };
+            let tracer = trace.strace.id().to_string();
+            let traced = || {
+                std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+                    status
+                        .lines()
+                        .any(|l| l.strip_prefix("TracerPid:").map(str::trim) == Some(&tracer))
+                })
+            };
+            assert!(
+                wait_until(Duration::from_secs(10), traced),
+                "strace attached"
+            );
+            trace
+        }
+
+        /// The calls traced, once the keeper has exited and strace with it (10 s at most).
+        fn calls(&mut self) -> Vec<String> {
+            assert!(
+                wait_until(Duration::from_secs(10), || self
+                    .strace
+                    .try_wait()
+                    .expect("waitpid")
+                    .is_some()),
+                "strace ends with the keeper"
+            );
+            std::fs::read_to_string(&self.log)
+                .expect("strace's log")
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    impl Drop for Trace {
+        fn drop(&mut self) {
+            if self.strace.try_wait().ok().flatten().is_none() {
+                let _ = self.strace.kill();
+                let _ = self.strace.wait();
+            }
+        }
+    }
+
+    /// Where in `calls` the first call that starts with `start` and names `path` is.
+    fn at(calls: &[String], start: &str, path: &str) -> usize {
+        calls
+            .iter()
+            .position(|c| c.starts_with(start) && c.contains(path))
+            .unwrap_or_else(|| panic!("no {start}…{path} in {calls:#?}"))
+    }
+
+    /// A command that waits for the file `go` in its job's folder, then exits 3.
+    fn waiting_job(name: &str) -> (Job, PathBuf) {
+        let folder = tempfile::tempdir().expect("tempdir");
+        let go = folder.path().join("go");
+        let script = format!(
+            "while [ ! -e {} ]; do sleep 0.01; done; echo out; exit 3",
+            go.display()
+        );
+        let mut job = Job::sh(&script, name);
+        job.folder = folder;
+        (job, go)
+    }
+
+    #[test]
+    fn a_released_keeper_exits_without_flushing_its_outcome() {
+        let (job, go) = waiting_job("released");
+        let mut run = job.start(0, DRAIN);
+        let mut trace = Trace::attach(run.kept().keeper.pid, job.folder.path().join("strace"));
+        std::fs::write(&go, "").expect("go");
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(3),
+                pipes_open: false
+            }
+        ));
+        assert_eq!(run.release(), Some(3));
+        let calls = trace.calls();
+        let dir = std::fs::canonicalize(job.dir()).expect("attempt dir");
+        let renamed = at(&calls, "rename", "outcome.tmp");
+        assert!(renamed < at(&calls, "exit_group", ""), "{calls:#?}");
+        assert!(
+            !calls.iter().any(|c| c.starts_with("fsync")
+                || c.starts_with("fdatasync")
+                || c.starts_with("sync")),
+            "no flush once released: {calls:#?}"
+        );
+        assert!(calls[renamed].contains(&dir.display().to_string()));
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
+        assert_eq!(job.stream(files::STDOUT), b"out\n");
+    }
+
+    #[test]
+    fn a_keeper_whose_runner_goes_without_a_release_flushes_its_outcome_then_its_folder_and_then_exits()
+     {
+        let (job, go) = waiting_job("unreleased");
+        let mut run = job.start(0, DRAIN);
+        let mut trace = Trace::attach(run.kept().keeper.pid, job.folder.path().join("strace"));
+        std::fs::write(&go, "").expect("go");
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(3),
+                ..
+            }
+        ));
+        // The runner has the end but goes (dies) before it releases the command.
+        let Kept {
+            mut keeper,
+            control,
+            ..
+        } = run.0.take().expect("started");
+        drop(control);
+        assert_eq!(keeper_exit(&mut keeper), Some(3));
+        let calls = trace.calls();
+        let dir = std::fs::canonicalize(job.dir()).expect("attempt dir");
+        let dir = format!("<{}>", dir.display());
+        let outcome = format!("/{}>", files::OUTCOME);
+        // Renamed unflushed, as the end was reported to a runner; flushed at its EOF.
+        let renamed = at(&calls, "rename", "outcome.tmp");
+        let file = at(&calls, "fsync(", &outcome);
+        let folder = at(&calls, "fsync(", &dir);
+        let exit = at(&calls, "exit_group", "");
+        assert!(
+            renamed < file && file < folder && folder < exit,
+            "{calls:#?}"
+        );
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
+    }
+
+    #[test]
+    fn a_command_that_ends_with_no_runner_left_has_its_outcome_written_durably_at_once() {
+        let (job, go) = waiting_job("no-runner");
+        let mut run = job.start(0, DRAIN);
+        let mut trace = Trace::attach(run.kept().keeper.pid, job.folder.path().join("strace"));
+        let Kept {
+            mut keeper,
+            control,
+            ..
+        } = run.0.take().expect("started");
+        drop(control);
+        // The keeper closes fd 3 at its EOF: gone before the command ends.
+        let fd3 = format!("/proc/{}/fd/3", keeper.pid);
+        assert!(
+            wait_until(Duration::from_secs(10), || !Path::new(&fd3).exists()),
+            "the keeper saw the runner go"
+        );
+        std::fs::write(&go, "").expect("go");
+        assert_eq!(keeper_exit(&mut keeper), Some(3));
+        let calls = trace.calls();
+        let dir = std::fs::canonicalize(job.dir()).expect("attempt dir");
+        let dir = format!("<{}>", dir.display());
+        // The file flushed under its temporary name, renamed, then the folder flushed.
+        let file = at(&calls, "fsync(", "/outcome.tmp>");
+        let renamed = at(&calls, "rename", "outcome.tmp");
+        let folder = at(&calls, "fsync(", &dir);
+        let exit = at(&calls, "exit_group", "");
+        assert!(
+            file < renamed && renamed < folder && folder < exit,
+            "{calls:#?}"
+        );
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
+    }
+
+    #[test]
+    fn a_released_keeper_whose_outcome_cannot_be_written_exits_at_once() {
+        let job = Job::sh("exit 6", "released-unwritable");
+        let blocker = job.dir().join("outcome.tmp");
+        std::fs::create_dir_all(&blocker).expect("blocker");
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(6),
+                ..
+            }
+        ));
+        // The runner holds the ending: the keeper does not stay to retry the file.
+        let released = Instant::now();
+        assert_eq!(run.release(), Some(6));
+        assert!(released.elapsed() < Duration::from_millis(900));
+        assert_eq!(job.outcome(), None);
+    }
+
     #[test]
     fn messages_parse_and_garbage_is_refused() {
         assert_eq!(
@@ -1077,6 +1324,116 @@ mod tests {
     fn median_us(mut samples: Vec<Duration>) -> f64 {
         samples.sort();
         samples[samples.len() / 2].as_secs_f64() * 1e6
+    }
+
+    /// The worker time of a kept `/bin/true`, part by part, as a worker spends it (figures,
+    /// not assertions): `cargo test --profile ci --lib keeper_parts -- --ignored --nocapture`,
+    /// with `KEEPER_PARTS_DIR` naming the folder to work in (a temporary one in `/tmp` by
+    /// default).
+    #[test]
+    #[ignore = "a measurement; run by hand"]
+    fn keeper_parts() {
+        use std::os::unix::fs::DirBuilderExt;
+
+        const N: usize = 500;
+        let base =
+            std::env::var_os("KEEPER_PARTS_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+        let mut job = Job::new(&["/bin/true"], "parts");
+        job.folder = tempfile::tempdir_in(base).expect("tempdir");
+        let cmd = job.command();
+        let program = c"/bin/true";
+        let argv = [c"true".to_owned()];
+        let env = c_pointers([]);
+        let names = [
+            "folders (job + attempt, 0700)",
+            "keeper spawn to `started` (exec, its files, pipes, fork)",
+            "`started` to `exited` (the command, its exit, the outcome, the message)",
+            "tails read (64 KiB of each file)",
+            "release, then a wait for the exit in 100 µs polls (before issue 21)",
+            "  of which the keeper's exit after the release, seen by its pidfd",
+            "release as kept.rs does it (the reap left to the reaper thread)",
+            "total, with the release of kept.rs",
+        ];
+        let mut parts: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+        for i in 0..N {
+            let mut token = job.token.clone();
+            token.push_str(&format!("-{i}"));
+            let dir = files::attempt_dir(&job.folder.path().join("db-attempts"), 1, 1, &token);
+            let t0 = Instant::now();
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .expect("attempt dir");
+            let t1 = Instant::now();
+            let mut kept = spawn_keeper(&KeeperSpec {
+                name: "true",
+                token: &token,
+                attempt_dir: &dir,
+                cap: 0,
+                drain: DRAIN,
+                cwd: None,
+                program,
+                argv: &argv,
+                envp: &env,
+                fallback_dir: job.folder.path(),
+            })
+            .expect("starts");
+            let t2 = Instant::now();
+            let got = kept.control.wait(Instant::now() + Duration::from_secs(10));
+            assert!(matches!(got, Ok(Received::Message(Message::Exited { .. }))));
+            let t3 = Instant::now();
+            let tails = super::super::kept::OutputFiles::new(dir.clone()).tails(64 * 1024);
+            std::hint::black_box(tails);
+            let t4 = Instant::now();
+            let Kept {
+                mut keeper,
+                control,
+                ..
+            } = kept;
+            let mut times = vec![t1 - t0, t2 - t1, t3 - t2, t4 - t3];
+            if i % 2 == 0 {
+                // The keeper's own exit, seen without a poll's granularity, then the wait
+                // that kept.rs did until issue 21.
+                let pidfd = super::super::child::pidfd_open(keeper.pid).expect("pidfd");
+                control.release();
+                let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+                poll(&mut fds, PollTimeout::from(10_000u16)).expect("poll");
+                let exit = t4.elapsed();
+                while !keeper.exited().expect("waitid") {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                keeper.reap().expect("reap");
+                times.extend([t4.elapsed(), exit]);
+            } else {
+                super::super::kept::Keeping::new(keeper, control, dir).release();
+                let released = t4.elapsed();
+                times.extend([Duration::ZERO, Duration::ZERO, released, t0.elapsed()]);
+            }
+            for (part, d) in parts.iter_mut().zip(times) {
+                if !d.is_zero() {
+                    part.push(d);
+                }
+            }
+        }
+        let _ = cmd;
+        let mut direct = Vec::new();
+        for _ in 0..N {
+            let t = Instant::now();
+            let mut spawned =
+                super::super::spawn::spawn(&job.command(), "/bin/true").expect("spawns");
+            spawned.child.reap().expect("waitpid");
+            direct.push(t.elapsed());
+        }
+        for (name, part) in names.iter().zip(parts) {
+            eprintln!("{name:<75} {:>8.0} µs", median_us(part));
+        }
+        eprintln!(
+            "{:<75} {:>8.0} µs",
+            "direct posix_spawn + wait of /bin/true",
+            median_us(direct)
+        );
+        eprintln!("(medians of {N}; parts' medians need not add up to the total's)");
     }
 
     /// Figures, not assertions: `cargo test --profile ci --lib keeper_figures -- --ignored

@@ -5,20 +5,56 @@
 //! While the keeper lives and the runner has not released it, the command is held unreaped
 //! by the keeper, so its pid and process group id are the attempt's: the supervisor signals
 //! the group by its id as it does a command it spawned itself. The keeper reaps the command
-//! only once the runner closes its end of the socket (the release) or is gone.
+//! only once the runner releases it (says `release` once it has the command's end) or is
+//! gone. A released keeper exits without making the outcome file durable: the runner's own
+//! commit of the ending is the record. One whose runner went without a release fsyncs the
+//! outcome before it exits.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
+
+use crossbeam_channel::{Receiver, Sender};
 
 use super::child::ChildProc;
 use super::keeper::{Control, Message, Received};
 use super::output::Tail;
 use crate::files::{self, Ended};
 
-/// How long a worker waits for a released keeper to exit before leaving it to a background
-/// reaper.
-const RELEASE_WAIT: Duration = Duration::from_millis(20);
+/// The process's one reaper of released keepers, started at the first release; `None` if
+/// its thread could not be started.
+static REAPER: OnceLock<Option<Sender<ChildProc>>> = OnceLock::new();
+
+/// Where released keepers go to be reaped (see [`Keeping::release`]).
+fn reaper() -> Option<&'static Sender<ChildProc>> {
+    REAPER
+        .get_or_init(|| {
+            let (released, reaped) = crossbeam_channel::unbounded();
+            let spawned = std::thread::Builder::new()
+                .name("leasehold-keeper-reaper".to_owned())
+                .spawn(move || reap_released(&reaped));
+            match spawned {
+                Ok(_) => Some(released),
+                Err(e) => {
+                    log::error!("cannot start the keepers' reaper thread: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// The reaper's loop: reaps each released keeper in the order they were released, which is
+/// about the order they exit (a released keeper exits at once: it reaps its command, already
+/// a zombie, and flushes nothing). The sender is a static, so the loop never ends.
+fn reap_released(released: &Receiver<ChildProc>) {
+    while let Ok(mut keeper) = released.recv() {
+        if let Err(e) = keeper.reap() {
+            log::error!("reaping keeper pid {}: {e}", keeper.pid);
+        }
+    }
+}
 
 /// The files a kept attempt writes, and their cap.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,36 +183,25 @@ impl Keeping {
         &mut self.files
     }
 
-    /// Lets the keeper go (it reaps the command and exits) and reaps it. A released keeper
-    /// exits at once, unless its outcome could not be written (a full disk): it then retries
-    /// that every second, and is left to a background reaper rather than hold the worker.
+    /// Lets the keeper go: says `release` (it reaps the command and exits, with no fsync of
+    /// the outcome, the runner holding the ending) and hands it to the process's reaper
+    /// thread, so the worker does not wait the 0.1–0.2 ms of its exit. Called once the
+    /// command's end was taken from the keeper's message, or once the keeper is lost (there
+    /// is nobody to release then). The command's group is not signalled after this: the
+    /// attempt is over, and the keeper reaps the command only now, whoever reaps the keeper.
     pub(super) fn release(mut self) {
-        self.control = None;
-        let deadline = Instant::now() + RELEASE_WAIT;
-        loop {
-            match self.keeper.exited() {
-                Ok(true) => {
-                    if let Err(e) = self.keeper.reap() {
-                        log::error!("reaping keeper pid {}: {e}", self.keeper.pid);
-                    }
-                    return;
-                }
-                Ok(false) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-                Ok(false) => {
-                    log::debug!(
-                        "keeper pid {} still runs once released; reaped when it exits",
-                        self.keeper.pid
-                    );
-                    self.keeper.leave();
-                    return;
-                }
-                Err(e) => {
-                    log::error!("waiting for keeper pid {}: {e}", self.keeper.pid);
-                    return;
+        if let Some(control) = self.control.take() {
+            control.release();
+        }
+        match reaper() {
+            Some(reaper) => {
+                if let Err(e) = reaper.send(self.keeper) {
+                    // Cannot happen (the reaper's receiver lives as long as the process);
+                    // its own thread then waits for it.
+                    e.into_inner().leave();
                 }
             }
+            None => self.keeper.leave(),
         }
     }
 

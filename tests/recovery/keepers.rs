@@ -1,7 +1,8 @@
 //! Attempts under keepers outlive their runner: a killed runner's finished attempts are
 //! recorded, not rerun; its running ones are adopted by the next runner; `--on-exit leave`
 //! leaves them running; a cancel or a timeout still ends them; a keeper killed by hand is
-//! torn down and reclaimed as a runner's crash was before keepers.
+//! torn down and reclaimed as a runner's crash was before keepers. A keeper its runner
+//! released flushes nothing; one whose runner died flushes its outcome before it exits.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::helper::{Case, args, args_with_workers};
-use crate::util::{alive, group_alive, poll};
+use crate::util::{alive, group_alive, poll, wait_until};
 
 /// The attempt's folder of job `id`'s `attempt`, under the case's database.
 fn attempt_dir(c: &Case, id: i64) -> std::path::PathBuf {
@@ -47,6 +48,154 @@ fn stop(c: &mut Case, r: usize) {
 /// Waits until `pid` is gone (or a zombie), polling.
 fn wait_gone(c: &Case, what: &str, pid: i64) {
     c.wait_for(what, |_| (!alive(pid)).then_some(()));
+}
+
+/// A keeper's system calls that write or flush its outcome, and its exit, read by `strace -p`
+/// attached to it while its command waits; `-y` names each descriptor's file.
+struct Trace {
+    strace: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Trace {
+    /// Attaches strace to `pid` and waits until it traces it.
+    fn attach(pid: i64, log: std::path::PathBuf) -> Self {
+        let strace = std::process::Command::new("strace")
+            .args(["-qq", "-y", "-e", "signal=none", "-e"])
+            .arg(
+                "trace=fsync,fdatasync,sync_file_range,syncfs,rename,renameat,renameat2,exit_group",
+            )
+            .arg("-o")
+            .arg(&log)
+            .arg("-p")
+            .arg(pid.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("strace runs (.ci/run installs it)");
+        let trace = Self { strace, log };
+        let tracer = trace.strace.id().to_string();
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+                    status
+                        .lines()
+                        .any(|l| l.strip_prefix("TracerPid:").map(str::trim) == Some(&tracer))
+                })
+            }),
+            "strace attached to keeper {pid}"
+        );
+        trace
+    }
+
+    /// The calls traced, once the keeper has exited and strace with it.
+    fn calls(&mut self) -> Vec<String> {
+        assert!(
+            wait_until(Duration::from_secs(30), || self
+                .strace
+                .try_wait()
+                .expect("waitpid")
+                .is_some()),
+            "strace ends with the keeper"
+        );
+        std::fs::read_to_string(&self.log)
+            .expect("strace's log")
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for Trace {
+    fn drop(&mut self) {
+        if self.strace.try_wait().ok().flatten().is_none() {
+            let _ = self.strace.kill();
+            let _ = self.strace.wait();
+        }
+    }
+}
+
+/// Where in `calls` the first call that starts with `start` and names `path` is.
+fn at(calls: &[String], start: &str, path: &str) -> usize {
+    calls
+        .iter()
+        .position(|c| c.starts_with(start) && c.contains(path))
+        .unwrap_or_else(|| panic!("no {start}…{path} in {calls:#?}"))
+}
+
+/// A job that waits for the file `go` in the case's folder, records its run, and exits 3.
+const WAIT_FOR_GO: &str = "while [ ! -e go ]; do sleep 0.01; done; echo ran >> effects; exit 3";
+
+/// A runner that records the end releases the keeper, which exits without an fsync of the
+/// outcome: the runner's commit is the record.
+#[test]
+fn a_keeper_its_runner_released_exits_without_flushing_the_outcome() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell(WAIT_FOR_GO));
+    c.start_runner(&args(&[]));
+    let keeper = c.running(id, 1).keeper_pid.expect("a keeper");
+    let mut trace = Trace::attach(keeper, c.db.dir.path().join("strace"));
+    std::fs::write(c.db.dir.path().join("go"), "").unwrap();
+    let done = c.ended(id);
+    assert_eq!((done.status, done.exit_code), (Status::Failed, Some(3)));
+    let calls = trace.calls();
+    let renamed = at(&calls, "rename", "outcome.tmp");
+    assert!(renamed < at(&calls, "exit_group", ""), "{calls:#?}");
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("fsync") || c.starts_with("fdatasync") || c.starts_with("sync")),
+        "a released keeper flushes nothing: {calls:#?}"
+    );
+    assert!(attempt_dir(&c, id).join("outcome").exists());
+}
+
+/// A runner SIGKILLed after its keeper reported the end but before the release: the keeper
+/// flushes the outcome file, then its folder, and only then exits; the next runner records
+/// that outcome without a rerun.
+#[test]
+fn a_keeper_whose_runner_dies_before_the_release_flushes_the_outcome_before_it_exits() {
+    let mut c = Case::new();
+    let id = c.enqueue(Job::shell(WAIT_FOR_GO));
+    let r = c.start_runner(&args(&[]));
+    let keeper = c.running(id, 1).keeper_pid.expect("a keeper");
+    let mut trace = Trace::attach(keeper, c.db.dir.path().join("strace"));
+    // Stopped, the runner reads nothing: the keeper reports the end into the socket, and
+    // the runner is killed before it can release.
+    c.signal(r, Signal::SIGSTOP);
+    let stat = format!("/proc/{}/stat", c.runners[r].pid());
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&stat)
+            .is_ok_and(|s| s
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T')))),
+        "the runner stopped"
+    );
+    std::fs::write(c.db.dir.path().join("go"), "").unwrap();
+    let outcome = attempt_dir(&c, id).join("outcome");
+    assert!(
+        wait_until(Duration::from_secs(30), || outcome.exists()),
+        "the keeper wrote the outcome"
+    );
+    c.crash(r);
+    wait_gone(&c, "the keeper to finish alone", keeper);
+    let calls = trace.calls();
+    let dir = std::fs::canonicalize(attempt_dir(&c, id)).unwrap();
+    let renamed = at(&calls, "rename", "outcome.tmp");
+    let file = at(&calls, "fsync(", "/outcome>");
+    let folder = at(&calls, "fsync(", &format!("<{}>", dir.display()));
+    let exit = at(&calls, "exit_group", "");
+    assert!(
+        renamed < file && file < folder && folder < exit,
+        "renamed unflushed, flushed at the runner's death, then gone: {calls:#?}"
+    );
+
+    c.start_runner(&args(&[]));
+    let done = c.ended(id);
+    assert_eq!((done.status, done.exit_code), (Status::Failed, Some(3)));
+    assert_eq!(done.attempt, 1);
+    assert_eq!(c.file("effects"), "ran\n", "run once");
+    assert!(c.kinds(id).contains(&"outcome_recovered".to_string()));
 }
 
 /// 200 jobs of 0.4 s while the runner is SIGKILLed and restarted every 0.7 s: every job

@@ -684,16 +684,7 @@ mod tests {
                 .map(|e| (e.kind.to_string(), e.at, e.detail.unwrap_or_default()))
                 .collect()
         };
-        let rows = |id: i64| -> i64 {
-            store
-                .conn()
-                .query_row(
-                    "SELECT count(*) FROM job_events WHERE job_id = ?1",
-                    [id],
-                    |r| r.get(0),
-                )
-                .expect("count")
-        };
+        let rows = |id: i64| crate::store::lease::tests::rows(&store, id);
         for (i, (id, ending, detail)) in [
             (ids[0], "succeeded", "exit 0"),
             (ids[1], "failed", "exit 1"),

@@ -872,7 +872,7 @@ fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The next due time among claimable jobs: the earliest after `now`, per served queue,
@@ -1004,8 +1004,8 @@ mod tests {
         (events, row)
     }
 
-    /// Event rows of job `id`.
-    fn rows(store: &crate::Store, id: i64) -> i64 {
+    /// Event rows of job `id` (the writer's tests count them too).
+    pub(crate) fn rows(store: &crate::Store, id: i64) -> i64 {
         store
             .conn()
             .query_row(

@@ -43,7 +43,7 @@ mod dependency;
 mod enqueue;
 mod failure;
 pub(crate) mod handoff;
-mod lease;
+pub(crate) mod lease;
 mod maintenance;
 mod metrics;
 mod open;

@@ -278,45 +278,43 @@ fn a_claim_does_the_same_work_from_a_thousand_or_a_hundred_thousand_pending_jobs
     }
 }
 
-#[test]
-fn a_hundred_thousand_waiting_jobs_cost_a_claim_nothing() {
+/// Asserts, for a claim from every queue, one queue and two, that the jobs of `beside` (named
+/// `what` in the message) add at most a fifth to the claim's steps beside 1,000 ready jobs.
+fn assert_claims_step_over_none_of(beside: Beside, what: &str) {
     for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
-        let waiting = Beside {
-            waiting: 100_000,
-            ..Beside::default()
-        };
-        let (alone, beside) = (
+        let (alone, with) = (
             claim_steps(1_000, Beside::default(), &queues),
-            claim_steps(1_000, waiting, &queues),
+            claim_steps(1_000, beside, &queues),
         );
-        // The waiting jobs are not in the claim indexes: a claim that read them would
-        // take a step for each, 100,000 here.
         assert!(
-            beside <= alone + alone / 5,
-            "queues {queues:?}: {beside} steps beside 100,000 waiting jobs, {alone} without"
+            with <= alone + alone / 5,
+            "queues {queues:?}: {with} steps beside {what}, {alone} without"
         );
     }
 }
 
 #[test]
+fn a_hundred_thousand_waiting_jobs_cost_a_claim_nothing() {
+    // The waiting jobs are not in the claim indexes: a claim that read them would take a step
+    // for each, 100,000 here.
+    let waiting = Beside {
+        waiting: 100_000,
+        ..Beside::default()
+    };
+    assert_claims_step_over_none_of(waiting, "100,000 waiting jobs");
+}
+
+#[test]
 fn a_hundred_thousand_jobs_not_yet_due_at_a_higher_priority_cost_a_claim_nothing() {
-    for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
-        let not_due = Beside {
-            not_due: 100_000,
-            ..Beside::default()
-        };
-        let (alone, beside) = (
-            claim_steps(1_000, Beside::default(), &queues),
-            claim_steps(1_000, not_due, &queues),
-        );
-        // Jobs due later are deferred, out of the claim indexes; the promotion's seek finds
-        // none due. Were they in the claim indexes, a claim (which reads them in priority
-        // order and filters by due time) would step over all 100,000 to reach a ready job.
-        assert!(
-            beside <= alone + alone / 5,
-            "queues {queues:?}: {beside} steps beside 100,000 jobs not yet due, {alone} without"
-        );
-    }
+    // Jobs due later are deferred, out of the claim indexes; the promotion's seek finds none
+    // due. Were they in the claim indexes, a claim (which reads them in priority order and
+    // filters by due time) would step over all 100,000 to reach a ready job: measured, 400,057
+    // steps against 57.
+    let not_due = Beside {
+        not_due: 100_000,
+        ..Beside::default()
+    };
+    assert_claims_step_over_none_of(not_due, "100,000 jobs not yet due");
 }
 
 #[test]

@@ -173,7 +173,7 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
         };
         let jobs: Vec<i64> = {
             let mut stmt = conn.prepare_cached(
-                "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT ?2",
+                "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT (SELECT ?2)",
             )?;
             let rows = stmt.query_map(params![gate(batch), TIDY_ROWS], |r| r.get(0))?;
             rows.collect::<rusqlite::Result<_>>()?

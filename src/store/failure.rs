@@ -28,7 +28,7 @@ pub(super) const RECENT_SQL: &str = concat!(
      WHERE ",
     failure_kinds!(),
     "
-     ORDER BY e.id DESC LIMIT ?1"
+     ORDER BY e.id DESC LIMIT (SELECT ?1)"
 );
 
 /// A failed or lost attempt, as [`Store::recent_failures`](crate::Store::recent_failures)

@@ -7,7 +7,8 @@
 //!                                       be exec'ed from memory (a process that is not dumpable)
 //!   <job id>/                           one per job; retention removes it with the job
 //!     <attempt>-<run token>/            one per attempt (an operator's retry counts again)
-//!       stdout, stderr                  the streams, capped (see below), 0600
+//!       stdout, stderr                  the streams, capped (see below), 0600; each made
+//!                                       at its stream's first byte (none: no output)
 //!       outcome                         written once the command ended, atomically
 //!                                       (outcome.tmp renamed); flushed (file, then
 //!                                       folder) before its keeper exits, unless the
@@ -163,8 +164,8 @@ impl Stream {
 }
 
 impl AttemptDir {
-    /// The path of one stream's file (which may not exist yet: its keeper creates it when the
-    /// attempt starts).
+    /// The path of one stream's file (which may not exist: its keeper creates it at the
+    /// stream's first byte, so a silent stream has none, which reads as empty).
     pub fn stream(&self, stream: Stream) -> PathBuf {
         self.path.join(stream.file_name())
     }

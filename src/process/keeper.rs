@@ -1021,6 +1021,58 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_command_leaves_no_stream_files_and_reads_as_empty() {
+        let job = Job::sh("exit 3", "silent");
+        let mut run = job.start(1000, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(3),
+                pipes_open: false
+            }
+        ));
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
+        for name in [files::STDOUT, files::STDERR] {
+            assert!(!job.dir().join(name).exists(), "{name} made with no output");
+        }
+        // What the runner keeps of it, and what an idle timeout reads: nothing, no change.
+        let mut out = super::super::kept::OutputFiles::new(job.dir());
+        let (stdout, stderr) = out.tails(1024);
+        assert!(stdout.bytes.is_empty() && !stdout.truncated);
+        assert!(stderr.bytes.is_empty() && !stderr.truncated);
+        assert_eq!(out.new_change_age(), None);
+        assert_eq!(run.release(), Some(3));
+    }
+
+    #[test]
+    fn only_the_stream_with_output_gets_a_file() {
+        let job = Job::sh("echo late >&2", "one-stream");
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(run.message(), Message::Exited { .. }));
+        assert!(!job.dir().join(files::STDOUT).exists());
+        assert_eq!(job.stream(files::STDERR), b"late\n");
+        assert_eq!(run.release(), Some(0));
+    }
+
+    #[test]
+    fn a_stream_file_that_cannot_be_made_costs_the_command_nothing() {
+        // A folder where the stdout file goes: every create of it fails.
+        let job = Job::sh("echo lost; echo fine >&2; exit 5", "unmakeable");
+        std::fs::create_dir_all(job.dir().join(files::STDOUT)).expect("blocker");
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(5),
+                pipes_open: false
+            }
+        ));
+        assert_eq!(job.stream(files::STDERR), b"fine\n");
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(5)));
+        assert_eq!(run.release(), Some(5));
+    }
+
+    #[test]
     fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_shebang() {
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("plain");

@@ -1385,8 +1385,6 @@ mod tests {
     #[test]
     #[ignore = "a measurement; run by hand"]
     fn keeper_parts() {
-        use std::os::unix::fs::DirBuilderExt;
-
         const N: usize = 500;
         let base =
             std::env::var_os("KEEPER_PARTS_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
@@ -1410,13 +1408,11 @@ mod tests {
         for i in 0..N {
             let mut token = job.token.clone();
             token.push_str(&format!("-{i}"));
-            let dir = files::attempt_dir(&job.folder.path().join("db-attempts"), 1, 1, &token);
+            // A new job each time, as a runner of fresh jobs makes them.
+            let job_id = i64::try_from(i).expect("N fits") + 1;
+            let dir = files::attempt_dir(&job.folder.path().join("db-attempts"), job_id, 1, &token);
             let t0 = Instant::now();
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .expect("attempt dir");
+            files::make_attempt_dir(&dir).expect("attempt dir");
             let t1 = Instant::now();
             let mut kept = spawn_keeper(&KeeperSpec {
                 name: "true",

@@ -1073,6 +1073,41 @@ mod tests {
     }
 
     #[test]
+    fn bytes_before_a_stream_file_could_be_made_are_counted_by_a_marker_at_its_start() {
+        let flag = tempfile::tempdir().expect("tempdir");
+        let go = flag.path().join("go");
+        // `ready` on stderr is read after `lost` on stdout: the keeper pumps stdout first.
+        let script = format!(
+            "echo lost; echo ready >&2; while [ ! -e '{}' ]; do sleep 0.01; done; echo kept",
+            go.display()
+        );
+        let job = Job::sh(&script, "late-file");
+        let blocker = job.dir().join(files::STDOUT);
+        std::fs::create_dir_all(&blocker).expect("blocker");
+        let mut run = job.start(0, DRAIN);
+        let stderr = job.dir().join(files::STDERR);
+        assert!(wait_until(Duration::from_secs(10), || {
+            std::fs::read(&stderr).is_ok_and(|b| b == b"ready\n")
+        }));
+        std::fs::remove_dir(&blocker).expect("blocker removed");
+        std::fs::write(&go, b"").expect("go");
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(0),
+                ..
+            }
+        ));
+        let mut want = files::DROPPED_PREFIX.to_vec();
+        want.extend_from_slice(format!("{:>w$}", 5, w = files::DROPPED_WIDTH).as_bytes());
+        want.extend_from_slice(files::DROPPED_SUFFIX);
+        want.extend_from_slice(b"kept\n");
+        assert_eq!(job.stream(files::STDOUT), want);
+        assert_eq!(files::dropped(&want), Some(5));
+        assert_eq!(run.release(), Some(0));
+    }
+
+    #[test]
     fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_shebang() {
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("plain");

@@ -7,7 +7,8 @@
 //!                                       be exec'ed from memory (a process that is not dumpable)
 //!   <job id>/                           one per job; retention removes it with the job
 //!     <attempt>-<run token>/            one per attempt (an operator's retry counts again)
-//!       stdout, stderr                  the streams, capped (see below), 0600
+//!       stdout, stderr                  the streams, capped (see below), 0600; each made
+//!                                       at its stream's first byte (none: no output)
 //!       outcome                         written once the command ended, atomically
 //!                                       (outcome.tmp renamed); flushed (file, then
 //!                                       folder) before its keeper exits, unless the
@@ -95,6 +96,40 @@ pub(crate) fn attempt_dir(folder: &Path, job_id: i64, attempt: i64, token: &str)
     job_dir(folder, job_id).join(format!("{attempt}-{token}"))
 }
 
+/// Makes the folder `dir` of one attempt (an [`attempt_dir`]) and, if it is missing, its
+/// job's folder, both owner-only (0700). Two `mkdir` calls for a job's first attempt, the
+/// job's folder first: `create_dir_all` would try the attempt's folder first, fail, and then
+/// make both, a third call. On ext4 each call is a metadata operation that waits behind the
+/// journal's commits, which SQLite's `fsync`s force (docs/performance.md).
+///
+/// # Errors
+///
+/// Either folder cannot be made (a full disk, most likely). One that exists is not an error,
+/// as with `create_dir_all`.
+pub(crate) fn make_attempt_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut builder = std::fs::DirBuilder::new();
+    builder.mode(0o700);
+    // The job's folder exists for a later attempt of the job (or an operator's retry).
+    for path in dir.parent().into_iter().chain([dir]) {
+        match builder.create(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            // The attempts folder is gone (a runner makes it at its start): all of it again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return builder.recursive(true).create(dir);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The attempts folder (`<db>-attempts`) that holds the attempt folder `dir`.
+pub(crate) fn folder_of(dir: &Path) -> &Path {
+    dir.ancestors().nth(2).unwrap_or(dir)
+}
+
 /// One attempt's folder found on disk, as [`Store::attempt_files`](crate::Store::attempt_files)
 /// lists them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,8 +198,8 @@ impl Stream {
 }
 
 impl AttemptDir {
-    /// The path of one stream's file (which may not exist yet: its keeper creates it when the
-    /// attempt starts).
+    /// The path of one stream's file (which may not exist: its keeper creates it at the
+    /// stream's first byte, so a silent stream has none, which reads as empty).
     pub fn stream(&self, stream: Stream) -> PathBuf {
         self.path.join(stream.file_name())
     }
@@ -388,6 +423,32 @@ mod tests {
             Outcome::parse("leasehold-outcome 2\ntoken=a\nexit=0\nended_at=1\n"),
             None
         );
+    }
+
+    #[test]
+    fn an_attempt_folder_is_made_owner_only_with_its_job_folder_when_missing() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let folder = dir.path().join("db-attempts");
+        let mode = |p: &Path| std::fs::metadata(p).expect("made").permissions().mode() & 0o777;
+        // The attempts folder is missing too: all of it is made.
+        let first = attempt_dir(&folder, 7, 1, "aa");
+        make_attempt_dir(&first).expect("first attempt");
+        // A later attempt, its job's folder there; an attempt's folder made twice.
+        let second = attempt_dir(&folder, 7, 2, "bb");
+        make_attempt_dir(&second).expect("second attempt");
+        make_attempt_dir(&second).expect("made again");
+        make_attempt_dir(&attempt_dir(&folder, 8, 1, "cc")).expect("another job");
+        for path in [job_dir(&folder, 7), first, second, job_dir(&folder, 8)] {
+            assert_eq!(mode(&path), 0o700, "{}", path.display());
+        }
+        assert_eq!(folder_of(&attempt_dir(&folder, 7, 1, "aa")), folder);
+        let seen: Vec<_> = attempt_dirs(&folder, 7)
+            .expect("list")
+            .into_iter()
+            .map(|d| d.attempt)
+            .collect();
+        assert_eq!(seen, [1, 2]);
     }
 
     #[test]

@@ -11,7 +11,8 @@
  * command's group reaches the keeper.
  *
  * The keeper copies the command's stdout and stderr into ATTEMPT_DIR/stdout and /stderr,
- * capped as src/files.rs describes, waits for the command without reaping it (its pid and
+ * capped as src/files.rs describes (each file is created at its stream's first byte: a silent
+ * command's attempt has no stream files, which readers take as empty), waits for the command without reaping it (its pid and
  * group id stay reserved while anyone may signal the group), writes ATTEMPT_DIR/outcome
  * atomically (outcome.tmp renamed) and tells the runner on fd 3, one line per message:
  *
@@ -82,7 +83,8 @@ static char *const mbuf = buffer + HALF;
 /* One output stream: its pipe, its file and where the cap stands. */
 struct stream {
     int pipe;          /* read end, -1 at EOF */
-    int file;          /* the file in ATTEMPT_DIR, -1 if it could not be made */
+    const char *name;  /* the file's name in ATTEMPT_DIR */
+    int file;          /* the file, -1 until the first byte (or while it cannot be made) */
     uint64_t len;      /* the file's length as written */
     uint64_t head;     /* where the marker is (the end of the kept beginning) */
     int marked;        /* the marker line is in the file */
@@ -90,6 +92,7 @@ struct stream {
 };
 
 static uint64_t cap;   /* per stream; 0 = no cap */
+static int folder = -1; /* ATTEMPT_DIR, where the streams' files are made */
 
 static int64_t now_ms(clockid_t clock) {
     struct timespec ts;
@@ -177,9 +180,24 @@ static void move_tail(struct stream *s, uint64_t keep) {
     if (ftruncate(s->file, (off_t)s->len) != 0) { /* the stale end is overwritten later */ }
 }
 
+/* Makes the stream's file at its first byte, so that a silent stream costs no file (on ext4
+ * each create is a journaled metadata write). 0 once it is open. Bytes that came while it
+ * could not be made (a full disk, no descriptors) are dropped, and the marker line at its
+ * start counts them once it can. */
+static int make_file(struct stream *s) {
+    if (s->file >= 0) return 0;
+    s->file = openat(folder, s->name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (s->file < 0) return -1;
+    if (s->dropped) place_marker(s, 0); /* in an empty file it covers no bytes */
+    return 0;
+}
+
 /* Copies `n` fresh bytes of output into the stream's file, enforcing the cap. */
 static void store(struct stream *s, const char *p, uint64_t n) {
-    if (s->file < 0) return;
+    if (make_file(s) != 0) {
+        s->dropped += n;
+        return;
+    }
     if (!s->marked && cap && s->len + n > cap) {
         /* Over the cap: keep the beginning whole, then put the marker in. */
         if (s->len < cap / 2) {
@@ -325,12 +343,11 @@ int main(int argc, char **argv, char **envp) {
 
     int dir = open(dirname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir < 0) fail(&control, "setup", errno);
-    struct stream s[2] = {{.pipe = -1}, {.pipe = -1}};
-    const char *names[2] = {"stdout", "stderr"};
+    folder = dir;
+    struct stream s[2] = {{.pipe = -1, .name = "stdout", .file = -1},
+                          {.pipe = -1, .name = "stderr", .file = -1}};
     int ends[2][2], report[2];
     for (int i = 0; i < 2; i++) {
-        s[i].file = openat(dir, names[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (s[i].file < 0) fail(&control, "setup", errno);
         if (pipe2(ends[i], O_CLOEXEC) != 0) fail(&control, "setup", errno);
         s[i].pipe = ends[i][0];
         fcntl(s[i].pipe, F_SETFL, O_NONBLOCK);

@@ -1021,6 +1021,93 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_command_leaves_no_stream_files_and_reads_as_empty() {
+        let job = Job::sh("exit 3", "silent");
+        let mut run = job.start(1000, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(3),
+                pipes_open: false
+            }
+        ));
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
+        for name in [files::STDOUT, files::STDERR] {
+            assert!(!job.dir().join(name).exists(), "{name} made with no output");
+        }
+        // What the runner keeps of it, and what an idle timeout reads: nothing, no change.
+        let mut out = super::super::kept::OutputFiles::new(job.dir());
+        let (stdout, stderr) = out.tails(1024);
+        assert!(stdout.bytes.is_empty() && !stdout.truncated);
+        assert!(stderr.bytes.is_empty() && !stderr.truncated);
+        assert_eq!(out.new_change_age(), None);
+        assert_eq!(run.release(), Some(3));
+    }
+
+    #[test]
+    fn only_the_stream_with_output_gets_a_file() {
+        let job = Job::sh("echo late >&2", "one-stream");
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(run.message(), Message::Exited { .. }));
+        assert!(!job.dir().join(files::STDOUT).exists());
+        assert_eq!(job.stream(files::STDERR), b"late\n");
+        assert_eq!(run.release(), Some(0));
+    }
+
+    #[test]
+    fn a_stream_file_that_cannot_be_made_costs_the_command_nothing() {
+        // A folder where the stdout file goes: every create of it fails.
+        let job = Job::sh("echo lost; echo fine >&2; exit 5", "unmakeable");
+        std::fs::create_dir_all(job.dir().join(files::STDOUT)).expect("blocker");
+        let mut run = job.start(0, DRAIN);
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(5),
+                pipes_open: false
+            }
+        ));
+        assert_eq!(job.stream(files::STDERR), b"fine\n");
+        assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(5)));
+        assert_eq!(run.release(), Some(5));
+    }
+
+    #[test]
+    fn bytes_before_a_stream_file_could_be_made_are_counted_by_a_marker_at_its_start() {
+        let flag = tempfile::tempdir().expect("tempdir");
+        let go = flag.path().join("go");
+        // `ready` on stderr is read after `lost` on stdout: the keeper pumps stdout first.
+        let script = format!(
+            "echo lost; echo ready >&2; while [ ! -e '{}' ]; do sleep 0.01; done; echo kept",
+            go.display()
+        );
+        let job = Job::sh(&script, "late-file");
+        let blocker = job.dir().join(files::STDOUT);
+        std::fs::create_dir_all(&blocker).expect("blocker");
+        let mut run = job.start(0, DRAIN);
+        let stderr = job.dir().join(files::STDERR);
+        assert!(wait_until(Duration::from_secs(10), || {
+            std::fs::read(&stderr).is_ok_and(|b| b == b"ready\n")
+        }));
+        std::fs::remove_dir(&blocker).expect("blocker removed");
+        std::fs::write(&go, b"").expect("go");
+        assert!(matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(0),
+                ..
+            }
+        ));
+        let mut want = files::DROPPED_PREFIX.to_vec();
+        want.extend_from_slice(format!("{:>w$}", 5, w = files::DROPPED_WIDTH).as_bytes());
+        want.extend_from_slice(files::DROPPED_SUFFIX);
+        want.extend_from_slice(b"kept\n");
+        assert_eq!(job.stream(files::STDOUT), want);
+        assert_eq!(files::dropped(&want), Some(5));
+        assert_eq!(run.release(), Some(0));
+    }
+
+    #[test]
     fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_shebang() {
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("plain");
@@ -1333,8 +1420,6 @@ mod tests {
     #[test]
     #[ignore = "a measurement; run by hand"]
     fn keeper_parts() {
-        use std::os::unix::fs::DirBuilderExt;
-
         const N: usize = 500;
         let base =
             std::env::var_os("KEEPER_PARTS_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
@@ -1358,13 +1443,11 @@ mod tests {
         for i in 0..N {
             let mut token = job.token.clone();
             token.push_str(&format!("-{i}"));
-            let dir = files::attempt_dir(&job.folder.path().join("db-attempts"), 1, 1, &token);
+            // A new job each time, as a runner of fresh jobs makes them.
+            let job_id = i64::try_from(i).expect("N fits") + 1;
+            let dir = files::attempt_dir(&job.folder.path().join("db-attempts"), job_id, 1, &token);
             let t0 = Instant::now();
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .expect("attempt dir");
+            files::make_attempt_dir(&dir).expect("attempt dir");
             let t1 = Instant::now();
             let mut kept = spawn_keeper(&KeeperSpec {
                 name: "true",

@@ -28,6 +28,7 @@ use nix::unistd::AccessFlags;
 use super::child::ChildProc;
 use super::keeper::{self, KeeperSpec, Kept, Source};
 use super::proc::{self, RUN_TOKEN_VAR};
+use crate::files;
 
 /// The environment variable carrying the job id into the attempt.
 pub(crate) const JOB_ID_VAR: &str = "LEASEHOLD_JOB_ID";
@@ -653,22 +654,17 @@ pub(super) fn spawn_kept_from(
     drain: Duration,
     force_file: bool,
 ) -> Result<(Kept, Source), SpawnError> {
-    use std::os::unix::fs::DirBuilderExt;
     let cwd = cmd.cwd;
     let Prepared { env, path, argv } = prepare(cmd, program, false)?;
     let envp = env.pointers();
     // Not the job's fault: the runner's folder (a full disk, most likely).
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(attempt_dir)
-        .map_err(|e| SpawnError {
-            message: format!("spawn {program:?}: attempt folder {attempt_dir:?}: {e}"),
-            resources: true,
-        })?;
-    // The attempts folder (`<db>-attempts`, the grandparent), where the keeper's
-    // program is written if it cannot run from memory.
-    let fallback_dir = attempt_dir.ancestors().nth(2).unwrap_or(attempt_dir);
+    files::make_attempt_dir(attempt_dir).map_err(|e| SpawnError {
+        message: format!("spawn {program:?}: attempt folder {attempt_dir:?}: {e}"),
+        resources: true,
+    })?;
+    // The attempts folder (`<db>-attempts`), where the keeper's program is written if
+    // it cannot run from memory.
+    let fallback_dir = files::folder_of(attempt_dir);
     keeper::spawn_keeper_from(
         &KeeperSpec {
             name: program,

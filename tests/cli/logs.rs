@@ -196,6 +196,53 @@ impl Drop for Follower {
 /// `jobs logs --follow` on a running job prints the lines its file gets while the job runs,
 /// says so when the file's size goes down (the cap's move) and goes on from the new end, and
 /// exits 0 once the job is no longer running, with the last bytes printed.
+/// A command that writes nothing leaves no stream files (its keeper makes each at its
+/// stream's first byte), only its outcome: `jobs logs` prints nothing for either stream, with
+/// `--follow` too, and the ending recorded is the command's. A command that writes to one
+/// stream gets that stream's file alone.
+#[test]
+fn a_silent_attempt_has_no_stream_files_and_its_logs_are_empty() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let silent = add(db, &[], &["sh", "-c", "exit 3"]);
+    let loud = add(db, &[], &["sh", "-c", "echo only-err >&2"]);
+    run_until_idle(db, &[]);
+    let files = |id: i64| {
+        let dirs: Vec<_> = std::fs::read_dir(job_dir(db, id))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(dirs.len(), 1, "one attempt's folder: {dirs:?}");
+        let mut names: Vec<_> = std::fs::read_dir(&dirs[0])
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(files(silent), ["outcome"]);
+    assert_eq!(files(loud), ["outcome", "stderr"]);
+    let job = inspect(db, silent);
+    assert_eq!(job["status"], "failed", "{job}");
+    let sid = silent.to_string();
+    for args in [
+        vec![sid.as_str()],
+        vec![sid.as_str(), "--stderr"],
+        vec![sid.as_str(), "--follow"],
+        vec![sid.as_str(), "--stderr", "--follow"],
+    ] {
+        let mut all = vec!["jobs", "logs"];
+        all.extend_from_slice(&args);
+        assert_eq!(ok(&mut cli(db, &all)), "", "{args:?}");
+    }
+    let lid = loud.to_string();
+    assert_eq!(ok(&mut cli(db, &["jobs", "logs", &lid])), "");
+    assert_eq!(
+        ok(&mut cli(db, &["jobs", "logs", &lid, "--stderr"])),
+        "only-err\n"
+    );
+}
+
 #[test]
 fn follow_prints_lines_as_they_are_written_and_exits_when_the_job_ends() {
     let t = TestDb::new();

@@ -227,6 +227,28 @@ fn idle_timeout_kills_a_silent_job() {
 }
 
 #[test]
+fn idle_timeout_of_a_kept_attempt_that_never_writes_counts_from_its_start() {
+    let folder = tempfile::tempdir().expect("tempdir");
+    let mut spec = sh("sleep 300", "kept-idle");
+    spec.files = Some(KeptFiles {
+        folder: folder.path().to_path_buf(),
+        cap: 0,
+    });
+    spec.idle_timeout = Some(Duration::from_millis(300));
+    let (r, c) = run_spec(&spec);
+    assert_eq!(r.exit, Exit::IdleTimedOut(Duration::from_millis(300)));
+    assert!(r.stdout.bytes.is_empty() && r.stderr.bytes.is_empty());
+    assert!(r.duration < Duration::from_secs(3), "{:?}", r.duration);
+    // Its keeper made no stream file: there was no byte to put in one.
+    let dir = files::attempt_dir(folder.path(), spec.job_id, spec.attempt, &spec.run_token);
+    assert!(dir.is_dir(), "{}", dir.display());
+    for name in [files::STDOUT, files::STDERR] {
+        assert!(!dir.join(name).exists(), "{name}");
+    }
+    assert_all_gone(&c);
+}
+
+#[test]
 fn stop_from_another_thread_kills_promptly_and_first_reason_wins() {
     let mut spec = sh("sleep 300", "stop");
     spec.kill_grace = Duration::from_secs(5);

@@ -571,6 +571,11 @@ fn reap_soon(mut keeper: ChildProc) {
     }
 }
 
+/// The strace helper of the keeper's tests, shared with the integration tests.
+#[cfg(test)]
+#[path = "../../tests/util/strace.rs"]
+mod strace;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,6 +685,22 @@ mod tests {
 
         /// Releases the command (as a runner does once it has the end) and waits for the
         /// keeper's exit code.
+        /// Asserts that the next message says the command exited with `code`, its pipes
+        /// closed.
+        fn assert_exited(&mut self, code: i32) {
+            let message = self.message();
+            assert!(
+                matches!(
+                    message,
+                    Message::Exited {
+                        ended: Ended::Exited(c),
+                        pipes_open: false
+                    } if c == code
+                ),
+                "{message:?}"
+            );
+        }
+
         fn release(&mut self) -> Option<i32> {
             let mut kept = self.0.take().expect("not yet ended");
             kept.control.release();
@@ -722,13 +743,7 @@ mod tests {
         let job = Job::sh("echo out; echo err >&2; exit 3", "exit");
         let before = crate::job::now_ms();
         let mut run = job.start(0, DRAIN);
-        assert!(matches!(
-            run.message(),
-            Message::Exited {
-                ended: Ended::Exited(3),
-                pipes_open: false
-            }
-        ));
+        run.assert_exited(3);
         assert_eq!(job.stream(files::STDOUT), b"out\n");
         assert_eq!(job.stream(files::STDERR), b"err\n");
         let outcome = job.outcome().expect("an outcome");
@@ -1008,13 +1023,7 @@ mod tests {
         std::fs::create_dir_all(job.dir()).expect("attempt dir");
         std::os::unix::fs::symlink("/dev/full", job.dir().join(files::STDOUT)).expect("symlink");
         let mut run = job.start(1000, DRAIN);
-        assert!(matches!(
-            run.message(),
-            Message::Exited {
-                ended: Ended::Exited(4),
-                pipes_open: false
-            }
-        ));
+        run.assert_exited(4);
         assert_eq!(job.stream(files::STDERR), b"fine\n");
         assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(4)));
         assert_eq!(run.release(), Some(4));
@@ -1024,13 +1033,7 @@ mod tests {
     fn a_silent_command_leaves_no_stream_files_and_reads_as_empty() {
         let job = Job::sh("exit 3", "silent");
         let mut run = job.start(1000, DRAIN);
-        assert!(matches!(
-            run.message(),
-            Message::Exited {
-                ended: Ended::Exited(3),
-                pipes_open: false
-            }
-        ));
+        run.assert_exited(3);
         assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
         for name in [files::STDOUT, files::STDERR] {
             assert!(!job.dir().join(name).exists(), "{name} made with no output");
@@ -1060,13 +1063,7 @@ mod tests {
         let job = Job::sh("echo lost; echo fine >&2; exit 5", "unmakeable");
         std::fs::create_dir_all(job.dir().join(files::STDOUT)).expect("blocker");
         let mut run = job.start(0, DRAIN);
-        assert!(matches!(
-            run.message(),
-            Message::Exited {
-                ended: Ended::Exited(5),
-                pipes_open: false
-            }
-        ));
+        run.assert_exited(5);
         assert_eq!(job.stream(files::STDERR), b"fine\n");
         assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(5)));
         assert_eq!(run.release(), Some(5));
@@ -1167,80 +1164,7 @@ mod tests {
         assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(6)));
     }
 
-    /// A keeper's system calls that write or flush its outcome, and its exit, read by
-    /// `strace -p` attached to it while its command waits; `-y` names each descriptor's file.
-    struct Trace {
-        strace: std::process::Child,
-        log: PathBuf,
-    }
-
-    impl Trace {
-        /// Attaches strace to `pid` and waits (10 s at most) until it traces it.
-        fn attach(pid: i32, log: PathBuf) -> Self {
-            let strace = std::process::Command::new("strace")
-                .args(["-qq", "-y", "-e", "signal=none", "-e"])
-                .arg(
-                    "trace=openat,fsync,fdatasync,sync_file_range,syncfs,rename,renameat,\
-                     renameat2,exit_group",
-                )
-                .arg("-o")
-                .arg(&log)
-                .arg("-p")
-                .arg(pid.to_string())
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("strace runs (.ci/run installs it)");
-            let trace = Self { strace, log };
-            let tracer = trace.strace.id().to_string();
-            let traced = || {
-                std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
-                    status
-                        .lines()
-                        .any(|l| l.strip_prefix("TracerPid:").map(str::trim) == Some(&tracer))
-                })
-            };
-            assert!(
-                wait_until(Duration::from_secs(10), traced),
-                "strace attached"
-            );
-            trace
-        }
-
-        /// The calls traced, once the keeper has exited and strace with it (10 s at most).
-        fn calls(&mut self) -> Vec<String> {
-            assert!(
-                wait_until(Duration::from_secs(10), || self
-                    .strace
-                    .try_wait()
-                    .expect("waitpid")
-                    .is_some()),
-                "strace ends with the keeper"
-            );
-            std::fs::read_to_string(&self.log)
-                .expect("strace's log")
-                .lines()
-                .map(str::to_owned)
-                .collect()
-        }
-    }
-
-    impl Drop for Trace {
-        fn drop(&mut self) {
-            if self.strace.try_wait().ok().flatten().is_none() {
-                let _ = self.strace.kill();
-                let _ = self.strace.wait();
-            }
-        }
-    }
-
-    /// Where in `calls` the first call that starts with `start` and names `path` is.
-    fn at(calls: &[String], start: &str, path: &str) -> usize {
-        calls
-            .iter()
-            .position(|c| c.starts_with(start) && c.contains(path))
-            .unwrap_or_else(|| panic!("no {start}…{path} in {calls:#?}"))
-    }
+    use super::strace::{Trace, at};
 
     /// A command that waits for the file `go` in its job's folder, then exits 3.
     fn waiting_job(name: &str) -> (Job, PathBuf) {
@@ -1259,15 +1183,12 @@ mod tests {
     fn a_released_keeper_exits_without_flushing_its_outcome() {
         let (job, go) = waiting_job("released");
         let mut run = job.start(0, DRAIN);
-        let mut trace = Trace::attach(run.kept().keeper.pid, job.folder.path().join("strace"));
+        let mut trace = Trace::attach(
+            i64::from(run.kept().keeper.pid),
+            job.folder.path().join("strace"),
+        );
         std::fs::write(&go, "").expect("go");
-        assert!(matches!(
-            run.message(),
-            Message::Exited {
-                ended: Ended::Exited(3),
-                pipes_open: false
-            }
-        ));
+        run.assert_exited(3);
         assert_eq!(run.release(), Some(3));
         let calls = trace.calls();
         let dir = std::fs::canonicalize(job.dir()).expect("attempt dir");
@@ -1289,7 +1210,10 @@ mod tests {
      {
         let (job, go) = waiting_job("unreleased");
         let mut run = job.start(0, DRAIN);
-        let mut trace = Trace::attach(run.kept().keeper.pid, job.folder.path().join("strace"));
+        let mut trace = Trace::attach(
+            i64::from(run.kept().keeper.pid),
+            job.folder.path().join("strace"),
+        );
         std::fs::write(&go, "").expect("go");
         assert!(matches!(
             run.message(),
@@ -1326,7 +1250,10 @@ mod tests {
     fn a_command_that_ends_with_no_runner_left_has_its_outcome_written_durably_at_once() {
         let (job, go) = waiting_job("no-runner");
         let mut run = job.start(0, DRAIN);
-        let mut trace = Trace::attach(run.kept().keeper.pid, job.folder.path().join("strace"));
+        let mut trace = Trace::attach(
+            i64::from(run.kept().keeper.pid),
+            job.folder.path().join("strace"),
+        );
         let Kept {
             mut keeper,
             control,

@@ -12,6 +12,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::helper::{Case, args, args_with_workers};
+use crate::util::strace::{Trace, at};
 use crate::util::{alive, group_alive, poll, wait_until};
 
 /// The attempt's folder of job `id`'s `attempt`, under the case's database.
@@ -48,79 +49,6 @@ fn stop(c: &mut Case, r: usize) {
 /// Waits until `pid` is gone (or a zombie), polling.
 fn wait_gone(c: &Case, what: &str, pid: i64) {
     c.wait_for(what, |_| (!alive(pid)).then_some(()));
-}
-
-/// A keeper's system calls that write or flush its outcome, and its exit, read by `strace -p`
-/// attached to it while its command waits; `-y` names each descriptor's file.
-struct Trace {
-    strace: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl Trace {
-    /// Attaches strace to `pid` and waits until it traces it.
-    fn attach(pid: i64, log: std::path::PathBuf) -> Self {
-        let strace = std::process::Command::new("strace")
-            .args(["-qq", "-y", "-e", "signal=none", "-e"])
-            .arg(
-                "trace=fsync,fdatasync,sync_file_range,syncfs,rename,renameat,renameat2,exit_group",
-            )
-            .arg("-o")
-            .arg(&log)
-            .arg("-p")
-            .arg(pid.to_string())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("strace runs (.ci/run installs it)");
-        let trace = Self { strace, log };
-        let tracer = trace.strace.id().to_string();
-        assert!(
-            wait_until(Duration::from_secs(10), || {
-                std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
-                    status
-                        .lines()
-                        .any(|l| l.strip_prefix("TracerPid:").map(str::trim) == Some(&tracer))
-                })
-            }),
-            "strace attached to keeper {pid}"
-        );
-        trace
-    }
-
-    /// The calls traced, once the keeper has exited and strace with it.
-    fn calls(&mut self) -> Vec<String> {
-        assert!(
-            wait_until(Duration::from_secs(30), || self
-                .strace
-                .try_wait()
-                .expect("waitpid")
-                .is_some()),
-            "strace ends with the keeper"
-        );
-        std::fs::read_to_string(&self.log)
-            .expect("strace's log")
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl Drop for Trace {
-    fn drop(&mut self) {
-        if self.strace.try_wait().ok().flatten().is_none() {
-            let _ = self.strace.kill();
-            let _ = self.strace.wait();
-        }
-    }
-}
-
-/// Where in `calls` the first call that starts with `start` and names `path` is.
-fn at(calls: &[String], start: &str, path: &str) -> usize {
-    calls
-        .iter()
-        .position(|c| c.starts_with(start) && c.contains(path))
-        .unwrap_or_else(|| panic!("no {start}…{path} in {calls:#?}"))
 }
 
 /// A job that waits for the file `go` in the case's folder, records its run, and exits 3.

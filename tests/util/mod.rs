@@ -12,6 +12,7 @@ pub mod exposition;
 mod proc;
 mod runner;
 mod span;
+pub mod strace;
 mod watchdog;
 
 use std::path::{Path, PathBuf};

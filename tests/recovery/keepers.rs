@@ -12,7 +12,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::helper::{Case, args, args_with_workers};
-use crate::util::strace::{Trace, at};
+use crate::util::strace::{Trace, at, flushes};
 use crate::util::{alive, group_alive, poll, wait_until};
 
 /// The attempt's folder of job `id`'s `attempt`, under the case's database.
@@ -70,9 +70,7 @@ fn a_keeper_its_runner_released_exits_without_flushing_the_outcome() {
     let renamed = at(&calls, "rename", "outcome.tmp");
     assert!(renamed < at(&calls, "exit_group", ""), "{calls:#?}");
     assert!(
-        !calls
-            .iter()
-            .any(|c| c.starts_with("fsync") || c.starts_with("fdatasync") || c.starts_with("sync")),
+        !flushes(&calls),
         "a released keeper flushes nothing: {calls:#?}"
     );
     assert!(attempt_dir(&c, id).join("outcome").exists());

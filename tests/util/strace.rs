@@ -93,3 +93,11 @@ pub fn at(calls: &[String], start: &str, path: &str) -> usize {
         .position(|c| c.starts_with(start) && c.contains(path))
         .unwrap_or_else(|| panic!("no {start}…{path} in {calls:#?}"))
 }
+
+/// Whether any of `calls` flushes a file or the filesystem (`fsync`, `fdatasync`,
+/// `sync_file_range`, `syncfs`).
+pub fn flushes(calls: &[String]) -> bool {
+    calls
+        .iter()
+        .any(|c| c.starts_with("fsync") || c.starts_with("fdatasync") || c.starts_with("sync"))
+}

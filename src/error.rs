@@ -18,6 +18,29 @@ pub enum Error {
     /// kept, but not as the source: its message says the same again.
     #[error("database or disk is full")]
     Full(rusqlite::Error),
+    /// PostgreSQL reported an error.
+    #[cfg(feature = "postgres")]
+    #[error("PostgreSQL error")]
+    Postgres(#[from] postgres::Error),
+    /// A query that must return a row returned none.
+    #[error("the query returned no row")]
+    NoRows,
+    /// A column held a value of the wrong type, or one out of range.
+    #[error("a column could not be read: {0}")]
+    Column(String),
+    /// A `postgres://` URL was given to a build without the `postgres` feature.
+    #[error(
+        "{url} is a PostgreSQL URL, and this build of leasehold has no PostgreSQL backend: \
+         build it with the `postgres` cargo feature"
+    )]
+    NoPostgres {
+        /// The URL, without its password.
+        url: String,
+    },
+    /// An operation on a SQLite file (its WAL, its free pages, a VACUUM) was asked of a
+    /// PostgreSQL database, where the server does that work.
+    #[error("{0} is for a SQLite file: it does not apply to a PostgreSQL database")]
+    SqliteOnly(&'static str),
     /// The file is not a SQLite database (or is damaged); it was left untouched.
     #[error("{} is not a leasehold database: {reason}", path.display())]
     NotADatabase {

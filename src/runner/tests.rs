@@ -377,7 +377,11 @@ fn a_runner_shutting_down_declines_a_handed_job_which_the_command_stores_itself(
         .expect("the job is stored");
         let tokens: i64 = store
             .conn()
-            .query_row("SELECT count(*) FROM handoffs", [], |r| r.get(0))
+            .query_row(
+                "SELECT count(*) FROM handoffs",
+                crate::store::db::params![],
+                |r| r.get(0),
+            )
             .expect("count");
         assert_eq!(tokens, 0, "declined, not left unanswered");
         assert_eq!(

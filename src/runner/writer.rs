@@ -28,8 +28,8 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::store::db::Connection;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use rusqlite::Connection;
 
 use crate::error::{Error, Result};
 use crate::job::Status;
@@ -608,6 +608,7 @@ fn after_commit(shared: &Shared, done: Vec<Done>) {
 
 #[cfg(test)]
 mod tests {
+    use crate::store::db::params;
     use std::sync::Arc;
 
     use super::*;
@@ -789,7 +790,7 @@ mod tests {
         let took = started.elapsed();
         let rows: i64 = store
             .conn()
-            .query_row("SELECT count(*) FROM job_events", [], |r| r.get(0))
+            .query_row("SELECT count(*) FROM job_events", params![], |r| r.get(0))
             .expect("count");
         eprintln!(
             "pair {pair}: {N} jobs in {took:.2?}, {:.2} event rows a job",

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use rusqlite::Connection;
+use crate::store::db::Connection;
 
 use crate::error::{Error, Result};
 use crate::files::{self, AttemptDir};
@@ -21,7 +21,7 @@ pub(super) fn missing_jobs(conn: &Connection, ids: &[i64]) -> Result<Vec<i64>> {
         "SELECT value FROM json_each(?1) WHERE value NOT IN (SELECT id FROM jobs)",
     )?;
     let rows = stmt.query_map([list], |r| r.get::<_, i64>(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 impl Store {

@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params};
 
 use crate::error::{Error, Result};
 use crate::job::Job;
@@ -50,9 +50,11 @@ const ABANDONED: i64 = 2;
 
 /// Opens a batch at wall-clock time `clock`; returns its id.
 pub(super) fn open(conn: &Connection, clock: i64) -> Result<i64> {
-    conn.prepare_cached("INSERT INTO batches (state, created_at, expires_at) VALUES (?1, ?2, ?3)")?
-        .execute(params![OPEN, clock, clock + BATCH_TTL_MS])?;
-    Ok(conn.last_insert_rowid())
+    conn.query_row(
+        "INSERT INTO batches (state, created_at, expires_at) VALUES (?1, ?2, ?3) RETURNING id",
+        params![OPEN, clock, clock + BATCH_TTL_MS],
+        |r| r.get(0),
+    )
 }
 
 /// The batch's gate: the `after_id` of its jobs' gate rows in `job_deps`.
@@ -176,7 +178,7 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
                 "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT (SELECT ?2)",
             )?;
             let rows = stmt.query_map(params![gate(batch), TIDY_ROWS], |r| r.get(0))?;
-            rows.collect::<rusqlite::Result<_>>()?
+            rows.collect::<Result<_>>()?
         };
         if jobs.is_empty() {
             conn.prepare_cached("DELETE FROM batches WHERE id = ?1")?
@@ -213,11 +215,10 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
 
 /// Whether job `id` carries a gate: its batch has not committed yet (or not released it).
 pub(super) fn gated(conn: &Connection, id: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)",
-        )?
-        .query_row([id], |r| r.get(0))?)
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)",
+    )?
+    .query_row([id], |r| r.get(0))
 }
 
 #[cfg(test)]
@@ -241,7 +242,7 @@ mod tests {
                         (SELECT count(*) FROM job_deps WHERE after_id < 0),
                         (SELECT count(*) FROM batches),
                         (SELECT coalesce(sum(n), 0) FROM job_counts WHERE status = 'pending')",
-                [],
+                params![],
                 |r| r.try_into(),
             )
             .unwrap()
@@ -309,7 +310,7 @@ mod tests {
         assert_eq!(census(&store), (1, 1, 0, 0, 1));
         let events: i64 = store
             .conn()
-            .query_row("SELECT count(*) FROM job_events", [], |r| r.get(0))
+            .query_row("SELECT count(*) FROM job_events", params![], |r| r.get(0))
             .unwrap();
         assert_eq!(events, 1);
         assert_eq!(store.job(before).unwrap().id, before);
@@ -329,7 +330,7 @@ mod tests {
         let batch = write_batch(&store, 1, crate::job::now_ms());
         let id: i64 = store
             .conn()
-            .query_row("SELECT max(id) FROM jobs", [], |r| r.get(0))
+            .query_row("SELECT max(id) FROM jobs", params![], |r| r.get(0))
             .unwrap();
         let e = store
             .enqueue(&Job::shell("true").after([id]), T0)

@@ -6,7 +6,7 @@
 //! statement rewrote them). The job counts by queue and status are kept by triggers on
 //! updates and deletes (`0003_counters.sql`), and by [`enqueued`] on inserts.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, Dialect, OptionalExtension, params};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, Status};
@@ -42,6 +42,10 @@ pub(super) fn bump(conn: &Connection, kind: CounterKind, queue: &str, outcome: &
 /// `n` jobs were inserted into `queue` as pending: the job counts' share of an enqueue (the
 /// triggers follow updates and deletes, not inserts; see `schema.sql`).
 pub(super) fn enqueued(conn: &Connection, queue: &str, n: usize) -> Result<()> {
+    if conn.dialect() != Dialect::Sqlite {
+        // PostgreSQL's trigger counts every INSERT itself, into sharded rows (pg/schema.sql).
+        return Ok(());
+    }
     let counted = conn
         .prepare_cached("UPDATE job_counts SET n = n + ?2 WHERE queue = ?1 AND status = 'pending'")?
         .execute(params![queue, n as i64])?;
@@ -79,8 +83,7 @@ impl Attempt {
 
     /// The row of job `id` as it is now; None when there is no such job.
     pub(super) fn read(conn: &Connection, id: i64) -> Result<Option<Attempt>> {
-        Ok(conn
-            .prepare_cached("SELECT queue, scheduled_at, started_at FROM jobs WHERE id = ?1")?
+        conn.prepare_cached("SELECT queue, scheduled_at, started_at FROM jobs WHERE id = ?1")?
             .query_row([id], |r| {
                 Ok(Attempt {
                     queue: r.get(0)?,
@@ -88,7 +91,7 @@ impl Attempt {
                     started_at: r.get(2)?,
                 })
             })
-            .optional()?)
+            .optional()
     }
 
     /// Records the attempt's wait and run times under `outcome`, when it had started.

@@ -18,7 +18,7 @@
 //! (AUTOINCREMENT), so a job enqueued after the ending, which counted the dependency as it
 //! found it, is above `last_job` and never handled twice.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params};
 
 use crate::error::Result;
 use crate::job::{EventKind, Status};
@@ -74,7 +74,7 @@ pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
             "SELECT job_id, status, root, after_job, last_job FROM cascades
              ORDER BY rowid LIMIT 16",
         )?;
-        let rows = stmt.query_map([], |r| {
+        let rows = stmt.query_map(params![], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,
@@ -112,9 +112,8 @@ pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
 
 /// Whether any cascade is left to continue.
 pub(super) fn has_cascades(conn: &Connection) -> Result<bool> {
-    Ok(conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM cascades)")?
-        .query_row([], |r| r.get(0))?)
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM cascades)")?
+        .query_row(params![], |r| r.get(0))
 }
 
 /// Handles up to `budget` dependents of the cascades on `stack` (and of the jobs that their
@@ -146,7 +145,7 @@ fn run(
                 params![c.job, c.after_job, c.last_job, (budget + 1) as i64],
                 |r| r.get(0),
             )?;
-            rows.collect::<rusqlite::Result<_>>()?
+            rows.collect::<Result<_>>()?
         };
         let message = if c.job == c.root {
             format!("dependency job {} {}", c.job, c.how)
@@ -328,7 +327,10 @@ mod tests {
     }
 
     fn count(store: &Store, sql: &str) -> i64 {
-        store.conn().query_row(sql, [], |r| r.get(0)).unwrap()
+        store
+            .conn()
+            .query_row(sql, params![], |r| r.get(0))
+            .unwrap()
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Enqueueing: a job's row, its dependencies and its `enqueued` event, and the unique-key
 //! check before it.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, Job, Status};
@@ -78,10 +78,9 @@ pub(super) const MATCHING_SQL: &str = "SELECT id FROM jobs WHERE unique_key = ?1
 /// created within it.
 fn matching(conn: &Connection, key: &str, window_ms: Option<i64>, now: i64) -> Result<Option<i64>> {
     let since = window_ms.map(|w| now.saturating_sub(w));
-    Ok(conn
-        .prepare_cached(MATCHING_SQL)?
+    conn.prepare_cached(MATCHING_SQL)?
         .query_row(params![key, since], |r| r.get(0))
-        .optional()?)
+        .optional()
 }
 
 /// Enqueues `job` for a slice of a bulk enqueue ([`super::batch`]): the matching job's id
@@ -112,27 +111,30 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
              backoff_base_ms, backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms,
              created_at, scheduled_at, unique_key, schedule, slot_at, deferred)
          VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                 ?13 > ?12)",
+                 CASE WHEN ?13 > ?12 THEN 1 ELSE 0 END)
+         RETURNING id",
     )?
-    .execute(params![
-        f.queue,
-        f.argv,
-        f.env,
-        f.cwd,
-        f.priority,
-        f.max_attempts,
-        f.backoff_base_ms,
-        f.backoff_max_ms,
-        f.on_lost,
-        f.timeout_ms,
-        f.idle_timeout_ms,
-        now,
-        scheduled_at,
-        f.unique_key,
-        slot.map(|s| s.schedule),
-        slot.map(|s| s.at),
-    ])?;
-    Ok(conn.last_insert_rowid())
+    .query_row(
+        params![
+            f.queue,
+            f.argv,
+            f.env,
+            f.cwd,
+            f.priority,
+            f.max_attempts,
+            f.backoff_base_ms,
+            f.backoff_max_ms,
+            f.on_lost,
+            f.timeout_ms,
+            f.idle_timeout_ms,
+            now,
+            scheduled_at,
+            f.unique_key,
+            slot.map(|s| s.schedule),
+            slot.map(|s| s.at),
+        ],
+        |r| r.get(0),
+    )
 }
 
 /// Records that job `id` runs after each of `after`, and counts those not yet succeeded in its

@@ -2,7 +2,7 @@
 //! queue, how it failed and the last line of its stderr, as the dashboard's overview lists
 //! them.
 
-use rusqlite::Connection;
+use crate::store::db::Connection;
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind};
@@ -63,13 +63,8 @@ pub(super) fn recent(conn: &Connection, limit: u32) -> Result<Vec<RecentFailure>
     let mut stmt = conn.prepare_cached(RECENT_SQL)?;
     let rows = stmt.query_map([limit], |r| {
         let kind: String = r.get(2)?;
-        let kind = EventKind::parse(&kind).ok_or_else(|| {
-            rusqlite::Error::FromSqlConversionFailure(
-                2,
-                rusqlite::types::Type::Text,
-                format!("event kind {kind:?}").into(),
-            )
-        })?;
+        let kind = EventKind::parse(&kind)
+            .ok_or_else(|| crate::error::Error::Column(format!("column 2: event kind {kind:?}")))?;
         let attempt: i64 = r.get(3)?;
         let job_attempt: i64 = r.get(7)?;
         let job_kind: Option<String> = r.get(8)?;
@@ -91,7 +86,7 @@ pub(super) fn recent(conn: &Connection, limit: u32) -> Result<Vec<RecentFailure>
             stderr_last_line: stderr.as_deref().and_then(last_line),
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 /// The last line of `text` that is not blank, trimmed.
@@ -119,7 +114,7 @@ mod tests {
         let plan: Vec<String> = stmt
             .query_map([20], |r| r.get(3))
             .unwrap()
-            .collect::<rusqlite::Result<_>>()
+            .collect::<Result<_>>()
             .unwrap();
         let plan = plan.join("\n");
         assert!(

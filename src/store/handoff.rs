@@ -21,7 +21,7 @@
 //! had) anything it cannot store: a request it cannot read, a job the store refuses, a
 //! runner shutting down.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 
 use super::Store;
@@ -332,6 +332,7 @@ pub(super) fn enqueue(
 
 #[cfg(test)]
 mod tests {
+    use crate::store::db::params;
     use std::time::Duration;
 
     use super::TOKEN_KEPT_MS;
@@ -375,7 +376,7 @@ mod tests {
 
         let jobs: Vec<i64> = {
             let mut stmt = command.conn().prepare("SELECT id FROM jobs").unwrap();
-            stmt.query_map([], |r| r.get(0))
+            stmt.query_map(params![], |r| r.get(0))
                 .unwrap()
                 .map(Result::unwrap)
                 .collect()

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+use crate::store::db::{Connection, OptionalExtension, params, params_from_iter};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
@@ -148,7 +148,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     promote_due(conn, now)?;
     let expires = now.saturating_add(duration_ms(req.lease_ttl));
     let rules = queue::rules(conn)?;
-    let candidate = |r: &rusqlite::Row<'_>| {
+    let candidate = |r: &crate::store::db::Row<'_>| {
         Ok(Claimed {
             id: r.get(0)?,
             queue: r.get(1)?,
@@ -166,11 +166,12 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     };
     let mut candidates: Vec<Claimed> = if rules.is_empty() && req.queue_caps.is_empty() {
         // Nothing limits a queue: one statement reads the head of one index.
-        let mut values: Vec<rusqlite::types::Value> = vec![now.into(), i64::from(req.limit).into()];
+        let mut values: Vec<crate::store::db::Value> =
+            vec![now.into(), i64::from(req.limit).into()];
         values.extend(req.queues.iter().map(|q| q.clone().into()));
         let mut stmt = conn.prepare_cached(&claim_sql(req.queues))?;
         let rows = stmt.query_map(params_from_iter(values), candidate)?;
-        rows.collect::<rusqlite::Result<_>>()?
+        rows.collect::<Result<_>>()?
     } else {
         let sql = CANDIDATE_SQL.replace("{columns}", CANDIDATE_COLUMNS);
         let mut stmt = conn.prepare_cached(&sql)?;
@@ -230,7 +231,7 @@ fn promote_due(conn: &Connection, now: i64) -> Result<()> {
     let due: Vec<i64> = {
         let mut stmt = conn.prepare_cached(DUE_DEFERRED_SQL)?;
         let rows = stmt.query_map(params![now, PROMOTE_AT_MOST], |r| r.get(0))?;
-        rows.collect::<rusqlite::Result<_>>()?
+        rows.collect::<Result<_>>()?
     };
     if due.is_empty() {
         return Ok(());
@@ -286,7 +287,7 @@ pub(super) const NEXT_DUE_SQL: &str = concat!(
 pub(crate) fn next_due(conn: &Connection, queues: &[String], now: i64) -> Result<Option<i64>> {
     if queues.is_empty() {
         let mut stmt = conn.prepare_cached(NEXT_DUE_SQL)?;
-        return Ok(stmt.query_row(params![now], |r| r.get(0))?);
+        return stmt.query_row(params![now], |r| r.get(0));
     }
     let mut stmt = conn.prepare_cached(QUEUE_NEXT_DUE_SQL)?;
     let mut earliest: Option<i64> = None;
@@ -500,7 +501,7 @@ pub(super) fn renew(
     let renewed: HashSet<String> = {
         let mut stmt = conn.prepare_cached(RENEW_SQL)?;
         let rows = stmt.query_map(params![worker_id, now, expires, list], |r| r.get(0))?;
-        rows.collect::<rusqlite::Result<_>>()?
+        rows.collect::<Result<_>>()?
     };
     let (renewed, lost) = tokens
         .iter()
@@ -641,7 +642,7 @@ fn finish_with(
                 let wait = backoff_ms(base, cap, failed);
                 conn.prepare_cached(&format!(
                     "UPDATE OR FAIL jobs SET status = 'pending', failed_attempts = ?4,
-                         scheduled_at = ?3 + ?5, deferred = ?5 > 0, exit_code = ?6, signal = ?7, error_kind = ?8,
+                         scheduled_at = ?3 + ?5, deferred = CASE WHEN ?5 > 0 THEN 1 ELSE 0 END, exit_code = ?6, signal = ?7, error_kind = ?8,
                          last_error = ?9, started_at = NULL, completed_at = NULL,
                          heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL,
                          worker_id = NULL {FENCE}"

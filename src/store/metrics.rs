@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::Connection;
+use crate::store::db::{Connection, params};
 
 use crate::error::Result;
 use crate::metrics::{Counter, CounterKind, Histogram, JobCount, Metrics};
@@ -38,70 +38,70 @@ pub(super) const RUNNERS_ALIVE_SQL: &str = "SELECT count(*) FROM runners
 pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metrics> {
     // One deferred transaction: one consistent snapshot, read without a write lock (in WAL
     // mode a reader never blocks a writer, nor waits for one).
-    let tx = conn.unchecked_transaction()?;
-    let jobs = {
-        let mut stmt = tx.prepare_cached(JOB_COUNTS_SQL)?;
-        let rows = stmt.query_map([], |r| {
-            Ok(JobCount {
-                queue: r.get(0)?,
-                status: r.get(1)?,
-                jobs: count(r.get(2)?),
-            })
-        })?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()?
-    };
-    let queue_lag = {
-        let mut stmt = tx.prepare_cached(QUEUE_LAG_SQL)?;
-        let rows = stmt.query_map([now], |r| {
-            let oldest: Option<i64> = r.get(1)?;
-            let lag = oldest.map_or(0, |t| now.saturating_sub(t).max(0));
-            Ok((r.get::<_, String>(0)?, Duration::from_millis(count(lag))))
-        })?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()?
-    };
-    let counters = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT name, queue, outcome, value FROM metric_counters
+    conn.snapshot(|conn| {
+        let jobs = {
+            let mut stmt = conn.prepare_cached(JOB_COUNTS_SQL)?;
+            let rows = stmt.query_map(params![], |r| {
+                Ok(JobCount {
+                    queue: r.get(0)?,
+                    status: r.get(1)?,
+                    jobs: count(r.get(2)?),
+                })
+            })?;
+            rows.collect::<Result<Vec<_>>>()?
+        };
+        let queue_lag = {
+            let mut stmt = conn.prepare_cached(QUEUE_LAG_SQL)?;
+            let rows = stmt.query_map([now], |r| {
+                let oldest: Option<i64> = r.get(1)?;
+                let lag = oldest.map_or(0, |t| now.saturating_sub(t).max(0));
+                Ok((r.get::<_, String>(0)?, Duration::from_millis(count(lag))))
+            })?;
+            rows.collect::<Result<Vec<_>>>()?
+        };
+        let counters = {
+            let mut stmt = conn.prepare_cached(
+                "SELECT name, queue, outcome, value FROM metric_counters
              ORDER BY name, queue, outcome",
-        )?;
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-            ))
-        })?;
-        let mut counters = Vec::new();
-        for row in rows {
-            let (name, queue, outcome, value) = row?;
-            // A name this build does not know (none yet) is left out, not an error.
-            if let Some(kind) = CounterKind::from_name(&name) {
-                counters.push(Counter {
-                    kind,
-                    queue,
-                    outcome,
-                    value: count(value),
-                });
+            )?;
+            let rows = stmt.query_map(params![], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            })?;
+            let mut counters = Vec::new();
+            for row in rows {
+                let (name, queue, outcome, value) = row?;
+                // A name this build does not know (none yet) is left out, not an error.
+                if let Some(kind) = CounterKind::from_name(&name) {
+                    counters.push(Counter {
+                        kind,
+                        queue,
+                        outcome,
+                        value: count(value),
+                    });
+                }
             }
-        }
-        counters
-    };
-    let wait = histograms(&tx, WAIT)?;
-    let run = histograms(&tx, RUN)?;
-    let runners_alive = count(tx.query_row(RUNNERS_ALIVE_SQL, [now], |r| r.get(0))?);
-    let database = maintenance::size(&tx, path)?;
-    tx.finish()?;
-    Ok(Metrics {
-        at: now,
-        jobs,
-        queue_lag,
-        counters,
-        wait,
-        run,
-        runners_alive,
-        database,
-        runner: None,
+            counters
+        };
+        let wait = histograms(conn, WAIT)?;
+        let run = histograms(conn, RUN)?;
+        let runners_alive = count(conn.query_row(RUNNERS_ALIVE_SQL, [now], |r| r.get(0))?);
+        let database = maintenance::size(conn.sqlite_only("the database's size")?, path)?;
+        Ok(Metrics {
+            at: now,
+            jobs,
+            queue_lag,
+            counters,
+            wait,
+            run,
+            runners_alive,
+            database,
+            runner: None,
+        })
     })
 }
 
@@ -196,15 +196,15 @@ mod tests {
             .iter()
             .map(|sql| {
                 let mut stmt = store.conn().prepare(sql).unwrap();
-                let n = stmt.parameter_count();
+                let n = stmt.sqlite().unwrap().parameter_count();
                 let mut rows = if n == 0 {
-                    stmt.query([]).unwrap()
+                    stmt.query(params![]).unwrap()
                 } else {
                     stmt.query([now]).unwrap()
                 };
                 while rows.next().unwrap().is_some() {}
                 drop(rows);
-                stmt.get_status(StatementStatus::VmStep)
+                stmt.sqlite().unwrap().get_status(StatementStatus::VmStep)
             })
             .collect()
     }
@@ -232,7 +232,7 @@ mod tests {
                 .prepare(&format!("EXPLAIN QUERY PLAN {QUEUE_LAG_SQL}"))
                 .unwrap();
             let rows = stmt.query_map([0i64], |r| r.get::<_, String>(3)).unwrap();
-            rows.collect::<rusqlite::Result<_>>().unwrap()
+            rows.collect::<Result<_>>().unwrap()
         };
         let plan = plan.join("\n");
         assert!(

@@ -23,7 +23,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
+use crate::store::db::Connection;
 
 #[cfg(doc)]
 use crate::error::Error;
@@ -39,6 +39,7 @@ mod ready;
 mod attempts;
 mod batch;
 mod counter;
+pub(crate) mod db;
 mod dependency;
 mod enqueue;
 mod failure;
@@ -48,6 +49,7 @@ mod maintenance;
 mod metrics;
 mod open;
 mod operator;
+pub(crate) mod pg;
 mod queue;
 mod read;
 mod reclaim;
@@ -120,7 +122,9 @@ pub struct Store {
 impl Drop for Store {
     fn drop(&mut self) {
         if !self.checkpoint_on_close {
-            open::trim_wal(&self.conn, &self.path);
+            if let Some(conn) = self.conn.sqlite() {
+                open::trim_wal(conn, &self.path);
+            }
         }
     }
 }
@@ -150,9 +154,13 @@ impl Store {
     /// As [`Store::open`], plus [`Error::Missing`] when the file does not exist and
     /// `create` is off, and [`Error::SchemaTooOld`] when it is older and `migrate` is off.
     pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Store> {
+        let path = path.as_ref();
+        if pg::is_url(path) {
+            return Store::open_url(path.to_str().unwrap_or_default(), options);
+        }
         let opened = open::open(path, options).map_err(crate::Error::full_if_so)?;
         Ok(Store {
-            conn: opened.conn,
+            conn: opened.conn.into(),
             path: opened.path,
             busy_timeout: opened.busy_timeout,
             migration: opened.migration,
@@ -160,6 +168,27 @@ impl Store {
             own_socket: None,
             checkpoint_on_close: options.checkpoints_on_close(),
         })
+    }
+
+    /// Opens the PostgreSQL database at `url`.
+    #[cfg(feature = "postgres")]
+    fn open_url(url: &str, options: &OpenOptions) -> Result<Store> {
+        let (conn, migration) = pg::open(url, options)?;
+        Ok(Store {
+            conn,
+            path: pg::redacted(url).into(),
+            busy_timeout: options.busy_timeout,
+            migration,
+            poker: wake::Poker::default(),
+            own_socket: None,
+            checkpoint_on_close: true,
+        })
+    }
+
+    /// A URL in a build without the PostgreSQL backend: [`Error::NoPostgres`].
+    #[cfg(not(feature = "postgres"))]
+    fn open_url(url: &str, _: &OpenOptions) -> Result<Store> {
+        match pg::open(url)? {}
     }
 
     /// The schema version of the database at `path`, read without creating, migrating or
@@ -189,7 +218,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the file cannot be read.
     pub fn schema_version(&self) -> Result<i64> {
-        open::schema_version(&self.conn)
+        open::schema_version(self.conn.sqlite_only("reading the schema version")?)
     }
 
     /// The database's size on disk: the main file, its free pages and its WAL.
@@ -198,7 +227,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the file cannot be read, [`Error::Io`] when its size cannot.
     pub fn size(&self) -> Result<DatabaseSize> {
-        maintenance::size(&self.conn, &self.path)
+        maintenance::size(self.conn.sqlite_only("the file's size")?, &self.path)
     }
 
     /// Compacts the whole file with a full `VACUUM`, then checkpoints the WAL so that the main
@@ -216,7 +245,7 @@ impl Store {
     /// [`Error::Sqlite`] or [`Error::Io`] otherwise.
     pub fn vacuum(&self) -> Result<VacuumReport> {
         maintenance::vacuum(
-            &self.conn,
+            self.conn.sqlite_only("vacuum")?,
             &self.path,
             self.busy_timeout,
             false,
@@ -232,7 +261,7 @@ impl Store {
     /// As [`Store::vacuum`], but never [`Error::RunnerLive`].
     pub fn vacuum_forced(&self) -> Result<VacuumReport> {
         maintenance::vacuum(
-            &self.conn,
+            self.conn.sqlite_only("vacuum")?,
             &self.path,
             self.busy_timeout,
             true,
@@ -259,7 +288,10 @@ impl Store {
     pub(crate) fn set_busy_timeout(&mut self, timeout: Duration) {
         let timeout = timeout.min(MAX_BUSY_TIMEOUT);
         self.busy_timeout = timeout;
-        if let Err(e) = self.conn.busy_timeout(timeout) {
+        let Some(conn) = self.conn.sqlite() else {
+            return;
+        };
+        if let Err(e) = conn.busy_timeout(timeout) {
             log::warn!("cannot set the busy timeout: {e}");
         }
     }
@@ -1027,13 +1059,15 @@ impl Store {
             }
         }
         // Also when nothing was pruned: a bounded prune may have left free pages behind.
-        report.bytes_freed = retention::incremental_vacuum(&self.conn, options)?;
-        // Never wait for another connection here: a checkpoint that finds one busy gives up,
-        // and the next prune tries again.
-        self.conn.busy_timeout(Duration::ZERO)?;
-        let truncated = retention::checkpoint_if_large(&self.conn, &self.path);
-        self.conn.busy_timeout(self.busy_timeout)?;
-        report.wal_truncated = truncated?;
+        if let Some(conn) = self.conn.sqlite() {
+            report.bytes_freed = retention::incremental_vacuum(conn, options)?;
+            // Never wait for another connection here: a checkpoint that finds one busy gives
+            // up, and the next prune tries again.
+            conn.busy_timeout(Duration::ZERO)?;
+            let truncated = retention::checkpoint_if_large(conn, &self.path);
+            conn.busy_timeout(self.busy_timeout)?;
+            report.wal_truncated = truncated?;
+        }
         Ok(report)
     }
 

@@ -42,7 +42,7 @@ pub struct OpenOptions {
     create: bool,
     migrate: bool,
     durability: Durability,
-    busy_timeout: Duration,
+    pub(super) busy_timeout: Duration,
     checkpoint_on_close: bool,
     convert_beside_runners: bool,
 }
@@ -123,6 +123,12 @@ impl OpenOptions {
     pub fn convert_beside_runners(mut self, force: bool) -> Self {
         self.convert_beside_runners = force;
         self
+    }
+
+    /// Whether opening makes a database that is missing (or, on PostgreSQL, empty).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn creates(&self) -> bool {
+        self.create
     }
 
     pub(crate) fn checkpoints_on_close(&self) -> bool {

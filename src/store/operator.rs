@@ -1,7 +1,7 @@
 //! An operator's actions: cancelling a job, and retrying one or the failed jobs that exhausted
 //! the recovery budget.
 
-use rusqlite::{Connection, params};
+use crate::store::db::{Connection, params};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, JobRecord, Status};

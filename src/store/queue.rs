@@ -1,7 +1,7 @@
 //! Queues: the limits and pauses stored in the file, which every claim on it respects, and
 //! what `queues ls` shows of each queue.
 
-use rusqlite::{Connection, params};
+use crate::store::db::{Connection, params};
 
 use crate::error::{Error, Result};
 
@@ -25,7 +25,7 @@ pub(super) fn rules(conn: &Connection) -> Result<Vec<Rule>> {
                 ELSE 0 END
          FROM queues WHERE paused != 0 OR max_running IS NOT NULL",
     )?;
-    let rows = stmt.query_map([], |r| {
+    let rows = stmt.query_map(params![], |r| {
         Ok(Rule {
             name: r.get(0)?,
             max_running: r.get(1)?,
@@ -33,7 +33,7 @@ pub(super) fn rules(conn: &Connection) -> Result<Vec<Rule>> {
             running: r.get(3)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 /// The queues that have a ready job (not waiting, not marked for teardown), in one
@@ -59,8 +59,8 @@ pub(super) const READY_QUEUES_SQL: &str = concat!(
 
 pub(super) fn ready_queues(conn: &Connection) -> Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(READY_QUEUES_SQL)?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let rows = stmt.query_map(params![], |r| r.get(0))?;
+    rows.collect::<Result<_>>()
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -185,7 +185,7 @@ pub(super) fn list(conn: &Connection, now: i64, all: bool) -> Result<Vec<QueueIn
             oldest_ready_ms: r.get::<_, Option<i64>>(9)?.map(|t| now.saturating_sub(t)),
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 #[cfg(test)]

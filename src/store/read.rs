@@ -1,6 +1,6 @@
 //! Reads: jobs, their history and output, and the counters `status` reports.
 
-use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+use crate::store::db::{Connection, OptionalExtension, params, params_from_iter};
 
 use crate::error::{Error, Result};
 use crate::job::{Event, EventKind, JobRecord, Output, Status};
@@ -47,7 +47,7 @@ pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<JobReco
 pub(super) fn list_sql(
     conn: &Connection,
     filter: &ListFilter,
-) -> Result<(String, Vec<rusqlite::types::Value>)> {
+) -> Result<(String, Vec<crate::store::db::Value>)> {
     // The failed-stale rows are found from their partial index: the planner would otherwise
     // take `jobs_status` and read every failed row.
     let from = if filter.failed_stale.is_some() {
@@ -105,9 +105,9 @@ fn both_filters_index(conn: &Connection, status: Status, queue: &str) -> Result<
 
 /// `SELECT` of the job columns from `from` with `filter`'s status and queue, and the values
 /// bound so far: the callers add their order, their limits and their values after them.
-fn select_jobs(from: &str, filter: &ListFilter) -> (String, Vec<rusqlite::types::Value>) {
+fn select_jobs(from: &str, filter: &ListFilter) -> (String, Vec<crate::store::db::Value>) {
     let mut sql = format!("SELECT {JOB_COLUMNS} FROM {from} WHERE 1");
-    let mut values: Vec<rusqlite::types::Value> = Vec::new();
+    let mut values: Vec<crate::store::db::Value> = Vec::new();
     if let Some(s) = filter.status {
         values.push(s.as_str().to_string().into());
         sql.push_str(&format!(" AND status = ?{}", values.len()));
@@ -123,11 +123,11 @@ fn select_jobs(from: &str, filter: &ListFilter) -> (String, Vec<rusqlite::types:
 fn query_jobs(
     conn: &Connection,
     sql: &str,
-    values: Vec<rusqlite::types::Value>,
+    values: Vec<crate::store::db::Value>,
 ) -> Result<Vec<JobRecord>> {
     let mut stmt = conn.prepare(sql)?;
     let rows = stmt.query_map(params_from_iter(values), job_row)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 /// Job `id`'s history, oldest first. A row with a `start_detail` (an ending committed with its
@@ -140,7 +140,7 @@ pub(super) fn events(conn: &Connection, id: i64) -> Result<Vec<Event>> {
     let mut rows = stmt.query([id])?;
     let mut events = Vec::new();
     while let Some(row) = rows.next()? {
-        let event = event_row(row)?;
+        let event = event_row(&row)?;
         if let Some(detail) = row.get::<_, Option<String>>(6)? {
             // Its id is the ending's: the row that holds them both.
             events.push(Event {
@@ -161,14 +161,14 @@ pub(super) fn endings_after(conn: &Connection, after_id: i64, limit: u64) -> Res
              ORDER BY id LIMIT (SELECT ?2)",
     )?;
     let rows = stmt.query_map(params![after_id, limit as i64], event_row)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 pub(super) fn last_event_id(conn: &Connection) -> Result<i64> {
-    Ok(
-        conn.query_row("SELECT coalesce(max(id), 0) FROM job_events", [], |r| {
-            r.get(0)
-        })?,
+    conn.query_row(
+        "SELECT coalesce(max(id), 0) FROM job_events",
+        params![],
+        |r| r.get(0),
     )
 }
 
@@ -178,17 +178,16 @@ pub(super) fn output(conn: &Connection, id: i64, attempt: Option<i64>) -> Result
              FROM job_output WHERE job_id = ?1 AND (?2 IS NULL OR attempt = ?2)
              ORDER BY id DESC LIMIT 1",
     )?;
-    Ok(stmt
-        .query_row(params![id, attempt], |r| {
-            Ok(Output {
-                attempt: r.get(0)?,
-                stdout: r.get(1)?,
-                stderr: r.get(2)?,
-                stdout_truncated: r.get(3)?,
-                stderr_truncated: r.get(4)?,
-            })
+    stmt.query_row(params![id, attempt], |r| {
+        Ok(Output {
+            attempt: r.get(0)?,
+            stdout: r.get(1)?,
+            stderr: r.get(2)?,
+            stdout_truncated: r.get(3)?,
+            stderr_truncated: r.get(4)?,
         })
-        .optional()?)
+    })
+    .optional()
 }
 
 pub(super) fn counts(conn: &Connection) -> Result<Counts> {
@@ -196,7 +195,7 @@ pub(super) fn counts(conn: &Connection) -> Result<Counts> {
     // job_counts is kept by enqueues and by triggers on every UPDATE and DELETE: a few rows,
     // where counting the table by status reads every job (68-98 ms on 1,000,000).
     let mut stmt = conn.prepare_cached("SELECT status, sum(n) FROM job_counts GROUP BY status")?;
-    let mut rows = stmt.query([])?;
+    let mut rows = stmt.query(params![])?;
     while let Some(row) = rows.next()? {
         let status: String = row.get(0)?;
         let n = row.get::<_, i64>(1)? as u64;
@@ -253,9 +252,8 @@ pub(super) fn has_unfinished(conn: &Connection, queues: &[String]) -> Result<boo
         queue_filter(queues, 1)
     );
     // Cached: a caller waiting for a runner to finish asks this in a loop.
-    Ok(conn
-        .prepare_cached(&sql)?
-        .query_row(params_from_iter(queues.iter()), |r| r.get(0))?)
+    conn.prepare_cached(&sql)?
+        .query_row(params_from_iter(queues.iter()), |r| r.get(0))
 }
 
 /// How many jobs are in each status.

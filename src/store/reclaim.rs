@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params};
 
 use crate::error::Result;
 use crate::job::{EventKind, OnLost, Output, Status};
@@ -268,7 +268,7 @@ pub(super) fn reclaim(
                 ))
             },
         )?;
-        rows.collect::<rusqlite::Result<_>>()?
+        rows.collect::<Result<_>>()?
     };
     for ((id, attempt, token, worker, pgid, start, expires, on_lost, recovery), keeper) in
         candidates
@@ -505,7 +505,7 @@ const TEARDOWN_SQL: &str =
             j.teardown_worker, r.host, r.boot_id, r.pid_ns
      FROM jobs j {index} LEFT JOIN runners r ON r.worker_id = j.teardown_worker";
 
-fn lost_attempt(r: &rusqlite::Row<'_>) -> rusqlite::Result<LostAttempt> {
+fn lost_attempt(r: &crate::store::db::Row<'_>) -> Result<LostAttempt> {
     let host: Option<String> = r.get(6)?;
     let boot_id: Option<String> = r.get(7)?;
     let pid_ns: Option<i64> = r.get(8)?;
@@ -545,7 +545,7 @@ pub(super) fn pending_teardowns(
 ) -> Result<Vec<LostAttempt>> {
     let mut stmt = conn.prepare_cached(&pending_teardowns_sql())?;
     let rows = stmt.query_map(params![after, limit as i64], lost_attempt)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 /// Job `id`'s teardown marker, if it has one.
@@ -554,7 +554,7 @@ pub(super) fn teardown_of(conn: &Connection, id: i64) -> Result<Option<LostAttem
     let mut stmt = conn.prepare_cached(&format!(
         "{from} WHERE j.id = ?1 AND j.teardown_token IS NOT NULL"
     ))?;
-    Ok(stmt.query_row([id], lost_attempt).optional()?)
+    stmt.query_row([id], lost_attempt).optional()
 }
 
 pub(super) fn record_teardown(

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, params};
+use crate::store::db::{Connection, params};
 
 use crate::error::Result;
 use crate::job::{Status, duration_ms};
@@ -318,7 +318,7 @@ fn keep_max_cut(conn: &Connection, max: u64) -> Result<Option<(i64, i64)>> {
     }
 }
 
-fn next_key(rows: &mut rusqlite::Rows<'_>) -> Result<Option<(i64, i64)>> {
+fn next_key(rows: &mut crate::store::db::Rows<'_>) -> Result<Option<(i64, i64)>> {
     Ok(match rows.next()? {
         Some(r) => Some((r.get(0)?, r.get(1)?)),
         None => None,
@@ -390,7 +390,10 @@ pub(super) fn delete_batch(
 
 /// Gives free pages back to the file system, a bounded number per transaction, and returns the
 /// bytes given back. A file without `auto_vacuum = INCREMENTAL` has nothing to give: 0.
-pub(super) fn incremental_vacuum(conn: &Connection, options: &PruneOptions) -> Result<u64> {
+pub(super) fn incremental_vacuum(
+    conn: &rusqlite::Connection,
+    options: &PruneOptions,
+) -> Result<u64> {
     let max_steps = options.vacuum_limit();
     let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
     // 2 is INCREMENTAL; NONE (0) keeps free pages in the file, FULL (1) already gave them back.
@@ -428,7 +431,7 @@ pub(super) fn incremental_vacuum(conn: &Connection, options: &PruneOptions) -> R
 /// Checkpoints and truncates the WAL when it passed [`WAL_CHECKPOINT_BYTES`], without waiting
 /// for another connection: a busy checkpoint gives up (the caller sets no busy timeout) and the
 /// next prune tries again. Returns whether the WAL was truncated.
-pub(super) fn checkpoint_if_large(conn: &Connection, path: &Path) -> Result<bool> {
+pub(super) fn checkpoint_if_large(conn: &rusqlite::Connection, path: &Path) -> Result<bool> {
     // An unreadable size counts as small: the next prune looks again.
     if super::maintenance::wal_bytes(path).unwrap_or(0) <= WAL_CHECKPOINT_BYTES {
         return Ok(false);
@@ -466,7 +469,7 @@ mod tests {
     use super::*;
 
     /// The rendered query plan of `sql` with `values` bound.
-    fn plan(conn: &Connection, sql: &str, values: &[&dyn rusqlite::ToSql]) -> String {
+    fn plan(conn: &Connection, sql: &str, values: &[&dyn crate::store::db::ToSql]) -> String {
         let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         let mut rows = stmt.query(values).unwrap();
         let mut lines = Vec::new();

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use rusqlite::Row;
+use crate::store::db::Row;
 
+use crate::error::Result;
 use crate::job::{ErrorKind, Event, EventKind, JobRecord};
 
 pub(super) const JOB_COLUMNS: &str =
@@ -17,13 +18,11 @@ pub(super) const JOB_COLUMNS: &str =
          WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
     keeper_pid";
 
-pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
+pub(super) fn job_row(r: &Row<'_>) -> Result<JobRecord> {
     let status: String = r.get(6)?;
     let on_lost: String = r.get(11)?;
     let kind: Option<String> = r.get(26)?;
-    let bad = |i: usize, what: String| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, what.into())
-    };
+    let bad = |i: usize, what: String| crate::error::Error::Column(format!("column {i}: {what}"));
     Ok(JobRecord {
         id: r.get(0)?,
         queue: r.get(1)?,
@@ -67,7 +66,7 @@ pub(super) fn job_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
     })
 }
 
-pub(super) fn event_row(r: &Row<'_>) -> rusqlite::Result<Event> {
+pub(super) fn event_row(r: &Row<'_>) -> Result<Event> {
     Ok(Event {
         id: r.get(0)?,
         job_id: r.get(1)?,
@@ -75,11 +74,7 @@ pub(super) fn event_row(r: &Row<'_>) -> rusqlite::Result<Event> {
         kind: {
             let text: String = r.get(3)?;
             EventKind::parse(&text).ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    3,
-                    rusqlite::types::Type::Text,
-                    format!("unknown event kind {text:?}").into(),
-                )
+                crate::error::Error::Column(format!("column 3: unknown event kind {text:?}"))
             })?
         },
         attempt: r.get(4)?,
@@ -92,11 +87,9 @@ pub(super) fn ms_duration(ms: i64) -> Duration {
 }
 
 /// Reads a JSON column (argv or env) into its Rust type.
-pub(super) fn json_column<T: JsonColumn>(r: &Row<'_>, i: usize) -> rusqlite::Result<T> {
+pub(super) fn json_column<T: JsonColumn>(r: &Row<'_>, i: usize) -> Result<T> {
     let text: String = r.get(i)?;
-    T::parse(&text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, e.into())
-    })
+    T::parse(&text).map_err(|e| crate::error::Error::Column(format!("column {i}: {e}")))
 }
 
 pub(super) trait JsonColumn: Sized {

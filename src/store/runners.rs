@@ -1,6 +1,6 @@
 //! The `runners` table: one row per runner process, its heartbeat and how it ended.
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use crate::store::db::{Connection, OptionalExtension, Row, params};
 
 use crate::error::Result;
 
@@ -70,7 +70,7 @@ impl RunnerRecord {
     }
 }
 
-fn runner_row(r: &Row<'_>) -> rusqlite::Result<RunnerRecord> {
+fn runner_row(r: &Row<'_>) -> Result<RunnerRecord> {
     Ok(RunnerRecord {
         worker_id: r.get(0)?,
         pid: r.get(1)?,
@@ -140,8 +140,8 @@ pub(super) fn stopped_holding_jobs(conn: &Connection) -> Result<Vec<String>> {
         "SELECT DISTINCT j.worker_id FROM jobs j JOIN runners r ON r.worker_id = j.worker_id
          WHERE j.status = 'running' AND r.stopped_at IS NOT NULL",
     )?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let rows = stmt.query_map(params![], |r| r.get(0))?;
+    rows.collect::<Result<_>>()
 }
 
 pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
@@ -150,8 +150,8 @@ pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
              FROM runners WHERE stopped_at IS NULL ORDER BY started_at, worker_id",
     )?;
-    let rows = stmt.query_map([], runner_row)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let rows = stmt.query_map(params![], runner_row)?;
+    rows.collect::<Result<_>>()
 }
 
 pub(super) fn latest(conn: &Connection) -> Result<Option<RunnerRecord>> {
@@ -160,5 +160,5 @@ pub(super) fn latest(conn: &Connection) -> Result<Option<RunnerRecord>> {
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
              FROM runners ORDER BY started_at DESC, rowid DESC LIMIT 1",
     )?;
-    Ok(stmt.query_row([], runner_row).optional()?)
+    stmt.query_row(params![], runner_row).optional()
 }

@@ -2,7 +2,7 @@
 //! runner's sweeper once a sample interval into `metric_samples`, a table of at most 86 rows.
 //! A chart's bar is the difference between two consecutive samples.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params};
 
 use crate::error::Result;
 
@@ -67,7 +67,9 @@ pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<b
     let interval_ms = interval_ms.max(1);
     let sampled = |conn: &Connection| -> Result<bool> {
         let last: Option<i64> = conn
-            .query_row("SELECT max(at) FROM metric_samples", [], |r| r.get(0))
+            .query_row("SELECT max(at) FROM metric_samples", params![], |r| {
+                r.get(0)
+            })
             .optional()?
             .flatten();
         Ok(last.is_some_and(|l| l.div_euclid(interval_ms) >= now.div_euclid(interval_ms)))
@@ -84,7 +86,7 @@ pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<b
         }
         let last_coarse: Option<i64> = conn.query_row(
             "SELECT max(at) FROM metric_samples WHERE coarse = 1",
-            [],
+            params![],
             |r| r.get(0),
         )?;
         let span = interval_ms.saturating_mul(COARSE_EVERY);
@@ -130,7 +132,7 @@ fn read(conn: &Connection, now: i64, ready: i64, coarse: bool) -> Result<Sample>
     s.running = conn
         .query_row(
             "SELECT coalesce(sum(n), 0) FROM job_counts WHERE status = 'running'",
-            [],
+            params![],
             |r| r.get::<_, i64>(0),
         )?
         .max(0) as u64;
@@ -138,7 +140,7 @@ fn read(conn: &Connection, now: i64, ready: i64, coarse: bool) -> Result<Sample>
         "SELECT name, outcome, sum(value) FROM metric_counters
          WHERE name = 'jobs_ended' OR name = 'retries_scheduled' GROUP BY name, outcome",
     )?;
-    let mut rows = stmt.query([])?;
+    let mut rows = stmt.query(params![])?;
     while let Some(r) = rows.next()? {
         let (name, outcome, n): (String, String, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
         let n = n.max(0) as u64;
@@ -192,7 +194,7 @@ pub(super) fn all(conn: &Connection) -> Result<Vec<Sample>> {
                 wait, run
          FROM metric_samples ORDER BY at",
     )?;
-    let rows = stmt.query_map([], |r| {
+    let rows = stmt.query_map(params![], |r| {
         let n = |i: usize| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
         let hist = |i: usize| {
             r.get::<_, String>(i).map(|t| {
@@ -215,7 +217,7 @@ pub(super) fn all(conn: &Connection) -> Result<Vec<Sample>> {
             run: hist(10)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use crate::store::db::{Connection, OptionalExtension, Row, params};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, Job};
@@ -93,10 +93,8 @@ impl FireReport {
 const COLUMNS: &str = "name, cron, every_ms, anchor_at, tz, job, catch_up, overlap, paused,
     last_slot_at, next_slot_at, created_at, updated_at";
 
-fn record(r: &Row<'_>) -> rusqlite::Result<ScheduleRecord> {
-    let bad = |i: usize, what: String| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, what.into())
-    };
+fn record(r: &Row<'_>) -> Result<ScheduleRecord> {
+    let bad = |i: usize, what: String| crate::error::Error::Column(format!("column {i}: {what}"));
     let cron: Option<String> = r.get(1)?;
     let every: Option<i64> = r.get(2)?;
     let schedule = match (cron, every) {
@@ -158,8 +156,8 @@ pub(super) fn get(conn: &Connection, name: &str) -> Result<ScheduleRecord> {
 pub(super) fn list(conn: &Connection) -> Result<Vec<ScheduleRecord>> {
     let mut stmt =
         conn.prepare_cached(&format!("SELECT {COLUMNS} FROM schedules ORDER BY name"))?;
-    let rows = stmt.query_map([], record)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let rows = stmt.query_map(params![], record)?;
+    rows.collect::<Result<_>>()
 }
 
 /// Stores a schedule (validated by the caller). A new interval counts from `now`; a replaced
@@ -248,17 +246,13 @@ pub(super) fn events(conn: &Connection, name: &str) -> Result<Vec<ScheduleEvent>
             schedule: r.get(1)?,
             at: r.get(2)?,
             kind: EventKind::parse(&kind).ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    3,
-                    rusqlite::types::Type::Text,
-                    format!("unknown event kind {kind:?}").into(),
-                )
+                crate::error::Error::Column(format!("column 3: unknown event kind {kind:?}"))
             })?,
             slot_at: r.get(4)?,
             detail: r.get(5)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    rows.collect::<Result<_>>()
 }
 
 fn schedule_event(
@@ -301,7 +295,7 @@ pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
              ORDER BY next_slot_at",
     )?;
     let rows = stmt.query_map([now], |r| r.get(0))?;
-    let mut names: Vec<String> = rows.collect::<rusqlite::Result<_>>()?;
+    let mut names: Vec<String> = rows.collect::<Result<_>>()?;
     // No period is shorter than a second (`MIN_INTERVAL`, cron's seconds field): a next slot
     // within a second of now is never ahead. An interval's period is its column.
     let mut stmt = conn.prepare_cached(&format!(
@@ -312,7 +306,7 @@ pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
     let mut rows = stmt.query([now])?;
     while let Some(row) = rows.next()? {
         // A row that cannot be read is reported when its slot is due, not at every look.
-        let Ok(rec) = record(row) else { continue };
+        let Ok(rec) = record(&row) else { continue };
         if recomputed_next(&rec, now)?.is_some() {
             names.push(rec.name);
         }
@@ -359,9 +353,8 @@ fn recomputed_next(rec: &ScheduleRecord, now: i64) -> Result<Option<(i64, Option
 
 /// The earliest slot due among unpaused schedules.
 pub(super) fn next_due(conn: &Connection) -> Result<Option<i64>> {
-    Ok(conn
-        .prepare_cached("SELECT min(next_slot_at) FROM schedules WHERE paused = 0")?
-        .query_row([], |r| r.get(0))?)
+    conn.prepare_cached("SELECT min(next_slot_at) FROM schedules WHERE paused = 0")?
+        .query_row(params![], |r| r.get(0))
 }
 
 /// How many of the newest due slots are kept while counting: the catch-up's most recent
@@ -604,7 +597,7 @@ mod tests {
         }
         let jobs: i64 = store
             .conn
-            .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
+            .query_row("SELECT count(*) FROM jobs", params![], |r| r.get(0))
             .unwrap();
         assert_eq!(jobs, 1);
     }

@@ -1,15 +1,14 @@
 //! The store's own tests: query plans and virtual-machine step counts of its statements,
 //! which only code inside the store can reach.
 
-use rusqlite::params_from_iter;
-
 use super::lease::{DUE_DEFERRED_SQL, QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
 use super::queue::READY_QUEUES_SQL;
 use super::reclaim::RECLAIM_CANDIDATES_SQL;
 use super::*;
+use crate::store::db::{params, params_from_iter};
 
 /// The rendered query plan of `sql` with `values` bound.
-fn plan(conn: &Connection, sql: &str, values: Vec<rusqlite::types::Value>) -> String {
+fn plan(conn: &Connection, sql: &str, values: Vec<crate::store::db::Value>) -> String {
     let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
     let mut rows = stmt.query(params_from_iter(values)).unwrap();
     let mut lines = Vec::new();
@@ -247,8 +246,11 @@ fn claim_steps(pending: usize, beside: Beside, queues: &[String]) -> i32 {
         .unwrap()
         .count();
     assert_eq!(due, 0, "nothing is due to promote");
-    let promote_steps = promote.get_status(rusqlite::StatementStatus::VmStep);
-    let mut values: Vec<rusqlite::types::Value> = vec![now.into(), 1i64.into()];
+    let promote_steps = promote
+        .sqlite()
+        .unwrap()
+        .get_status(rusqlite::StatementStatus::VmStep);
+    let mut values: Vec<crate::store::db::Value> = vec![now.into(), 1i64.into()];
     values.extend(queues.iter().map(|q| q.clone().into()));
     let mut stmt = conn.prepare(&claim_sql(queues)).unwrap();
     let mut rows = stmt.query(params_from_iter(values)).unwrap();
@@ -258,7 +260,11 @@ fn claim_steps(pending: usize, beside: Beside, queues: &[String]) -> i32 {
     }
     drop(rows);
     assert_eq!(claimed, 1);
-    promote_steps + stmt.get_status(rusqlite::StatementStatus::VmStep)
+    promote_steps
+        + stmt
+            .sqlite()
+            .unwrap()
+            .get_status(rusqlite::StatementStatus::VmStep)
 }
 
 #[test]
@@ -325,7 +331,7 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
     // then.
     let conn = store.conn();
     let now = 1_700_000_000_000i64;
-    let v = |x: &str| rusqlite::types::Value::from(x.to_string());
+    let v = |x: &str| crate::store::db::Value::from(x.to_string());
     // The claim names its index; the index must serve the claim's order without a sort,
     // for all queues or one queue. (For several queues SQLite reads the index once per
     // queue and sorts what it read: only the index use is checked then.)
@@ -351,12 +357,15 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
         (None, false, None),
     ] {
         let values = vec![
-            exclude.map(v).unwrap_or(rusqlite::types::Value::Null),
+            exclude
+                .map(v)
+                .unwrap_or(crate::store::db::Value::Null(crate::store::db::Kind::Text)),
             i64::from(expired).into(),
             now.into(),
             v(r#"["dead"]"#),
             100i64.into(),
-            held.map(v).unwrap_or(rusqlite::types::Value::Null),
+            held.map(v)
+                .unwrap_or(crate::store::db::Value::Null(crate::store::db::Kind::Text)),
         ];
         let p = plan(conn, RECLAIM_CANDIDATES_SQL, values);
         let running_only =
@@ -399,8 +408,8 @@ fn every_index_on_jobs_serves_a_statement_of_the_store() {
     let store = Store::open(dir.path().join("jobs.db")).unwrap();
     let conn = store.conn();
     let now = 1_700_000_000_000i64;
-    let v = |x: &str| rusqlite::types::Value::from(x.to_string());
-    let i = rusqlite::types::Value::from;
+    let v = |x: &str| crate::store::db::Value::from(x.to_string());
+    let i = crate::store::db::Value::from;
     let list = |filter: ListFilter| read::list_sql(conn, &filter).unwrap();
     let by_status = list(ListFilter {
         status: Some(crate::Status::Pending),
@@ -416,7 +425,7 @@ fn every_index_on_jobs_serves_a_statement_of_the_store() {
         failed_stale: Some(3),
         ..ListFilter::default()
     });
-    let statements: Vec<(String, Vec<rusqlite::types::Value>)> = vec![
+    let statements: Vec<(String, Vec<crate::store::db::Value>)> = vec![
         (claim_sql(&[]), vec![i(now), i(1)]),
         (claim_sql(&["a".into()]), vec![i(now), i(1), v("a")]),
         (DUE_DEFERRED_SQL.into(), vec![i(now), i(500)]),
@@ -435,7 +444,10 @@ fn every_index_on_jobs_serves_a_statement_of_the_store() {
         (super::lease::NEXT_DUE_SQL.into(), vec![i(now)]),
         (
             super::enqueue::MATCHING_SQL.into(),
-            vec![v("k"), rusqlite::types::Value::Null],
+            vec![
+                v("k"),
+                crate::store::db::Value::Null(crate::store::db::Kind::Text),
+            ],
         ),
         (super::schedule::SCHEDULE_BUSY_SQL.into(), vec![v("s")]),
     ];
@@ -449,9 +461,9 @@ fn every_index_on_jobs_serves_a_statement_of_the_store() {
              WHERE type = 'index' AND tbl_name = 'jobs' AND sql IS NOT NULL ORDER BY name",
         )
         .unwrap()
-        .query_map([], |r| r.get(0))
+        .query_map(params![], |r| r.get(0))
         .unwrap()
-        .collect::<rusqlite::Result<_>>()
+        .collect::<crate::Result<_>>()
         .unwrap();
     assert!(indexes.len() >= 10, "{indexes:?}");
     assert!(!indexes.iter().any(|x| x == "jobs_running_lease"));
@@ -508,7 +520,7 @@ fn a_handed_job_is_stored_once_under_its_token_and_not_past_its_deadline() {
     let token = "0123456789abcdef0123456789abcdef";
     let jobs = |s: &Store| -> i64 {
         s.conn()
-            .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))
+            .query_row("SELECT count(*) FROM jobs", params![], |r| r.get(0))
             .unwrap()
     };
 
@@ -548,7 +560,7 @@ fn a_handed_job_is_stored_once_under_its_token_and_not_past_its_deadline() {
     assert_ne!(other.id, first.id);
     let tokens = |s: &Store| -> i64 {
         s.conn()
-            .query_row("SELECT count(*) FROM handoffs", [], |r| r.get(0))
+            .query_row("SELECT count(*) FROM handoffs", params![], |r| r.get(0))
             .unwrap()
     };
     assert_eq!(tokens(&store), 2);
@@ -605,7 +617,7 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
         .enqueue(&crate::Job::shell("true").after([first]), now)
         .unwrap();
 
-    let mut conn = Connection::open(&path).unwrap();
+    let mut conn = rusqlite::Connection::open(&path).unwrap();
     let traced = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     let sink = std::sync::Arc::clone(&traced);
     conn.trace_v2(
@@ -621,6 +633,7 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
         }),
     )
     .unwrap();
+    let conn = crate::store::db::Connection::from(conn);
     let outcome = transaction(&conn, &mut |conn| {
         let req = ClaimRequest {
             worker_id: "w",
@@ -716,9 +729,9 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
         .filter(|sql| {
             let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
             let ops = stmt
-                .query_map([], |r| r.get::<_, String>(1))
+                .query_map(params![], |r| r.get::<_, String>(1))
                 .unwrap()
-                .collect::<rusqlite::Result<Vec<_>>>()
+                .collect::<crate::Result<Vec<_>>>()
                 .unwrap();
             ops.iter().any(|op| op == "OpenEphemeral")
         })

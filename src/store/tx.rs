@@ -2,7 +2,7 @@
 //! one write of a shared transaction fail alone, the event row every transition appends, and
 //! the queue filter of claims and reads.
 
-use rusqlite::{Connection, params};
+use crate::store::db::{Connection, params};
 
 use crate::error::Result;
 use crate::job::EventKind;
@@ -20,9 +20,9 @@ fn transaction_inner<T>(
     conn: &Connection,
     f: &mut impl FnMut(&Connection) -> Result<T>,
 ) -> Result<T> {
-    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    conn.begin()?;
     let result = f(conn).and_then(|v| {
-        conn.prepare_cached("COMMIT")?.execute([])?;
+        conn.command("COMMIT")?;
         Ok(v)
     });
     if result.is_err() && !conn.is_autocommit() {
@@ -41,11 +41,8 @@ pub(crate) fn savepoint<T>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<T>,
 ) -> Result<T> {
-    // Cached statements: these run for every write, and parsing them each time shows.
-    let exec = |sql: &str| -> Result<()> {
-        conn.prepare_cached(sql)?.execute([])?;
-        Ok(())
-    };
+    // Cached on SQLite: these run for every write, and parsing them each time shows.
+    let exec = |sql: &str| conn.command(sql);
     exec("SAVEPOINT op")?;
     match f(conn) {
         Ok(v) => {
@@ -93,19 +90,22 @@ pub(crate) mod tests {
     use crate::error::Error;
     use crate::job::Job;
     use crate::store::Store;
+    use crate::store::db::params;
 
     /// Caps this connection's file at its present size (`PRAGMA max_page_count`), so that a
     /// write needing a new page fails as on a full disk; returns the cap.
     pub(crate) fn cap(store: &Store) -> i64 {
         let pages: i64 = store
             .conn()
-            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .query_row("PRAGMA page_count", params![], |r| r.get(0))
             .expect("page_count");
         store
             .conn()
-            .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
-                r.get(0)
-            })
+            .query_row(
+                &format!("PRAGMA max_page_count = {pages}"),
+                params![],
+                |r| r.get(0),
+            )
             .expect("max_page_count")
     }
 
@@ -132,14 +132,14 @@ pub(crate) mod tests {
         assert_eq!(counts.pending, 1, "{counts:?}");
         let events: i64 = store
             .conn()
-            .query_row("SELECT count(*) FROM job_events", [], |r| r.get(0))
+            .query_row("SELECT count(*) FROM job_events", params![], |r| r.get(0))
             .expect("events");
         assert_eq!(events, 1);
 
         // Space back: the same writes succeed.
         store
             .conn()
-            .query_row("PRAGMA max_page_count = 1073741823", [], |r| {
+            .query_row("PRAGMA max_page_count = 1073741823", params![], |r| {
                 r.get::<_, i64>(0)
             })
             .expect("uncap");

@@ -40,7 +40,7 @@ fn next_due_is_the_earliest_future_claimable_job_of_the_served_queues() {
     let plans = [
         (
             QUEUE_NEXT_DUE_SQL,
-            vec![rusqlite::types::Value::from("a".to_string()), 0.into()],
+            vec![crate::store::db::Value::from("a".to_string()), 0.into()],
         ),
         (NEXT_DUE_SQL, vec![0.into()]),
     ];
@@ -50,7 +50,7 @@ fn next_due_is_the_earliest_future_claimable_job_of_the_served_queues() {
             .unwrap()
             .query_map(params_from_iter(values), |r| r.get(3))
             .unwrap()
-            .collect::<rusqlite::Result<_>>()
+            .collect::<Result<_>>()
             .unwrap();
         assert!(
             plan.iter()

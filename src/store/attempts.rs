@@ -18,7 +18,8 @@ pub(super) fn missing_jobs(conn: &Connection, ids: &[i64]) -> Result<Vec<i64>> {
         ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
     );
     let mut stmt = conn.prepare_cached(
-        "SELECT value FROM json_each(?1) WHERE value NOT IN (SELECT id FROM jobs)",
+        "SELECT CAST(value AS BIGINT) FROM json_each(?1)
+         WHERE CAST(value AS BIGINT) NOT IN (SELECT id FROM jobs)",
     )?;
     let rows = stmt.query_map([list], |r| r.get::<_, i64>(0))?;
     rows.collect::<Result<_>>()

@@ -33,7 +33,7 @@ pub(crate) const RUN: &str = "run";
 pub(super) fn bump(conn: &Connection, kind: CounterKind, queue: &str, outcome: &str) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO metric_counters (name, queue, outcome, value) VALUES (?1, ?2, ?3, 1)
-         ON CONFLICT (name, queue, outcome) DO UPDATE SET value = value + 1",
+         ON CONFLICT (name, queue, outcome) DO UPDATE SET value = metric_counters.value + 1",
     )?
     .execute(params![kind.as_str(), queue, outcome])?;
     Ok(())
@@ -111,7 +111,8 @@ impl Attempt {
                 "INSERT INTO metric_histograms (name, queue, outcome, le_ms, count, sum_ms)
                  VALUES (?1, ?2, ?3, ?4, 1, ?5)
                  ON CONFLICT (name, queue, outcome, le_ms)
-                 DO UPDATE SET count = count + 1, sum_ms = sum_ms + excluded.sum_ms",
+                 DO UPDATE SET count = metric_histograms.count + 1,
+                     sum_ms = metric_histograms.sum_ms + excluded.sum_ms",
             )?
             .execute(params![name, self.queue, outcome, le, ms])?;
         }

@@ -757,6 +757,107 @@ pub(crate) mod pg {
     use postgres::types::{IsNull, ToSql as PgToSql, Type};
 
     use super::{Kind, ValueRef, numbered_marks};
+
+    /// A statement written for SQLite, as PostgreSQL reads it: the parameter marks
+    /// ([`numbered_marks`]), then the constructs the two dialects spell differently and that
+    /// translate word for word (docs/postgres.md lists them all, with where each is used):
+    ///
+    /// - `LIMIT (SELECT $n)` (SQLite prepares a bare LIMIT parameter again at every run) is
+    ///   `LIMIT $n`;
+    /// - `UPDATE OR FAIL` (which spares SQLite a statement journal) is `UPDATE`;
+    /// - `INSERT OR IGNORE` is `INSERT ... ON CONFLICT DO NOTHING`;
+    /// - `INDEXED BY` (SQLite's index hint) goes: PostgreSQL's planner has no hints;
+    /// - `json_group_array(x)` is `coalesce(json_agg(x), '[]')::text`, and `json_each($n)`
+    ///   is `json_array_elements_text($n::json)`;
+    /// - `rowid` order is the `seq` column the PostgreSQL schema gives those tables;
+    /// - `x IS $n` (null-safe equality) is `x IS NOT DISTINCT FROM $n`;
+    /// - two-argument `min`/`max` are `least`/`greatest`;
+    /// - `CROSS JOIN t ON` (SQLite's fixed join order) is `JOIN t ON`;
+    /// - `lower(hex(randomblob(16)))`, a run token, is 32 hex digits of a random UUID.
+    pub(crate) fn postgres_text(sql: &str) -> String {
+        let mut text = numbered_marks(sql);
+        let words: [(&str, &str); 9] = [
+            ("UPDATE OR FAIL ", "UPDATE "),
+            ("json_group_array(", "json_agg("),
+            ("ORDER BY rowid", "ORDER BY seq"),
+            (
+                "min(after_job, excluded.after_job)",
+                "least(cascades.after_job, excluded.after_job)",
+            ),
+            (
+                "max(last_job, excluded.last_job)",
+                "greatest(cascades.last_job, excluded.last_job)",
+            ),
+            ("CROSS JOIN jobs ON", "JOIN jobs ON"),
+            (
+                "lower(hex(randomblob(16)))",
+                "replace(gen_random_uuid()::text, '-', '')",
+            ),
+            ("FROM json_each(", "FROM json_array_elements_text("),
+            (" IS $", " IS NOT DISTINCT FROM $"),
+        ];
+        for (sqlite, pg) in words {
+            if text.contains(sqlite) {
+                text = text.replace(sqlite, pg);
+            }
+        }
+        text = rewrite_each(&text, "json_agg(", |inner| {
+            format!("coalesce(json_agg({inner}), '[]')::text")
+        });
+        text = rewrite_each(&text, "json_array_elements_text(", |inner| {
+            format!("json_array_elements_text(({inner})::json)")
+        });
+        text = rewrite_each(&text, "LIMIT (SELECT ", |inner| format!("LIMIT {inner}"));
+        while let Some(at) = text.find("INDEXED BY ") {
+            let end = text[at + 11..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(text.len(), |e| at + 11 + e);
+            text.replace_range(at..end, "");
+        }
+        if let Some(at) = text.find("INSERT OR IGNORE ") {
+            text.replace_range(at..at + 17, "INSERT ");
+            match text.find(" RETURNING ") {
+                Some(r) => text.insert_str(r, " ON CONFLICT DO NOTHING"),
+                None => text.push_str(" ON CONFLICT DO NOTHING"),
+            }
+        }
+        text
+    }
+
+    /// `text` with each `open ... )` (`open` ends with the parenthesis it opens; the part up
+    /// to its matching one) written as `f` of what is between.
+    fn rewrite_each(text: &str, open: &str, f: impl Fn(&str) -> String) -> String {
+        let mut out = String::with_capacity(text.len() + 32);
+        let mut rest = text;
+        while let Some(at) = rest.find(open) {
+            out.push_str(&rest[..at]);
+            let inner_start = at + open.len();
+            let mut depth = 1;
+            let mut end = None;
+            for (i, c) in rest[inner_start..].char_indices() {
+                match c {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = Some(inner_start + i);
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let Some(end) = end else {
+                // Unbalanced: left as written, for the server to report.
+                out.push_str(&rest[at..]);
+                return out;
+            };
+            out.push_str(&f(&rest[inner_start..end]));
+            rest = &rest[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
     use crate::error::{Error, Result};
 
     /// A client and its prepared statements, keyed by text and parameter kinds.
@@ -790,7 +891,7 @@ pub(crate) mod pg {
             let text = match inner.texts.get(sql) {
                 Some(t) => t.clone(),
                 None => {
-                    let t: Arc<str> = numbered_marks(sql).into();
+                    let t: Arc<str> = postgres_text(sql).into();
                     inner.texts.insert(sql.to_owned(), t.clone());
                     t
                 }
@@ -932,6 +1033,8 @@ pub(crate) mod pg {
             t if *t == Type::INT4 => row.try_get::<_, Option<i32>>(i)?.map(i64::from),
             t if *t == Type::INT2 => row.try_get::<_, Option<i16>>(i)?.map(i64::from),
             t if *t == Type::BOOL => row.try_get::<_, Option<bool>>(i)?.map(i64::from),
+            // `sum()` of bigints is numeric on PostgreSQL (an integer on SQLite).
+            t if *t == Type::NUMERIC => row.try_get::<_, Option<WholeNumeric>>(i)?.map(|n| n.0),
             other => {
                 return Err(Error::Column(format!(
                     "column {i} ({}) is {other}, not an integer (cast it to bigint)",
@@ -939,6 +1042,55 @@ pub(crate) mod pg {
                 )));
             }
         })
+    }
+
+    /// A `numeric` that holds a whole number within i64, as `sum()` of bigints gives.
+    struct WholeNumeric(i64);
+
+    impl<'a> postgres::types::FromSql<'a> for WholeNumeric {
+        /// The binary `numeric`: digit count, weight (of the first digit, in powers of
+        /// 10,000), sign and display scale (four u16/i16), then the base-10,000 digits.
+        fn from_sql(
+            _: &Type,
+            raw: &'a [u8],
+        ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+            let word = |i: usize| -> std::result::Result<i16, String> {
+                raw.get(i * 2..i * 2 + 2)
+                    .map(|b| i16::from_be_bytes([b[0], b[1]]))
+                    .ok_or_else(|| "a numeric value cut short".to_owned())
+            };
+            let (ndigits, weight, sign) = (word(0)?, word(1)?, word(2)? as u16);
+            if sign != 0 && sign != 0x4000 {
+                return Err("a numeric NaN or infinity is not an integer".into());
+            }
+            let mut value: i128 = 0;
+            for d in 0..usize::try_from(ndigits).unwrap_or(0) {
+                let digit = i128::from(word(4 + d)?);
+                let power = i32::from(weight) - i32::try_from(d).unwrap_or(i32::MAX);
+                if power < 0 {
+                    if digit != 0 {
+                        return Err("a numeric value with a fraction is not an integer".into());
+                    }
+                    continue;
+                }
+                let scale = 10_000i128
+                    .checked_pow(u32::try_from(power).unwrap_or(u32::MAX))
+                    .ok_or("a numeric value beyond i64")?;
+                value = value
+                    .checked_add(digit * scale)
+                    .ok_or("a numeric value beyond i64")?;
+            }
+            if sign == 0x4000 {
+                value = -value;
+            }
+            Ok(WholeNumeric(
+                i64::try_from(value).map_err(|_| "a numeric value beyond i64")?,
+            ))
+        }
+
+        fn accepts(ty: &Type) -> bool {
+            *ty == Type::NUMERIC
+        }
     }
 
     /// Column `i` as a float, from any float or integer type.
@@ -960,6 +1112,32 @@ pub(crate) mod pg {
 #[cfg(test)]
 mod tests {
     use super::numbered_marks;
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn sqlite_only_constructs_are_translated_word_for_word() {
+        use super::pg::postgres_text as pg;
+        assert_eq!(
+            pg(
+                "UPDATE OR FAIL jobs SET a = ?1 WHERE id IN (SELECT value FROM json_each(?2)) LIMIT (SELECT ?3)"
+            ),
+            "UPDATE jobs SET a = $1 WHERE id IN (SELECT value FROM json_array_elements_text(($2)::json)) LIMIT $3"
+        );
+        assert_eq!(
+            pg(
+                "SELECT (SELECT json_group_array(d.after_id) FROM d), x FROM jobs INDEXED BY jobs_claim WHERE t IS ?2"
+            ),
+            "SELECT (SELECT coalesce(json_agg(d.after_id), '[]')::text FROM d), x FROM jobs  WHERE t IS NOT DISTINCT FROM $2"
+        );
+        assert_eq!(
+            pg("INSERT OR IGNORE INTO t (a) VALUES (?1) RETURNING a"),
+            "INSERT INTO t (a) VALUES ($1) ON CONFLICT DO NOTHING RETURNING a"
+        );
+        assert_eq!(
+            pg("INSERT OR IGNORE INTO t (a) VALUES (?)"),
+            "INSERT INTO t (a) VALUES ($1) ON CONFLICT DO NOTHING"
+        );
+    }
 
     #[test]
     fn marks_are_numbered_as_sqlite_numbers_them() {

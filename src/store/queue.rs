@@ -150,7 +150,7 @@ pub(super) const LIST_SQL: &str = concat!(
          FROM (SELECT DISTINCT job_id FROM job_deps) d CROSS JOIN jobs ON jobs.id = d.job_id
          WHERE jobs.status = 'pending' AND jobs.waiting > 0
          GROUP BY jobs.queue),
-     names AS (SELECT name FROM counts WHERE pending + running > 0 OR (?2 AND total > 0)
+     names AS (SELECT name FROM counts WHERE pending + running > 0 OR (?2 != 0 AND total > 0)
                UNION SELECT name FROM queues)
      SELECT n.name, coalesce(c.pending, 0), coalesce(w.waiting, 0), coalesce(c.running, 0),
             q.max_running, coalesce(q.paused, 0),

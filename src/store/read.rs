@@ -106,7 +106,7 @@ fn both_filters_index(conn: &Connection, status: Status, queue: &str) -> Result<
 /// `SELECT` of the job columns from `from` with `filter`'s status and queue, and the values
 /// bound so far: the callers add their order, their limits and their values after them.
 fn select_jobs(from: &str, filter: &ListFilter) -> (String, Vec<crate::store::db::Value>) {
-    let mut sql = format!("SELECT {JOB_COLUMNS} FROM {from} WHERE 1");
+    let mut sql = format!("SELECT {JOB_COLUMNS} FROM {from} WHERE 1 = 1");
     let mut values: Vec<crate::store::db::Value> = Vec::new();
     if let Some(s) = filter.status {
         values.push(s.as_str().to_string().into());
@@ -217,9 +217,10 @@ pub(super) fn lease_counts(
 ) -> Result<LeaseCounts> {
     let (running, stale_running, running_without_lease) = conn.query_row(
         "SELECT count(*),
-                    coalesce(sum(lease_expires_at IS NOT NULL AND lease_expires_at < ?1), 0),
-                    coalesce(sum(run_token IS NULL OR worker_id IS NULL
-                                 OR lease_expires_at IS NULL), 0)
+                    count(CASE WHEN lease_expires_at IS NOT NULL AND lease_expires_at < ?1
+                               THEN 1 END),
+                    count(CASE WHEN run_token IS NULL OR worker_id IS NULL
+                                    OR lease_expires_at IS NULL THEN 1 END)
              FROM jobs WHERE status = 'running'",
         [now],
         |r| {

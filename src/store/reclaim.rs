@@ -187,10 +187,10 @@ pub(super) const RECLAIM_CANDIDATES_SQL: &str =
      FROM jobs
      WHERE status = 'running'
        AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1
-            OR (?6 IS NOT NULL AND ?2 AND lease_expires_at < ?3
+            OR (?6 IS NOT NULL AND ?2 != 0 AND lease_expires_at < ?3
                 AND run_token NOT IN (SELECT value FROM json_each(?6))))
        AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
-            OR (?2 AND lease_expires_at < ?3)
+            OR (?2 != 0 AND lease_expires_at < ?3)
             OR worker_id IN (SELECT value FROM json_each(?4)))
      ORDER BY lease_expires_at, id LIMIT (SELECT ?5)";
 

@@ -372,16 +372,16 @@ pub(super) fn delete_batch(
     }
     let list = serde_json::to_string(&ids).unwrap_or_default();
     let events = conn
-        .prepare_cached("DELETE FROM job_events WHERE job_id IN (SELECT value FROM json_each(?1))")?
+        .prepare_cached("DELETE FROM job_events WHERE job_id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))")?
         .execute(params![list])?;
     let outputs = conn
-        .prepare_cached("DELETE FROM job_output WHERE job_id IN (SELECT value FROM json_each(?1))")?
+        .prepare_cached("DELETE FROM job_output WHERE job_id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))")?
         .execute(params![list])?;
     // The guard again: the selection ran in this transaction, so it still holds; repeating it
     // keeps a live job out of reach of any mistake in the selection.
     let jobs = conn
         .prepare_cached(
-            "DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(?1))
+            "DELETE FROM jobs WHERE id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))
                AND status IN ('succeeded', 'failed', 'cancelled') AND teardown_token IS NULL",
         )?
         .execute(params![list])?;

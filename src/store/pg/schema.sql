@@ -48,6 +48,19 @@ CREATE FUNCTION leasehold_now_ms() RETURNS BIGINT
     LANGUAGE sql VOLATILE PARALLEL SAFE
     AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
 
+-- SQLite's julianday(), for the runbook's hand-written SQL only (the store never calls it):
+-- `CAST((julianday('now') - 2440587.5) * 86400000 AS BIGINT)` is the current time in ms on
+-- both databases. ('now' is the server's clock; any other text is a time read as UTC, as
+-- SQLite reads it.) The runbook's older spelling, `AS INTEGER`, cannot run here: INTEGER is
+-- 32-bit on PostgreSQL, and the time in ms does not fit.
+CREATE FUNCTION julianday(t TEXT) RETURNS DOUBLE PRECISION
+    LANGUAGE sql VOLATILE PARALLEL SAFE
+    AS $$
+        SELECT extract(epoch FROM CASE WHEN t = 'now' THEN clock_timestamp()
+                                       ELSE t::timestamp AT TIME ZONE 'UTC' END)::float8
+               / 86400 + 2440587.5
+    $$;
+
 -- Schema versions applied, the newest last (SQLite keeps one number, PRAGMA user_version). A
 -- database made from this file has one row, 15. The store's migration holds the advisory lock
 -- above, reads max(version), and applies each newer migration in that transaction.

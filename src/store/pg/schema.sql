@@ -310,7 +310,7 @@ CREATE VIEW job_counts (queue, status, n) AS
 -- of the migration lock. When all 16 are held (more than 16 transactions writing jobs at
 -- once), it waits for its own pick: correct, only slower.
 CREATE FUNCTION job_count_shard() RETURNS BIGINT
-    LANGUAGE plpgsql VOLATILE
+    LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT
 AS $$
 DECLARE
     held TEXT := current_setting('leasehold.count_shard', true);
@@ -337,9 +337,12 @@ $$;
 -- The count changes of one row of `jobs`: an INSERT adds it to its (queue, status), a DELETE
 -- takes it away, an UPDATE that changes its status or its queue (hand-written SQL only moves
 -- queues) moves it. The same semantics as SQLite's job_counts_delete, job_counts_status and
--- job_counts_queue triggers, and the enqueue's own addition.
+-- job_counts_queue triggers, and the enqueue's own addition. The trigger functions keep the
+-- search_path they were created with (SET ... FROM CURRENT): a hand-written
+-- `UPDATE myschema.jobs ...` from a session whose search_path lacks the schema still counts
+-- into that schema's shards.
 CREATE FUNCTION job_counts_follow() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SET search_path FROM CURRENT
 AS $$
 DECLARE
     s BIGINT := job_count_shard();
@@ -370,7 +373,7 @@ CREATE TRIGGER job_counts_update AFTER UPDATE OF queue, status ON jobs
     EXECUTE FUNCTION job_counts_follow();
 -- TRUNCATE fires no row trigger: every count goes to 0, the queues' rows stay.
 CREATE FUNCTION job_counts_truncate() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SET search_path FROM CURRENT
 AS $$
 BEGIN
     INSERT INTO job_count_shards (queue, status, shard, n)

@@ -33,8 +33,8 @@
 --   a `seq` identity column on those two tables.
 -- - BLOB: BYTEA.
 -- - JSON columns (jobs.argv, jobs.env, schedules.job) stay TEXT: the store writes and reads
---   them as text, and the few statements that look inside cast them (`argv::jsonb`). No
---   default calls a JSON function (env's default is the text '[]').
+--   them as text, and no statement looks inside them (one that must can cast, `argv::jsonb`).
+--   No default calls a JSON function (env's default is the text '[]').
 -- - The job_counts triggers: plpgsql functions below, with a table sharded so that runners'
 --   transitions do not queue behind one row, and a view named job_counts that reads as the
 --   SQLite table does.
@@ -303,9 +303,9 @@ CREATE VIEW job_counts (queue, status, n) AS
     GROUP BY q.queue, s.status;
 
 -- The shard this transaction writes its count changes to. The first call of a transaction
--- takes the first free one of the 16 transaction-level advisory locks (1819673962, shard),
+-- takes the first free one of the 16 transaction-level advisory locks (1818583411, shard),
 -- starting from one picked by the backend's pid, and remembers it in a transaction-local
--- setting; later calls read the setting. 1819673962 is the bytes of 'leas' (0x6c656173), a
+-- setting; later calls read the setting. 1818583411 is the bytes of 'leas' (0x6c656173), a
 -- key space of its own: the two-key form of the advisory locks never meets the one-key form
 -- of the migration lock. When all 16 are held (more than 16 transactions writing jobs at
 -- once), it waits for its own pick: correct, only slower.
@@ -323,12 +323,12 @@ BEGIN
     first := pg_backend_pid() % 16;
     FOR i IN 0 .. 15 LOOP
         s := (first + i) % 16;
-        IF pg_try_advisory_xact_lock(1819673962, s) THEN
+        IF pg_try_advisory_xact_lock(1818583411, s) THEN
             PERFORM set_config('leasehold.count_shard', s::text, true);
             RETURN s;
         END IF;
     END LOOP;
-    PERFORM pg_advisory_xact_lock(1819673962, first);
+    PERFORM pg_advisory_xact_lock(1818583411, first);
     PERFORM set_config('leasehold.count_shard', first::text, true);
     RETURN first;
 END

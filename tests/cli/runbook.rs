@@ -84,7 +84,7 @@ fn the_runbooks_plain_sql_works_on_a_database_the_cli_made() {
     // The README's form, with the current time computed by SQLite itself.
     let sql_clock = RUNBOOK_MANUAL_REQUEUE.replace(
         "?2",
-        "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+        "CAST((julianday('now') - 2440587.5) * 86400000 AS BIGINT)",
     );
     let before = now_ms();
     assert_eq!(conn.execute(&sql_clock, [by_sql_clock]).unwrap(), 1);

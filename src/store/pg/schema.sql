@@ -33,8 +33,8 @@
 --   a `seq` identity column on those two tables.
 -- - BLOB: BYTEA.
 -- - JSON columns (jobs.argv, jobs.env, schedules.job) stay TEXT: the store writes and reads
---   them as text, and the few statements that look inside cast them (`argv::jsonb`). No
---   default calls a JSON function (env's default is the text '[]').
+--   them as text, and no statement looks inside them (one that must can cast, `argv::jsonb`).
+--   No default calls a JSON function (env's default is the text '[]').
 -- - The job_counts triggers: plpgsql functions below, with a table sharded so that runners'
 --   transitions do not queue behind one row, and a view named job_counts that reads as the
 --   SQLite table does.
@@ -47,6 +47,19 @@
 CREATE FUNCTION leasehold_now_ms() RETURNS BIGINT
     LANGUAGE sql VOLATILE PARALLEL SAFE
     AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+-- SQLite's julianday(), for the runbook's hand-written SQL only (the store never calls it):
+-- `CAST((julianday('now') - 2440587.5) * 86400000 AS BIGINT)` is the current time in ms on
+-- both databases. ('now' is the server's clock; any other text is a time read as UTC, as
+-- SQLite reads it.) The runbook's older spelling, `AS INTEGER`, cannot run here: INTEGER is
+-- 32-bit on PostgreSQL, and the time in ms does not fit.
+CREATE FUNCTION julianday(t TEXT) RETURNS DOUBLE PRECISION
+    LANGUAGE sql VOLATILE PARALLEL SAFE
+    AS $$
+        SELECT extract(epoch FROM CASE WHEN t = 'now' THEN clock_timestamp()
+                                       ELSE t::timestamp AT TIME ZONE 'UTC' END)::float8
+               / 86400 + 2440587.5
+    $$;
 
 -- Schema versions applied, the newest last (SQLite keeps one number, PRAGMA user_version). A
 -- database made from this file has one row, 15. The store's migration holds the advisory lock
@@ -290,14 +303,14 @@ CREATE VIEW job_counts (queue, status, n) AS
     GROUP BY q.queue, s.status;
 
 -- The shard this transaction writes its count changes to. The first call of a transaction
--- takes the first free one of the 16 transaction-level advisory locks (1819673962, shard),
+-- takes the first free one of the 16 transaction-level advisory locks (1818583411, shard),
 -- starting from one picked by the backend's pid, and remembers it in a transaction-local
--- setting; later calls read the setting. 1819673962 is the bytes of 'leas' (0x6c656173), a
+-- setting; later calls read the setting. 1818583411 is the bytes of 'leas' (0x6c656173), a
 -- key space of its own: the two-key form of the advisory locks never meets the one-key form
 -- of the migration lock. When all 16 are held (more than 16 transactions writing jobs at
 -- once), it waits for its own pick: correct, only slower.
 CREATE FUNCTION job_count_shard() RETURNS BIGINT
-    LANGUAGE plpgsql VOLATILE
+    LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT
 AS $$
 DECLARE
     held TEXT := current_setting('leasehold.count_shard', true);
@@ -310,12 +323,12 @@ BEGIN
     first := pg_backend_pid() % 16;
     FOR i IN 0 .. 15 LOOP
         s := (first + i) % 16;
-        IF pg_try_advisory_xact_lock(1819673962, s) THEN
+        IF pg_try_advisory_xact_lock(1818583411, s) THEN
             PERFORM set_config('leasehold.count_shard', s::text, true);
             RETURN s;
         END IF;
     END LOOP;
-    PERFORM pg_advisory_xact_lock(1819673962, first);
+    PERFORM pg_advisory_xact_lock(1818583411, first);
     PERFORM set_config('leasehold.count_shard', first::text, true);
     RETURN first;
 END
@@ -324,9 +337,12 @@ $$;
 -- The count changes of one row of `jobs`: an INSERT adds it to its (queue, status), a DELETE
 -- takes it away, an UPDATE that changes its status or its queue (hand-written SQL only moves
 -- queues) moves it. The same semantics as SQLite's job_counts_delete, job_counts_status and
--- job_counts_queue triggers, and the enqueue's own addition.
+-- job_counts_queue triggers, and the enqueue's own addition. The trigger functions keep the
+-- search_path they were created with (SET ... FROM CURRENT): a hand-written
+-- `UPDATE myschema.jobs ...` from a session whose search_path lacks the schema still counts
+-- into that schema's shards.
 CREATE FUNCTION job_counts_follow() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SET search_path FROM CURRENT
 AS $$
 DECLARE
     s BIGINT := job_count_shard();
@@ -357,7 +373,7 @@ CREATE TRIGGER job_counts_update AFTER UPDATE OF queue, status ON jobs
     EXECUTE FUNCTION job_counts_follow();
 -- TRUNCATE fires no row trigger: every count goes to 0, the queues' rows stay.
 CREATE FUNCTION job_counts_truncate() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SET search_path FROM CURRENT
 AS $$
 BEGIN
     INSERT INTO job_count_shards (queue, status, shard, n)

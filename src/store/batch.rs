@@ -73,6 +73,7 @@ pub(super) fn insert_slice(
     now: i64,
     clock: i64,
 ) -> Result<Vec<i64>> {
+    let now = conn.now(now)?;
     let started = Instant::now();
     let renewed = conn
         .prepare_cached("UPDATE batches SET expires_at = ?3 WHERE id = ?1 AND state = ?2")?

@@ -96,6 +96,7 @@ impl Attempt {
 
     /// Records the attempt's wait and run times under `outcome`, when it had started.
     fn observe(&self, conn: &Connection, outcome: &str, now: i64) -> Result<()> {
+        let now = conn.now(now)?;
         let Some(started) = self.started_at else {
             return Ok(());
         };
@@ -128,6 +129,7 @@ pub(super) fn attempt_ended(
     status: Status,
     now: i64,
 ) -> Result<()> {
+    let now = conn.now(now)?;
     let Some(a) = attempt else {
         return Ok(());
     };
@@ -178,6 +180,7 @@ pub(super) fn reclaimed(
     status: Status,
     now: i64,
 ) -> Result<()> {
+    let now = conn.now(now)?;
     let Some(a) = attempt else {
         return Ok(());
     };
@@ -197,6 +200,7 @@ pub(super) fn cancelled(
     was: Status,
     now: i64,
 ) -> Result<()> {
+    let now = conn.now(now)?;
     let Some(a) = attempt else {
         return Ok(());
     };

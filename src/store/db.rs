@@ -163,6 +163,19 @@ impl Connection {
         result
     }
 
+    /// The time to act at, in ms since the epoch: `given` (the caller's clock) on SQLite, whose
+    /// database lives on the one host that reads it. On PostgreSQL the server's clock, as
+    /// runners on hosts whose clocks differ share its leases: read once per transaction, so
+    /// that one transaction acts at one time, as on SQLite. (A store opened with
+    /// `OpenOptions::given_times` uses `given` on PostgreSQL too: tests that drive time.)
+    pub(crate) fn now(&self, given: i64) -> Result<i64> {
+        match self {
+            Connection::Sqlite(_) => Ok(given),
+            #[cfg(feature = "postgres")]
+            Connection::Postgres(c) => c.now(given),
+        }
+    }
+
     /// Whether no transaction is open: after a failed write, whether the database already
     /// rolled the transaction back.
     pub(crate) fn is_autocommit(&self) -> bool {
@@ -870,6 +883,10 @@ pub(crate) mod pg {
         texts: HashMap<String, Arc<str>>,
         prepared: HashMap<(Arc<str>, Vec<Kind>), postgres::Statement>,
         in_transaction: bool,
+        /// The server's time, read once in the open transaction.
+        transaction_now: Option<i64>,
+        /// Whether to act at the caller's times rather than the server's.
+        given_times: bool,
     }
 
     impl Conn {
@@ -881,6 +898,8 @@ pub(crate) mod pg {
                     texts: HashMap::new(),
                     prepared: HashMap::new(),
                     in_transaction: false,
+                    transaction_now: None,
+                    given_times: false,
                 }),
             }
         }
@@ -905,6 +924,7 @@ pub(crate) mod pg {
             let mut inner = self.inner.borrow_mut();
             let head = sql.trim_start().to_ascii_uppercase();
             let result = inner.client.batch_execute(sql);
+            inner.transaction_now = None;
             if head.starts_with("BEGIN") || head.starts_with("START TRANSACTION") {
                 inner.in_transaction = result.is_ok();
             } else if head.starts_with("COMMIT")
@@ -914,6 +934,32 @@ pub(crate) mod pg {
                 inner.in_transaction = false;
             }
             Ok(result?)
+        }
+
+        /// Acts at the caller's times, not the server's (see [`Connection::now`]).
+        ///
+        /// [`Connection::now`]: super::Connection::now
+        pub(crate) fn use_given_times(&self, given: bool) {
+            self.inner.borrow_mut().given_times = given;
+        }
+
+        /// The time to act at: see [`Connection::now`](super::Connection::now).
+        pub(crate) fn now(&self, given: i64) -> Result<i64> {
+            let mut inner = self.inner.borrow_mut();
+            if inner.given_times {
+                return Ok(given);
+            }
+            if let Some(now) = inner.transaction_now {
+                return Ok(now);
+            }
+            let now: i64 = inner
+                .client
+                .query_one("SELECT leasehold_now_ms()", &[])?
+                .try_get(0)?;
+            if inner.in_transaction {
+                inner.transaction_now = Some(now);
+            }
+            Ok(now)
         }
 
         /// Whether a transaction is open.

@@ -50,6 +50,7 @@ struct Cascade {
 /// dependency and how it ended. At most [`ENDING_STEP`] of them here; the rest is left as a
 /// cascade.
 pub(super) fn job_ended(conn: &Connection, id: i64, status: Status, now: i64) -> Result<()> {
+    let now = conn.now(now)?;
     match status {
         Status::Succeeded | Status::Failed | Status::Cancelled => {
             let start = Cascade {
@@ -69,6 +70,7 @@ pub(super) fn job_ended(conn: &Connection, id: i64, status: Status, now: i64) ->
 /// Continues the stored cascades, handling at most about [`CASCADE_SLICE`] dependents; returns
 /// whether any cascade is left.
 pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
+    let now = conn.now(now)?;
     let stored: Vec<Cascade> = {
         let mut stmt = conn.prepare_cached(
             "SELECT job_id, status, root, after_job, last_job FROM cascades
@@ -125,6 +127,7 @@ fn run(
     until: Option<std::time::Instant>,
     now: i64,
 ) -> Result<()> {
+    let now = conn.now(now)?;
     while let Some(mut c) = stack.pop() {
         if budget == 0 {
             store(conn, &mut c)?;
@@ -183,6 +186,7 @@ fn handle(
     now: i64,
     stack: &mut Vec<Cascade>,
 ) -> Result<()> {
+    let now = conn.now(now)?;
     if c.how == Status::Succeeded {
         // Whatever the dependent's status: see the module's docs.
         conn.prepare_cached("UPDATE jobs SET waiting = waiting - 1 WHERE id = ?1 AND waiting > 0")?

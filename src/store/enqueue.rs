@@ -30,6 +30,8 @@ pub(super) struct Slot<'a> {
 }
 
 pub(super) fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
+
+    let now = conn.now(now)?;
     Ok(enqueue(conn, job, now, None)?.id)
 }
 
@@ -41,6 +43,7 @@ pub(super) fn enqueue(
     now: i64,
     slot: Option<Slot<'_>>,
 ) -> Result<Enqueued> {
+    let now = conn.now(now)?;
     if let Some(key) = job.unique_key_name()
         && let Some(id) = matching(conn, key, job.unique_window_ms(), now)?
     {
@@ -77,6 +80,7 @@ pub(super) const MATCHING_SQL: &str = "SELECT id FROM jobs WHERE unique_key = ?1
 /// The newest job that `key` matches at `now`: an unfinished one, or with a window, one
 /// created within it.
 fn matching(conn: &Connection, key: &str, window_ms: Option<i64>, now: i64) -> Result<Option<i64>> {
+    let now = conn.now(now)?;
     let since = window_ms.map(|w| now.saturating_sub(w));
     conn.prepare_cached(MATCHING_SQL)?
         .query_row(params![key, since], |r| r.get(0))
@@ -87,6 +91,7 @@ fn matching(conn: &Connection, key: &str, window_ms: Option<i64>, now: i64) -> R
 /// and false when its unique key matches one; else its row and dependencies, and true. Its
 /// event, its count and its gate are the slice's, written for all its rows at once.
 pub(super) fn insert_gated(conn: &Connection, job: &Job, now: i64) -> Result<(i64, bool)> {
+    let now = conn.now(now)?;
     if let Some(key) = job.unique_key_name()
         && let Some(id) = matching(conn, key, job.unique_window_ms(), now)?
     {
@@ -101,6 +106,7 @@ pub(super) fn insert_gated(conn: &Connection, job: &Job, now: i64) -> Result<(i6
 /// slot's job is ready at its slot. A job due after `now` is written deferred: out of the
 /// claim indexes until a claim promotes it (see `ready.rs`).
 fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) -> Result<i64> {
+    let now = conn.now(now)?;
     let f = job.fields();
     let scheduled_at = match slot {
         Some(s) => s.at,

@@ -297,6 +297,7 @@ pub(super) fn enqueue(
     deadline: Option<i64>,
     now: i64,
 ) -> Result<Option<(Enqueued, bool)>> {
+    let now = conn.now(now)?;
     conn.prepare_cached("DELETE FROM handoffs WHERE expires_at < ?1")?
         .execute([now])?;
     let found = conn

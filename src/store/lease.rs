@@ -142,6 +142,7 @@ pub(super) const QUEUE_HEAD_SQL: &str = concat!(
 /// (SELECT ...) RETURNING ...`: SQLite gathers both the subquery's ids and the returned rows
 /// in temporary b-trees, and their page caches cost more than the rows' own writes.
 pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
+    let now = conn.now(now)?;
     if req.limit == 0 {
         return Ok(Vec::new());
     }
@@ -228,6 +229,7 @@ pub(super) const DUE_DEFERRED_SQL: &str = "SELECT id FROM jobs INDEXED BY jobs_d
 /// due this is one seek that finds nothing. A row by id, not `UPDATE ... WHERE id IN
 /// (SELECT ...)`, which builds a temporary b-tree on every run.
 fn promote_due(conn: &Connection, now: i64) -> Result<()> {
+    let now = conn.now(now)?;
     let due: Vec<i64> = {
         let mut stmt = conn.prepare_cached(DUE_DEFERRED_SQL)?;
         let rows = stmt.query_map(params![now, PROMOTE_AT_MOST], |r| r.get(0))?;
@@ -285,6 +287,7 @@ pub(super) const NEXT_DUE_SQL: &str = concat!(
 /// the size of the table. Jobs already due are not counted: a dispatcher that could not take
 /// them (no free worker, a queue at its limit or paused) is woken by what changes that.
 pub(crate) fn next_due(conn: &Connection, queues: &[String], now: i64) -> Result<Option<i64>> {
+    let now = conn.now(now)?;
     if queues.is_empty() {
         let mut stmt = conn.prepare_cached(NEXT_DUE_SQL)?;
         return stmt.query_row(params![now], |r| r.get(0));
@@ -312,6 +315,7 @@ fn allowed_heads(
     rules: &[queue::Rule],
     now: i64,
 ) -> Result<Vec<i64>> {
+    let now = conn.now(now)?;
     let limit = i64::from(req.limit);
     let names = if req.queues.is_empty() {
         queue::ready_queues(conn)?
@@ -370,6 +374,7 @@ pub struct AttemptStart {
 /// Records an attempt's process and its `started` event, under the attempt's lease; false when
 /// the lease is gone and nothing was written.
 pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Result<bool> {
+    let now = conn.now(now)?;
     if !set_process(conn, s)? {
         return Ok(false);
     }
@@ -426,6 +431,7 @@ pub(crate) fn finish_started(
     f: &Finish,
     now: i64,
 ) -> Result<Finished> {
+    let now = conn.now(now)?;
     debug_assert!(s.job_id == f.job_id && s.run_token == f.run_token);
     if !f.notes.is_empty() {
         // The notes' events (leaked processes, say) come between the start and the ending:
@@ -452,6 +458,7 @@ fn ending_event(
     detail: &str,
     start: Option<&AttemptStart>,
 ) -> Result<()> {
+    let now = conn.now(now)?;
     let Some(s) = start else {
         return event(conn, f.job_id, now, kind, attempt, detail);
     };
@@ -492,6 +499,8 @@ pub(super) fn renew(
     lease_ttl: Duration,
     now: i64,
 ) -> Result<Renewal> {
+
+    let now = conn.now(now)?;
     runner_heartbeat(conn, worker_id, now)?;
     if tokens.is_empty() {
         return Ok(Renewal::default());
@@ -598,6 +607,8 @@ pub(crate) fn backoff_ms(base_ms: i64, max_ms: i64, failures: i64) -> i64 {
 }
 
 pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+
+    let now = conn.now(now)?;
     finish_with(conn, f, None, now)
 }
 
@@ -609,6 +620,7 @@ fn finish_with(
     start: Option<&AttemptStart>,
     now: i64,
 ) -> Result<Finished> {
+    let now = conn.now(now)?;
     if f.ending == Ending::Succeeded {
         return finish_succeeded(conn, f, start, now);
     }
@@ -739,6 +751,7 @@ fn finish_succeeded(
     start: Option<&AttemptStart>,
     now: i64,
 ) -> Result<Finished> {
+    let now = conn.now(now)?;
     // No RETURNING (see `set_process`): the success leaves attempt, queue, scheduled_at and
     // started_at as they were, so what the metrics need of the attempt is read after it.
     let changed = match start {
@@ -790,6 +803,7 @@ fn finish_succeeded(
 /// `late_result_discarded` event; or, for the attempt a cancel stopped, its output and an
 /// `attempt_stopped` event.
 fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
+    let now = conn.now(now)?;
     let what = match &f.ending {
         Ending::Succeeded => "exit 0",
         Ending::Failed { message, .. } => message,
@@ -845,6 +859,7 @@ fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
 /// What every recorded ending writes after its UPDATE and before its own event: the output
 /// (if any) and the notes' events.
 fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<()> {
+    let now = conn.now(now)?;
     // An attempt that wrote nothing leaves no row: `output` then finds none, which reads as
     // empty, and a stream of quiet jobs costs one write less each.
     if let Some(out) = f

@@ -36,6 +36,8 @@ pub(super) const RUNNERS_ALIVE_SQL: &str = "SELECT count(*) FROM runners
      WHERE stopped_at IS NULL AND heartbeat_at + lease_ttl_ms >= ?1";
 
 pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metrics> {
+
+    let now = conn.now(now)?;
     // One deferred transaction: one consistent snapshot, read without a write lock (in WAL
     // mode a reader never blocks a writer, nor waits for one).
     conn.snapshot(|conn| {

@@ -45,6 +45,7 @@ pub struct OpenOptions {
     pub(super) busy_timeout: Duration,
     checkpoint_on_close: bool,
     convert_beside_runners: bool,
+    given_times: bool,
 }
 
 impl Default for OpenOptions {
@@ -56,6 +57,7 @@ impl Default for OpenOptions {
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             checkpoint_on_close: true,
             convert_beside_runners: false,
+            given_times: false,
         }
     }
 }
@@ -123,6 +125,21 @@ impl OpenOptions {
     pub fn convert_beside_runners(mut self, force: bool) -> Self {
         self.convert_beside_runners = force;
         self
+    }
+
+    /// On PostgreSQL, act at the times passed to each call (`now`) rather than at the
+    /// server's clock: for tests that drive time. Off by default: runners on several hosts
+    /// share leases, and only the server's clock is the same for all of them. SQLite always
+    /// acts at the times passed, as its database has one host.
+    pub fn given_times(mut self, given: bool) -> Self {
+        self.given_times = given;
+        self
+    }
+
+    /// Whether the store acts at the caller's times on PostgreSQL.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn uses_given_times(&self) -> bool {
+        self.given_times
     }
 
     /// Whether opening makes a database that is missing (or, on PostgreSQL, empty).

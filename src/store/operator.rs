@@ -13,6 +13,8 @@ use super::read::{ListFilter, job, list};
 use super::tx::event;
 
 pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> {
+
+    let now = conn.now(now)?;
     let current = job(conn, id)?;
     let facts = counter::Attempt::read(conn, id)?;
     let detail = match current.status {
@@ -66,6 +68,8 @@ pub(super) fn retry(
     reason: Option<&str>,
     now: i64,
 ) -> Result<JobRecord> {
+
+    let now = conn.now(now)?;
     let current = job(conn, id)?;
     let refuse = |reason: String| Error::WrongState {
         id,
@@ -177,6 +181,7 @@ pub(super) fn retry_slice(
     reason: Option<&str>,
     now: i64,
 ) -> Result<(usize, Vec<i64>)> {
+    let now = conn.now(now)?;
     let started = std::time::Instant::now();
     let mut retried = Vec::new();
     let mut seen = 0;

@@ -61,7 +61,9 @@ pub(crate) fn open(url: &str) -> Result<std::convert::Infallible> {
 pub(crate) fn open(url: &str, options: &OpenOptions) -> Result<(Connection, Migration)> {
     let config = config(url)?;
     let client = config.connect(postgres::NoTls)?;
-    let conn = Connection::Postgres(Box::new(db::pg::Conn::new(client)));
+    let pg = db::pg::Conn::new(client);
+    pg.use_given_times(options.uses_given_times());
+    let conn = Connection::Postgres(Box::new(pg));
     let migration = migrate(&conn, url, options)?;
     Ok((conn, migration))
 }

@@ -168,6 +168,7 @@ pub(super) const LIST_SQL: &str = concat!(
 
 /// The queues of [`LIST_SQL`]: with `all`, every queue that has any job too.
 pub(super) fn list(conn: &Connection, now: i64, all: bool) -> Result<Vec<QueueInfo>> {
+    let now = conn.now(now)?;
     let mut stmt = conn.prepare_cached(LIST_SQL)?;
     let rows = stmt.query_map(params![now, all], |r| {
         Ok(QueueInfo {

@@ -215,6 +215,8 @@ pub(super) fn lease_counts(
     max_recovery_attempts: u32,
     now: i64,
 ) -> Result<LeaseCounts> {
+
+    let now = conn.now(now)?;
     let (running, stale_running, running_without_lease) = conn.query_row(
         "SELECT count(*),
                     count(CASE WHEN lease_expires_at IS NOT NULL AND lease_expires_at < ?1

@@ -199,6 +199,8 @@ pub(super) fn reclaim(
     req: &ReclaimRequest<'_>,
     now: i64,
 ) -> Result<ReclaimReport> {
+
+    let now = conn.now(now)?;
     let mut report = ReclaimReport::default();
     if req.batch == 0 {
         return Ok(report);
@@ -403,6 +405,7 @@ fn adopt(
     why: &str,
     now: i64,
 ) -> Result<bool> {
+    let now = conn.now(now)?;
     let Some(me) = req.exclude_worker else {
         return Ok(false);
     };
@@ -446,6 +449,7 @@ fn recover(
     detail: &str,
     now: i64,
 ) -> Result<Option<Status>> {
+    let now = conn.now(now)?;
     let finish = super::lease::Finish {
         job_id: kept.job_id,
         run_token: kept.run_token.clone(),
@@ -564,6 +568,8 @@ pub(super) fn record_teardown(
     detail: &str,
     now: i64,
 ) -> Result<bool> {
+
+    let now = conn.now(now)?;
     let attempt: Option<i64> = conn
         .prepare_cached(
             "UPDATE jobs SET teardown_token = NULL, teardown_pgid = NULL,

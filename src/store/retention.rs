@@ -261,6 +261,7 @@ pub(super) type Bounds = Vec<(Status, (i64, i64))>;
 
 /// The bounds of a prune by `policy` at `now`.
 pub(super) fn bounds(conn: &Connection, policy: &Retention, now: i64) -> Result<Bounds> {
+    let now = conn.now(now)?;
     let cut = match policy.keep_max {
         Some(max) => keep_max_cut(conn, max)?,
         None => None,
@@ -334,6 +335,7 @@ pub(super) const DUE_SQL: &str = "SELECT id FROM jobs
 
 /// How many jobs `policy` prunes at `now`, without changing anything.
 pub(super) fn count_due(conn: &Connection, policy: &Retention, now: i64) -> Result<u64> {
+    let now = conn.now(now)?;
     let mut total = 0u64;
     for (status, (at, id)) in bounds(conn, policy, now)? {
         let n: i64 = conn

@@ -112,6 +112,8 @@ pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
 }
 
 pub(super) fn stop(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
+
+    let now = conn.now(now)?;
     conn.execute(
         "UPDATE runners SET stopped_at = ?2, heartbeat_at = ?2 WHERE worker_id = ?1",
         params![worker_id, now],
@@ -120,6 +122,8 @@ pub(super) fn stop(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
 }
 
 pub(super) fn mark_dead(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
+
+    let now = conn.now(now)?;
     conn.execute(
         "UPDATE runners SET stopped_at = ?2 WHERE worker_id = ?1 AND stopped_at IS NULL
                    AND NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'running' AND worker_id = ?1)",
@@ -129,6 +133,8 @@ pub(super) fn mark_dead(conn: &Connection, worker_id: &str, now: i64) -> Result<
 }
 
 pub(super) fn runner_heartbeat(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
+
+    let now = conn.now(now)?;
     conn.prepare_cached("UPDATE runners SET heartbeat_at = ?2 WHERE worker_id = ?1")?
         .execute(params![worker_id, now])?;
     Ok(())

@@ -123,6 +123,7 @@ pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<b
 
 /// The counters as they are now, with the gauges.
 fn read(conn: &Connection, now: i64, ready: i64, coarse: bool) -> Result<Sample> {
+    let now = conn.now(now)?;
     let mut s = Sample {
         at: now,
         coarse,

@@ -170,6 +170,7 @@ pub(super) fn put(
     replace: bool,
     now: i64,
 ) -> Result<ScheduleRecord> {
+    let now = conn.now(now)?;
     let exists: bool = conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM schedules WHERE name = ?1)")?
         .query_row([name], |r| r.get(0))?;
@@ -218,6 +219,7 @@ pub(super) fn set_paused(
     paused: bool,
     now: i64,
 ) -> Result<ScheduleRecord> {
+    let now = conn.now(now)?;
     let current = get(conn, name)?;
     if current.paused == paused {
         return Ok(current);
@@ -289,6 +291,7 @@ fn trim_events(conn: &Connection, name: &str) -> Result<()> {
 /// The names of the unpaused schedules with a slot due at `now`, the most overdue first,
 /// then those whose next slot lies more than a period ahead of `now` (to be recomputed).
 pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
+    let now = conn.now(now)?;
     let mut stmt = conn.prepare_cached(
         "SELECT name FROM schedules
              WHERE paused = 0 AND next_slot_at IS NOT NULL AND next_slot_at <= ?1
@@ -408,6 +411,7 @@ pub(super) const SCHEDULE_BUSY_SQL: &str =
 /// Nothing when the schedule is paused, gone, or not due (another runner fired it first);
 /// a next slot more than a period ahead is recomputed from `now` (see [`recomputed_next`]).
 pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport> {
+    let now = conn.now(now)?;
     let mut report = FireReport::default();
     let rec = match get(conn, name) {
         Ok(r) => r,

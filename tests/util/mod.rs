@@ -1,5 +1,6 @@
 //! Shared helpers for the integration tests: temporary databases, bare connections, waiting
-//! with a deadline, /proc, `leasehold run` processes and a per-test watchdog.
+//! with a deadline, /proc, `leasehold run` processes, a per-test watchdog and a real
+//! PostgreSQL server (`pg`).
 //!
 //! Each test binary includes this module with `#[path = "../util/mod.rs"] mod util;`.
 
@@ -9,6 +10,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod exposition;
+pub mod pg;
 mod proc;
 mod runner;
 mod span;

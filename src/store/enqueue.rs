@@ -9,7 +9,7 @@ use crate::schedule::utc_text;
 
 use super::batch;
 use super::counter;
-use super::tx::event;
+use super::tx::{Serialise, event, serialise};
 
 /// What an enqueue did: the job's id, and whether it was a duplicate (an existing job with
 /// the same unique key, whose id this is, and nothing was written).
@@ -30,7 +30,6 @@ pub(super) struct Slot<'a> {
 }
 
 pub(super) fn insert_job(conn: &Connection, job: &Job, now: i64) -> Result<i64> {
-
     let now = conn.now(now)?;
     Ok(enqueue(conn, job, now, None)?.id)
 }
@@ -81,6 +80,7 @@ pub(super) const MATCHING_SQL: &str = "SELECT id FROM jobs WHERE unique_key = ?1
 /// created within it.
 fn matching(conn: &Connection, key: &str, window_ms: Option<i64>, now: i64) -> Result<Option<i64>> {
     let now = conn.now(now)?;
+    serialise(conn, Serialise::UniqueKey(key))?;
     let since = window_ms.map(|w| now.saturating_sub(w));
     conn.prepare_cached(MATCHING_SQL)?
         .query_row(params![key, since], |r| r.get(0))
@@ -161,6 +161,7 @@ fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
         if dep == id {
             return Err(refuse("a job cannot run after itself"));
         }
+        serialise(conn, Serialise::Job(dep))?;
         let status: Option<String> = conn
             .prepare_cached("SELECT status FROM jobs WHERE id = ?1")?
             .query_row([dep], |r| r.get(0))

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use crate::store::db::{Connection, OptionalExtension, params, params_from_iter};
+use crate::store::db::{Connection, Dialect, OptionalExtension, params, params_from_iter};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
@@ -19,7 +19,7 @@ use super::reclaim::LEASE_EXPIRED_PREFIX;
 use super::reclaim::lost_verdict;
 use super::row::{json_column, ms_duration};
 use super::runners::runner_heartbeat;
-use super::tx::{event, queue_filter};
+use super::tx::{Serialise, event, queue_filter, serialise};
 
 /// What a runner asks of [`Store::claim`](crate::Store::claim).
 #[derive(Debug, Clone)]
@@ -110,6 +110,19 @@ const CANDIDATE_SQL: &str = concat!(
     ready_to_claim!()
 );
 
+/// A claim's read of its candidates, as the dialect runs it. SQLite's IMMEDIATE transaction
+/// already holds the only write lock. On PostgreSQL the read locks the rows it returns and
+/// skips those another claim has locked (`FOR UPDATE SKIP LOCKED`): claims running at once on
+/// many runners take different jobs instead of waiting for each other's commit, and the
+/// guarded UPDATE below still refuses a job that is no longer ready.
+fn locking(conn: &Connection, sql: String) -> String {
+    match conn.dialect() {
+        Dialect::Sqlite => sql,
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => sql + " FOR UPDATE SKIP LOCKED",
+    }
+}
+
 /// The read of the jobs a claim takes from `queues` (all queues when empty), when no queue has
 /// a limit or a pause.
 pub(super) fn claim_sql(queues: &[String]) -> String {
@@ -148,6 +161,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     }
     promote_due(conn, now)?;
     let expires = now.saturating_add(duration_ms(req.lease_ttl));
+    serialise(conn, Serialise::LimitedQueues)?;
     let rules = queue::rules(conn)?;
     let candidate = |r: &crate::store::db::Row<'_>| {
         Ok(Claimed {
@@ -170,11 +184,11 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
         let mut values: Vec<crate::store::db::Value> =
             vec![now.into(), i64::from(req.limit).into()];
         values.extend(req.queues.iter().map(|q| q.clone().into()));
-        let mut stmt = conn.prepare_cached(&claim_sql(req.queues))?;
+        let mut stmt = conn.prepare_cached(&locking(conn, claim_sql(req.queues)))?;
         let rows = stmt.query_map(params_from_iter(values), candidate)?;
         rows.collect::<Result<_>>()?
     } else {
-        let sql = CANDIDATE_SQL.replace("{columns}", CANDIDATE_COLUMNS);
+        let sql = locking(conn, CANDIDATE_SQL.replace("{columns}", CANDIDATE_COLUMNS));
         let mut stmt = conn.prepare_cached(&sql)?;
         let mut found = Vec::new();
         for id in allowed_heads(conn, req, &rules, now)? {
@@ -499,7 +513,6 @@ pub(super) fn renew(
     lease_ttl: Duration,
     now: i64,
 ) -> Result<Renewal> {
-
     let now = conn.now(now)?;
     runner_heartbeat(conn, worker_id, now)?;
     if tokens.is_empty() {
@@ -607,7 +620,6 @@ pub(crate) fn backoff_ms(base_ms: i64, max_ms: i64, failures: i64) -> i64 {
 }
 
 pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
-
     let now = conn.now(now)?;
     finish_with(conn, f, None, now)
 }

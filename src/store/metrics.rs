@@ -36,7 +36,6 @@ pub(super) const RUNNERS_ALIVE_SQL: &str = "SELECT count(*) FROM runners
      WHERE stopped_at IS NULL AND heartbeat_at + lease_ttl_ms >= ?1";
 
 pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metrics> {
-
     let now = conn.now(now)?;
     // One deferred transaction: one consistent snapshot, read without a write lock (in WAL
     // mode a reader never blocks a writer, nor waits for one).
@@ -92,7 +91,7 @@ pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metric
         let wait = histograms(conn, WAIT)?;
         let run = histograms(conn, RUN)?;
         let runners_alive = count(conn.query_row(RUNNERS_ALIVE_SQL, [now], |r| r.get(0))?);
-        let database = maintenance::size(conn.sqlite_only("the database's size")?, path)?;
+        let database = size(conn, path)?;
         Ok(Metrics {
             at: now,
             jobs,
@@ -105,6 +104,17 @@ pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metric
             runner: None,
         })
     })
+}
+
+/// The database's size: the file's, or the PostgreSQL database's.
+pub(super) fn size(conn: &Connection, path: &Path) -> Result<crate::metrics::DatabaseSize> {
+    match conn.sqlite() {
+        Some(sqlite) => maintenance::size(sqlite, path),
+        #[cfg(feature = "postgres")]
+        None => super::pg::size(conn, path),
+        #[cfg(not(feature = "postgres"))]
+        None => Err(crate::Error::SqliteOnly("the database's size")),
+    }
 }
 
 /// The histograms stored under `name`, their buckets cumulated over every bound.

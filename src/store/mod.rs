@@ -218,7 +218,13 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the file cannot be read.
     pub fn schema_version(&self) -> Result<i64> {
-        open::schema_version(self.conn.sqlite_only("reading the schema version")?)
+        match self.conn.sqlite() {
+            Some(conn) => open::schema_version(conn),
+            #[cfg(feature = "postgres")]
+            None => pg::schema_version(&self.conn),
+            #[cfg(not(feature = "postgres"))]
+            None => Err(crate::Error::SqliteOnly("reading the schema version")),
+        }
     }
 
     /// The database's size on disk: the main file, its free pages and its WAL.
@@ -227,7 +233,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the file cannot be read, [`Error::Io`] when its size cannot.
     pub fn size(&self) -> Result<DatabaseSize> {
-        maintenance::size(self.conn.sqlite_only("the file's size")?, &self.path)
+        metrics::size(&self.conn, &self.path)
     }
 
     /// Compacts the whole file with a full `VACUUM`, then checkpoints the WAL so that the main

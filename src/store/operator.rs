@@ -13,7 +13,6 @@ use super::read::{ListFilter, job, list};
 use super::tx::event;
 
 pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> {
-
     let now = conn.now(now)?;
     let current = job(conn, id)?;
     let facts = counter::Attempt::read(conn, id)?;
@@ -68,7 +67,6 @@ pub(super) fn retry(
     reason: Option<&str>,
     now: i64,
 ) -> Result<JobRecord> {
-
     let now = conn.now(now)?;
     let current = job(conn, id)?;
     let refuse = |reason: String| Error::WrongState {

@@ -180,6 +180,34 @@ fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migrat
     }
 }
 
+/// The schema version of a PostgreSQL database: the newest migration applied.
+#[cfg(feature = "postgres")]
+pub(crate) fn schema_version(conn: &Connection) -> Result<i64> {
+    conn.query_row(
+        "SELECT coalesce(max(version), 0) FROM leasehold_migrations",
+        params![],
+        |r| r.get(0),
+    )
+}
+
+/// The database's size: `pg_database_size`, with no free pages or WAL of its own to report
+/// (the server's autovacuum reuses the space of pruned rows; its WAL is the server's).
+#[cfg(feature = "postgres")]
+pub(crate) fn size(conn: &Connection, url: &Path) -> Result<crate::metrics::DatabaseSize> {
+    let bytes: i64 = conn.query_row(
+        "SELECT pg_database_size(current_database())",
+        params![],
+        |r| r.get(0),
+    )?;
+    Ok(crate::metrics::DatabaseSize {
+        path: url.to_path_buf(),
+        schema_version: schema_version(conn)?,
+        bytes: u64::try_from(bytes).unwrap_or(0),
+        free_bytes: 0,
+        wal_bytes: 0,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -215,7 +215,6 @@ pub(super) fn lease_counts(
     max_recovery_attempts: u32,
     now: i64,
 ) -> Result<LeaseCounts> {
-
     let now = conn.now(now)?;
     let (running, stale_running, running_without_lease) = conn.query_row(
         "SELECT count(*),

@@ -199,7 +199,6 @@ pub(super) fn reclaim(
     req: &ReclaimRequest<'_>,
     now: i64,
 ) -> Result<ReclaimReport> {
-
     let now = conn.now(now)?;
     let mut report = ReclaimReport::default();
     if req.batch == 0 {
@@ -568,7 +567,6 @@ pub(super) fn record_teardown(
     detail: &str,
     now: i64,
 ) -> Result<bool> {
-
     let now = conn.now(now)?;
     let attempt: Option<i64> = conn
         .prepare_cached(

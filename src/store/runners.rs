@@ -112,7 +112,6 @@ pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
 }
 
 pub(super) fn stop(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
-
     let now = conn.now(now)?;
     conn.execute(
         "UPDATE runners SET stopped_at = ?2, heartbeat_at = ?2 WHERE worker_id = ?1",
@@ -122,7 +121,6 @@ pub(super) fn stop(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
 }
 
 pub(super) fn mark_dead(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
-
     let now = conn.now(now)?;
     conn.execute(
         "UPDATE runners SET stopped_at = ?2 WHERE worker_id = ?1 AND stopped_at IS NULL
@@ -133,7 +131,6 @@ pub(super) fn mark_dead(conn: &Connection, worker_id: &str, now: i64) -> Result<
 }
 
 pub(super) fn runner_heartbeat(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
-
     let now = conn.now(now)?;
     conn.prepare_cached("UPDATE runners SET heartbeat_at = ?2 WHERE worker_id = ?1")?
         .execute(params![worker_id, now])?;

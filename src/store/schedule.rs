@@ -19,6 +19,7 @@ use crate::job::{EventKind, Job};
 use crate::schedule::{CatchUp, MAX_CATCH_UP, Overlap, Schedule, misfire_grace, utc_text};
 
 use super::enqueue::{Slot, enqueue};
+use super::tx::{Serialise, serialise};
 
 /// A stored schedule: its definition and where it stands.
 #[derive(Debug, Clone)]
@@ -413,6 +414,7 @@ pub(super) const SCHEDULE_BUSY_SQL: &str =
 pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport> {
     let now = conn.now(now)?;
     let mut report = FireReport::default();
+    serialise(conn, Serialise::Schedule(name))?;
     let rec = match get(conn, name) {
         Ok(r) => r,
         Err(Error::NoSuchSchedule(_)) => return Ok(report),

@@ -2,7 +2,7 @@
 //! one write of a shared transaction fail alone, the event row every transition appends, and
 //! the queue filter of claims and reads.
 
-use crate::store::db::{Connection, params};
+use crate::store::db::{Connection, Dialect, params};
 
 use crate::error::Result;
 use crate::job::EventKind;
@@ -56,6 +56,61 @@ pub(crate) fn savepoint<T>(
             Err(e)
         }
     }
+}
+
+/// What SQLite's IMMEDIATE transaction gives every write and PostgreSQL does not: that nothing
+/// else writes between this transaction's read and its write. On PostgreSQL a read that a
+/// write depends on takes a lock instead; these say which. Nothing on SQLite, whose one
+/// writer at a time already is that lock.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Serialise<'a> {
+    /// A schedule's row, while its due slots are fired: two runners firing at once fire
+    /// each slot once, the second after the first has moved the schedule on.
+    Schedule(&'a str),
+    /// A job's row, while a job is made to run after it: its ending waits for the new
+    /// dependent to commit, so it releases it (or the new job sees it ended).
+    Job(i64),
+    /// A unique key, while it is checked and a job of it inserted: a transaction-level
+    /// advisory lock on the key's hash, as a window cannot be a unique index.
+    UniqueKey(&'a str),
+    /// The rows of the queues with a limit, while a claim counts their running jobs against
+    /// it: claims of limited queues take turns, so that a limit of 1 holds across runners.
+    /// (Locked in name order: two claims never wait for each other in a circle.)
+    LimitedQueues,
+}
+
+/// Takes the lock that `what` needs on PostgreSQL, held until this transaction ends.
+pub(super) fn serialise(conn: &Connection, what: Serialise<'_>) -> Result<()> {
+    if conn.dialect() == Dialect::Sqlite {
+        return Ok(());
+    }
+    match what {
+        Serialise::Schedule(name) => {
+            conn.prepare_cached("SELECT 1 FROM schedules WHERE name = ?1 FOR UPDATE")?
+                .query(params![name])?
+                .next()?;
+        }
+        Serialise::Job(id) => {
+            conn.prepare_cached("SELECT 1 FROM jobs WHERE id = ?1 FOR SHARE")?
+                .query(params![id])?
+                .next()?;
+        }
+        Serialise::UniqueKey(key) => {
+            // The two-key form, in a key space of its own (the bytes of `uniq`).
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(1970170225, hashtext(?1))",
+                params![key],
+            )?;
+        }
+        Serialise::LimitedQueues => {
+            let mut stmt = conn.prepare_cached(
+                "SELECT name FROM queues WHERE max_running IS NOT NULL ORDER BY name FOR UPDATE",
+            )?;
+            let mut rows = stmt.query(params![])?;
+            while rows.next()?.is_some() {}
+        }
+    }
+    Ok(())
 }
 
 /// Appends one event to a job's history.

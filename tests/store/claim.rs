@@ -7,7 +7,7 @@ use std::thread;
 use std::time::Duration;
 
 use leasehold::protocol::{Claimed, Ending};
-use leasehold::{Job, Status, Store};
+use leasehold::{Job, OpenOptions, Status, Store};
 
 use crate::helper::{TTL_MS, claim, claim_in, claim_one, enqueue, finish, is_token, last_event};
 use crate::util::{T0, TestDb};
@@ -23,9 +23,10 @@ fn two_connections_claiming_at_once_take_each_job_exactly_once() {
     let threads: Vec<_> = ["a", "b"]
         .into_iter()
         .map(|worker| {
-            let (path, barrier) = (db.path.clone(), Arc::clone(&barrier));
+            let (target, barrier) = (db.target(), Arc::clone(&barrier));
             thread::spawn(move || {
-                let store = Store::open(path).unwrap();
+                let options = OpenOptions::default().given_times(true);
+                let store = Store::open_with(target, &options).unwrap();
                 barrier.wait();
                 let mut got = Vec::new();
                 loop {
@@ -59,220 +60,197 @@ fn two_connections_claiming_at_once_take_each_job_exactly_once() {
     assert_eq!(db.store().counts().unwrap().running, 1000);
 }
 
-#[test]
-fn claim_takes_highest_priority_then_oldest_schedule_then_lowest_id() {
-    let db = TestDb::new();
-    let store = db.store();
-    let at = |job: Job, t: i64| store.enqueue(&job, t).unwrap();
-    let a = at(Job::shell("a"), T0 - 1000);
-    let b = at(Job::shell("b").priority(5), T0);
-    let c = at(Job::shell("c"), T0 - 2000);
-    let d = at(Job::shell("d").priority(5), T0);
-    let e = at(Job::shell("e"), T0 - 1000);
-    let _future = at(
-        Job::shell("f").priority(9).delay(Duration::from_secs(60)),
-        T0,
-    );
-
-    let order: Vec<i64> = (0..5).map(|_| claim_one(&store, "w", T0).id).collect();
-    assert_eq!(order, [b, d, c, a, e]);
-    assert!(claim(&store, "w", 10, T0).is_empty());
-}
-
-#[test]
-fn a_batch_claim_returns_its_jobs_in_claim_order() {
-    let db = TestDb::new();
-    let store = db.store();
-    let low = store.enqueue(&Job::shell("low"), T0 - 5000).unwrap();
-    let high = store.enqueue(&Job::shell("high").priority(1), T0).unwrap();
-    let old = store.enqueue(&Job::shell("old"), T0 - 9000).unwrap();
-    let ids: Vec<i64> = claim(&store, "w", 10, T0).iter().map(|c| c.id).collect();
-    assert_eq!(ids, [high, old, low]);
-}
-
-#[test]
-fn claim_skips_jobs_scheduled_in_the_future() {
-    let db = TestDb::new();
-    let store = db.store();
-    let id = enqueue(&store, &Job::shell("later").delay(Duration::from_secs(60)));
-    assert_eq!(store.job(id).unwrap().scheduled_at, T0 + 60_000);
-    assert!(claim(&store, "w", 10, T0).is_empty());
-    assert!(claim(&store, "w", 10, T0 + 59_999).is_empty());
-    assert_eq!(claim_one(&store, "w", T0 + 60_000).id, id);
-}
-
 /// The number of jobs still deferred (out of the claim indexes), read with plain SQL.
 fn deferred(db: &TestDb) -> i64 {
-    db.bare()
-        .query_row("SELECT count(*) FROM jobs WHERE deferred = 1", [], |r| {
-            r.get(0)
-        })
-        .unwrap()
-}
-
-#[test]
-fn a_job_due_later_joins_the_claim_order_at_its_priority_once_due() {
-    let db = TestDb::new();
-    let store = db.store();
-    let high = enqueue(
-        &store,
-        &Job::shell("high")
-            .priority(9)
-            .delay(Duration::from_secs(60)),
-    );
-    let low = [
-        enqueue(&store, &Job::shell("low")),
-        enqueue(&store, &Job::shell("low")),
-    ];
-    assert_eq!(
-        deferred(&db),
-        1,
-        "the delayed job waits out of the claim indexes"
-    );
-    assert_eq!(claim_one(&store, "w", T0 + 59_999).id, low[0]);
-    // The claim that finds it due promotes it and takes it first, by its priority.
-    assert_eq!(claim_one(&store, "w", T0 + 60_000).id, high);
-    assert_eq!(deferred(&db), 0);
-    assert_eq!(claim_one(&store, "w", T0 + 60_000).id, low[1]);
-}
-
-#[test]
-fn a_retry_after_its_backoff_waits_out_of_the_claim_indexes() {
-    let db = TestDb::new();
-    let store = db.store();
-    let id = enqueue(&store, &Job::shell("flaky").max_attempts(2));
-    let c = claim_one(&store, "w", T0);
-    assert_eq!(
-        finish(&store, &c, crate::helper::exit(1), T0),
-        leasehold::protocol::Finished::Recorded(Status::Pending)
-    );
-    assert_eq!(deferred(&db), 1);
-    let due = store.job(id).unwrap().scheduled_at;
-    assert!(due > T0, "a backoff: {due}");
-    assert!(claim(&store, "w", 1, due - 1).is_empty());
-    assert_eq!(claim_one(&store, "w", due).id, id);
-}
-
-#[test]
-fn the_due_time_written_by_hand_is_obeyed_in_both_directions() {
-    let db = TestDb::new();
-    let store = db.store();
-    let later = enqueue(
-        &store,
-        &Job::shell("later").delay(Duration::from_secs(3600)),
-    );
-    let now = enqueue(&store, &Job::shell("now"));
-    // The runbook's plain SQL: run the delayed job now, and put off the ready one. The first
-    // stays deferred until a claim finds it due; the second stays in the claim indexes, where
-    // the claim's own due-time filter skips it.
-    db.bare()
-        .execute_batch(&format!(
-            "UPDATE jobs SET scheduled_at = {T0} WHERE id = {later};
-             UPDATE jobs SET scheduled_at = {} WHERE id = {now};",
-            T0 + 3_600_000
-        ))
-        .unwrap();
-    assert_eq!(claim_one(&store, "w", T0).id, later);
-    assert!(claim(&store, "w", 10, T0).is_empty());
-    assert_eq!(claim_one(&store, "w", T0 + 3_600_000).id, now);
-}
-
-#[test]
-fn a_claim_promotes_a_bounded_slice_of_the_jobs_falling_due_at_once() {
-    let db = TestDb::new();
-    let store = db.store();
-    let jobs = vec![Job::shell("true").delay(Duration::from_secs(1)); 1_200];
-    let ids = store.enqueue_many(&jobs, T0).unwrap();
-    assert_eq!(deferred(&db), 1_200);
-    // Each claim promotes at most 500, earliest due first (here: by id), and takes the best
-    // of what it promoted.
-    assert_eq!(claim_one(&store, "w", T0 + 1_000).id, ids[0]);
-    assert_eq!(deferred(&db), 700);
-    assert_eq!(claim_one(&store, "w", T0 + 1_000).id, ids[1]);
-    assert_eq!(deferred(&db), 200);
-    let rest = claim(&store, "w", 2_000, T0 + 1_000);
-    assert_eq!(rest.len(), 1_198);
-    assert_eq!(deferred(&db), 0);
-}
-
-#[test]
-fn claim_takes_only_from_the_requested_queues() {
-    let db = TestDb::new();
-    let store = db.store();
-    let mut by_queue: HashMap<&str, Vec<i64>> = HashMap::new();
-    for q in ["a", "b", "c", "a", "b", "c"] {
-        let id = enqueue(&store, &Job::shell("true").queue(q));
-        by_queue.entry(q).or_default().push(id);
-    }
-    let ids = |claimed: Vec<Claimed>| -> Vec<i64> { claimed.iter().map(|c| c.id).collect() };
-
-    let only_a = ids(claim_in(&store, "w", 10, &["a".into()], T0));
-    assert_eq!(only_a, by_queue["a"]);
-    let mut b_and_c = ids(claim_in(&store, "w", 10, &["b".into(), "c".into()], T0));
-    b_and_c.sort();
-    let mut expected = [by_queue["b"].clone(), by_queue["c"].clone()].concat();
-    expected.sort();
-    assert_eq!(b_and_c, expected);
-    assert!(claim_in(&store, "w", 10, &["nope".into()], T0).is_empty());
-
-    let rest = enqueue(&store, &Job::shell("true").queue("d"));
-    assert_eq!(
-        ids(claim(&store, "w", 10, T0)),
-        [rest],
-        "no queue means every queue"
-    );
-}
-
-#[test]
-fn claim_honours_its_limit() {
-    let db = TestDb::new();
-    let store = db.store();
-    store
-        .enqueue_many(&vec![Job::shell("true"); 10], T0)
-        .unwrap();
-    assert!(claim(&store, "w", 0, T0).is_empty());
-    assert_eq!(claim(&store, "w", 3, T0).len(), 3);
-    assert_eq!(claim(&store, "w", 100, T0).len(), 7);
-    assert_eq!(store.counts().unwrap().running, 10);
-}
-
-#[test]
-fn claim_writes_the_lease_a_fresh_token_the_attempt_and_an_event() {
-    let db = TestDb::new();
-    let store = db.store();
-    let id = enqueue(&store, &Job::shell("true"));
-    let now = T0 + 500;
-    let c = claim_one(&store, "worker-1", now);
-    assert_eq!((c.id, c.attempt), (id, 1));
-    assert!(is_token(&c.run_token), "{:?} is 32 hex digits", c.run_token);
-    assert_eq!(c.lease_expires_at, now + TTL_MS);
-
-    let job = store.job(id).unwrap();
-    assert_eq!(job.status, Status::Running);
-    assert_eq!(job.attempt, 1);
-    assert_eq!(job.worker_id.as_deref(), Some("worker-1"));
-    assert_eq!(job.run_token.as_deref(), Some(c.run_token.as_str()));
-    assert_eq!(job.started_at, Some(now));
-    assert_eq!(job.heartbeat_at, Some(now));
-    assert_eq!(job.lease_expires_at, Some(now + TTL_MS));
-    let event = last_event(&store, id);
-    assert_eq!(
-        (event.kind.as_str(), event.attempt, event.at),
-        ("claimed", 1, now)
-    );
-    assert!(event.detail.unwrap().contains("worker-1"));
-
-    // The next attempt gets the next number and another token.
-    let interrupted = Ending::Interrupted {
-        message: "shutdown".into(),
-    };
-    finish(&store, &c, interrupted, now + 1);
-    let again = claim_one(&store, "worker-2", now + 2);
-    assert_eq!(again.attempt, 2);
-    assert!(is_token(&again.run_token));
-    assert_ne!(again.run_token, c.run_token);
+    db.scalar("SELECT count(*) FROM jobs WHERE deferred = 1")
 }
 
 // A claim's cost at 1,000 and 100,000 pending jobs is counted in SQLite VM steps by the
 // store's unit test `a_claim_does_the_same_work_from_a_thousand_or_a_hundred_thousand_pending_jobs`
 // (a count, not a timing), and timed at 1,000,000 in the benchmark.
+
+crate::on_both! {
+    fn claim_takes_highest_priority_then_oldest_schedule_then_lowest_id(db) {
+        let store = db.store();
+        let at = |job: Job, t: i64| store.enqueue(&job, t).unwrap();
+        let a = at(Job::shell("a"), T0 - 1000);
+        let b = at(Job::shell("b").priority(5), T0);
+        let c = at(Job::shell("c"), T0 - 2000);
+        let d = at(Job::shell("d").priority(5), T0);
+        let e = at(Job::shell("e"), T0 - 1000);
+        let _future = at(
+            Job::shell("f").priority(9).delay(Duration::from_secs(60)),
+            T0,
+        );
+
+        let order: Vec<i64> = (0..5).map(|_| claim_one(&store, "w", T0).id).collect();
+        assert_eq!(order, [b, d, c, a, e]);
+        assert!(claim(&store, "w", 10, T0).is_empty());
+    }
+
+    fn a_batch_claim_returns_its_jobs_in_claim_order(db) {
+        let store = db.store();
+        let low = store.enqueue(&Job::shell("low"), T0 - 5000).unwrap();
+        let high = store.enqueue(&Job::shell("high").priority(1), T0).unwrap();
+        let old = store.enqueue(&Job::shell("old"), T0 - 9000).unwrap();
+        let ids: Vec<i64> = claim(&store, "w", 10, T0).iter().map(|c| c.id).collect();
+        assert_eq!(ids, [high, old, low]);
+    }
+
+    fn claim_skips_jobs_scheduled_in_the_future(db) {
+        let store = db.store();
+        let id = enqueue(&store, &Job::shell("later").delay(Duration::from_secs(60)));
+        assert_eq!(store.job(id).unwrap().scheduled_at, T0 + 60_000);
+        assert!(claim(&store, "w", 10, T0).is_empty());
+        assert!(claim(&store, "w", 10, T0 + 59_999).is_empty());
+        assert_eq!(claim_one(&store, "w", T0 + 60_000).id, id);
+    }
+
+    fn a_job_due_later_joins_the_claim_order_at_its_priority_once_due(db) {
+        let store = db.store();
+        let high = enqueue(
+            &store,
+            &Job::shell("high")
+                .priority(9)
+                .delay(Duration::from_secs(60)),
+        );
+        let low = [
+            enqueue(&store, &Job::shell("low")),
+            enqueue(&store, &Job::shell("low")),
+        ];
+        assert_eq!(
+            deferred(&db),
+            1,
+            "the delayed job waits out of the claim indexes"
+        );
+        assert_eq!(claim_one(&store, "w", T0 + 59_999).id, low[0]);
+        // The claim that finds it due promotes it and takes it first, by its priority.
+        assert_eq!(claim_one(&store, "w", T0 + 60_000).id, high);
+        assert_eq!(deferred(&db), 0);
+        assert_eq!(claim_one(&store, "w", T0 + 60_000).id, low[1]);
+    }
+
+    fn a_retry_after_its_backoff_waits_out_of_the_claim_indexes(db) {
+        let store = db.store();
+        let id = enqueue(&store, &Job::shell("flaky").max_attempts(2));
+        let c = claim_one(&store, "w", T0);
+        assert_eq!(
+            finish(&store, &c, crate::helper::exit(1), T0),
+            leasehold::protocol::Finished::Recorded(Status::Pending)
+        );
+        assert_eq!(deferred(&db), 1);
+        let due = store.job(id).unwrap().scheduled_at;
+        assert!(due > T0, "a backoff: {due}");
+        assert!(claim(&store, "w", 1, due - 1).is_empty());
+        assert_eq!(claim_one(&store, "w", due).id, id);
+    }
+
+    fn a_claim_promotes_a_bounded_slice_of_the_jobs_falling_due_at_once(db) {
+        let store = db.store();
+        let jobs = vec![Job::shell("true").delay(Duration::from_secs(1)); 1_200];
+        let ids = store.enqueue_many(&jobs, T0).unwrap();
+        assert_eq!(deferred(&db), 1_200);
+        // Each claim promotes at most 500, earliest due first (here: by id), and takes the best
+        // of what it promoted.
+        assert_eq!(claim_one(&store, "w", T0 + 1_000).id, ids[0]);
+        assert_eq!(deferred(&db), 700);
+        assert_eq!(claim_one(&store, "w", T0 + 1_000).id, ids[1]);
+        assert_eq!(deferred(&db), 200);
+        let rest = claim(&store, "w", 2_000, T0 + 1_000);
+        assert_eq!(rest.len(), 1_198);
+        assert_eq!(deferred(&db), 0);
+    }
+
+    fn claim_takes_only_from_the_requested_queues(db) {
+        let store = db.store();
+        let mut by_queue: HashMap<&str, Vec<i64>> = HashMap::new();
+        for q in ["a", "b", "c", "a", "b", "c"] {
+            let id = enqueue(&store, &Job::shell("true").queue(q));
+            by_queue.entry(q).or_default().push(id);
+        }
+        let ids = |claimed: Vec<Claimed>| -> Vec<i64> { claimed.iter().map(|c| c.id).collect() };
+
+        let only_a = ids(claim_in(&store, "w", 10, &["a".into()], T0));
+        assert_eq!(only_a, by_queue["a"]);
+        let mut b_and_c = ids(claim_in(&store, "w", 10, &["b".into(), "c".into()], T0));
+        b_and_c.sort();
+        let mut expected = [by_queue["b"].clone(), by_queue["c"].clone()].concat();
+        expected.sort();
+        assert_eq!(b_and_c, expected);
+        assert!(claim_in(&store, "w", 10, &["nope".into()], T0).is_empty());
+
+        let rest = enqueue(&store, &Job::shell("true").queue("d"));
+        assert_eq!(
+            ids(claim(&store, "w", 10, T0)),
+            [rest],
+            "no queue means every queue"
+        );
+    }
+
+    fn claim_honours_its_limit(db) {
+        let store = db.store();
+        store
+            .enqueue_many(&vec![Job::shell("true"); 10], T0)
+            .unwrap();
+        assert!(claim(&store, "w", 0, T0).is_empty());
+        assert_eq!(claim(&store, "w", 3, T0).len(), 3);
+        assert_eq!(claim(&store, "w", 100, T0).len(), 7);
+        assert_eq!(store.counts().unwrap().running, 10);
+    }
+
+    fn claim_writes_the_lease_a_fresh_token_the_attempt_and_an_event(db) {
+        let store = db.store();
+        let id = enqueue(&store, &Job::shell("true"));
+        let now = T0 + 500;
+        let c = claim_one(&store, "worker-1", now);
+        assert_eq!((c.id, c.attempt), (id, 1));
+        assert!(is_token(&c.run_token), "{:?} is 32 hex digits", c.run_token);
+        assert_eq!(c.lease_expires_at, now + TTL_MS);
+
+        let job = store.job(id).unwrap();
+        assert_eq!(job.status, Status::Running);
+        assert_eq!(job.attempt, 1);
+        assert_eq!(job.worker_id.as_deref(), Some("worker-1"));
+        assert_eq!(job.run_token.as_deref(), Some(c.run_token.as_str()));
+        assert_eq!(job.started_at, Some(now));
+        assert_eq!(job.heartbeat_at, Some(now));
+        assert_eq!(job.lease_expires_at, Some(now + TTL_MS));
+        let event = last_event(&store, id);
+        assert_eq!(
+            (event.kind.as_str(), event.attempt, event.at),
+            ("claimed", 1, now)
+        );
+        assert!(event.detail.unwrap().contains("worker-1"));
+
+        // The next attempt gets the next number and another token.
+        let interrupted = Ending::Interrupted {
+            message: "shutdown".into(),
+        };
+        finish(&store, &c, interrupted, now + 1);
+        let again = claim_one(&store, "worker-2", now + 2);
+        assert_eq!(again.attempt, 2);
+        assert!(is_token(&again.run_token));
+        assert_ne!(again.run_token, c.run_token);
+    }
+
+
+    fn the_due_time_written_by_hand_is_obeyed_in_both_directions(db) {
+        let store = db.store();
+        let later = enqueue(
+            &store,
+            &Job::shell("later").delay(Duration::from_secs(3600)),
+        );
+        let now = enqueue(&store, &Job::shell("now"));
+        // The runbook's plain SQL: run the delayed job now, and put off the ready one. The first
+        // stays deferred until a claim finds it due; the second stays in the claim indexes, where
+        // the claim's own due-time filter skips it.
+        db.exec(&format!(
+            "UPDATE jobs SET scheduled_at = {T0} WHERE id = {later};
+             UPDATE jobs SET scheduled_at = {} WHERE id = {now};",
+            T0 + 3_600_000
+        ));
+        assert_eq!(claim_one(&store, "w", T0).id, later);
+        assert!(claim(&store, "w", 10, T0).is_empty());
+        assert_eq!(claim_one(&store, "w", T0 + 3_600_000).id, now);
+    }
+}

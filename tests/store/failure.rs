@@ -4,46 +4,46 @@
 use leasehold::{ErrorKind, EventKind, Job};
 
 use crate::helper::{claim_and_lose, claim_one, enqueue, exit, finish};
-use crate::util::{T0, TestDb};
+use crate::util::T0;
 
-#[test]
-fn recent_failures_are_failed_retried_and_lost_attempts_newest_first() {
-    let db = TestDb::new();
-    let store = db.store();
-    assert!(store.recent_failures(20).unwrap().is_empty());
-    let ok = enqueue(&store, &Job::shell("true"));
-    let c = claim_one(&store, "w", T0);
-    finish(&store, &c, leasehold::protocol::Ending::Succeeded, T0 + 1);
-    // Fails, is retried after its backoff, and fails again.
-    let twice = enqueue(&store, &Job::shell("false").max_attempts(2));
-    let first = claim_one(&store, "w", T0 + 2);
-    finish(&store, &first, exit(1), T0 + 3);
-    let second = claim_one(&store, "w", T0 + 10_000);
-    assert_eq!((second.id, second.attempt), (twice, 2));
-    finish(&store, &second, exit(2), T0 + 10_001);
-    // Lost: its lease expires and a sweep requeues it.
-    let lost = enqueue(&store, &Job::shell("sleep 100"));
-    let c = claim_and_lose(&store, T0 + 20_000, 3);
-    assert_eq!(c.id, lost);
+crate::on_both! {
+    fn recent_failures_are_failed_retried_and_lost_attempts_newest_first(db) {
+        let store = db.store();
+        assert!(store.recent_failures(20).unwrap().is_empty());
+        let ok = enqueue(&store, &Job::shell("true"));
+        let c = claim_one(&store, "w", T0);
+        finish(&store, &c, leasehold::protocol::Ending::Succeeded, T0 + 1);
+        // Fails, is retried after its backoff, and fails again.
+        let twice = enqueue(&store, &Job::shell("false").max_attempts(2));
+        let first = claim_one(&store, "w", T0 + 2);
+        finish(&store, &first, exit(1), T0 + 3);
+        let second = claim_one(&store, "w", T0 + 10_000);
+        assert_eq!((second.id, second.attempt), (twice, 2));
+        finish(&store, &second, exit(2), T0 + 10_001);
+        // Lost: its lease expires and a sweep requeues it.
+        let lost = enqueue(&store, &Job::shell("sleep 100"));
+        let c = claim_and_lose(&store, T0 + 20_000, 3);
+        assert_eq!(c.id, lost);
 
-    let listed: Vec<(i64, EventKind, i64, Option<ErrorKind>)> = store
-        .recent_failures(20)
-        .unwrap()
-        .into_iter()
-        .map(|f| (f.job_id, f.kind, f.attempt, f.error_kind))
-        .collect();
-    assert_eq!(
-        listed,
-        [
-            (lost, EventKind::Reclaimed, 1, Some(ErrorKind::Lost)),
-            (twice, EventKind::Failed, 2, Some(ErrorKind::Exit)),
-            // The job keeps only its latest attempt's error_kind.
-            (twice, EventKind::RetryScheduled, 1, None),
-        ]
-    );
-    assert!(!listed.iter().any(|f| f.0 == ok));
-    let newest = &store.recent_failures(1).unwrap()[0];
-    assert_eq!(newest.job_id, lost);
-    assert_eq!(newest.argv, ["sh", "-c", "sleep 100"]);
-    assert_eq!(newest.queue, "default");
+        let listed: Vec<(i64, EventKind, i64, Option<ErrorKind>)> = store
+            .recent_failures(20)
+            .unwrap()
+            .into_iter()
+            .map(|f| (f.job_id, f.kind, f.attempt, f.error_kind))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                (lost, EventKind::Reclaimed, 1, Some(ErrorKind::Lost)),
+                (twice, EventKind::Failed, 2, Some(ErrorKind::Exit)),
+                // The job keeps only its latest attempt's error_kind.
+                (twice, EventKind::RetryScheduled, 1, None),
+            ]
+        );
+        assert!(!listed.iter().any(|f| f.0 == ok));
+        let newest = &store.recent_failures(1).unwrap()[0];
+        assert_eq!(newest.job_id, lost);
+        assert_eq!(newest.argv, ["sh", "-c", "sleep 100"]);
+        assert_eq!(newest.queue, "default");
+    }
 }

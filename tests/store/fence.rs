@@ -105,48 +105,46 @@ fn a_late_ending_of_a_lost_attempt_leaves_the_next_running_attempt_untouched() {
     }
 }
 
-#[test]
-fn a_cancel_that_lands_before_a_late_finish_wins() {
-    let db = TestDb::new();
-    let store = db.store();
-    let id = enqueue(&store, &Job::shell("true"));
-    let c = claim_one(&store, "w", T0);
-    assert_eq!(store.cancel(id, T0 + 1).unwrap().status, Status::Cancelled);
-    assert_eq!(
-        finish(&store, &c, Ending::Succeeded, T0 + 2),
-        Finished::Stopped
-    );
-    let job = store.job(id).unwrap();
-    assert_eq!(job.status, Status::Cancelled);
-    assert_eq!(job.exit_code, None);
-    // The cancel's own attempt ending is what the cancel asked for, not a late result: it
-    // neither counts as one nor says so.
-    assert_eq!(
-        kinds(&store, id),
-        ["enqueued", "claimed", "cancelled", "attempt_stopped"]
-    );
-    let m = store.metrics().unwrap();
-    assert_eq!(m.counter_total(CounterKind::LateResultsDiscarded), 0);
-}
+crate::on_both! {
+    fn a_cancel_that_lands_before_a_late_finish_wins(db) {
+        let store = db.store();
+        let id = enqueue(&store, &Job::shell("true"));
+        let c = claim_one(&store, "w", T0);
+        assert_eq!(store.cancel(id, T0 + 1).unwrap().status, Status::Cancelled);
+        assert_eq!(
+            finish(&store, &c, Ending::Succeeded, T0 + 2),
+            Finished::Stopped
+        );
+        let job = store.job(id).unwrap();
+        assert_eq!(job.status, Status::Cancelled);
+        assert_eq!(job.exit_code, None);
+        // The cancel's own attempt ending is what the cancel asked for, not a late result: it
+        // neither counts as one nor says so.
+        assert_eq!(
+            kinds(&store, id),
+            ["enqueued", "claimed", "cancelled", "attempt_stopped"]
+        );
+        let m = store.metrics().unwrap();
+        assert_eq!(m.counter_total(CounterKind::LateResultsDiscarded), 0);
+    }
 
-#[test]
-fn record_start_is_fenced_by_the_run_token() {
-    let db = TestDb::new();
-    let store = db.store();
-    let id = enqueue(&store, &Job::shell("true"));
-    let c = claim_one(&store, "w", T0);
-    let start = |token: &str| AttemptStart {
-        job_id: id,
-        run_token: token.to_string(),
-        pid: 4242,
-        pgid: 4242,
-        start_time: 777,
-        keeper: None,
-    };
-    assert!(!store.record_start(&start("0123"), T0 + 1).unwrap());
-    assert_eq!(store.job(id).unwrap().pid, None);
-    assert!(store.record_start(&start(&c.run_token), T0 + 1).unwrap());
-    let job = store.job(id).unwrap();
-    assert_eq!((job.pid, job.pgid), (Some(4242), Some(4242)));
-    assert_eq!(last_event(&store, id).kind, "started");
+    fn record_start_is_fenced_by_the_run_token(db) {
+        let store = db.store();
+        let id = enqueue(&store, &Job::shell("true"));
+        let c = claim_one(&store, "w", T0);
+        let start = |token: &str| AttemptStart {
+            job_id: id,
+            run_token: token.to_string(),
+            pid: 4242,
+            pgid: 4242,
+            start_time: 777,
+            keeper: None,
+        };
+        assert!(!store.record_start(&start("0123"), T0 + 1).unwrap());
+        assert_eq!(store.job(id).unwrap().pid, None);
+        assert!(store.record_start(&start(&c.run_token), T0 + 1).unwrap());
+        let job = store.job(id).unwrap();
+        assert_eq!((job.pid, job.pgid), (Some(4242), Some(4242)));
+        assert_eq!(last_event(&store, id).kind, "started");
+    }
 }

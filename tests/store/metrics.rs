@@ -99,169 +99,6 @@ fn mixed(db: &TestDb) -> Store {
 }
 
 #[test]
-fn counters_and_histograms_agree_with_the_transitions_made() {
-    let db = TestDb::new();
-    let store = mixed(&db);
-    let m = scrape(&store, EXPIRED + 60_000);
-
-    let ended = |q: &str, o: &str| {
-        m.value(
-            "leasehold_jobs_ended_total",
-            &[("queue", q), ("outcome", o)],
-        )
-    };
-    assert_eq!(ended("a", "succeeded"), 1.0);
-    assert_eq!(ended("a", "lost"), 1.0);
-    assert_eq!(ended("b", "failed"), 2.0);
-    assert_eq!(ended("c", "succeeded"), 1.0);
-    assert_eq!(ended("c", "cancelled"), 1.0);
-    assert_eq!(m.sum("leasehold_jobs_ended_total"), 6.0);
-    assert_eq!(
-        m.value("leasehold_retries_scheduled_total", &[("queue", "b")]),
-        1.0
-    );
-    assert_eq!(
-        m.value("leasehold_spawn_failures_total", &[("queue", "b")]),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "leasehold_reclaims_total",
-            &[("queue", "c"), ("outcome", "requeued")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "leasehold_reclaims_total",
-            &[("queue", "a"), ("outcome", "failed")]
-        ),
-        1.0
-    );
-    assert_eq!(m.value("leasehold_teardowns_total", &[]), 1.0);
-    assert_eq!(m.value("leasehold_late_results_discarded_total", &[]), 1.0);
-    assert_eq!(m.sum("leasehold_self_fences_total"), 0.0);
-
-    // Queue a's success: waited exactly 2 s (bucket 2.5, not 1) and ran 0.7 s (bucket 1).
-    let labels = |le: &'static str| [("queue", "a"), ("outcome", "succeeded"), ("le", le)];
-    let wait = "leasehold_attempt_wait_seconds";
-    let run = "leasehold_attempt_run_seconds";
-    assert_eq!(m.value(&format!("{wait}_bucket"), &labels("1")), 0.0);
-    assert_eq!(m.value(&format!("{wait}_bucket"), &labels("2.5")), 1.0);
-    assert_eq!(m.value(&format!("{run}_bucket"), &labels("0.5")), 0.0);
-    assert_eq!(m.value(&format!("{run}_bucket"), &labels("1")), 1.0);
-    let ok = [("queue", "a"), ("outcome", "succeeded")];
-    assert_eq!(m.value(&format!("{wait}_sum"), &ok), 2.0);
-    assert_eq!(m.value(&format!("{run}_sum"), &ok), 0.7);
-    // Every ended attempt is observed once, under what became of it.
-    let count =
-        |q: &str, o: &str| m.value(&format!("{run}_count"), &[("queue", q), ("outcome", o)]);
-    assert_eq!(count("b", "retried"), 1.0);
-    assert_eq!(count("b", "failed"), 2.0);
-    assert_eq!(count("c", "lost"), 1.0);
-    assert_eq!(count("a", "lost"), 1.0);
-    assert_eq!(count("c", "succeeded"), 1.0);
-    // The spawn failure ran 10 ms: bucket 0.01.
-    assert_eq!(
-        m.value(
-            &format!("{run}_sum"),
-            &[("queue", "b"), ("outcome", "failed")]
-        ),
-        1.01
-    );
-
-    // The gauges are the table's own counts.
-    for q in ["a", "b", "c"] {
-        for s in ["pending", "running", "succeeded", "failed", "cancelled"] {
-            assert_eq!(
-                m.value("leasehold_jobs", &[("queue", q), ("status", s)]),
-                counted(&store, q, s),
-                "{q} {s}"
-            );
-        }
-    }
-    // The library's view matches the text.
-    let snapshot = store.metrics_at(EXPIRED + 60_000).unwrap();
-    assert_eq!(snapshot.counter(CounterKind::JobsEnded, "b", "failed"), 2);
-    assert_eq!(snapshot.counter_total(CounterKind::Reclaims), 2);
-}
-
-#[test]
-fn queue_lag_is_the_age_of_the_oldest_ready_pending_job() {
-    let db = TestDb::new();
-    let store = db.store();
-    store
-        .enqueue(&Job::shell("true").queue("mail"), T0)
-        .unwrap();
-    store
-        .enqueue(&Job::shell("true").queue("mail"), T0 + 1_000)
-        .unwrap();
-    // Due in an hour: not ready, no lag.
-    store
-        .enqueue(
-            &Job::shell("true")
-                .queue("later")
-                .delay(Duration::from_secs(3600)),
-            T0,
-        )
-        .unwrap();
-    let m = scrape(&store, T0 + 5_000);
-    assert_eq!(
-        m.value("leasehold_queue_lag_seconds", &[("queue", "mail")]),
-        5.0
-    );
-    assert_eq!(
-        m.get("leasehold_queue_lag_seconds", &[("queue", "later")]),
-        Some(0.0)
-    );
-    // Claimed, the oldest no longer counts.
-    claim_in(&db.store(), "w", 1, &queue("mail"), T0 + 5_000);
-    let m = scrape(&store, T0 + 5_000);
-    assert_eq!(
-        m.value("leasehold_queue_lag_seconds", &[("queue", "mail")]),
-        4.0
-    );
-}
-
-#[test]
-fn pruning_never_lowers_a_counter_and_the_job_gauges_follow_it() {
-    let db = TestDb::new();
-    let store = mixed(&db);
-    let now = EXPIRED + 60_000;
-    let before = scrape(&store, now);
-    let report = store
-        .prune(
-            &Retention::default()
-                .succeeded(Some(Duration::ZERO))
-                .failed(Some(Duration::ZERO))
-                .cancelled(Some(Duration::ZERO)),
-            now + 1,
-        )
-        .unwrap();
-    // All but the job lost for good, whose teardown marker keeps it.
-    assert_eq!(report.jobs, 5, "{report:?}");
-    let after = scrape(&store, now + 1);
-    // Every counter and histogram sample is there after the prune, with the same value.
-    let durable = before.durable_in(&after);
-    for (s, now) in &durable {
-        assert_eq!(*now, Some(s.value), "{} {:?}", s.name, s.labels);
-    }
-    assert!(durable.len() > 100, "{}", durable.len());
-    assert!(before.sum("leasehold_jobs_ended_total") == 6.0);
-    for q in ["a", "b", "c"] {
-        for s in ["succeeded", "failed", "cancelled"] {
-            assert_eq!(
-                after
-                    .get("leasehold_jobs", &[("queue", q), ("status", s)])
-                    .unwrap_or(0.0),
-                counted(&store, q, s),
-                "{q} {s}"
-            );
-        }
-    }
-}
-
-#[test]
 fn a_scrape_reads_while_another_connection_holds_the_write_lock() {
     let db = TestDb::new();
     let _store = mixed(&db);
@@ -344,64 +181,221 @@ fn hand_written_sql_keeps_the_job_counts_exact() {
     assert_eq!(m.jobs("new", "pending"), 4);
 }
 
-#[test]
-fn self_fences_interruptions_and_manual_retries_are_counted_apart_from_reclaims() {
-    let db = TestDb::new();
-    let store = db.store();
-    let fenced = enqueue(&store, &Job::shell("true").queue("q"));
-    let spent = enqueue(&store, &Job::shell("true").queue("q"));
-    let stopped = enqueue(&store, &Job::shell("true").queue("q"));
-    let lost = |message: &str| Ending::Lost {
-        message: message.into(),
-    };
-    // A self-fence within the budget requeues; with a budget of 0 it fails the job as lost.
-    let c = claim_in(&store, "w", 1, &queue("q"), T0);
-    assert_eq!(c[0].id, fenced);
-    finish(&store, &c[0], lost("could not renew"), T0 + 100);
-    let c = claim_in(&store, "w", 3, &queue("q"), T0 + 200);
-    let by_id = |id: i64| c.iter().find(|x| x.id == id).unwrap();
-    crate::helper::finish_with(&store, by_id(spent), lost("could not renew"), 0, T0 + 300);
-    finish(
-        &store,
-        by_id(stopped),
-        Ending::Interrupted {
-            message: "shutdown".into(),
-        },
-        T0 + 300,
-    );
-    store.retry(spent, Some("try again"), T0 + 400).unwrap();
+crate::on_both! {
+    fn counters_and_histograms_agree_with_the_transitions_made(db) {
+        let store = mixed(&db);
+        let m = scrape(&store, EXPIRED + 60_000);
 
-    let m = scrape(&store, T0 + 500);
-    assert_eq!(
-        m.value("leasehold_self_fences_total", &[("queue", "q")]),
-        2.0
-    );
-    assert_eq!(m.sum("leasehold_reclaims_total"), 0.0);
-    assert_eq!(
-        m.value(
-            "leasehold_jobs_ended_total",
-            &[("queue", "q"), ("outcome", "lost")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value("leasehold_attempts_interrupted_total", &[("queue", "q")]),
-        1.0
-    );
-    assert_eq!(
-        m.value("leasehold_manual_retries_total", &[("queue", "q")]),
-        1.0
-    );
-    let run_count = |o: &str| {
-        m.value(
-            "leasehold_attempt_run_seconds_count",
-            &[("queue", "q"), ("outcome", o)],
-        )
-    };
-    assert_eq!(run_count("lost"), 2.0);
-    assert_eq!(run_count("interrupted"), 1.0);
-    // The retried and the interrupted job are pending again; the requeued one was claimed
-    // again by the second claim.
-    let jobs = |s: &str| m.value("leasehold_jobs", &[("queue", "q"), ("status", s)]);
-    assert_eq!((jobs("pending"), jobs("running")), (2.0, 1.0));
+        let ended = |q: &str, o: &str| {
+            m.value(
+                "leasehold_jobs_ended_total",
+                &[("queue", q), ("outcome", o)],
+            )
+        };
+        assert_eq!(ended("a", "succeeded"), 1.0);
+        assert_eq!(ended("a", "lost"), 1.0);
+        assert_eq!(ended("b", "failed"), 2.0);
+        assert_eq!(ended("c", "succeeded"), 1.0);
+        assert_eq!(ended("c", "cancelled"), 1.0);
+        assert_eq!(m.sum("leasehold_jobs_ended_total"), 6.0);
+        assert_eq!(
+            m.value("leasehold_retries_scheduled_total", &[("queue", "b")]),
+            1.0
+        );
+        assert_eq!(
+            m.value("leasehold_spawn_failures_total", &[("queue", "b")]),
+            1.0
+        );
+        assert_eq!(
+            m.value(
+                "leasehold_reclaims_total",
+                &[("queue", "c"), ("outcome", "requeued")]
+            ),
+            1.0
+        );
+        assert_eq!(
+            m.value(
+                "leasehold_reclaims_total",
+                &[("queue", "a"), ("outcome", "failed")]
+            ),
+            1.0
+        );
+        assert_eq!(m.value("leasehold_teardowns_total", &[]), 1.0);
+        assert_eq!(m.value("leasehold_late_results_discarded_total", &[]), 1.0);
+        assert_eq!(m.sum("leasehold_self_fences_total"), 0.0);
+
+        // Queue a's success: waited exactly 2 s (bucket 2.5, not 1) and ran 0.7 s (bucket 1).
+        let labels = |le: &'static str| [("queue", "a"), ("outcome", "succeeded"), ("le", le)];
+        let wait = "leasehold_attempt_wait_seconds";
+        let run = "leasehold_attempt_run_seconds";
+        assert_eq!(m.value(&format!("{wait}_bucket"), &labels("1")), 0.0);
+        assert_eq!(m.value(&format!("{wait}_bucket"), &labels("2.5")), 1.0);
+        assert_eq!(m.value(&format!("{run}_bucket"), &labels("0.5")), 0.0);
+        assert_eq!(m.value(&format!("{run}_bucket"), &labels("1")), 1.0);
+        let ok = [("queue", "a"), ("outcome", "succeeded")];
+        assert_eq!(m.value(&format!("{wait}_sum"), &ok), 2.0);
+        assert_eq!(m.value(&format!("{run}_sum"), &ok), 0.7);
+        // Every ended attempt is observed once, under what became of it.
+        let count =
+            |q: &str, o: &str| m.value(&format!("{run}_count"), &[("queue", q), ("outcome", o)]);
+        assert_eq!(count("b", "retried"), 1.0);
+        assert_eq!(count("b", "failed"), 2.0);
+        assert_eq!(count("c", "lost"), 1.0);
+        assert_eq!(count("a", "lost"), 1.0);
+        assert_eq!(count("c", "succeeded"), 1.0);
+        // The spawn failure ran 10 ms: bucket 0.01.
+        assert_eq!(
+            m.value(
+                &format!("{run}_sum"),
+                &[("queue", "b"), ("outcome", "failed")]
+            ),
+            1.01
+        );
+
+        // The gauges are the table's own counts.
+        for q in ["a", "b", "c"] {
+            for s in ["pending", "running", "succeeded", "failed", "cancelled"] {
+                assert_eq!(
+                    m.value("leasehold_jobs", &[("queue", q), ("status", s)]),
+                    counted(&store, q, s),
+                    "{q} {s}"
+                );
+            }
+        }
+        // The library's view matches the text.
+        let snapshot = store.metrics_at(EXPIRED + 60_000).unwrap();
+        assert_eq!(snapshot.counter(CounterKind::JobsEnded, "b", "failed"), 2);
+        assert_eq!(snapshot.counter_total(CounterKind::Reclaims), 2);
+    }
+
+    fn queue_lag_is_the_age_of_the_oldest_ready_pending_job(db) {
+        let store = db.store();
+        store
+            .enqueue(&Job::shell("true").queue("mail"), T0)
+            .unwrap();
+        store
+            .enqueue(&Job::shell("true").queue("mail"), T0 + 1_000)
+            .unwrap();
+        // Due in an hour: not ready, no lag.
+        store
+            .enqueue(
+                &Job::shell("true")
+                    .queue("later")
+                    .delay(Duration::from_secs(3600)),
+                T0,
+            )
+            .unwrap();
+        let m = scrape(&store, T0 + 5_000);
+        assert_eq!(
+            m.value("leasehold_queue_lag_seconds", &[("queue", "mail")]),
+            5.0
+        );
+        assert_eq!(
+            m.get("leasehold_queue_lag_seconds", &[("queue", "later")]),
+            Some(0.0)
+        );
+        // Claimed, the oldest no longer counts.
+        claim_in(&db.store(), "w", 1, &queue("mail"), T0 + 5_000);
+        let m = scrape(&store, T0 + 5_000);
+        assert_eq!(
+            m.value("leasehold_queue_lag_seconds", &[("queue", "mail")]),
+            4.0
+        );
+    }
+
+    fn pruning_never_lowers_a_counter_and_the_job_gauges_follow_it(db) {
+        let store = mixed(&db);
+        let now = EXPIRED + 60_000;
+        let before = scrape(&store, now);
+        let report = store
+            .prune(
+                &Retention::default()
+                    .succeeded(Some(Duration::ZERO))
+                    .failed(Some(Duration::ZERO))
+                    .cancelled(Some(Duration::ZERO)),
+                now + 1,
+            )
+            .unwrap();
+        // All but the job lost for good, whose teardown marker keeps it.
+        assert_eq!(report.jobs, 5, "{report:?}");
+        let after = scrape(&store, now + 1);
+        // Every counter and histogram sample is there after the prune, with the same value.
+        let durable = before.durable_in(&after);
+        for (s, now) in &durable {
+            assert_eq!(*now, Some(s.value), "{} {:?}", s.name, s.labels);
+        }
+        assert!(durable.len() > 100, "{}", durable.len());
+        assert!(before.sum("leasehold_jobs_ended_total") == 6.0);
+        for q in ["a", "b", "c"] {
+            for s in ["succeeded", "failed", "cancelled"] {
+                assert_eq!(
+                    after
+                        .get("leasehold_jobs", &[("queue", q), ("status", s)])
+                        .unwrap_or(0.0),
+                    counted(&store, q, s),
+                    "{q} {s}"
+                );
+            }
+        }
+    }
+
+    fn self_fences_interruptions_and_manual_retries_are_counted_apart_from_reclaims(db) {
+        let store = db.store();
+        let fenced = enqueue(&store, &Job::shell("true").queue("q"));
+        let spent = enqueue(&store, &Job::shell("true").queue("q"));
+        let stopped = enqueue(&store, &Job::shell("true").queue("q"));
+        let lost = |message: &str| Ending::Lost {
+            message: message.into(),
+        };
+        // A self-fence within the budget requeues; with a budget of 0 it fails the job as lost.
+        let c = claim_in(&store, "w", 1, &queue("q"), T0);
+        assert_eq!(c[0].id, fenced);
+        finish(&store, &c[0], lost("could not renew"), T0 + 100);
+        let c = claim_in(&store, "w", 3, &queue("q"), T0 + 200);
+        let by_id = |id: i64| c.iter().find(|x| x.id == id).unwrap();
+        crate::helper::finish_with(&store, by_id(spent), lost("could not renew"), 0, T0 + 300);
+        finish(
+            &store,
+            by_id(stopped),
+            Ending::Interrupted {
+                message: "shutdown".into(),
+            },
+            T0 + 300,
+        );
+        store.retry(spent, Some("try again"), T0 + 400).unwrap();
+
+        let m = scrape(&store, T0 + 500);
+        assert_eq!(
+            m.value("leasehold_self_fences_total", &[("queue", "q")]),
+            2.0
+        );
+        assert_eq!(m.sum("leasehold_reclaims_total"), 0.0);
+        assert_eq!(
+            m.value(
+                "leasehold_jobs_ended_total",
+                &[("queue", "q"), ("outcome", "lost")]
+            ),
+            1.0
+        );
+        assert_eq!(
+            m.value("leasehold_attempts_interrupted_total", &[("queue", "q")]),
+            1.0
+        );
+        assert_eq!(
+            m.value("leasehold_manual_retries_total", &[("queue", "q")]),
+            1.0
+        );
+        let run_count = |o: &str| {
+            m.value(
+                "leasehold_attempt_run_seconds_count",
+                &[("queue", "q"), ("outcome", o)],
+            )
+        };
+        assert_eq!(run_count("lost"), 2.0);
+        assert_eq!(run_count("interrupted"), 1.0);
+        // The retried and the interrupted job are pending again; the requeued one was claimed
+        // again by the second claim.
+        let jobs = |s: &str| m.value("leasehold_jobs", &[("queue", "q"), ("status", s)]);
+        assert_eq!((jobs("pending"), jobs("running")), (2.0, 1.0));
+    }
 }

@@ -43,21 +43,21 @@ fn renew_extends_a_workers_leases_in_one_call_and_reports_the_lost_ones() {
     assert!(store.renew("w", &[], TTL, now).unwrap().renewed.is_empty());
 }
 
-#[test]
-fn renew_never_renews_another_workers_token() {
-    let db = TestDb::new();
-    let store = db.store();
-    let id = enqueue(&store, &Job::shell("true"));
-    let theirs = claim_one(&store, "them", T0);
-    let renewal = store
-        .renew(
-            "me",
-            std::slice::from_ref(&theirs.run_token),
-            TTL,
-            T0 + 5000,
-        )
-        .unwrap();
-    assert!(renewal.renewed.is_empty());
-    assert_eq!(renewal.lost, [theirs.run_token]);
-    assert_eq!(store.job(id).unwrap().lease_expires_at, Some(T0 + TTL_MS));
+crate::on_both! {
+    fn renew_never_renews_another_workers_token(db) {
+        let store = db.store();
+        let id = enqueue(&store, &Job::shell("true"));
+        let theirs = claim_one(&store, "them", T0);
+        let renewal = store
+            .renew(
+                "me",
+                std::slice::from_ref(&theirs.run_token),
+                TTL,
+                T0 + 5000,
+            )
+            .unwrap();
+        assert!(renewal.renewed.is_empty());
+        assert_eq!(renewal.lost, [theirs.run_token]);
+        assert_eq!(store.job(id).unwrap().lease_expires_at, Some(T0 + TTL_MS));
+    }
 }

@@ -35,12 +35,37 @@ pub use watchdog::{WATCHDOG_DEFAULT_SECS, WATCHDOG_ENV, Watchdog};
 /// A fixed "now" for tests that pass time as a parameter: 2023-11-14T22:13:20Z.
 pub const T0: i64 = 1_700_000_000_000;
 
-/// A database path in a temporary folder that is removed when this is dropped.
+/// A database for one test: a path in a temporary folder that is removed when this is
+/// dropped, or a database of its own on the PostgreSQL test server ([`TestDb::postgres`]).
 pub struct TestDb {
     pub dir: TempDir,
     pub path: PathBuf,
     /// Bounds the test that holds this database.
     pub watchdog: Watchdog,
+    /// The PostgreSQL database, for a test on that backend.
+    pub pg: Option<pg::TestDb>,
+}
+
+/// Runs each test written in it on both backends: `fn name(db) { ... }` becomes a test
+/// `sqlite::name` on a SQLite file and a test `postgres::name` on a PostgreSQL database of
+/// its own, with `db` a [`TestDb`] in the body. One suite, not a copy.
+#[macro_export]
+macro_rules! on_both {
+    ($($(#[$meta:meta])* fn $name:ident($db:ident) $body:block)*) => {
+        mod sqlite {
+            #[allow(unused_imports)]
+            use super::*;
+            $($(#[$meta])* #[test] fn $name() { let $db = $crate::util::TestDb::new(); $body })*
+        }
+        mod postgres {
+            #[allow(unused_imports)]
+            use super::*;
+            $($(#[$meta])* #[test] fn $name() {
+                let $db = $crate::util::TestDb::postgres(stringify!($name));
+                $body
+            })*
+        }
+    };
 }
 
 impl TestDb {
@@ -53,17 +78,72 @@ impl TestDb {
             dir,
             path,
             watchdog,
+            pg: None,
         }
     }
 
-    /// A new connection with the library's defaults (creates and migrates the file).
-    pub fn store(&self) -> Store {
-        Store::open(&self.path).expect("the test database opens")
+    /// A database of its own on the PostgreSQL test server (`hint` names it), empty.
+    pub fn postgres(hint: &str) -> TestDb {
+        TestDb {
+            pg: Some(pg::fresh_db(hint)),
+            ..TestDb::new()
+        }
     }
 
-    /// A new connection with `options`.
+    /// What the store opens: the file's path, or the PostgreSQL database's URL.
+    pub fn target(&self) -> PathBuf {
+        match &self.pg {
+            Some(pg) => PathBuf::from(&pg.url),
+            None => self.path.clone(),
+        }
+    }
+
+    /// Whether this test runs on PostgreSQL.
+    pub fn is_postgres(&self) -> bool {
+        self.pg.is_some()
+    }
+
+    /// A new connection with the library's defaults (creates and migrates the database). On
+    /// PostgreSQL the store acts at the times the test passes, as on SQLite.
+    pub fn store(&self) -> Store {
+        self.store_with(&OpenOptions::default())
+    }
+
+    /// A new connection with `options` (and, on PostgreSQL, the test's times).
     pub fn store_with(&self, options: &OpenOptions) -> Store {
-        Store::open_with(&self.path, options).expect("the test database opens")
+        let options = options.clone().given_times(true);
+        Store::open_with(self.target(), &options).expect("the test database opens")
+    }
+
+    /// One integer read with plain SQL, on either backend: what a runbook query sees.
+    pub fn scalar(&self, sql: &str) -> i64 {
+        match &self.pg {
+            Some(pg) => pg
+                .connect()
+                .query_one(sql, &[])
+                .and_then(|row| row.try_get(0))
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+            None => self
+                .bare()
+                .query_row(sql, [], |r| r.get(0))
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+        }
+    }
+
+    /// Runs plain SQL with no result, on either backend: a hand-written runbook UPDATE.
+    pub fn exec(&self, sql: &str) {
+        match &self.pg {
+            Some(pg) => {
+                pg.connect()
+                    .batch_execute(sql)
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+            None => {
+                self.bare()
+                    .execute_batch(sql)
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+        }
     }
 
     /// A plain rusqlite connection, for what the store does not do (breaking rows on purpose).

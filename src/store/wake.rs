@@ -48,7 +48,12 @@ pub(crate) fn folder(db: &Path) -> PathBuf {
 /// The file's canonical path; for a file not made yet, its folder's canonical path and its
 /// name; failing that, absolute (so that a process that changes its working folder later
 /// still finds the same sockets, and a runner can remove its own).
+///
+/// A PostgreSQL URL names no file: its folders are this host's, under [`local_base`].
 pub(crate) fn canonical(db: &Path) -> PathBuf {
+    if super::pg::is_url(db) {
+        return local_base(db);
+    }
     if let Ok(path) = std::fs::canonicalize(db) {
         return path;
     }
@@ -62,6 +67,46 @@ pub(crate) fn canonical(db: &Path) -> PathBuf {
         }
     }
     std::path::absolute(db).unwrap_or_else(|_| db.to_path_buf())
+}
+
+/// Where this host keeps what a PostgreSQL database's runners keep beside a SQLite file (the
+/// wake-up sockets, the attempts' files): `$XDG_STATE_HOME/leasehold`, else
+/// `~/.local/state/leasehold`, else `/tmp/leasehold-<uid>`, then a name made of the URL
+/// (without its password) and a hash of it, so that two databases never share folders. The
+/// folder is made (owner-only) when missing; a failure shows when the folders beside it are
+/// made.
+pub(crate) fn local_base(url: &Path) -> PathBuf {
+    let url = super::pg::redacted(&url.to_string_lossy());
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+    let state = match std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("leasehold"),
+        None => match home {
+            Some(home) => PathBuf::from(home).join(".local/state/leasehold"),
+            None => std::env::temp_dir().join(format!("leasehold-{}", nix::unistd::geteuid())),
+        },
+    };
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&state);
+    let readable: String = url
+        .split_once("://")
+        .map_or(url.as_str(), |(_, rest)| rest)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    // FNV-1a: the same name from every build, which std's hasher does not promise.
+    let hash = url.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    state.join(format!("pg-{readable}-{hash:016x}"))
 }
 
 /// Checks that the wake-up folder `dir` is this user's alone: a directory (not a symlink to

@@ -8,26 +8,6 @@ use crate::helper::{fast, outcome, stdout};
 use crate::util::TestDb;
 
 #[test]
-fn enqueue_from_a_program_without_a_runner_is_picked_up() {
-    let db = TestDb::new();
-    let id = Store::open(&db.path)
-        .unwrap()
-        .enqueue(
-            &Job::shell("echo job $LEASEHOLD_JOB_ID in $PWD with $GREETING")
-                .env("GREETING", "hello")
-                .cwd("/tmp"),
-            now_ms(),
-        )
-        .unwrap();
-    let runner = fast(&db.path).start().expect("start");
-    assert_eq!(outcome(&runner, id), Outcome::Succeeded);
-    assert_eq!(
-        stdout(&db.path, id),
-        format!("job {id} in /tmp with hello\n")
-    );
-}
-
-#[test]
 fn enqueue_from_many_threads_while_running() {
     let db = TestDb::new();
     let runner = Arc::new(fast(&db.path).start().expect("start"));
@@ -47,5 +27,25 @@ fn enqueue_from_many_threads_while_running() {
         .collect();
     for id in ids {
         assert_eq!(outcome(&runner, id), Outcome::Succeeded);
+    }
+}
+
+crate::on_both! {
+    fn enqueue_from_a_program_without_a_runner_is_picked_up(db) {
+        let id = Store::open(db.target())
+            .unwrap()
+            .enqueue(
+                &Job::shell("echo job $LEASEHOLD_JOB_ID in $PWD with $GREETING")
+                    .env("GREETING", "hello")
+                    .cwd("/tmp"),
+                now_ms(),
+            )
+            .unwrap();
+        let runner = fast(&db.target()).start().expect("start");
+        assert_eq!(outcome(&runner, id), Outcome::Succeeded);
+        assert_eq!(
+            stdout(&db.target(), id),
+            format!("job {id} in /tmp with hello\n")
+        );
     }
 }

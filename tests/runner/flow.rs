@@ -73,67 +73,63 @@ fn a_paused_queue_waits_while_others_run_and_resume_releases_it() {
     runner.shutdown().unwrap();
 }
 
-#[test]
-fn a_running_job_of_a_queue_paused_under_it_finishes_normally() {
-    let db = TestDb::new();
-    let runner = fast(&db.path).start().unwrap();
-    let id = runner
-        .enqueue(&Job::shell("sleep 0.5").queue("sync"))
-        .unwrap();
-    running(&db, id);
-    runner.pause_queue("sync").unwrap();
-    let next = runner.enqueue(&Job::shell("true").queue("sync")).unwrap();
-    assert_eq!(outcome(&runner, id), Outcome::Succeeded);
-    assert_eq!(db.job(next).status, Status::Pending);
-    runner.shutdown().unwrap();
-}
+crate::on_both! {
+    fn a_running_job_of_a_queue_paused_under_it_finishes_normally(db) {
+        let runner = fast(&db.target()).start().unwrap();
+        let id = runner
+            .enqueue(&Job::shell("sleep 0.5").queue("sync"))
+            .unwrap();
+        running(&db, id);
+        runner.pause_queue("sync").unwrap();
+        let next = runner.enqueue(&Job::shell("true").queue("sync")).unwrap();
+        assert_eq!(outcome(&runner, id), Outcome::Succeeded);
+        assert_eq!(db.job(next).status, Status::Pending);
+        runner.shutdown().unwrap();
+    }
 
-#[test]
-fn a_chain_and_a_diamond_run_after_their_parents() {
-    let db = TestDb::new();
-    let runner = fast(&db.path).start().unwrap();
-    let a = runner.enqueue(&Job::shell("sleep 0.2")).unwrap();
-    let b = runner.enqueue(&Job::shell("true").after([a])).unwrap();
-    let c = runner.enqueue(&Job::shell("true").after([b])).unwrap();
-    let d = runner.enqueue(&Job::shell("sleep 0.3")).unwrap();
-    let join = runner.enqueue(&Job::shell("true").after([c, d])).unwrap();
-    assert_eq!(outcome(&runner, join), Outcome::Succeeded);
-    runner.shutdown().unwrap();
-    let job = |id| db.job(id);
-    for (before, after) in [(a, b), (b, c), (c, join), (d, join)] {
-        let (ended, started) = (
-            job(before).completed_at.unwrap(),
-            job(after).started_at.unwrap(),
-        );
+    fn a_chain_and_a_diamond_run_after_their_parents(db) {
+        let runner = fast(&db.target()).start().unwrap();
+        let a = runner.enqueue(&Job::shell("sleep 0.2")).unwrap();
+        let b = runner.enqueue(&Job::shell("true").after([a])).unwrap();
+        let c = runner.enqueue(&Job::shell("true").after([b])).unwrap();
+        let d = runner.enqueue(&Job::shell("sleep 0.3")).unwrap();
+        let join = runner.enqueue(&Job::shell("true").after([c, d])).unwrap();
+        assert_eq!(outcome(&runner, join), Outcome::Succeeded);
+        runner.shutdown().unwrap();
+        let job = |id| db.job(id);
+        for (before, after) in [(a, b), (b, c), (c, join), (d, join)] {
+            let (ended, started) = (
+                job(before).completed_at.unwrap(),
+                job(after).started_at.unwrap(),
+            );
+            assert!(
+                ended <= started,
+                "job {after} started at {started}, before job {before} ended at {ended}"
+            );
+        }
+    }
+
+    fn a_failure_cancels_the_jobs_after_it_with_the_reason(db) {
+        let store = db.store();
+        let runner = fast(&db.target()).start().unwrap();
+        // Held until the chain is written: a job cannot name one that already failed.
+        store.pause_queue("default").unwrap();
+        let a = runner.enqueue(&Job::shell("exit 3")).unwrap();
+        let b = runner.enqueue(&Job::shell("true").after([a])).unwrap();
+        let c = runner.enqueue(&Job::shell("true").after([b])).unwrap();
+        store.resume_queue("default").unwrap();
+        assert_eq!(outcome(&runner, c), Outcome::Cancelled);
+        assert!(matches!(outcome(&runner, a), Outcome::Failed { .. }));
+        assert_eq!(outcome(&runner, b), Outcome::Cancelled);
+        runner.shutdown().unwrap();
+        let b = db.job(b);
+        assert_eq!(b.last_error.unwrap(), format!("dependency job {a} failed"));
+        assert_eq!(b.attempt, 0, "never ran");
         assert!(
-            ended <= started,
-            "job {after} started at {started}, before job {before} ended at {ended}"
+            db.job(c)
+                .last_error
+                .unwrap()
+                .starts_with(&format!("dependency job {} cancelled", b.id))
         );
     }
-}
-
-#[test]
-fn a_failure_cancels_the_jobs_after_it_with_the_reason() {
-    let db = TestDb::new();
-    let store = db.store();
-    let runner = fast(&db.path).start().unwrap();
-    // Held until the chain is written: a job cannot name one that already failed.
-    store.pause_queue("default").unwrap();
-    let a = runner.enqueue(&Job::shell("exit 3")).unwrap();
-    let b = runner.enqueue(&Job::shell("true").after([a])).unwrap();
-    let c = runner.enqueue(&Job::shell("true").after([b])).unwrap();
-    store.resume_queue("default").unwrap();
-    assert_eq!(outcome(&runner, c), Outcome::Cancelled);
-    assert!(matches!(outcome(&runner, a), Outcome::Failed { .. }));
-    assert_eq!(outcome(&runner, b), Outcome::Cancelled);
-    runner.shutdown().unwrap();
-    let b = db.job(b);
-    assert_eq!(b.last_error.unwrap(), format!("dependency job {a} failed"));
-    assert_eq!(b.attempt, 0, "never ran");
-    assert!(
-        db.job(c)
-            .last_error
-            .unwrap()
-            .starts_with(&format!("dependency job {} cancelled", b.id))
-    );
 }

@@ -8,69 +8,9 @@ use leasehold::{Job, ListFilter, Outcome, Overlap, Schedule, Status, Store};
 use crate::helper::{fast, outcome};
 use crate::util::{TestDb, wait_for};
 
-#[test]
-fn a_schedule_put_through_the_runner_fires_and_its_jobs_run() {
-    let db = TestDb::new();
-    let runner = fast(&db.path).start().expect("start");
-    let s = Schedule::cron("*/1 * * * * *")
-        .unwrap()
-        .overlap(Overlap::Allow)
-        .job(Job::shell("echo tick"));
-    let rec = runner.put_schedule("tick", &s).unwrap();
-    assert!(rec.next_slot_at.is_some());
-    let store = Store::open(&db.path).unwrap();
-    let done = wait_for("two slots to run", Duration::from_secs(20), || {
-        let done: Vec<_> = store
-            .list(&ListFilter {
-                status: Some(Status::Succeeded),
-                ..ListFilter::default()
-            })
-            .unwrap()
-            .into_iter()
-            .filter(|j| j.schedule.as_deref() == Some("tick"))
-            .collect();
-        (done.len() >= 2).then_some(done)
-    });
-    assert!(
-        done.iter()
-            .all(|j| j.slot_at.is_some_and(|s| s % 1000 == 0))
-    );
-    // Paused: nothing more is enqueued.
-    runner.pause_schedule("tick").unwrap();
-    let count = |store: &Store| {
-        store
-            .list(&ListFilter::default())
-            .unwrap()
-            .iter()
-            .filter(|j| j.schedule.as_deref() == Some("tick"))
-            .count()
-    };
-    let paused_at = count(&store);
-    std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(count(&store), paused_at, "a paused schedule fired");
-    runner.remove_schedule("tick").unwrap();
-    assert!(store.schedules().unwrap().is_empty());
-    runner.shutdown().unwrap();
-}
-
-#[test]
-fn a_unique_job_enqueued_twice_through_the_runner_runs_once() {
-    let db = TestDb::new();
-    let runner = fast(&db.path).start().expect("start");
-    let job = Job::shell("sleep 1").unique_key("once");
-    let first = runner.enqueue_unique(&job).unwrap();
-    let second = runner.enqueue_unique(&job).unwrap();
-    assert!(!first.duplicate);
-    assert_eq!((second.id, second.duplicate), (first.id, true));
-    assert_eq!(outcome(&runner, first.id), Outcome::Succeeded);
-    let again = runner.enqueue_unique(&job).unwrap();
-    assert!(!again.duplicate, "a finished job frees its key");
-    runner.shutdown().unwrap();
-}
-
 /// A runner that polls only every 30 s: whatever starts sooner was not found by the poll.
 fn slow_poll(db: &TestDb) -> leasehold::Runner {
-    fast(&db.path)
+    fast(&db.target())
         .poll_interval(Duration::from_secs(30))
         .start()
         .expect("start")
@@ -104,28 +44,84 @@ fn a_job_to_run_later_starts_on_time_without_a_poll() {
     runner.shutdown().unwrap();
 }
 
-#[test]
-fn a_retry_starts_when_its_backoff_ends_without_a_poll() {
-    let db = TestDb::new();
-    let runner = slow_poll(&db);
-    let id = runner
-        .enqueue(
-            &Job::shell("exit 3")
-                .max_attempts(2)
-                .backoff(Duration::from_millis(1200), Duration::from_millis(1200)),
-        )
-        .unwrap();
-    assert!(matches!(outcome(&runner, id), Outcome::Failed { .. }));
-    let store = Store::open(&db.path).unwrap();
-    let job = store.job(id).unwrap();
-    assert_eq!(job.attempt, 2);
-    // The second attempt's claim is when it started; the retry set scheduled_at to the end
-    // of the backoff.
-    let started = job.started_at.expect("started");
-    let late = started - job.scheduled_at;
-    assert!(
-        (0..1000).contains(&late),
-        "the retry started {late} ms after its backoff ended"
-    );
-    runner.shutdown().unwrap();
+crate::on_both! {
+    fn a_schedule_put_through_the_runner_fires_and_its_jobs_run(db) {
+        let runner = fast(&db.target()).start().expect("start");
+        let s = Schedule::cron("*/1 * * * * *")
+            .unwrap()
+            .overlap(Overlap::Allow)
+            .job(Job::shell("echo tick"));
+        let rec = runner.put_schedule("tick", &s).unwrap();
+        assert!(rec.next_slot_at.is_some());
+        let store = Store::open(db.target()).unwrap();
+        let done = wait_for("two slots to run", Duration::from_secs(20), || {
+            let done: Vec<_> = store
+                .list(&ListFilter {
+                    status: Some(Status::Succeeded),
+                    ..ListFilter::default()
+                })
+                .unwrap()
+                .into_iter()
+                .filter(|j| j.schedule.as_deref() == Some("tick"))
+                .collect();
+            (done.len() >= 2).then_some(done)
+        });
+        assert!(
+            done.iter()
+                .all(|j| j.slot_at.is_some_and(|s| s % 1000 == 0))
+        );
+        // Paused: nothing more is enqueued.
+        runner.pause_schedule("tick").unwrap();
+        let count = |store: &Store| {
+            store
+                .list(&ListFilter::default())
+                .unwrap()
+                .iter()
+                .filter(|j| j.schedule.as_deref() == Some("tick"))
+                .count()
+        };
+        let paused_at = count(&store);
+        std::thread::sleep(Duration::from_millis(2500));
+        assert_eq!(count(&store), paused_at, "a paused schedule fired");
+        runner.remove_schedule("tick").unwrap();
+        assert!(store.schedules().unwrap().is_empty());
+        runner.shutdown().unwrap();
+    }
+
+    fn a_unique_job_enqueued_twice_through_the_runner_runs_once(db) {
+        let runner = fast(&db.target()).start().expect("start");
+        let job = Job::shell("sleep 1").unique_key("once");
+        let first = runner.enqueue_unique(&job).unwrap();
+        let second = runner.enqueue_unique(&job).unwrap();
+        assert!(!first.duplicate);
+        assert_eq!((second.id, second.duplicate), (first.id, true));
+        assert_eq!(outcome(&runner, first.id), Outcome::Succeeded);
+        let again = runner.enqueue_unique(&job).unwrap();
+        assert!(!again.duplicate, "a finished job frees its key");
+        runner.shutdown().unwrap();
+    }
+
+    fn a_retry_starts_when_its_backoff_ends_without_a_poll(db) {
+        let runner = slow_poll(&db);
+        let id = runner
+            .enqueue(
+                &Job::shell("exit 3")
+                    .max_attempts(2)
+                    .backoff(Duration::from_millis(1200), Duration::from_millis(1200)),
+            )
+            .unwrap();
+        assert!(matches!(outcome(&runner, id), Outcome::Failed { .. }));
+        let store = Store::open(db.target()).unwrap();
+        let job = store.job(id).unwrap();
+        assert_eq!(job.attempt, 2);
+        // The second attempt's claim is when it started; the retry set scheduled_at to the end
+        // of the backoff.
+        let started = job.started_at.expect("started");
+        let late = started - job.scheduled_at;
+        assert!(
+            (0..1000).contains(&late),
+            "the retry started {late} ms after its backoff ended"
+        );
+        runner.shutdown().unwrap();
+    }
 }

@@ -789,10 +789,11 @@ pub(crate) mod pg {
     /// - `lower(hex(randomblob(16)))`, a run token, is 32 hex digits of a random UUID.
     pub(crate) fn postgres_text(sql: &str) -> String {
         let mut text = numbered_marks(sql);
-        let words: [(&str, &str); 9] = [
+        let words: [(&str, &str); 10] = [
             ("UPDATE OR FAIL ", "UPDATE "),
             ("json_group_array(", "json_agg("),
             ("ORDER BY rowid", "ORDER BY seq"),
+            (", rowid DESC", ", seq DESC"),
             (
                 "min(after_job, excluded.after_job)",
                 "least(cascades.after_job, excluded.after_job)",

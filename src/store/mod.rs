@@ -199,6 +199,14 @@ impl Store {
     /// [`Error::Missing`], [`Error::NotADatabase`] (the file is left untouched), or
     /// [`Error::Sqlite`].
     pub fn probe_version(path: impl AsRef<Path>) -> Result<i64> {
+        let path = path.as_ref();
+        if pg::is_url(path) {
+            let url = path.to_str().unwrap_or_default();
+            #[cfg(feature = "postgres")]
+            return pg::probe_version(url);
+            #[cfg(not(feature = "postgres"))]
+            return match pg::open(url)? {};
+        }
         open::probe_version(path)
     }
 

@@ -180,6 +180,21 @@ fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migrat
     }
 }
 
+/// The schema version of the database at `url`, read without creating or migrating
+/// anything: 0 for a database with no leasehold schema yet.
+#[cfg(feature = "postgres")]
+pub(crate) fn probe_version(url: &str) -> Result<i64> {
+    let conn = Connection::Postgres(Box::new(db::pg::Conn::new(
+        config(url)?.connect(postgres::NoTls)?,
+    )));
+    let made: bool = conn.query_row(
+        "SELECT to_regclass('leasehold_migrations') IS NOT NULL",
+        params![],
+        |r| r.get(0),
+    )?;
+    if made { schema_version(&conn) } else { Ok(0) }
+}
+
 /// The schema version of a PostgreSQL database: the newest migration applied.
 #[cfg(feature = "postgres")]
 pub(crate) fn schema_version(conn: &Connection) -> Result<i64> {

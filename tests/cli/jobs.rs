@@ -38,119 +38,6 @@ const JOB_FIELDS: [&str; 22] = [
 ];
 
 #[test]
-fn jobs_add_stores_every_option_and_prints_the_id() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let id: i64 = ok(&mut cli(db, &["jobs", "add", "--", "echo", "hello"]))
-        .trim()
-        .parse()
-        .expect("jobs add prints the id alone");
-    let job = inspect(db, id);
-    assert_eq!(job["argv"], serde_json::json!(["echo", "hello"]));
-    assert_eq!(job["queue"], "default");
-    assert_eq!(job["priority"], 0);
-    assert_eq!(job["max_attempts"], 1);
-    assert_eq!(job["on_lost"], "requeue");
-
-    let before = now_ms();
-    let id2 = add(
-        db,
-        &[
-            "--queue",
-            "reports",
-            "--priority",
-            "-5",
-            "--timeout",
-            "2.5",
-            "--idle-timeout",
-            "0.2",
-            "--delay",
-            "60",
-            "--max-attempts",
-            "3",
-            "--on-lost",
-            "fail",
-            "--env",
-            "A=1",
-            "--env",
-            "B=x=y",
-            "--cwd",
-            ".",
-        ],
-        &["sh", "-c", "echo --not-a-flag"],
-    );
-    assert_eq!(id2, id + 1);
-    let job = json(&mut cli(
-        db,
-        &["jobs", "inspect", &id2.to_string(), "--json", "--show-env"],
-    ));
-    assert_eq!(
-        job["argv"],
-        serde_json::json!(["sh", "-c", "echo --not-a-flag"])
-    );
-    assert_eq!(job["queue"], "reports");
-    assert_eq!(job["priority"], -5);
-    assert_eq!(job["timeout_ms"], 2500);
-    assert_eq!(job["idle_timeout_ms"], 200);
-    assert_eq!(job["max_attempts"], 3);
-    assert_eq!(job["on_lost"], "fail");
-    assert_eq!(job["env"], serde_json::json!({"A": "1", "B": "x=y"}));
-    let cwd = job["cwd"].as_str().expect("the cwd is stored");
-    assert!(Path::new(cwd).is_absolute(), "{cwd}");
-    let scheduled = job["scheduled_at"].as_i64().unwrap();
-    assert!(scheduled >= before + 60_000, "delay not applied: {job}");
-    assert_eq!(
-        scheduled - job["created_at"].as_i64().unwrap(),
-        60_000,
-        "{job}"
-    );
-}
-
-#[test]
-fn env_values_are_masked_unless_show_env_is_asked_for() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let id = add(db, &["--env", "API_KEY=s3cret", "--env", "N=1"], &["true"]).to_string();
-    let secret = "s3cret";
-
-    // The text, the JSON of inspect and of ls: the names, never the values.
-    let text = ok(&mut cli(db, &["jobs", "inspect", &id]));
-    assert!(text.contains("API_KEY=") && text.contains("N="), "{text}");
-    assert!(!text.contains(secret), "{text}");
-    let inspected = ok(&mut cli(db, &["jobs", "inspect", &id, "--json"]));
-    let listed = ok(&mut cli(db, &["jobs", "ls", "--json"]));
-    for out in [&inspected, &listed] {
-        assert!(!out.contains(secret), "{out}");
-    }
-    let inspected: Value = serde_json::from_str(&inspected).unwrap();
-    let listed: Value = serde_json::from_str(&listed).unwrap();
-    for env in [&inspected["env"], &listed[0]["env"]] {
-        let env = env.as_object().expect("env is an object");
-        assert_eq!(env.len(), 2, "{env:?}");
-        // One mask for every value, so that not even a value's length shows.
-        let mask = &env["API_KEY"];
-        assert!(mask.as_str().is_some_and(|m| !m.is_empty()), "{env:?}");
-        assert_eq!(&env["N"], mask, "{env:?}");
-        assert!(text.contains(&format!("API_KEY={}", mask.as_str().unwrap())));
-    }
-    assert!(!ok(&mut cli(db, &["jobs", "ls"])).contains(secret));
-
-    // Asked for, the values.
-    let text = ok(&mut cli(db, &["jobs", "inspect", &id, "--show-env"]));
-    assert!(text.contains("API_KEY=s3cret N=1"), "{text}");
-    let shown = serde_json::json!({"API_KEY": "s3cret", "N": "1"});
-    let inspected = json(&mut cli(
-        db,
-        &["jobs", "inspect", &id, "--json", "--show-env"],
-    ));
-    assert_eq!(inspected["env"], shown);
-    let listed = json(&mut cli(db, &["jobs", "ls", "--json", "--show-env"]));
-    assert_eq!(listed[0]["env"], shown);
-    let help = ok(&mut cli(db, &["jobs", "inspect", "--help"]));
-    assert!(help.contains("--show-env"), "{help}");
-}
-
-#[test]
 fn jobs_add_from_a_file_or_stdin_enqueues_one_shell_job_per_line() {
     let t = TestDb::new();
     let db = t.path.as_path();
@@ -224,151 +111,6 @@ fn jobs_add_from_file_enqueues_a_hundred_thousand_lines_in_one_go() {
     assert_eq!(out.trim(), "100000");
     let v = json(&mut cli(db, &["status", "--json"]));
     assert_eq!(v["jobs"]["pending"], 100_000);
-}
-
-#[test]
-fn job_objects_have_every_field_with_null_for_unset_values() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let id = add(db, &[], &["true"]);
-    for job in [
-        inspect(db, id),
-        json(&mut cli(db, &["jobs", "ls", "--json"]))[0].clone(),
-    ] {
-        for field in JOB_FIELDS {
-            assert!(job.get(field).is_some(), "no {field} in {job}");
-        }
-        assert_eq!(job["id"], id);
-        assert_eq!(job["status"], "pending");
-        assert_eq!(job["attempt"], 0);
-        assert_eq!(job["recovery_count"], 0);
-        for unset in [
-            "exit_code",
-            "signal",
-            "error_kind",
-            "last_error",
-            "run_token",
-            "worker_id",
-            "pid",
-            "started_at",
-            "heartbeat_at",
-            "lease_expires_at",
-            "completed_at",
-        ] {
-            assert!(job[unset].is_null(), "{unset} is set in {job}");
-        }
-        let created = job["created_at"].as_i64().expect("times are integers");
-        assert!(
-            (created - now_ms()).abs() < 60_000,
-            "not ms since the epoch"
-        );
-        assert!(job["scheduled_at"].is_i64());
-    }
-    let job = inspect(db, id);
-    assert_eq!(job["output"], Value::Null);
-    assert_eq!(job["events"].as_array().unwrap().len(), 1);
-}
-
-#[test]
-fn jobs_ls_filters_by_status_queue_and_limit() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let a = add(db, &["--queue", "a"], &["true"]);
-    let b = add(db, &["--queue", "b"], &["true"]);
-    let c = add(db, &["--queue", "b"], &["true"]);
-    ok(&mut cli(db, &["jobs", "cancel", &a.to_string()]));
-    let ids = |args: &[&str]| -> Vec<i64> {
-        let mut full = vec!["jobs", "ls", "--json"];
-        full.extend_from_slice(args);
-        json(&mut cli(db, &full))
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|j| j["id"].as_i64().unwrap())
-            .collect()
-    };
-    assert_eq!(ids(&[]), vec![c, b, a]);
-    assert_eq!(ids(&["--queue", "b"]), vec![c, b]);
-    assert_eq!(ids(&["--status", "cancelled"]), vec![a]);
-    assert_eq!(ids(&["--status", "pending", "--limit", "1"]), vec![c]);
-    assert_eq!(ids(&["--queue", "none"]), Vec::<i64>::new());
-    assert_eq!(ids(&["--failed-stale"]), Vec::<i64>::new());
-}
-
-#[test]
-fn logs_of_a_job_without_output_are_empty() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let id = add(db, &[], &["true"]);
-    assert_eq!(ok(&mut cli(db, &["jobs", "logs", &id.to_string()])), "");
-    assert_eq!(
-        ok(&mut cli(db, &["jobs", "logs", &id.to_string(), "--stderr"])),
-        ""
-    );
-}
-
-#[test]
-fn retry_and_cancel_follow_the_rules() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let good = add(db, &[], &["true"]);
-    let bad = add(db, &[], &["false"]);
-    run_until_idle(db, &[]);
-    let waiting = add(db, &[], &["true"]);
-
-    let line = fails(&mut cli(db, &["jobs", "retry", &good.to_string()]), 1);
-    assert!(line.contains("succeeded"), "{line}");
-    let line = fails(&mut cli(db, &["jobs", "retry", &waiting.to_string()]), 1);
-    assert!(line.contains("pending"), "{line}");
-    let line = fails(&mut cli(db, &["jobs", "cancel", &good.to_string()]), 1);
-    assert!(line.contains("succeeded"), "{line}");
-    let line = fails(&mut cli(db, &["jobs", "cancel", &bad.to_string()]), 1);
-    assert!(line.contains("failed"), "{line}");
-    for args in [
-        vec!["jobs", "retry", "999"],
-        vec!["jobs", "cancel", "999"],
-        vec!["jobs", "inspect", "999"],
-        vec!["jobs", "logs", "999"],
-    ] {
-        let line = fails(&mut cli(db, &args), 1);
-        assert!(line.contains("999"), "{args:?}: {line}");
-    }
-
-    let v = json(&mut cli(
-        db,
-        &[
-            "jobs",
-            "retry",
-            &bad.to_string(),
-            "--reason",
-            "fixed the env",
-            "--json",
-        ],
-    ));
-    assert_eq!(v, serde_json::json!({"retried": [bad]}));
-    let job = inspect(db, bad);
-    assert_eq!(job["status"], "pending");
-    assert!(
-        job["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("fixed the env")
-    );
-    assert_eq!(
-        job["events"].as_array().unwrap().last().unwrap()["kind"],
-        "manual_retry"
-    );
-
-    let v = json(&mut cli(
-        db,
-        &["jobs", "cancel", &waiting.to_string(), "--json"],
-    ));
-    assert_eq!(v, serde_json::json!({"id": waiting, "status": "cancelled"}));
-    let line = fails(&mut cli(db, &["jobs", "cancel", &waiting.to_string()]), 1);
-    assert!(line.contains("cancelled"), "{line}");
-    let out = ok(&mut cli(db, &["jobs", "retry", &waiting.to_string()]));
-    assert!(out.contains(&waiting.to_string()), "{out}");
-    assert_eq!(inspect(db, waiting)["status"], "pending");
 }
 
 #[test]
@@ -537,4 +279,258 @@ fn cancel_of_a_running_job_kills_its_processes() {
     kill(runner.pid(), Signal::SIGTERM).unwrap();
     let (code, stderr) = runner.wait(Duration::from_secs(10));
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+crate::on_both! {
+    fn jobs_add_stores_every_option_and_prints_the_id(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let id: i64 = ok(&mut cli(db, &["jobs", "add", "--", "echo", "hello"]))
+            .trim()
+            .parse()
+            .expect("jobs add prints the id alone");
+        let job = inspect(db, id);
+        assert_eq!(job["argv"], serde_json::json!(["echo", "hello"]));
+        assert_eq!(job["queue"], "default");
+        assert_eq!(job["priority"], 0);
+        assert_eq!(job["max_attempts"], 1);
+        assert_eq!(job["on_lost"], "requeue");
+
+        let before = now_ms();
+        let id2 = add(
+            db,
+            &[
+                "--queue",
+                "reports",
+                "--priority",
+                "-5",
+                "--timeout",
+                "2.5",
+                "--idle-timeout",
+                "0.2",
+                "--delay",
+                "60",
+                "--max-attempts",
+                "3",
+                "--on-lost",
+                "fail",
+                "--env",
+                "A=1",
+                "--env",
+                "B=x=y",
+                "--cwd",
+                ".",
+            ],
+            &["sh", "-c", "echo --not-a-flag"],
+        );
+        assert_eq!(id2, id + 1);
+        let job = json(&mut cli(
+            db,
+            &["jobs", "inspect", &id2.to_string(), "--json", "--show-env"],
+        ));
+        assert_eq!(
+            job["argv"],
+            serde_json::json!(["sh", "-c", "echo --not-a-flag"])
+        );
+        assert_eq!(job["queue"], "reports");
+        assert_eq!(job["priority"], -5);
+        assert_eq!(job["timeout_ms"], 2500);
+        assert_eq!(job["idle_timeout_ms"], 200);
+        assert_eq!(job["max_attempts"], 3);
+        assert_eq!(job["on_lost"], "fail");
+        assert_eq!(job["env"], serde_json::json!({"A": "1", "B": "x=y"}));
+        let cwd = job["cwd"].as_str().expect("the cwd is stored");
+        assert!(Path::new(cwd).is_absolute(), "{cwd}");
+        let scheduled = job["scheduled_at"].as_i64().unwrap();
+        assert!(scheduled >= before + 60_000, "delay not applied: {job}");
+        assert_eq!(
+            scheduled - job["created_at"].as_i64().unwrap(),
+            60_000,
+            "{job}"
+        );
+    }
+
+    fn env_values_are_masked_unless_show_env_is_asked_for(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let id = add(db, &["--env", "API_KEY=s3cret", "--env", "N=1"], &["true"]).to_string();
+        let secret = "s3cret";
+
+        // The text, the JSON of inspect and of ls: the names, never the values.
+        let text = ok(&mut cli(db, &["jobs", "inspect", &id]));
+        assert!(text.contains("API_KEY=") && text.contains("N="), "{text}");
+        assert!(!text.contains(secret), "{text}");
+        let inspected = ok(&mut cli(db, &["jobs", "inspect", &id, "--json"]));
+        let listed = ok(&mut cli(db, &["jobs", "ls", "--json"]));
+        for out in [&inspected, &listed] {
+            assert!(!out.contains(secret), "{out}");
+        }
+        let inspected: Value = serde_json::from_str(&inspected).unwrap();
+        let listed: Value = serde_json::from_str(&listed).unwrap();
+        for env in [&inspected["env"], &listed[0]["env"]] {
+            let env = env.as_object().expect("env is an object");
+            assert_eq!(env.len(), 2, "{env:?}");
+            // One mask for every value, so that not even a value's length shows.
+            let mask = &env["API_KEY"];
+            assert!(mask.as_str().is_some_and(|m| !m.is_empty()), "{env:?}");
+            assert_eq!(&env["N"], mask, "{env:?}");
+            assert!(text.contains(&format!("API_KEY={}", mask.as_str().unwrap())));
+        }
+        assert!(!ok(&mut cli(db, &["jobs", "ls"])).contains(secret));
+
+        // Asked for, the values.
+        let text = ok(&mut cli(db, &["jobs", "inspect", &id, "--show-env"]));
+        assert!(text.contains("API_KEY=s3cret N=1"), "{text}");
+        let shown = serde_json::json!({"API_KEY": "s3cret", "N": "1"});
+        let inspected = json(&mut cli(
+            db,
+            &["jobs", "inspect", &id, "--json", "--show-env"],
+        ));
+        assert_eq!(inspected["env"], shown);
+        let listed = json(&mut cli(db, &["jobs", "ls", "--json", "--show-env"]));
+        assert_eq!(listed[0]["env"], shown);
+        let help = ok(&mut cli(db, &["jobs", "inspect", "--help"]));
+        assert!(help.contains("--show-env"), "{help}");
+    }
+
+    fn job_objects_have_every_field_with_null_for_unset_values(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let id = add(db, &[], &["true"]);
+        for job in [
+            inspect(db, id),
+            json(&mut cli(db, &["jobs", "ls", "--json"]))[0].clone(),
+        ] {
+            for field in JOB_FIELDS {
+                assert!(job.get(field).is_some(), "no {field} in {job}");
+            }
+            assert_eq!(job["id"], id);
+            assert_eq!(job["status"], "pending");
+            assert_eq!(job["attempt"], 0);
+            assert_eq!(job["recovery_count"], 0);
+            for unset in [
+                "exit_code",
+                "signal",
+                "error_kind",
+                "last_error",
+                "run_token",
+                "worker_id",
+                "pid",
+                "started_at",
+                "heartbeat_at",
+                "lease_expires_at",
+                "completed_at",
+            ] {
+                assert!(job[unset].is_null(), "{unset} is set in {job}");
+            }
+            let created = job["created_at"].as_i64().expect("times are integers");
+            assert!(
+                (created - now_ms()).abs() < 60_000,
+                "not ms since the epoch"
+            );
+            assert!(job["scheduled_at"].is_i64());
+        }
+        let job = inspect(db, id);
+        assert_eq!(job["output"], Value::Null);
+        assert_eq!(job["events"].as_array().unwrap().len(), 1);
+    }
+
+    fn jobs_ls_filters_by_status_queue_and_limit(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let a = add(db, &["--queue", "a"], &["true"]);
+        let b = add(db, &["--queue", "b"], &["true"]);
+        let c = add(db, &["--queue", "b"], &["true"]);
+        ok(&mut cli(db, &["jobs", "cancel", &a.to_string()]));
+        let ids = |args: &[&str]| -> Vec<i64> {
+            let mut full = vec!["jobs", "ls", "--json"];
+            full.extend_from_slice(args);
+            json(&mut cli(db, &full))
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|j| j["id"].as_i64().unwrap())
+                .collect()
+        };
+        assert_eq!(ids(&[]), vec![c, b, a]);
+        assert_eq!(ids(&["--queue", "b"]), vec![c, b]);
+        assert_eq!(ids(&["--status", "cancelled"]), vec![a]);
+        assert_eq!(ids(&["--status", "pending", "--limit", "1"]), vec![c]);
+        assert_eq!(ids(&["--queue", "none"]), Vec::<i64>::new());
+        assert_eq!(ids(&["--failed-stale"]), Vec::<i64>::new());
+    }
+
+    fn logs_of_a_job_without_output_are_empty(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let id = add(db, &[], &["true"]);
+        assert_eq!(ok(&mut cli(db, &["jobs", "logs", &id.to_string()])), "");
+        assert_eq!(
+            ok(&mut cli(db, &["jobs", "logs", &id.to_string(), "--stderr"])),
+            ""
+        );
+    }
+
+    fn retry_and_cancel_follow_the_rules(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let good = add(db, &[], &["true"]);
+        let bad = add(db, &[], &["false"]);
+        run_until_idle(db, &[]);
+        let waiting = add(db, &[], &["true"]);
+
+        let line = fails(&mut cli(db, &["jobs", "retry", &good.to_string()]), 1);
+        assert!(line.contains("succeeded"), "{line}");
+        let line = fails(&mut cli(db, &["jobs", "retry", &waiting.to_string()]), 1);
+        assert!(line.contains("pending"), "{line}");
+        let line = fails(&mut cli(db, &["jobs", "cancel", &good.to_string()]), 1);
+        assert!(line.contains("succeeded"), "{line}");
+        let line = fails(&mut cli(db, &["jobs", "cancel", &bad.to_string()]), 1);
+        assert!(line.contains("failed"), "{line}");
+        for args in [
+            vec!["jobs", "retry", "999"],
+            vec!["jobs", "cancel", "999"],
+            vec!["jobs", "inspect", "999"],
+            vec!["jobs", "logs", "999"],
+        ] {
+            let line = fails(&mut cli(db, &args), 1);
+            assert!(line.contains("999"), "{args:?}: {line}");
+        }
+
+        let v = json(&mut cli(
+            db,
+            &[
+                "jobs",
+                "retry",
+                &bad.to_string(),
+                "--reason",
+                "fixed the env",
+                "--json",
+            ],
+        ));
+        assert_eq!(v, serde_json::json!({"retried": [bad]}));
+        let job = inspect(db, bad);
+        assert_eq!(job["status"], "pending");
+        assert!(
+            job["last_error"]
+                .as_str()
+                .unwrap()
+                .contains("fixed the env")
+        );
+        assert_eq!(
+            job["events"].as_array().unwrap().last().unwrap()["kind"],
+            "manual_retry"
+        );
+
+        let v = json(&mut cli(
+            db,
+            &["jobs", "cancel", &waiting.to_string(), "--json"],
+        ));
+        assert_eq!(v, serde_json::json!({"id": waiting, "status": "cancelled"}));
+        let line = fails(&mut cli(db, &["jobs", "cancel", &waiting.to_string()]), 1);
+        assert!(line.contains("cancelled"), "{line}");
+        let out = ok(&mut cli(db, &["jobs", "retry", &waiting.to_string()]));
+        assert!(out.contains(&waiting.to_string()), "{out}");
+        assert_eq!(inspect(db, waiting)["status"], "pending");
+    }
 }

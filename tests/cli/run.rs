@@ -9,105 +9,6 @@ use crate::helper::{FAST, add, cli, fails, inspect, json, ok, run_until_idle, wa
 use crate::util::{RunnerProcess, TestDb, alive, wait_until};
 
 #[test]
-fn run_until_idle_runs_a_success_a_failure_and_a_timeout() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let good = add(
-        db,
-        &[],
-        &["sh", "-c", "echo hello; printf 'bad \\377 byte' >&2"],
-    );
-    let bad = add(db, &[], &["sh", "-c", "echo oops >&2; exit 3"]);
-    let slow = add(db, &["--timeout", "0.5"], &["sleep", "30"]);
-    let started = Instant::now();
-    run_until_idle(db, &[]);
-    assert!(started.elapsed() < Duration::from_secs(15));
-
-    let job = inspect(db, good);
-    assert_eq!(job["status"], "succeeded", "{job}");
-    assert_eq!(job["exit_code"], 0);
-    assert_eq!(job["attempt"], 1);
-    assert!(job["completed_at"].as_i64().unwrap() >= job["started_at"].as_i64().unwrap());
-    assert_eq!(job["output"]["stdout"], "hello\n");
-    assert_eq!(job["output"]["stderr"], "bad \u{fffd} byte");
-    assert_eq!(job["output"]["truncated"], false);
-    let events = job["events"].as_array().unwrap();
-    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds.first(), Some(&"enqueued"));
-    assert_eq!(kinds.last(), Some(&"succeeded"));
-    for e in events {
-        assert!(e["at"].is_i64() && e["attempt"].is_i64() && e.get("detail").is_some());
-    }
-    let ats: Vec<i64> = events.iter().map(|e| e["at"].as_i64().unwrap()).collect();
-    assert!(ats.windows(2).all(|w| w[0] <= w[1]), "events oldest first");
-
-    let job = inspect(db, bad);
-    assert_eq!(job["status"], "failed", "{job}");
-    assert_eq!(job["exit_code"], 3);
-    assert_eq!(job["error_kind"], "exit");
-    assert_eq!(job["output"]["stderr"], "oops\n");
-
-    let job = inspect(db, slow);
-    assert_eq!(job["status"], "failed", "{job}");
-    assert_eq!(job["error_kind"], "timeout");
-    assert!(
-        job["last_error"].as_str().unwrap().contains("timed out"),
-        "{job}"
-    );
-
-    // The logs, raw: invalid UTF-8 stays as it was written.
-    let out = cli(db, &["jobs", "logs", &good.to_string()])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(out.stdout, b"hello\n");
-    let out = cli(
-        db,
-        &[
-            "jobs",
-            "logs",
-            &good.to_string(),
-            "--stderr",
-            "--attempt",
-            "1",
-        ],
-    )
-    .output()
-    .unwrap();
-    assert!(out.status.success());
-    assert_eq!(out.stdout, b"bad \xff byte");
-    let line = fails(
-        &mut cli(db, &["jobs", "logs", &good.to_string(), "--attempt", "2"]),
-        1,
-    );
-    assert!(line.contains("attempt 2"), "{line}");
-
-    // The human forms.
-    let human = ok(&mut cli(db, &["jobs", "inspect", &bad.to_string()]));
-    assert!(
-        human.contains("failed") && human.contains("oops"),
-        "{human}"
-    );
-    let table = ok(&mut cli(db, &["jobs", "ls"]));
-    assert_eq!(table.lines().count(), 4, "{table}");
-    assert!(
-        table.contains("succeeded") && table.contains("timeout"),
-        "{table}"
-    );
-}
-
-#[test]
-fn run_takes_only_its_queues_and_until_idle_ignores_the_others() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let mine = add(db, &["--queue", "mine"], &["true"]);
-    let other = add(db, &["--queue", "other"], &["true"]);
-    run_until_idle(db, &["--queue", "mine", "--workers", "1"]);
-    assert_eq!(inspect(db, mine)["status"], "succeeded");
-    assert_eq!(inspect(db, other)["status"], "pending");
-}
-
-#[test]
 fn a_lease_shorter_than_the_least_renewal_budget_runs_jobs_without_losing_them() {
     // Once made the heartbeat thread panic on a clamp whose bounds crossed, after which the
     // runner went on without renewing and exited 0.
@@ -254,4 +155,103 @@ fn a_runner_that_inherits_an_ignored_sigchld_refuses_to_start() {
     let err = fails(&mut cmd, 2);
     assert!(err.contains("SIGCHLD is ignored"), "{err}");
     assert_eq!(inspect(db, id)["status"], "pending");
+}
+
+crate::on_both! {
+    fn run_until_idle_runs_a_success_a_failure_and_a_timeout(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let good = add(
+            db,
+            &[],
+            &["sh", "-c", "echo hello; printf 'bad \\377 byte' >&2"],
+        );
+        let bad = add(db, &[], &["sh", "-c", "echo oops >&2; exit 3"]);
+        let slow = add(db, &["--timeout", "0.5"], &["sleep", "30"]);
+        let started = Instant::now();
+        run_until_idle(db, &[]);
+        assert!(started.elapsed() < Duration::from_secs(15));
+
+        let job = inspect(db, good);
+        assert_eq!(job["status"], "succeeded", "{job}");
+        assert_eq!(job["exit_code"], 0);
+        assert_eq!(job["attempt"], 1);
+        assert!(job["completed_at"].as_i64().unwrap() >= job["started_at"].as_i64().unwrap());
+        assert_eq!(job["output"]["stdout"], "hello\n");
+        assert_eq!(job["output"]["stderr"], "bad \u{fffd} byte");
+        assert_eq!(job["output"]["truncated"], false);
+        let events = job["events"].as_array().unwrap();
+        let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds.first(), Some(&"enqueued"));
+        assert_eq!(kinds.last(), Some(&"succeeded"));
+        for e in events {
+            assert!(e["at"].is_i64() && e["attempt"].is_i64() && e.get("detail").is_some());
+        }
+        let ats: Vec<i64> = events.iter().map(|e| e["at"].as_i64().unwrap()).collect();
+        assert!(ats.windows(2).all(|w| w[0] <= w[1]), "events oldest first");
+
+        let job = inspect(db, bad);
+        assert_eq!(job["status"], "failed", "{job}");
+        assert_eq!(job["exit_code"], 3);
+        assert_eq!(job["error_kind"], "exit");
+        assert_eq!(job["output"]["stderr"], "oops\n");
+
+        let job = inspect(db, slow);
+        assert_eq!(job["status"], "failed", "{job}");
+        assert_eq!(job["error_kind"], "timeout");
+        assert!(
+            job["last_error"].as_str().unwrap().contains("timed out"),
+            "{job}"
+        );
+
+        // The logs, raw: invalid UTF-8 stays as it was written.
+        let out = cli(db, &["jobs", "logs", &good.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, b"hello\n");
+        let out = cli(
+            db,
+            &[
+                "jobs",
+                "logs",
+                &good.to_string(),
+                "--stderr",
+                "--attempt",
+                "1",
+            ],
+        )
+        .output()
+        .unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, b"bad \xff byte");
+        let line = fails(
+            &mut cli(db, &["jobs", "logs", &good.to_string(), "--attempt", "2"]),
+            1,
+        );
+        assert!(line.contains("attempt 2"), "{line}");
+
+        // The human forms.
+        let human = ok(&mut cli(db, &["jobs", "inspect", &bad.to_string()]));
+        assert!(
+            human.contains("failed") && human.contains("oops"),
+            "{human}"
+        );
+        let table = ok(&mut cli(db, &["jobs", "ls"]));
+        assert_eq!(table.lines().count(), 4, "{table}");
+        assert!(
+            table.contains("succeeded") && table.contains("timeout"),
+            "{table}"
+        );
+    }
+
+    fn run_takes_only_its_queues_and_until_idle_ignores_the_others(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let mine = add(db, &["--queue", "mine"], &["true"]);
+        let other = add(db, &["--queue", "other"], &["true"]);
+        run_until_idle(db, &["--queue", "mine", "--workers", "1"]);
+        assert_eq!(inspect(db, mine)["status"], "succeeded");
+        assert_eq!(inspect(db, other)["status"], "pending");
+    }
 }

@@ -10,243 +10,15 @@ use crate::helper::{FAST, cli, fails, inspect, json, ok};
 use crate::util::{RunnerProcess, TestDb, bare, wait_until};
 
 fn schedules_rows(t: &TestDb) -> i64 {
+    if t.is_postgres() {
+        return t.scalar("SELECT count(*) FROM schedules");
+    }
     if !t.path.exists() {
         return -1;
     }
     bare(&t.path)
         .query_row("SELECT count(*) FROM schedules", [], |r| r.get(0))
         .unwrap_or(-1)
-}
-
-#[test]
-fn add_ls_pause_resume_rm_round_trip() {
-    let t = TestDb::new();
-    let db = &t.path;
-    let added = json(&mut cli(
-        db,
-        &[
-            "schedules",
-            "add",
-            "nightly",
-            "--cron",
-            "30 2 * * *",
-            "--tz",
-            "Europe/Berlin",
-            "--catch-up",
-            "one",
-            "--queue",
-            "backups",
-            "--timeout",
-            "600",
-            "--json",
-            "--",
-            "backup",
-            "--all",
-        ],
-    ));
-    assert_eq!(added["name"], "nightly");
-    assert_eq!(added["paused"], false);
-    assert!(added["next_slot_at"].is_i64());
-    let list = json(&mut cli(db, &["schedules", "ls", "--json"]));
-    let list = list.as_array().unwrap();
-    assert_eq!(list.len(), 1);
-    let s = &list[0];
-    for (field, want) in [
-        ("name", Value::from("nightly")),
-        ("expression", Value::from("30 2 * * *")),
-        ("tz", Value::from("Europe/Berlin")),
-        ("catch_up", Value::from("one")),
-        ("overlap", Value::from("skip")),
-        ("paused", Value::from(false)),
-        ("last_slot_at", Value::Null),
-        ("command", serde_json::json!(["backup", "--all"])),
-    ] {
-        assert_eq!(s[field], want, "{field} in {s}");
-    }
-    assert!(s["next_slot_at"].is_i64());
-    let human = ok(&mut cli(db, &["schedules", "ls"]));
-    assert!(
-        human.contains("nightly") && human.contains("backup --all"),
-        "{human}"
-    );
-
-    // A name in use: exit 1 and unchanged, unless --replace.
-    let line = fails(
-        &mut cli(
-            db,
-            &["schedules", "add", "nightly", "--every", "60", "--", "true"],
-        ),
-        1,
-    );
-    assert!(line.contains("exists already"), "{line}");
-    let v = json(&mut cli(
-        db,
-        &[
-            "schedules",
-            "add",
-            "nightly",
-            "--every",
-            "60",
-            "--replace",
-            "--json",
-            "--",
-            "true",
-        ],
-    ));
-    assert_eq!(v["every_ms"], 60_000);
-    assert_eq!(v["expression"], "@every 60s");
-
-    let paused = json(&mut cli(db, &["schedules", "pause", "nightly", "--json"]));
-    assert_eq!(paused["paused"], true);
-    let resumed = json(&mut cli(db, &["schedules", "resume", "nightly", "--json"]));
-    assert_eq!(resumed["paused"], false);
-    ok(&mut cli(db, &["schedules", "rm", "nightly"]));
-    assert_eq!(schedules_rows(&t), 0);
-    for cmd in ["rm", "pause", "resume"] {
-        let line = fails(&mut cli(db, &["schedules", cmd, "nightly"]), 1);
-        assert!(line.contains("no schedule named"), "{cmd}: {line}");
-    }
-    fails(&mut cli(db, &["schedules", "next", "nightly"]), 1);
-}
-
-#[test]
-fn next_shows_the_dst_slots_in_utc_and_in_the_zone() {
-    let t = TestDb::new();
-    let db = &t.path;
-    ok(&mut cli(
-        db,
-        &[
-            "schedules",
-            "add",
-            "nightly",
-            "--cron",
-            "30 2 * * *",
-            "--tz",
-            "Europe/Berlin",
-            "--",
-            "true",
-        ],
-    ));
-    let v = json(&mut cli(
-        db,
-        &[
-            "schedules",
-            "next",
-            "nightly",
-            "--after",
-            "2027-03-27T12:00:00Z",
-            "--count",
-            "2",
-            "--json",
-        ],
-    ));
-    assert_eq!(
-        v,
-        serde_json::json!({"slots": [
-            {"at": 1_806_195_600_000_i64, "local": "2027-03-28T03:00:00+02:00"},
-            {"at": 1_806_280_200_000_i64, "local": "2027-03-29T02:30:00+02:00"},
-        ]})
-    );
-    let v = json(&mut cli(
-        db,
-        &[
-            "schedules",
-            "next",
-            "nightly",
-            "--after",
-            "2027-10-30T12:00:00Z",
-            "--count",
-            "2",
-            "--json",
-        ],
-    ));
-    let locals: Vec<&str> = v["slots"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["local"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        locals,
-        ["2027-10-31T02:30:00+02:00", "2027-11-01T02:30:00+01:00"]
-    );
-    let human = ok(&mut cli(
-        db,
-        &[
-            "schedules",
-            "next",
-            "nightly",
-            "--after",
-            "2027-03-27T12:00:00Z",
-            "--count",
-            "1",
-        ],
-    ));
-    assert_eq!(
-        human,
-        "2027-03-28T01:00:00.000Z  2027-03-28T03:00:00+02:00\n"
-    );
-}
-
-#[test]
-fn bad_input_is_refused_in_one_line_and_writes_nothing() {
-    let t = TestDb::new();
-    let db = &t.path;
-    let cases: [(&[&str], &str); 9] = [
-        (&["--cron", "61 * * * *"], "invalid cron"),
-        (&["--cron", "* * *"], "invalid cron"),
-        (&["--cron", "@reboot"], "invalid cron"),
-        (
-            &["--cron", "* * * * *", "--tz", "Mars/Olympus"],
-            "invalid tz",
-        ),
-        (&["--every", "0"], "--every"),
-        (&["--every", "0.5"], "invalid every"),
-        (
-            &["--cron", "* * * * *", "--every", "5"],
-            "cannot be used with",
-        ),
-        (&["--cron", "* * * * *", "--catch-up", "some"], "--catch-up"),
-        (&[], "--cron"),
-    ];
-    for (options, says) in cases {
-        let mut args = vec!["schedules", "add", "s"];
-        args.extend_from_slice(options);
-        args.extend_from_slice(&["--", "true"]);
-        let line = fails(&mut cli(db, &args), 2);
-        assert!(line.contains(says), "{options:?}: {line}");
-        assert!(!db.exists(), "{options:?} created the file");
-    }
-    let line = fails(
-        &mut cli(db, &["schedules", "add", "", "--every", "5", "--", "true"]),
-        2,
-    );
-    assert!(line.contains("name cannot be empty"), "{line}");
-    let line = fails(&mut cli(db, &["schedules", "add", "s", "--every", "5"]), 2);
-    assert!(line.contains("needs a command"), "{line}");
-    let line = fails(
-        &mut cli(db, &["schedules", "next", "s", "--after", "yesterday"]),
-        2,
-    );
-    assert!(line.contains("RFC 3339"), "{line}");
-    assert!(!db.exists());
-
-    // A name used twice: the second is refused with exit 1 and the first stays as it was.
-    ok(&mut cli(
-        db,
-        &["schedules", "add", "s", "--every", "5", "--", "true"],
-    ));
-    fails(
-        &mut cli(
-            db,
-            &["schedules", "add", "s", "--every", "9", "--", "false"],
-        ),
-        1,
-    );
-    let list = json(&mut cli(db, &["schedules", "ls", "--json"]));
-    assert_eq!(list[0]["every_ms"], 5000);
-    assert_eq!(list[0]["command"], serde_json::json!(["true"]));
-    assert_eq!(schedules_rows(&t), 1);
 }
 
 /// Zones come from the system's tz database, found through `TZDIR` as the C library finds
@@ -371,48 +143,6 @@ fn without_a_tz_database_named_zones_are_refused_and_utc_works() {
 }
 
 #[test]
-fn unique_key_prints_the_existing_id_and_says_duplicate() {
-    let t = TestDb::new();
-    let db = &t.path;
-    let add = |extra: &[&str]| {
-        let mut args = vec!["jobs", "add", "--unique-key", "sync", "--json"];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&["--", "sh", "-c", "exit 0"]);
-        json(&mut cli(db, &args))
-    };
-    let first = add(&[]);
-    assert_eq!(first["duplicate"], false);
-    let id = first["id"].as_i64().unwrap();
-    let again = add(&[]);
-    assert_eq!(again, serde_json::json!({"id": id, "duplicate": true}));
-    // Without --json: the id, exit 0.
-    let plain = ok(&mut cli(
-        db,
-        &[
-            "jobs",
-            "add",
-            "--unique-key",
-            "sync",
-            "--",
-            "sh",
-            "-c",
-            "exit 0",
-        ],
-    ));
-    assert_eq!(plain.trim(), id.to_string());
-    assert_eq!(inspect(db, id)["unique_key"], "sync");
-    let line = fails(
-        &mut cli(db, &["jobs", "add", "--unique-window", "5", "--", "true"]),
-        2,
-    );
-    assert!(line.contains("--unique-key"), "{line}");
-    fails(
-        &mut cli(db, &["jobs", "add", "--unique-key", "", "--", "true"]),
-        2,
-    );
-}
-
-#[test]
 fn a_runner_fires_a_schedule_and_its_jobs_name_it() {
     let t = TestDb::new();
     let db = &t.path;
@@ -454,4 +184,275 @@ fn a_runner_fires_a_schedule_and_its_jobs_name_it() {
     runner.signal(nix::sys::signal::Signal::SIGTERM);
     let (code, _) = runner.wait(Duration::from_secs(30));
     assert_eq!(code, Some(0));
+}
+
+crate::on_both! {
+    fn add_ls_pause_resume_rm_round_trip(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let added = json(&mut cli(
+            db,
+            &[
+                "schedules",
+                "add",
+                "nightly",
+                "--cron",
+                "30 2 * * *",
+                "--tz",
+                "Europe/Berlin",
+                "--catch-up",
+                "one",
+                "--queue",
+                "backups",
+                "--timeout",
+                "600",
+                "--json",
+                "--",
+                "backup",
+                "--all",
+            ],
+        ));
+        assert_eq!(added["name"], "nightly");
+        assert_eq!(added["paused"], false);
+        assert!(added["next_slot_at"].is_i64());
+        let list = json(&mut cli(db, &["schedules", "ls", "--json"]));
+        let list = list.as_array().unwrap();
+        assert_eq!(list.len(), 1);
+        let s = &list[0];
+        for (field, want) in [
+            ("name", Value::from("nightly")),
+            ("expression", Value::from("30 2 * * *")),
+            ("tz", Value::from("Europe/Berlin")),
+            ("catch_up", Value::from("one")),
+            ("overlap", Value::from("skip")),
+            ("paused", Value::from(false)),
+            ("last_slot_at", Value::Null),
+            ("command", serde_json::json!(["backup", "--all"])),
+        ] {
+            assert_eq!(s[field], want, "{field} in {s}");
+        }
+        assert!(s["next_slot_at"].is_i64());
+        let human = ok(&mut cli(db, &["schedules", "ls"]));
+        assert!(
+            human.contains("nightly") && human.contains("backup --all"),
+            "{human}"
+        );
+
+        // A name in use: exit 1 and unchanged, unless --replace.
+        let line = fails(
+            &mut cli(
+                db,
+                &["schedules", "add", "nightly", "--every", "60", "--", "true"],
+            ),
+            1,
+        );
+        assert!(line.contains("exists already"), "{line}");
+        let v = json(&mut cli(
+            db,
+            &[
+                "schedules",
+                "add",
+                "nightly",
+                "--every",
+                "60",
+                "--replace",
+                "--json",
+                "--",
+                "true",
+            ],
+        ));
+        assert_eq!(v["every_ms"], 60_000);
+        assert_eq!(v["expression"], "@every 60s");
+
+        let paused = json(&mut cli(db, &["schedules", "pause", "nightly", "--json"]));
+        assert_eq!(paused["paused"], true);
+        let resumed = json(&mut cli(db, &["schedules", "resume", "nightly", "--json"]));
+        assert_eq!(resumed["paused"], false);
+        ok(&mut cli(db, &["schedules", "rm", "nightly"]));
+        assert_eq!(schedules_rows(&t), 0);
+        for cmd in ["rm", "pause", "resume"] {
+            let line = fails(&mut cli(db, &["schedules", cmd, "nightly"]), 1);
+            assert!(line.contains("no schedule named"), "{cmd}: {line}");
+        }
+        fails(&mut cli(db, &["schedules", "next", "nightly"]), 1);
+    }
+
+    fn next_shows_the_dst_slots_in_utc_and_in_the_zone(t) {
+        let target = t.target();
+        let db = target.as_path();
+        ok(&mut cli(
+            db,
+            &[
+                "schedules",
+                "add",
+                "nightly",
+                "--cron",
+                "30 2 * * *",
+                "--tz",
+                "Europe/Berlin",
+                "--",
+                "true",
+            ],
+        ));
+        let v = json(&mut cli(
+            db,
+            &[
+                "schedules",
+                "next",
+                "nightly",
+                "--after",
+                "2027-03-27T12:00:00Z",
+                "--count",
+                "2",
+                "--json",
+            ],
+        ));
+        assert_eq!(
+            v,
+            serde_json::json!({"slots": [
+                {"at": 1_806_195_600_000_i64, "local": "2027-03-28T03:00:00+02:00"},
+                {"at": 1_806_280_200_000_i64, "local": "2027-03-29T02:30:00+02:00"},
+            ]})
+        );
+        let v = json(&mut cli(
+            db,
+            &[
+                "schedules",
+                "next",
+                "nightly",
+                "--after",
+                "2027-10-30T12:00:00Z",
+                "--count",
+                "2",
+                "--json",
+            ],
+        ));
+        let locals: Vec<&str> = v["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["local"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            locals,
+            ["2027-10-31T02:30:00+02:00", "2027-11-01T02:30:00+01:00"]
+        );
+        let human = ok(&mut cli(
+            db,
+            &[
+                "schedules",
+                "next",
+                "nightly",
+                "--after",
+                "2027-03-27T12:00:00Z",
+                "--count",
+                "1",
+            ],
+        ));
+        assert_eq!(
+            human,
+            "2027-03-28T01:00:00.000Z  2027-03-28T03:00:00+02:00\n"
+        );
+    }
+
+    fn bad_input_is_refused_in_one_line_and_writes_nothing(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let cases: [(&[&str], &str); 9] = [
+            (&["--cron", "61 * * * *"], "invalid cron"),
+            (&["--cron", "* * *"], "invalid cron"),
+            (&["--cron", "@reboot"], "invalid cron"),
+            (
+                &["--cron", "* * * * *", "--tz", "Mars/Olympus"],
+                "invalid tz",
+            ),
+            (&["--every", "0"], "--every"),
+            (&["--every", "0.5"], "invalid every"),
+            (
+                &["--cron", "* * * * *", "--every", "5"],
+                "cannot be used with",
+            ),
+            (&["--cron", "* * * * *", "--catch-up", "some"], "--catch-up"),
+            (&[], "--cron"),
+        ];
+        for (options, says) in cases {
+            let mut args = vec!["schedules", "add", "s"];
+            args.extend_from_slice(options);
+            args.extend_from_slice(&["--", "true"]);
+            let line = fails(&mut cli(db, &args), 2);
+            assert!(line.contains(says), "{options:?}: {line}");
+            assert!(!db.exists(), "{options:?} created the file");
+        }
+        let line = fails(
+            &mut cli(db, &["schedules", "add", "", "--every", "5", "--", "true"]),
+            2,
+        );
+        assert!(line.contains("name cannot be empty"), "{line}");
+        let line = fails(&mut cli(db, &["schedules", "add", "s", "--every", "5"]), 2);
+        assert!(line.contains("needs a command"), "{line}");
+        let line = fails(
+            &mut cli(db, &["schedules", "next", "s", "--after", "yesterday"]),
+            2,
+        );
+        assert!(line.contains("RFC 3339"), "{line}");
+        assert!(!db.exists());
+
+        // A name used twice: the second is refused with exit 1 and the first stays as it was.
+        ok(&mut cli(
+            db,
+            &["schedules", "add", "s", "--every", "5", "--", "true"],
+        ));
+        fails(
+            &mut cli(
+                db,
+                &["schedules", "add", "s", "--every", "9", "--", "false"],
+            ),
+            1,
+        );
+        let list = json(&mut cli(db, &["schedules", "ls", "--json"]));
+        assert_eq!(list[0]["every_ms"], 5000);
+        assert_eq!(list[0]["command"], serde_json::json!(["true"]));
+        assert_eq!(schedules_rows(&t), 1);
+    }
+
+    fn unique_key_prints_the_existing_id_and_says_duplicate(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let add = |extra: &[&str]| {
+            let mut args = vec!["jobs", "add", "--unique-key", "sync", "--json"];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--", "sh", "-c", "exit 0"]);
+            json(&mut cli(db, &args))
+        };
+        let first = add(&[]);
+        assert_eq!(first["duplicate"], false);
+        let id = first["id"].as_i64().unwrap();
+        let again = add(&[]);
+        assert_eq!(again, serde_json::json!({"id": id, "duplicate": true}));
+        // Without --json: the id, exit 0.
+        let plain = ok(&mut cli(
+            db,
+            &[
+                "jobs",
+                "add",
+                "--unique-key",
+                "sync",
+                "--",
+                "sh",
+                "-c",
+                "exit 0",
+            ],
+        ));
+        assert_eq!(plain.trim(), id.to_string());
+        assert_eq!(inspect(db, id)["unique_key"], "sync");
+        let line = fails(
+            &mut cli(db, &["jobs", "add", "--unique-window", "5", "--", "true"]),
+            2,
+        );
+        assert!(line.contains("--unique-key"), "{line}");
+        fails(
+            &mut cli(db, &["jobs", "add", "--unique-key", "", "--", "true"]),
+            2,
+        );
+    }
 }

@@ -219,133 +219,13 @@ impl Reply {
 
 /// A database with one succeeded, one failed and one pending job.
 pub fn three_jobs(t: &TestDb) -> (i64, i64, i64) {
-    let db = t.path.as_path();
+    let target = t.target();
+    let db = target.as_path();
     let ok_id = add(db, &[], &["true"]);
     let failed = add(db, &[], &["sh", "-c", "echo boom >&2; exit 3"]);
     run_until_idle(db, &[]);
     let pending = add(db, &["--queue", "later"], &["true"]);
     (ok_id, failed, pending)
-}
-
-#[test]
-fn every_route_answers_with_its_status_and_content_type() {
-    let t = TestDb::new();
-    let (ok_id, failed, _) = three_jobs(&t);
-    let server = Server::start(&t.path, &[]);
-
-    let home = server.get("/");
-    assert_eq!(home.status, 200, "{home:?}");
-    assert_eq!(home.content_type(), "text/html; charset=utf-8");
-    assert!(home.body.contains("Lease counters (job_leases)"));
-    assert!(home.body.contains("stale_running"));
-    for section in [
-        "id=\"schedules\"",
-        "id=\"queue-counts\"",
-        "id=\"dependencies\"",
-    ] {
-        assert!(home.body.contains(section), "{section} missing");
-    }
-    // Safe headers on every page: no script may run, nothing may frame it.
-    let csp = home.header("content-security-policy").unwrap();
-    assert!(csp.contains("default-src 'none'"), "{csp}");
-    assert_eq!(home.header("x-frame-options"), Some("DENY"));
-
-    let list = server.get("/jobs?status=failed");
-    assert_eq!(list.status, 200);
-    assert_eq!(list.content_type(), "text/html; charset=utf-8");
-    assert!(list.body.contains(&format!("href=\"/jobs/{failed}\"")));
-    assert!(!list.body.contains(&format!("href=\"/jobs/{ok_id}\"")));
-    assert_eq!(server.get("/jobs?queue=later&before=1000").status, 200);
-
-    let job = server.get(&format!("/jobs/{failed}"));
-    assert_eq!(job.status, 200);
-    assert_eq!(job.content_type(), "text/html; charset=utf-8");
-    assert!(job.body.contains("boom"), "the stderr tail is shown");
-    assert!(job.body.contains("exit 3"));
-
-    let health = server.get("/healthz");
-    assert_eq!(health.status, 200);
-    assert_eq!(health.content_type(), "text/plain; charset=utf-8");
-    assert_eq!(health.body, "ok\n");
-
-    // The stylesheet is its own route: the CSP allows no inline style.
-    assert!(home.body.contains("href=\"/style.css\""));
-    assert!(csp.contains("style-src 'self'"), "{csp}");
-    let css = server.get("/style.css");
-    assert_eq!(css.status, 200);
-    assert_eq!(css.content_type(), "text/css; charset=utf-8");
-    assert!(css.body.contains("font"), "{css:?}");
-
-    let head = server.request("HEAD", "/", "", "");
-    assert_eq!(head.status, 200);
-    assert!(head.body.is_empty());
-
-    let delete = server.request("DELETE", "/jobs", "", "");
-    delete.refused(405);
-    assert_eq!(delete.header("allow"), Some("GET, HEAD"));
-    server.get("/nothing/here").refused(404);
-}
-
-#[test]
-fn metrics_is_the_exposition_and_its_job_counts_are_the_databases() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let (_, failed, _) = three_jobs(&t);
-    ok(&mut cli(db, &["jobs", "retry", &failed.to_string()]));
-    let cancel = add(db, &["--queue", "mail"], &["true"]);
-    ok(&mut cli(db, &["jobs", "cancel", &cancel.to_string()]));
-    add(db, &["--queue", "mail"], &["true"]);
-    let server = Server::start(db, &[]);
-
-    let reply = server.get("/metrics");
-    assert_eq!(reply.status, 200, "{reply:?}");
-    assert_eq!(
-        reply.content_type(),
-        "text/plain; version=0.0.4; charset=utf-8"
-    );
-    // Strict: every line a comment or a valid sample, each family typed before its samples.
-    let exposition = parse(&reply.body);
-    assert_eq!(
-        exposition.types.get("leasehold_jobs").map(String::as_str),
-        Some("gauge")
-    );
-    let mut held: BTreeMap<(String, String), u64> = BTreeMap::new();
-    for j in t.store().list(&ListFilter::default()).unwrap() {
-        *held
-            .entry((j.queue.clone(), j.status.as_str().to_string()))
-            .or_default() += 1;
-    }
-    assert_eq!(held.values().sum::<u64>(), 5);
-    for ((queue, status), n) in &held {
-        assert_eq!(
-            exposition.value("leasehold_jobs", &[("queue", queue), ("status", status)]),
-            *n as f64,
-            "{queue} {status} in {}",
-            reply.body
-        );
-    }
-    assert_eq!(exposition.sum("leasehold_jobs"), 5.0, "{}", reply.body);
-
-    // HEAD has the headers and no body; anything else is refused and changes nothing.
-    let head = server.request("HEAD", "/metrics", "", "");
-    assert_eq!(head.status, 200);
-    assert!(head.body.is_empty());
-    let before = t.store().counts().unwrap();
-    let post = server.post("/metrics", "");
-    post.refused(405);
-    assert_eq!(post.header("allow"), Some("GET, HEAD"));
-    assert_eq!(t.store().counts().unwrap(), before);
-    let jobs_lines = |body: &str| -> Vec<String> {
-        body.lines()
-            .filter(|l| l.starts_with("leasehold_jobs{") || l.contains("_total"))
-            .map(str::to_string)
-            .collect()
-    };
-    assert_eq!(
-        jobs_lines(&server.get("/metrics").body),
-        jobs_lines(&reply.body),
-        "a scrape changes no count"
-    );
 }
 
 #[test]
@@ -1139,4 +1019,125 @@ fn the_browser_shows_a_jobs_events_and_runs_none_of_its_markup() {
     let as_text = "&lt;script&gt;document.title='pwned'";
     assert!(dom.matches(as_text).count() >= 4, "{dom}");
     assert!(dom.contains("&lt;img src=x onerror=\"document.title='pwned'\"&gt;"));
+}
+
+crate::on_both! {
+    fn every_route_answers_with_its_status_and_content_type(t) {
+        let (ok_id, failed, _) = three_jobs(&t);
+        let server = Server::start(&t.target(), &[]);
+
+        let home = server.get("/");
+        assert_eq!(home.status, 200, "{home:?}");
+        assert_eq!(home.content_type(), "text/html; charset=utf-8");
+        assert!(home.body.contains("Lease counters (job_leases)"));
+        assert!(home.body.contains("stale_running"));
+        for section in [
+            "id=\"schedules\"",
+            "id=\"queue-counts\"",
+            "id=\"dependencies\"",
+        ] {
+            assert!(home.body.contains(section), "{section} missing");
+        }
+        // Safe headers on every page: no script may run, nothing may frame it.
+        let csp = home.header("content-security-policy").unwrap();
+        assert!(csp.contains("default-src 'none'"), "{csp}");
+        assert_eq!(home.header("x-frame-options"), Some("DENY"));
+
+        let list = server.get("/jobs?status=failed");
+        assert_eq!(list.status, 200);
+        assert_eq!(list.content_type(), "text/html; charset=utf-8");
+        assert!(list.body.contains(&format!("href=\"/jobs/{failed}\"")));
+        assert!(!list.body.contains(&format!("href=\"/jobs/{ok_id}\"")));
+        assert_eq!(server.get("/jobs?queue=later&before=1000").status, 200);
+
+        let job = server.get(&format!("/jobs/{failed}"));
+        assert_eq!(job.status, 200);
+        assert_eq!(job.content_type(), "text/html; charset=utf-8");
+        assert!(job.body.contains("boom"), "the stderr tail is shown");
+        assert!(job.body.contains("exit 3"));
+
+        let health = server.get("/healthz");
+        assert_eq!(health.status, 200);
+        assert_eq!(health.content_type(), "text/plain; charset=utf-8");
+        assert_eq!(health.body, "ok\n");
+
+        // The stylesheet is its own route: the CSP allows no inline style.
+        assert!(home.body.contains("href=\"/style.css\""));
+        assert!(csp.contains("style-src 'self'"), "{csp}");
+        let css = server.get("/style.css");
+        assert_eq!(css.status, 200);
+        assert_eq!(css.content_type(), "text/css; charset=utf-8");
+        assert!(css.body.contains("font"), "{css:?}");
+
+        let head = server.request("HEAD", "/", "", "");
+        assert_eq!(head.status, 200);
+        assert!(head.body.is_empty());
+
+        let delete = server.request("DELETE", "/jobs", "", "");
+        delete.refused(405);
+        assert_eq!(delete.header("allow"), Some("GET, HEAD"));
+        server.get("/nothing/here").refused(404);
+    }
+
+
+    fn metrics_is_the_exposition_and_its_job_counts_are_the_databases(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let (_, failed, _) = three_jobs(&t);
+        ok(&mut cli(db, &["jobs", "retry", &failed.to_string()]));
+        let cancel = add(db, &["--queue", "mail"], &["true"]);
+        ok(&mut cli(db, &["jobs", "cancel", &cancel.to_string()]));
+        add(db, &["--queue", "mail"], &["true"]);
+        let server = Server::start(db, &[]);
+
+        let reply = server.get("/metrics");
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(
+            reply.content_type(),
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+        // Strict: every line a comment or a valid sample, each family typed before its samples.
+        let exposition = parse(&reply.body);
+        assert_eq!(
+            exposition.types.get("leasehold_jobs").map(String::as_str),
+            Some("gauge")
+        );
+        let mut held: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for j in t.store().list(&ListFilter::default()).unwrap() {
+            *held
+                .entry((j.queue.clone(), j.status.as_str().to_string()))
+                .or_default() += 1;
+        }
+        assert_eq!(held.values().sum::<u64>(), 5);
+        for ((queue, status), n) in &held {
+            assert_eq!(
+                exposition.value("leasehold_jobs", &[("queue", queue), ("status", status)]),
+                *n as f64,
+                "{queue} {status} in {}",
+                reply.body
+            );
+        }
+        assert_eq!(exposition.sum("leasehold_jobs"), 5.0, "{}", reply.body);
+
+        // HEAD has the headers and no body; anything else is refused and changes nothing.
+        let head = server.request("HEAD", "/metrics", "", "");
+        assert_eq!(head.status, 200);
+        assert!(head.body.is_empty());
+        let before = t.store().counts().unwrap();
+        let post = server.post("/metrics", "");
+        post.refused(405);
+        assert_eq!(post.header("allow"), Some("GET, HEAD"));
+        assert_eq!(t.store().counts().unwrap(), before);
+        let jobs_lines = |body: &str| -> Vec<String> {
+            body.lines()
+                .filter(|l| l.starts_with("leasehold_jobs{") || l.contains("_total"))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            jobs_lines(&server.get("/metrics").body),
+            jobs_lines(&reply.body),
+            "a scrape changes no count"
+        );
+    }
 }

@@ -81,74 +81,74 @@ fn status_reports_counts_leases_settings_and_runners() {
     }
 }
 
-#[test]
-fn status_prometheus_prints_an_exposition_that_agrees_with_the_database() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let weird = "we\"ird\\q";
-    add(db, &["--queue", weird], &["true"]);
-    add(db, &["--queue", "mail"], &["sh", "-c", "exit 4"]);
-    let printed = ok(&mut cli(db, &["run", "--until-idle", "--workers", "2"]));
-    assert_eq!(printed, "", "run prints nothing on stdout");
-    add(db, &["--queue", "mail", "--delay", "3600"], &["true"]);
-    let text = ok(&mut cli(db, &["status", "--prometheus"]));
-    let m = parse(&text);
-    assert_eq!(m.types["leasehold_jobs"], "gauge");
-    assert_eq!(m.types["leasehold_jobs_ended_total"], "counter");
-    assert_eq!(m.types["leasehold_attempt_run_seconds"], "histogram");
-    assert_eq!(
-        m.value(
-            "leasehold_jobs",
-            &[("queue", weird), ("status", "succeeded")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "leasehold_jobs_ended_total",
-            &[("queue", weird), ("outcome", "succeeded")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "leasehold_jobs_ended_total",
-            &[("queue", "mail"), ("outcome", "failed")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
-            "leasehold_jobs",
-            &[("queue", "mail"), ("status", "pending")]
-        ),
-        1.0
-    );
-    // The delayed job is not ready: no lag.
-    assert_eq!(
-        m.get("leasehold_queue_lag_seconds", &[("queue", "mail")]),
-        Some(0.0)
-    );
-    let json = json(&mut cli(db, &["status", "--json"]));
-    assert_eq!(
-        m.value("leasehold_database_bytes", &[]),
-        json["database"]["bytes"].as_f64().unwrap()
-    );
-    // The runner stopped: none alive, and a CLI scrape has no runner figures.
-    assert_eq!(m.value("leasehold_runners_alive", &[]), 0.0);
-    assert!(m.get("leasehold_runner_workers", &[]).is_none());
-}
+crate::on_both! {
+    fn status_prometheus_prints_an_exposition_that_agrees_with_the_database(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let weird = "we\"ird\\q";
+        add(db, &["--queue", weird], &["true"]);
+        add(db, &["--queue", "mail"], &["sh", "-c", "exit 4"]);
+        let printed = ok(&mut cli(db, &["run", "--until-idle", "--workers", "2"]));
+        assert_eq!(printed, "", "run prints nothing on stdout");
+        add(db, &["--queue", "mail", "--delay", "3600"], &["true"]);
+        let text = ok(&mut cli(db, &["status", "--prometheus"]));
+        let m = parse(&text);
+        assert_eq!(m.types["leasehold_jobs"], "gauge");
+        assert_eq!(m.types["leasehold_jobs_ended_total"], "counter");
+        assert_eq!(m.types["leasehold_attempt_run_seconds"], "histogram");
+        assert_eq!(
+            m.value(
+                "leasehold_jobs",
+                &[("queue", weird), ("status", "succeeded")]
+            ),
+            1.0
+        );
+        assert_eq!(
+            m.value(
+                "leasehold_jobs_ended_total",
+                &[("queue", weird), ("outcome", "succeeded")]
+            ),
+            1.0
+        );
+        assert_eq!(
+            m.value(
+                "leasehold_jobs_ended_total",
+                &[("queue", "mail"), ("outcome", "failed")]
+            ),
+            1.0
+        );
+        assert_eq!(
+            m.value(
+                "leasehold_jobs",
+                &[("queue", "mail"), ("status", "pending")]
+            ),
+            1.0
+        );
+        // The delayed job is not ready: no lag.
+        assert_eq!(
+            m.get("leasehold_queue_lag_seconds", &[("queue", "mail")]),
+            Some(0.0)
+        );
+        let json = json(&mut cli(db, &["status", "--json"]));
+        assert_eq!(
+            m.value("leasehold_database_bytes", &[]),
+            json["database"]["bytes"].as_f64().unwrap()
+        );
+        // The runner stopped: none alive, and a CLI scrape has no runner figures.
+        assert_eq!(m.value("leasehold_runners_alive", &[]), 0.0);
+        assert!(m.get("leasehold_runner_workers", &[]).is_none());
+    }
 
-#[test]
-fn status_prometheus_refuses_what_status_refuses() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let line = fails(&mut cli(db, &["status", "--prometheus"]), 1);
-    assert!(
-        line.contains("does not exist") || line.contains("no such"),
-        "{line}"
-    );
-    assert!(!db.exists(), "a read-only command never creates the file");
-    add(db, &[], &["true"]);
-    fails(&mut cli(db, &["status", "--prometheus", "--json"]), 2);
+    fn status_prometheus_refuses_what_status_refuses(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let line = fails(&mut cli(db, &["status", "--prometheus"]), 1);
+        assert!(
+            line.contains("does not exist") || line.contains("no such"),
+            "{line}"
+        );
+        assert!(!db.exists(), "a read-only command never creates the file");
+        add(db, &[], &["true"]);
+        fails(&mut cli(db, &["status", "--prometheus", "--json"]), 2);
+    }
 }

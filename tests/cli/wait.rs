@@ -86,40 +86,6 @@ fn wait_returns_when_the_jobs_end_with_0_for_success_and_1_otherwise() {
 
 /// With no runner, `--timeout` gives up with exit 124 and says where each job stands; an
 /// unknown id is refused before any wait (exit 1); no id at all is a usage error.
-#[test]
-fn a_wait_times_out_with_124_and_an_unknown_id_is_refused() {
-    let t = TestDb::new();
-    let db = t.path.as_path();
-    let id = add(db, &[], &["true"]);
-    let line = fails(
-        &mut cli(db, &["jobs", "wait", &id.to_string(), "--timeout", "0.3"]),
-        124,
-    );
-    assert_eq!(
-        line,
-        format!("leasehold: timed out: job {id} (pending) not ended yet")
-    );
-    let out = cli(
-        db,
-        &[
-            "jobs",
-            "wait",
-            &id.to_string(),
-            "--timeout",
-            "0.1",
-            "--json",
-        ],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(124));
-    let outcomes: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(outcomes[0]["status"], "pending");
-    let line = fails(&mut cli(db, &["jobs", "wait", &id.to_string(), "999"]), 1);
-    assert!(line.contains("999"), "{line}");
-    fails(&mut cli(db, &["jobs", "wait"]), 2);
-    fails(&mut cli(db, &["jobs", "wait", "1", "--timeout", "-1"]), 2);
-}
 
 /// A running `jobs wait`, killed by its pid if the test ends without collecting it.
 struct Waiting(Option<std::process::Child>);
@@ -145,5 +111,41 @@ impl Drop for Waiting {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+crate::on_both! {
+    fn a_wait_times_out_with_124_and_an_unknown_id_is_refused(t) {
+        let target = t.target();
+        let db = target.as_path();
+        let id = add(db, &[], &["true"]);
+        let line = fails(
+            &mut cli(db, &["jobs", "wait", &id.to_string(), "--timeout", "0.3"]),
+            124,
+        );
+        assert_eq!(
+            line,
+            format!("leasehold: timed out: job {id} (pending) not ended yet")
+        );
+        let out = cli(
+            db,
+            &[
+                "jobs",
+                "wait",
+                &id.to_string(),
+                "--timeout",
+                "0.1",
+                "--json",
+            ],
+        )
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(124));
+        let outcomes: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(outcomes[0]["status"], "pending");
+        let line = fails(&mut cli(db, &["jobs", "wait", &id.to_string(), "999"]), 1);
+        assert!(line.contains("999"), "{line}");
+        fails(&mut cli(db, &["jobs", "wait"]), 2);
+        fails(&mut cli(db, &["jobs", "wait", "1", "--timeout", "-1"]), 2);
     }
 }

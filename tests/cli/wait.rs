@@ -84,9 +84,6 @@ fn wait_returns_when_the_jobs_end_with_0_for_success_and_1_otherwise() {
     assert_eq!(outcomes[1]["error_kind"], "exit");
 }
 
-/// With no runner, `--timeout` gives up with exit 124 and says where each job stands; an
-/// unknown id is refused before any wait (exit 1); no id at all is a usage error.
-
 /// A running `jobs wait`, killed by its pid if the test ends without collecting it.
 struct Waiting(Option<std::process::Child>);
 
@@ -115,6 +112,8 @@ impl Drop for Waiting {
 }
 
 crate::on_both! {
+    /// With no runner, `--timeout` gives up with exit 124 and says where each job stands; an
+    /// unknown id is refused before any wait (exit 1); no id at all is a usage error.
     fn a_wait_times_out_with_124_and_an_unknown_id_is_refused(t) {
         let target = t.target();
         let db = target.as_path();

@@ -74,9 +74,6 @@ fn a_running_row_without_lease_metadata_is_requeued() {
     assert_eq!(tokens, ["abc", ""]);
 }
 
-/// A runner's own expired lease whose token none of its workers holds (an ending it gave
-/// up on) is reclaimed by its own sweep; the leases it holds are not, expired or not.
-
 #[test]
 fn reclaim_without_expired_skips_expired_leases_but_takes_leaseless_rows_and_dead_runners() {
     let db = TestDb::new();
@@ -357,6 +354,8 @@ crate::on_both! {
         assert_eq!(store.job(mine).unwrap().status, Status::Running);
     }
 
+    /// A runner's own expired lease whose token none of its workers holds (an ending it gave
+    /// up on) is reclaimed by its own sweep; the leases it holds are not, expired or not.
     fn reclaim_takes_the_excluded_workers_expired_leases_that_it_no_longer_holds(db) {
         let store = db.store();
         let held = enqueue(&store, &Job::shell("true"));

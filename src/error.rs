@@ -22,6 +22,10 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error("PostgreSQL error")]
     Postgres(#[from] postgres::Error),
+    /// The connection to the PostgreSQL server was lost in the middle of a transaction, which
+    /// was lost with it: nothing of it was stored. The next call connects again.
+    #[error("the connection to the PostgreSQL server was lost; the transaction was not stored")]
+    ConnectionLost,
     /// A query that must return a row returned none.
     #[error("the query returned no row")]
     NoRows,
@@ -226,10 +230,19 @@ impl Error {
     }
 
     /// True when the error is SQLite's "busy" or "locked": another connection holds the lock.
+    ///
+    /// On PostgreSQL: a deadlock broken by the server, or a serialization failure. Either
+    /// rolled the transaction back because of another's locks; the same write, tried again,
+    /// goes through.
     pub fn is_busy(&self) -> bool {
         match self {
             Error::Sqlite(e) => is_busy(e),
             Error::Busy { .. } => true,
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => e.code().is_some_and(|code| {
+                *code == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                    || *code == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+            }),
             _ => false,
         }
     }

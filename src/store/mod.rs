@@ -188,7 +188,7 @@ impl Store {
     /// A URL in a build without the PostgreSQL backend: [`Error::NoPostgres`].
     #[cfg(not(feature = "postgres"))]
     fn open_url(url: &str, _: &OpenOptions) -> Result<Store> {
-        match pg::open(url)? {}
+        pg::open(url).map(|never| match never {})
     }
 
     /// The schema version of the database at `path`, read without creating, migrating or
@@ -205,7 +205,7 @@ impl Store {
             #[cfg(feature = "postgres")]
             return pg::probe_version(url);
             #[cfg(not(feature = "postgres"))]
-            return match pg::open(url)? {};
+            return pg::open(url).map(|never| match never {});
         }
         open::probe_version(path)
     }

@@ -59,9 +59,7 @@ pub(crate) fn open(url: &str) -> Result<std::convert::Infallible> {
 /// `PGPASSWORD`, `PGDATABASE`), as libpq does.
 #[cfg(feature = "postgres")]
 pub(crate) fn open(url: &str, options: &OpenOptions) -> Result<(Connection, Migration)> {
-    let config = config(url)?;
-    let client = config.connect(postgres::NoTls)?;
-    let pg = db::pg::Conn::new(client);
+    let pg = db::pg::Conn::connect(config(url)?)?;
     pg.use_given_times(options.uses_given_times());
     let conn = Connection::Postgres(Box::new(pg));
     let migration = migrate(&conn, url, options)?;
@@ -184,9 +182,7 @@ fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migrat
 /// anything: 0 for a database with no leasehold schema yet.
 #[cfg(feature = "postgres")]
 pub(crate) fn probe_version(url: &str) -> Result<i64> {
-    let conn = Connection::Postgres(Box::new(db::pg::Conn::new(
-        config(url)?.connect(postgres::NoTls)?,
-    )));
+    let conn = Connection::Postgres(Box::new(db::pg::Conn::connect(config(url)?)?));
     let made: bool = conn.query_row(
         "SELECT to_regclass('leasehold_migrations') IS NOT NULL",
         params![],
@@ -226,6 +222,24 @@ pub(crate) fn size(conn: &Connection, url: &Path) -> Result<crate::metrics::Data
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An embedder's build without the backend: a URL is refused with an error that names
+    /// the feature (and not the URL's password), for opening and for reading the version.
+    #[cfg(not(feature = "postgres"))]
+    #[test]
+    fn a_url_without_the_feature_names_the_feature() {
+        let url = "postgres://u:secret@h/db";
+        for e in [
+            crate::Store::open(url).expect_err("no backend"),
+            crate::Store::probe_version(url).expect_err("no backend"),
+        ] {
+            assert!(matches!(e, Error::NoPostgres { .. }), "{e:?}");
+            let message = e.to_string();
+            assert!(message.contains("`postgres` cargo feature"), "{message}");
+            assert!(message.contains("postgres://u@h/db"), "{message}");
+            assert!(!message.contains("secret"), "{message}");
+        }
+    }
 
     #[test]
     fn urls_are_told_from_paths_and_shown_without_their_password() {

@@ -11,6 +11,7 @@ mod enqueue;
 mod flow;
 mod lease;
 mod metrics;
+mod postgres;
 mod process;
 mod retention;
 mod retry;

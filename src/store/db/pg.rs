@@ -1,0 +1,528 @@
+//! The PostgreSQL side of [`Connection`](super::Connection): statements, values, columns.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use postgres::types::{IsNull, ToSql as PgToSql, Type};
+
+use super::{Kind, ValueRef, numbered_marks};
+
+/// A statement written for SQLite, as PostgreSQL reads it: the parameter marks
+/// ([`numbered_marks`]), then the constructs the two dialects spell differently and that
+/// translate word for word (docs/postgres.md lists them all, with where each is used):
+///
+/// - `LIMIT (SELECT $n)` (SQLite prepares a bare LIMIT parameter again at every run) is
+///   `LIMIT $n`;
+/// - `UPDATE OR FAIL` (which spares SQLite a statement journal) is `UPDATE`;
+/// - `INSERT OR IGNORE` is `INSERT ... ON CONFLICT DO NOTHING`;
+/// - `INDEXED BY` (SQLite's index hint) goes: PostgreSQL's planner has no hints;
+/// - `json_group_array(x)` is `coalesce(json_agg(x), '[]')::text`, and `json_each($n)`
+///   is `json_array_elements_text($n::json)`;
+/// - `rowid` order is the `seq` column the PostgreSQL schema gives those tables;
+/// - `x IS $n` (null-safe equality) is `x IS NOT DISTINCT FROM $n`;
+/// - two-argument `min`/`max` are `least`/`greatest`;
+/// - `CROSS JOIN t ON` (SQLite's fixed join order) is `JOIN t ON`;
+/// - `lower(hex(randomblob(16)))`, a run token, is 32 hex digits of a random UUID.
+pub(crate) fn postgres_text(sql: &str) -> String {
+    let mut text = numbered_marks(sql);
+    let words: [(&str, &str); 10] = [
+        ("UPDATE OR FAIL ", "UPDATE "),
+        ("json_group_array(", "json_agg("),
+        ("ORDER BY rowid", "ORDER BY seq"),
+        (", rowid DESC", ", seq DESC"),
+        (
+            "min(after_job, excluded.after_job)",
+            "least(cascades.after_job, excluded.after_job)",
+        ),
+        (
+            "max(last_job, excluded.last_job)",
+            "greatest(cascades.last_job, excluded.last_job)",
+        ),
+        ("CROSS JOIN jobs ON", "JOIN jobs ON"),
+        (
+            "lower(hex(randomblob(16)))",
+            "replace(gen_random_uuid()::text, '-', '')",
+        ),
+        ("FROM json_each(", "FROM json_array_elements_text("),
+        (" IS $", " IS NOT DISTINCT FROM $"),
+    ];
+    for (sqlite, pg) in words {
+        if text.contains(sqlite) {
+            text = text.replace(sqlite, pg);
+        }
+    }
+    text = rewrite_each(&text, "json_agg(", |inner| {
+        format!("coalesce(json_agg({inner}), '[]')::text")
+    });
+    text = rewrite_each(&text, "json_array_elements_text(", |inner| {
+        format!("json_array_elements_text(({inner})::json)")
+    });
+    text = rewrite_each(&text, "LIMIT (SELECT ", |inner| format!("LIMIT {inner}"));
+    while let Some(at) = text.find("INDEXED BY ") {
+        let end = text[at + 11..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(text.len(), |e| at + 11 + e);
+        text.replace_range(at..end, "");
+    }
+    if let Some(at) = text.find("INSERT OR IGNORE ") {
+        text.replace_range(at..at + 17, "INSERT ");
+        match text.find(" RETURNING ") {
+            Some(r) => text.insert_str(r, " ON CONFLICT DO NOTHING"),
+            None => text.push_str(" ON CONFLICT DO NOTHING"),
+        }
+    }
+    text
+}
+
+/// `text` with each `open ... )` (`open` ends with the parenthesis it opens; the part up
+/// to its matching one) written as `f` of what is between.
+fn rewrite_each(text: &str, open: &str, f: impl Fn(&str) -> String) -> String {
+    let mut out = String::with_capacity(text.len() + 32);
+    let mut rest = text;
+    while let Some(at) = rest.find(open) {
+        out.push_str(&rest[..at]);
+        let inner_start = at + open.len();
+        let mut depth = 1;
+        let mut end = None;
+        for (i, c) in rest[inner_start..].char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(inner_start + i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else {
+            // Unbalanced: left as written, for the server to report.
+            out.push_str(&rest[at..]);
+            return out;
+        };
+        out.push_str(&f(&rest[inner_start..end]));
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+use crate::error::{Error, Result};
+
+/// A client and its prepared statements, keyed by text and parameter kinds.
+///
+/// The connection comes back after it was lost (a server restart, a network cut): the first
+/// call outside a transaction connects again, and prepares its statements anew. A call inside
+/// a transaction fails instead, as the transaction is gone with the connection; the caller's
+/// retry begins a new one.
+pub(crate) struct Conn {
+    inner: RefCell<Inner>,
+}
+
+struct Inner {
+    config: postgres::Config,
+    /// `None` once a call found the connection lost, until the next call connects again.
+    client: Option<postgres::Client>,
+    texts: HashMap<String, Arc<str>>,
+    prepared: HashMap<(Arc<str>, Vec<Kind>), postgres::Statement>,
+    in_transaction: bool,
+    /// The server's time, read once in the open transaction.
+    transaction_now: Option<i64>,
+    /// Whether to act at the caller's times rather than the server's.
+    given_times: bool,
+}
+
+/// Runs `f` where the `postgres` crate can block: on this thread, unless this thread runs an
+/// async runtime's task (an embedder calling from a tokio task), where the crate's own
+/// runtime would panic ("Cannot start a runtime from within a runtime"); then on a thread of
+/// its own for the call, which this one waits for.
+fn blocking<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|scope| match scope.spawn(f).join() {
+        Ok(v) => v,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
+impl Inner {
+    /// The live client: the one this store has, or a new connection when that one was lost
+    /// and no transaction is open.
+    fn client(&mut self) -> Result<&mut postgres::Client> {
+        self.forget_if_lost();
+        if self.client.is_none() {
+            if self.in_transaction {
+                return Err(Error::ConnectionLost);
+            }
+            let config = &self.config;
+            let client = blocking(|| config.connect(postgres::NoTls))?;
+            log::info!("connected to PostgreSQL again");
+            self.client = Some(client);
+        }
+        // Set just above when it was not.
+        self.client.as_mut().ok_or(Error::ConnectionLost)
+    }
+
+    /// Forgets a client that found its connection lost, and the statements prepared on it.
+    fn forget_if_lost(&mut self) {
+        if self
+            .client
+            .as_ref()
+            .is_some_and(postgres::Client::is_closed)
+        {
+            self.client = None;
+            self.prepared.clear();
+        }
+    }
+
+    /// Runs `f` on the live client (see [`Inner::client`] and [`blocking`]). A failure that
+    /// closed the connection ends the transaction that was open on it.
+    ///
+    /// `again`: whether `f` may run a second time on a new connection when the first found
+    /// the connection lost (the server ended it, or the network did, before this call): a
+    /// `BEGIN`, or a read outside a transaction, which change nothing. A write is never sent
+    /// twice: whether the first reached the server is not known.
+    fn with<T: Send>(
+        &mut self,
+        again: bool,
+        f: impl Fn(&mut postgres::Client) -> std::result::Result<T, postgres::Error> + Sync,
+    ) -> Result<T> {
+        let client = self.client()?;
+        let result = blocking(|| f(client));
+        let lost = result.is_err()
+            && self
+                .client
+                .as_ref()
+                .is_some_and(postgres::Client::is_closed);
+        if !lost {
+            return Ok(result?);
+        }
+        let in_transaction = std::mem::replace(&mut self.in_transaction, false);
+        self.transaction_now = None;
+        if !again || in_transaction {
+            return Ok(result?);
+        }
+        log::warn!(
+            "the connection to PostgreSQL was lost ({}): connecting again",
+            result.err().map_or_else(String::new, |e| e.to_string())
+        );
+        let client = self.client()?;
+        Ok(blocking(|| f(client))?)
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Closing a client runs the crate's runtime too: off an async runtime's thread.
+        let client = self.inner.get_mut().client.take();
+        blocking(move || drop(client));
+    }
+}
+
+impl Conn {
+    /// Connects with `config`.
+    pub(crate) fn connect(config: postgres::Config) -> Result<Conn> {
+        let client = blocking(|| config.connect(postgres::NoTls))?;
+        Ok(Conn {
+            inner: RefCell::new(Inner {
+                config,
+                client: Some(client),
+                texts: HashMap::new(),
+                prepared: HashMap::new(),
+                in_transaction: false,
+                transaction_now: None,
+                given_times: false,
+            }),
+        })
+    }
+
+    /// A statement of this text, prepared at its first run.
+    pub(crate) fn statement(&self, sql: &str) -> Statement<'_> {
+        let mut inner = self.inner.borrow_mut();
+        let text = match inner.texts.get(sql) {
+            Some(t) => t.clone(),
+            None => {
+                let t: Arc<str> = postgres_text(sql).into();
+                inner.texts.insert(sql.to_owned(), t.clone());
+                t
+            }
+        };
+        Statement { conn: self, text }
+    }
+
+    /// Runs statements with no parameters (`BEGIN`, `COMMIT`, a schema), and keeps
+    /// track of whether a transaction is open.
+    pub(crate) fn batch(&self, sql: &str) -> Result<()> {
+        let mut inner = self.inner.borrow_mut();
+        let head = sql.trim_start().to_ascii_uppercase();
+        let ends = head.starts_with("COMMIT")
+            || head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO")
+            || head.starts_with("END");
+        if ends && inner.client.is_none() {
+            // The connection, and the transaction with it, were lost: nothing to end.
+            inner.in_transaction = false;
+            return if head.starts_with("COMMIT") {
+                Err(Error::ConnectionLost)
+            } else {
+                Ok(())
+            };
+        }
+        let begins = head.starts_with("BEGIN") || head.starts_with("START TRANSACTION");
+        let result = inner.with(begins, |c| c.batch_execute(sql));
+        inner.transaction_now = None;
+        if begins {
+            inner.in_transaction = result.is_ok();
+        } else if ends {
+            inner.in_transaction = false;
+        }
+        result
+    }
+
+    /// Acts at the caller's times, not the server's (see [`Connection::now`]).
+    ///
+    /// [`Connection::now`]: super::Connection::now
+    pub(crate) fn use_given_times(&self, given: bool) {
+        self.inner.borrow_mut().given_times = given;
+    }
+
+    /// The time to act at: see [`Connection::now`](super::Connection::now).
+    pub(crate) fn now(&self, given: i64) -> Result<i64> {
+        let mut inner = self.inner.borrow_mut();
+        if inner.given_times {
+            return Ok(given);
+        }
+        if let Some(now) = inner.transaction_now {
+            return Ok(now);
+        }
+        let again = !inner.in_transaction;
+        let now: i64 = inner.with(again, |c| {
+            c.query_one("SELECT leasehold_now_ms()", &[])?.try_get(0)
+        })?;
+        if inner.in_transaction {
+            inner.transaction_now = Some(now);
+        }
+        Ok(now)
+    }
+
+    /// Whether a transaction is open.
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.inner.borrow().in_transaction
+    }
+}
+
+/// A statement's text, prepared with the kinds of the values of its first run.
+pub(crate) struct Statement<'c> {
+    conn: &'c Conn,
+    text: Arc<str>,
+}
+
+impl Statement<'_> {
+    /// Whether the statement only reads (a SELECT, whose FOR UPDATE locks end with the
+    /// connection), so that it may be sent again on a new connection.
+    fn reads_only(&self) -> bool {
+        let head = self.text.trim_start();
+        head.get(..6)
+            .is_some_and(|w| w.eq_ignore_ascii_case("SELECT"))
+    }
+
+    fn prepared(&self, inner: &mut Inner, values: &[ValueRef<'_>]) -> Result<postgres::Statement> {
+        inner.forget_if_lost();
+        let kinds: Vec<Kind> = values.iter().map(ValueRef::kind).collect();
+        let key = (self.text.clone(), kinds);
+        if let Some(s) = inner.prepared.get(&key) {
+            return Ok(s.clone());
+        }
+        let types: Vec<Type> = key.1.iter().map(|k| pg_type(*k)).collect();
+        let text = &self.text;
+        // Preparing changes nothing: it may be sent again on a new connection.
+        let s = inner.with(true, |c| c.prepare_typed(text, &types))?;
+        inner.prepared.insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// Runs the statement; how many rows it changed.
+    pub(crate) fn execute(&mut self, values: &[ValueRef<'_>]) -> Result<usize> {
+        let mut inner = self.conn.inner.borrow_mut();
+        let stmt = self.prepared(&mut inner, values)?;
+        let n = inner.with(false, |c| {
+            let params: Vec<&(dyn PgToSql + Sync)> =
+                values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
+            c.execute(&stmt, &params)
+        })?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    /// Runs the query and returns its rows. A read outside a transaction that found the
+    /// connection lost is sent again, once, on a new one (see [`Inner::with`]).
+    pub(crate) fn query(&mut self, values: &[ValueRef<'_>]) -> Result<Vec<postgres::Row>> {
+        let mut inner = self.conn.inner.borrow_mut();
+        let again = !inner.in_transaction && self.reads_only();
+        let run = |inner: &mut Inner| {
+            let stmt = self.prepared(inner, values)?;
+            inner.with(false, |c| {
+                let params: Vec<&(dyn PgToSql + Sync)> =
+                    values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
+                c.query(&stmt, &params)
+            })
+        };
+        match run(&mut inner) {
+            Err(e)
+                if again
+                    && inner
+                        .client
+                        .as_ref()
+                        .is_some_and(postgres::Client::is_closed) =>
+            {
+                log::warn!("the connection to PostgreSQL was lost ({e}): connecting again");
+                run(&mut inner)
+            }
+            other => other,
+        }
+    }
+}
+
+fn pg_type(k: Kind) -> Type {
+    match k {
+        Kind::Int => Type::INT8,
+        Kind::Real => Type::FLOAT8,
+        Kind::Text => Type::TEXT,
+        Kind::Blob => Type::BYTEA,
+    }
+}
+
+impl PgToSql for ValueRef<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut postgres::types::private::BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match *self {
+            ValueRef::Null(_) => Ok(IsNull::Yes),
+            ValueRef::Int(i) => i.to_sql(ty, out),
+            ValueRef::Real(r) => r.to_sql(ty, out),
+            ValueRef::Text(t) => t.to_sql(ty, out),
+            ValueRef::Blob(b) => b.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        // Each statement is prepared with the types of the values bound to it.
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+/// Whether column `i` is NULL.
+pub(crate) fn is_null(row: &postgres::Row, i: usize) -> Result<bool> {
+    let ty = column_type(row, i)?;
+    Ok(match ty {
+        t if *t == Type::INT8 => row.try_get::<_, Option<i64>>(i)?.is_none(),
+        t if *t == Type::INT4 => row.try_get::<_, Option<i32>>(i)?.is_none(),
+        t if *t == Type::INT2 => row.try_get::<_, Option<i16>>(i)?.is_none(),
+        t if *t == Type::BOOL => row.try_get::<_, Option<bool>>(i)?.is_none(),
+        t if *t == Type::FLOAT8 => row.try_get::<_, Option<f64>>(i)?.is_none(),
+        t if *t == Type::FLOAT4 => row.try_get::<_, Option<f32>>(i)?.is_none(),
+        t if *t == Type::BYTEA => row.try_get::<_, Option<Vec<u8>>>(i)?.is_none(),
+        _ => row.try_get::<_, Option<&str>>(i)?.is_none(),
+    })
+}
+
+fn column_type(row: &postgres::Row, i: usize) -> Result<&Type> {
+    row.columns()
+        .get(i)
+        .map(|c| c.type_())
+        .ok_or_else(|| Error::Column(format!("no column {i}")))
+}
+
+/// The error for a NULL where a value must be.
+pub(crate) fn null(row: &postgres::Row, i: usize) -> Error {
+    let name = row.columns().get(i).map_or("?", |c| c.name());
+    Error::Column(format!("column {i} ({name}) is NULL"))
+}
+
+/// Column `i` as an integer, from any integer or boolean type.
+pub(crate) fn int(row: &postgres::Row, i: usize) -> Result<Option<i64>> {
+    let ty = column_type(row, i)?;
+    Ok(match ty {
+        t if *t == Type::INT8 => row.try_get::<_, Option<i64>>(i)?,
+        t if *t == Type::INT4 => row.try_get::<_, Option<i32>>(i)?.map(i64::from),
+        t if *t == Type::INT2 => row.try_get::<_, Option<i16>>(i)?.map(i64::from),
+        t if *t == Type::BOOL => row.try_get::<_, Option<bool>>(i)?.map(i64::from),
+        // `sum()` of bigints is numeric on PostgreSQL (an integer on SQLite).
+        t if *t == Type::NUMERIC => row.try_get::<_, Option<WholeNumeric>>(i)?.map(|n| n.0),
+        other => {
+            return Err(Error::Column(format!(
+                "column {i} ({}) is {other}, not an integer (cast it to bigint)",
+                row.columns()[i].name()
+            )));
+        }
+    })
+}
+
+/// A `numeric` that holds a whole number within i64, as `sum()` of bigints gives.
+struct WholeNumeric(i64);
+
+impl<'a> postgres::types::FromSql<'a> for WholeNumeric {
+    /// The binary `numeric`: digit count, weight (of the first digit, in powers of
+    /// 10,000), sign and display scale (four u16/i16), then the base-10,000 digits.
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let word = |i: usize| -> std::result::Result<i16, String> {
+            raw.get(i * 2..i * 2 + 2)
+                .map(|b| i16::from_be_bytes([b[0], b[1]]))
+                .ok_or_else(|| "a numeric value cut short".to_owned())
+        };
+        let (ndigits, weight, sign) = (word(0)?, word(1)?, word(2)? as u16);
+        if sign != 0 && sign != 0x4000 {
+            return Err("a numeric NaN or infinity is not an integer".into());
+        }
+        let mut value: i128 = 0;
+        for d in 0..usize::try_from(ndigits).unwrap_or(0) {
+            let digit = i128::from(word(4 + d)?);
+            let power = i32::from(weight) - i32::try_from(d).unwrap_or(i32::MAX);
+            if power < 0 {
+                if digit != 0 {
+                    return Err("a numeric value with a fraction is not an integer".into());
+                }
+                continue;
+            }
+            let scale = 10_000i128
+                .checked_pow(u32::try_from(power).unwrap_or(u32::MAX))
+                .ok_or("a numeric value beyond i64")?;
+            value = value
+                .checked_add(digit * scale)
+                .ok_or("a numeric value beyond i64")?;
+        }
+        if sign == 0x4000 {
+            value = -value;
+        }
+        Ok(WholeNumeric(
+            i64::try_from(value).map_err(|_| "a numeric value beyond i64")?,
+        ))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::NUMERIC
+    }
+}
+
+/// Column `i` as a float, from any float or integer type.
+pub(crate) fn real(row: &postgres::Row, i: usize) -> Result<Option<f64>> {
+    let ty = column_type(row, i)?;
+    Ok(match ty {
+        t if *t == Type::FLOAT8 => row.try_get::<_, Option<f64>>(i)?,
+        t if *t == Type::FLOAT4 => row.try_get::<_, Option<f32>>(i)?.map(f64::from),
+        _ => int(row, i)?.map(|v| v as f64),
+    })
+}
+
+/// Column `i` as text.
+pub(crate) fn text(row: &postgres::Row, i: usize) -> Result<Option<String>> {
+    Ok(row.try_get::<_, Option<String>>(i)?)
+}

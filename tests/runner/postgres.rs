@@ -1,0 +1,100 @@
+//! What only the PostgreSQL backend has: calls from inside an embedder's async runtime, and a
+//! connection lost under a running runner.
+
+use leasehold::{Job, OpenOptions, Outcome, Status, Store, now_ms};
+
+use crate::helper::{WAIT, fast, outcome};
+use crate::util::{TestDb, wait_for};
+
+/// The synchronous `postgres` crate runs a runtime of its own, which panics when it is
+/// started from a thread that already runs one. An embedder calling from a tokio task gets
+/// working calls: the store opens, enqueues, reads and closes, on a current-thread runtime and
+/// on a multi-thread one, and a runner started outside takes jobs enqueued inside.
+#[test]
+fn calls_from_inside_an_async_runtime_work() {
+    let db = TestDb::postgres("async_runtime");
+    let target = db.target();
+    let runner = fast(&target).start().expect("the runner starts");
+    let runtimes = [
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a current-thread runtime"),
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .expect("a multi-thread runtime"),
+    ];
+    for rt in runtimes {
+        let (from_store, from_runner) = rt.block_on(async {
+            let task = tokio::spawn({
+                let target = target.clone();
+                async move {
+                    let store = Store::open_with(&target, &OpenOptions::default())
+                        .expect("opened from a task");
+                    let id = store
+                        .enqueue(&Job::shell("exit 0"), now_ms())
+                        .expect("enqueued from a task");
+                    assert_eq!(store.job(id).expect("read from a task").id, id);
+                    id
+                    // The store is dropped here, inside the task: its client closes too.
+                }
+            });
+            let from_store = task.await.expect("the task ends");
+            let from_runner = runner
+                .enqueue(&Job::shell("exit 0"))
+                .expect("Runner::enqueue from inside the runtime");
+            (from_store, from_runner)
+        });
+        for id in [from_store, from_runner] {
+            assert!(
+                matches!(outcome(&runner, id), Outcome::Succeeded),
+                "job {id}"
+            );
+        }
+    }
+    runner.shutdown().expect("the runner stops");
+}
+
+/// Every connection of a running runner, and of a store, is cut (the server ends them, as a
+/// restart does): the runner connects again, the job enqueued meanwhile runs, once, and the
+/// store's next read connects again instead of failing.
+#[test]
+fn a_runner_connects_again_after_its_connections_are_cut() {
+    let db = TestDb::postgres("cut");
+    let target = db.target();
+    let runner = fast(&target).start().expect("the runner starts");
+    let first = runner.enqueue(&Job::shell("exit 0")).expect("enqueue");
+    assert!(matches!(outcome(&runner, first), Outcome::Succeeded));
+    let kept = db.store();
+    assert_eq!(kept.job(first).expect("read").status, Status::Succeeded);
+
+    let pg = db.pg.as_ref().expect("a PostgreSQL test");
+    let ended: i64 = pg
+        .connect()
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .and_then(|r| r.try_get(0))
+        .expect("the runner's connections are ended");
+    assert!(ended >= 1, "the runner had connections: {ended}");
+
+    let store = db.store();
+    let second = store
+        .enqueue(&Job::shell("exit 0"), now_ms())
+        .expect("enqueue");
+    let job = wait_for("the job enqueued after the cut ends", WAIT, || {
+        let job = store.job(second).ok()?;
+        (job.status == Status::Succeeded).then_some(job)
+    });
+    assert_eq!(job.attempt, 1, "run once");
+    assert_eq!(
+        kept.job(first).expect("a read after the cut").status,
+        Status::Succeeded
+    );
+    // The runner keeps going: a third job runs too.
+    let third = runner.enqueue(&Job::shell("exit 0")).expect("enqueue");
+    assert!(matches!(outcome(&runner, third), Outcome::Succeeded));
+    runner.shutdown().expect("the runner stops");
+}

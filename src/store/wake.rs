@@ -72,9 +72,10 @@ pub(crate) fn canonical(db: &Path) -> PathBuf {
 /// Where this host keeps what a PostgreSQL database's runners keep beside a SQLite file (the
 /// wake-up sockets, the attempts' files): `$XDG_STATE_HOME/leasehold`, else
 /// `~/.local/state/leasehold`, else `/tmp/leasehold-<uid>`, then a name made of the URL
-/// (without its password) and a hash of it, so that two databases never share folders. The
-/// folder is made (owner-only) when missing; a failure shows when the folders beside it are
-/// made.
+/// (without its password), this host's name and a hash of both, so that two databases never
+/// share folders, nor two hosts whose home folders are one network share (the attempts' files
+/// of one host's runners are no other host's to read, adopt or remove). The folder is made
+/// (owner-only) when missing; a failure shows when the folders beside it are made.
 pub(crate) fn local_base(url: &Path) -> PathBuf {
     let url = super::pg::redacted(&url.to_string_lossy());
     let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
@@ -89,24 +90,28 @@ pub(crate) fn local_base(url: &Path) -> PathBuf {
         .recursive(true)
         .mode(0o700)
         .create(&state);
-    let readable: String = url
-        .split_once("://")
-        .map_or(url.as_str(), |(_, rest)| rest)
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(64)
-        .collect();
+    let readable = |text: &str| -> String {
+        text.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(64)
+            .collect()
+    };
+    let host = crate::process::hostname();
+    let server = readable(url.split_once("://").map_or(url.as_str(), |(_, rest)| rest));
     // FNV-1a: the same name from every build, which std's hasher does not promise.
-    let hash = url.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    state.join(format!("pg-{readable}-{hash:016x}"))
+    let hash = [url.as_bytes(), b"\0", host.as_bytes()]
+        .concat()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    state.join(format!("pg-{server}-on-{}-{hash:016x}", readable(&host)))
 }
 
 /// Checks that the wake-up folder `dir` is this user's alone: a directory (not a symlink to

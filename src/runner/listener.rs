@@ -89,3 +89,85 @@ fn handoff_store(config: &Config, listener: &wake::Listener) -> Result<Store> {
     store.set_own_socket(Some(listener.path().to_path_buf()));
     Ok(store)
 }
+
+/// How long the PostgreSQL listener waits for an announcement before it looks whether the
+/// runner is shutting down: the most a shutdown waits for it.
+#[cfg(feature = "postgres")]
+const LISTEN_STEP: Duration = Duration::from_millis(200);
+
+/// The longest wait between two attempts to listen again after the connection was lost.
+#[cfg(feature = "postgres")]
+const LISTEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// The PostgreSQL runner's wake-up: `LISTEN`s on its own connection and turns each
+/// announcement (a `NOTIFY` sent at the commit of an enqueue, a retry or a schedule, from any
+/// host) into the wake-up an enqueue in this process gives the dispatcher; a schedule's also
+/// wakes the firer. Ends when `stop` is disconnected (the runner's shutdown).
+///
+/// Nothing depends on an announcement arriving, as with SQLite's pokes: while the connection
+/// is down (a server restart, a network cut) the runner works on its poll, and this thread
+/// connects again with backoff, then wakes the dispatcher and the firer once, for whatever
+/// was announced while nobody listened.
+#[cfg(feature = "postgres")]
+pub(super) fn listen_postgres(
+    config: &Config,
+    shared: &Shared,
+    firer: &Sender<()>,
+    stop: &crossbeam_channel::Receiver<()>,
+) {
+    use crossbeam_channel::RecvTimeoutError;
+    let mut listening = None;
+    let mut backoff = Duration::from_millis(100);
+    let mut said_lost = false;
+    loop {
+        if let Err(crossbeam_channel::TryRecvError::Disconnected) = stop.try_recv() {
+            return;
+        }
+        let Some(l) = listening.as_mut() else {
+            match crate::store::pg::listen(&config.path) {
+                Ok(l) => {
+                    if said_lost {
+                        log::info!("listening for announcements of new work again");
+                        said_lost = false;
+                    }
+                    listening = Some(l);
+                    backoff = Duration::from_millis(100);
+                    shared.wake_dispatcher();
+                    let _ = firer.try_send(());
+                }
+                Err(e) => {
+                    if !said_lost {
+                        log::warn!(
+                            "cannot listen for announcements of new work ({e}): new jobs \
+                             start on the poll until the database answers again"
+                        );
+                        said_lost = true;
+                    }
+                    if let Err(RecvTimeoutError::Disconnected) = stop.recv_timeout(backoff) {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(LISTEN_BACKOFF_MAX);
+                }
+            }
+            continue;
+        };
+        match l.wait(LISTEN_STEP) {
+            Ok(got) if got.is_empty() => {}
+            Ok(got) => {
+                shared.wake_dispatcher();
+                if got.iter().any(|what| what == "schedules") {
+                    // The firer ends only at shutdown; a send to it then is moot.
+                    let _ = firer.try_send(());
+                }
+            }
+            Err(e) => {
+                log::warn!(
+                    "the connection that listens for new work was lost ({e}): new jobs start \
+                     on the poll until it is back"
+                );
+                said_lost = true;
+                listening = None;
+            }
+        }
+    }
+}

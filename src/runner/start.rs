@@ -236,6 +236,8 @@ impl Runner {
         }
         // The writer's channels exist before its thread, for the sweeper's adopted attempts.
         let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
+        #[cfg(feature = "postgres")]
+        let stop_listen = stop_rx.clone();
         drop(stop_rx);
         {
             let (sweep_stop_tx, stop) = unbounded::<()>();
@@ -273,6 +275,21 @@ impl Runner {
                 &Arc::clone(&shared),
                 move || {
                     listener::listen(listener, &shared, &firer_wake, &config);
+                    Ok(())
+                },
+            )?);
+        }
+        #[cfg(feature = "postgres")]
+        if crate::store::pg::is_url(&cfg.path) {
+            let (shared, stop) = (Arc::clone(&shared), stop_listen);
+            let firer_wake = self.firer_wake.clone();
+            let config = cfg.clone();
+            threads.background.push(spawn_thread(
+                "leasehold-listen",
+                "announcement listener",
+                &Arc::clone(&shared),
+                move || {
+                    listener::listen_postgres(&config, &shared, &firer_wake, &stop);
                     Ok(())
                 },
             )?);

@@ -176,6 +176,19 @@ impl Connection {
         }
     }
 
+    /// Announces `what` to the runners listening on PostgreSQL (`leasehold_wake`);
+    /// nothing on SQLite, whose runners are poked through sockets beside the file.
+    pub(crate) fn announce(&self, what: &str) -> Result<()> {
+        match self {
+            Connection::Sqlite(_) => {
+                let _ = what;
+                Ok(())
+            }
+            #[cfg(feature = "postgres")]
+            Connection::Postgres(c) => c.announce(what),
+        }
+    }
+
     /// Whether no transaction is open: after a failed write, whether the database already
     /// rolled the transaction back.
     pub(crate) fn is_autocommit(&self) -> bool {

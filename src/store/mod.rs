@@ -310,11 +310,29 @@ impl Store {
         }
     }
 
-    /// Wakes every runner on this file (but this store's own) at once, best-effort: after a
-    /// commit that made a job ready. A runner that misses it finds the job on its next poll.
+    /// Wakes every runner on this database (but this store's own) at once, best-effort: after
+    /// a commit that made a job ready. A runner that misses it finds the job on its next poll.
+    ///
+    /// On SQLite through the sockets beside the file; on PostgreSQL by `NOTIFY`, which reaches
+    /// the runners of every host (this one's too: its runners listen rather than bind
+    /// sockets for pokes).
     pub(crate) fn poke(&self) {
-        self.poker
-            .poke(&wake::folder(&self.path), self.own_socket.as_deref());
+        self.announce("jobs");
+    }
+
+    /// [`Store::poke`] after a schedule was put or resumed: runners' schedule firers read the
+    /// schedules again (on SQLite every poke wakes them).
+    pub(crate) fn poke_firers(&self) {
+        self.announce("schedules");
+    }
+
+    fn announce(&self, what: &str) {
+        if self.conn.sqlite().is_some() {
+            self.poker
+                .poke(&wake::folder(&self.path), self.own_socket.as_deref());
+        } else if let Err(e) = self.conn.announce(what) {
+            log::debug!("cannot announce {what} to the runners (they find it on their poll): {e}");
+        }
     }
 
     /// Marks `socket` as the wake-up socket of the runner this store belongs to.
@@ -585,8 +603,8 @@ impl Store {
         schedule::check_name(name)?;
         schedule.validate(now)?;
         let record = self.write(|c| schedule::put(c, name, schedule, replace, now))?;
-        // Wakes the firers of the runners on this file: the new schedule may be due first.
-        self.poke();
+        // Wakes the firers of the runners on this database: the new schedule may be due first.
+        self.poke_firers();
         Ok(record)
     }
 
@@ -616,7 +634,7 @@ impl Store {
     /// [`Error::NoSuchSchedule`].
     pub fn resume_schedule(&self, name: &str, now: i64) -> Result<ScheduleRecord> {
         let record = self.write(|c| schedule::set_paused(c, name, false, now))?;
-        self.poke();
+        self.poke_firers();
         Ok(record)
     }
 

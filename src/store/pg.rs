@@ -66,6 +66,17 @@ pub(crate) fn open(url: &str, options: &OpenOptions) -> Result<(Connection, Migr
     Ok((conn, migration))
 }
 
+/// A connection of its own to the database at `url` that listens for the announcements of
+/// work to start (see [`Store::poke`](super::Store::poke)).
+#[cfg(feature = "postgres")]
+pub(crate) fn listen(url: &Path) -> Result<db::pg::Listening> {
+    let url = url.to_str().ok_or(Error::Invalid {
+        setting: "database URL",
+        reason: "not UTF-8".to_string(),
+    })?;
+    db::pg::Listening::start(&config(url)?)
+}
+
 /// The connection's settings: the URL's, then the `PG*` variables for what it leaves out.
 #[cfg(feature = "postgres")]
 fn config(url: &str) -> Result<postgres::Config> {

@@ -98,3 +98,88 @@ fn a_runner_connects_again_after_its_connections_are_cut() {
     assert!(matches!(outcome(&runner, third), Outcome::Succeeded));
     runner.shutdown().expect("the runner stops");
 }
+
+/// Before a poll this slow could find a job, only an announcement explains its start.
+const SLOW_POLL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Well inside [`SLOW_POLL`]: a job that started by then was woken, not polled for.
+const BEFORE_THE_POLL: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Waits until job `id` has started (before the poll could have found it).
+fn started(store: &Store, id: i64) -> leasehold::JobRecord {
+    wait_for("the job to start before any poll", BEFORE_THE_POLL, || {
+        let job = store.job(id).ok()?;
+        job.started_at.map(|_| job)
+    })
+}
+
+/// Jobs enqueued through another connection (no runner's own enqueue, no socket poke on
+/// PostgreSQL) wake idle runners by `NOTIFY`: two runners of one worker each, polling once a
+/// minute, both take a long job within seconds. The listening connection is then cut (the
+/// server ends every connection of the database, as a restart does): the runner listens
+/// again, and a job enqueued after the cut starts before any poll too.
+#[test]
+fn announcements_wake_idle_runners_and_survive_a_cut() {
+    let db = TestDb::postgres("notify");
+    let target = db.target();
+    let slow = || {
+        fast(&target)
+            .workers(1)
+            .poll_interval(SLOW_POLL)
+            .start()
+            .expect("a runner starts")
+    };
+    let (a, b) = (slow(), slow());
+    let store = db.store();
+    let pg = db.pg.as_ref().expect("a PostgreSQL test");
+    let listeners = || -> i64 {
+        pg.connect()
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND query LIKE 'LISTEN %'",
+                &[],
+            )
+            .and_then(|r| r.try_get(0))
+            .expect("pg_stat_activity")
+    };
+    wait_for("both runners listen", WAIT, || {
+        (listeners() == 2).then_some(())
+    });
+    let ids: Vec<i64> = (0..2)
+        .map(|_| {
+            store
+                .enqueue(&Job::shell("sleep 1"), now_ms())
+                .expect("enqueue")
+        })
+        .collect();
+    let workers: std::collections::HashSet<String> = ids
+        .iter()
+        .map(|&id| started(&store, id).worker_id.expect("a runner's"))
+        .collect();
+    assert_eq!(workers.len(), 2, "each runner was woken and took one");
+    for id in ids {
+        assert!(matches!(outcome(&a, id), Outcome::Succeeded), "job {id}");
+    }
+
+    let cut: i64 = pg
+        .connect()
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .and_then(|r| r.try_get(0))
+        .expect("the connections are ended");
+    assert!(cut >= 2, "the listeners were among them: {cut}");
+    let after = db
+        .store()
+        .enqueue(&Job::shell("exit 0"), now_ms())
+        .expect("enqueue after the cut");
+    started(&db.store(), after);
+    assert!(matches!(outcome(&a, after), Outcome::Succeeded));
+    wait_for("both runners listen again", WAIT, || {
+        (listeners() == 2).then_some(())
+    });
+    a.shutdown().expect("runner a stops");
+    b.shutdown().expect("runner b stops");
+    assert_eq!(listeners(), 0, "a stopped runner listens no more");
+}

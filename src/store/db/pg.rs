@@ -307,9 +307,79 @@ impl Conn {
         Ok(now)
     }
 
+    /// Announces `what` on [`WAKE_CHANNEL`] to every listening runner, on any host. Outside a
+    /// transaction it is sent at once; inside one, PostgreSQL delivers it at the commit, and
+    /// not at all after a rollback.
+    pub(crate) fn announce(&self, what: &str) -> Result<()> {
+        let mut inner = self.inner.borrow_mut();
+        // A repeated announcement only wakes a runner twice.
+        inner.with(true, |c| {
+            c.execute("SELECT pg_notify($1, $2)", &[&WAKE_CHANNEL, &what])
+                .map(drop)
+        })
+    }
+
     /// Whether a transaction is open.
     pub(crate) fn in_transaction(&self) -> bool {
         self.inner.borrow().in_transaction
+    }
+}
+
+/// The channel runners `LISTEN` on: commits that leave work to start announce it there
+/// ([`Conn::announce`]), `jobs` for a job that may start now, `schedules` for a schedule put or
+/// resumed.
+pub(crate) const WAKE_CHANNEL: &str = "leasehold_wake";
+
+/// A connection of its own that listens on [`WAKE_CHANNEL`], for a runner's wake-up thread.
+pub(crate) struct Listening {
+    /// Taken only by `drop`.
+    client: Option<postgres::Client>,
+}
+
+impl Listening {
+    /// Connects with `config` and listens.
+    pub(crate) fn start(config: &postgres::Config) -> Result<Listening> {
+        let mut client = blocking(|| config.connect(postgres::NoTls))?;
+        blocking(|| client.batch_execute(&format!("LISTEN {WAKE_CHANNEL}")))?;
+        Ok(Listening {
+            client: Some(client),
+        })
+    }
+
+    /// Waits up to `timeout` for announcements and returns those that came (none at the
+    /// timeout), every one pending read at once. [`Error::ConnectionLost`] once the
+    /// connection is gone: announcements made meanwhile are lost with it, and the caller
+    /// listens again on a new one.
+    pub(crate) fn wait(&mut self, timeout: std::time::Duration) -> Result<Vec<String>> {
+        use postgres::fallible_iterator::FallibleIterator;
+        let Some(client) = self.client.as_mut() else {
+            return Err(Error::ConnectionLost);
+        };
+        let got = blocking(|| -> std::result::Result<Vec<String>, postgres::Error> {
+            let mut got = Vec::new();
+            let mut notifications = client.notifications();
+            let first = notifications.timeout_iter(timeout).next()?;
+            if let Some(first) = first {
+                got.push(first.payload().to_owned());
+                let mut pending = notifications.iter();
+                while let Some(more) = pending.next()? {
+                    got.push(more.payload().to_owned());
+                }
+            }
+            Ok(got)
+        })?;
+        if got.is_empty() && client.is_closed() {
+            return Err(Error::ConnectionLost);
+        }
+        Ok(got)
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        // As for [`Conn`]: closing runs the crate's runtime, off an async runtime's thread.
+        let client = self.client.take();
+        blocking(move || drop(client));
     }
 }
 

@@ -41,6 +41,8 @@ pub(crate) struct Sweeper {
     /// Whether the output files of pruned jobs are left to remove: the last removal stopped at
     /// its deadline, or failed.
     files_left: AtomicBool,
+    /// Whether this runner held the lead of pruning at its last sweep.
+    leads_pruning: AtomicBool,
 }
 
 /// How often a failure that repeats every sweep is logged.
@@ -122,6 +124,7 @@ impl Sweeper {
             prune_failures: Mutex::default(),
             sample_failures: Mutex::default(),
             files_left: AtomicBool::new(false),
+            leads_pruning: AtomicBool::new(false),
         }
     }
 
@@ -153,7 +156,9 @@ impl Sweeper {
                 }
             }
         }
-        self.prune_and_log(now);
+        if self.leads_pruning(now) {
+            self.prune_and_log(now);
+        }
         self.tidy_batches_and_log();
         self.sample_and_log(now);
     }
@@ -192,6 +197,39 @@ impl Sweeper {
                 if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
                     log::warn!("tidying bulk enqueues failed ({n} since the last report): {e:#}");
                 }
+            }
+        }
+    }
+
+    /// Whether this runner prunes now: on PostgreSQL the one that holds the `prune` lead
+    /// ([`Store::lead`]), taken or renewed at each sweep for three sweep intervals (at least a
+    /// lease TTL), so that runners on many hosts do not all prune at once; on SQLite always.
+    /// A failure to ask is logged, and this sweep does not prune.
+    fn leads_pruning(&self, now: i64) -> bool {
+        let cfg = &self.shared.config;
+        let ttl = (cfg.sweep_interval * 3).max(cfg.lease_ttl);
+        match self.store.lead("prune", &self.shared.worker_id, ttl, now) {
+            Ok(leads) => {
+                let changed = leads != self.leads_pruning.swap(leads, Ordering::Relaxed);
+                if changed && crate::store::pg::is_url(&cfg.path) {
+                    log::info!(
+                        "this runner {} the pruning of the database",
+                        if leads {
+                            "now leads"
+                        } else {
+                            "no longer leads"
+                        }
+                    );
+                }
+                leads
+            }
+            Err(e) => {
+                if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
+                    log::warn!(
+                        "cannot ask for the lead of pruning ({n} since the last report): {e:#}"
+                    );
+                }
+                false
             }
         }
     }

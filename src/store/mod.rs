@@ -44,6 +44,7 @@ mod dependency;
 mod enqueue;
 mod failure;
 pub(crate) mod handoff;
+mod leader;
 pub(crate) mod lease;
 mod maintenance;
 mod metrics;
@@ -1044,6 +1045,21 @@ impl Store {
     /// stay pruned.
     pub fn prune(&self, policy: &Retention, now: i64) -> Result<PruneReport> {
         self.prune_with(policy, &PruneOptions::default(), now)
+    }
+
+    /// Takes or renews the lead of the maintenance `role` (`"prune"`) for the runner
+    /// `holder` for `ttl`, unless another holds it unexpired; returns whether `holder` leads.
+    /// On PostgreSQL, runners on many hosts share one database: the one that leads does the
+    /// role's work, and another takes over once a lead is not renewed in time (its runner
+    /// died or was cut off). The work stays safe if two do it (a lead taken over while its
+    /// holder still runs). On SQLite always `true`.
+    ///
+    /// # Errors
+    ///
+    /// A database error.
+    pub fn lead(&self, role: &str, holder: &str, ttl: Duration, now: i64) -> Result<bool> {
+        let ttl = crate::job::duration_ms(ttl);
+        self.write(|c| leader::lead(c, role, holder, ttl, now))
     }
 
     /// [`Store::prune`] with a batch size, a limit on batches, or as a dry run that only

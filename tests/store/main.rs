@@ -11,6 +11,7 @@ mod dependency;
 mod ending;
 mod failure;
 mod fence;
+mod leader;
 mod metrics;
 mod migration;
 mod multiprocess;

@@ -215,6 +215,16 @@ CREATE TABLE job_output (
 );
 CREATE INDEX job_output_job ON job_output (job_id, attempt);
 
+-- Which runner does each kind of maintenance (`prune`: retention) until `expires_at`, so that
+-- runners on many hosts do not all prune at once (River's river_leader). The holder renews it
+-- at every sweep; another takes it once it expired. Only PostgreSQL has it: SQLite's single
+-- writer already serialises the runners of a file.
+CREATE TABLE leaders (
+    role        TEXT    COLLATE "C" PRIMARY KEY,
+    holder      TEXT    COLLATE "C" NOT NULL,
+    expires_at  BIGINT  NOT NULL
+);
+
 -- One row per runner process that ever opened this database.
 CREATE TABLE runners (
     worker_id              TEXT    COLLATE "C" PRIMARY KEY,

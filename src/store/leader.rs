@@ -1,0 +1,36 @@
+//! Leadership of a kind of maintenance: one runner at a time prunes a PostgreSQL database.
+
+use crate::error::Result;
+use crate::store::db::{Connection, OptionalExtension, params};
+
+/// Takes or renews the lead of `role` for `holder` until `expires_at`, when nobody else holds
+/// it unexpired at `now`; returns whether `holder` holds it. One statement: two runners
+/// asking at once are ordered by the row's lock, and the second finds the first's lead.
+/// Parameters: role, holder, expiry, now.
+const LEAD_SQL: &str = "INSERT INTO leaders (role, holder, expires_at) VALUES (?1, ?2, ?3)
+     ON CONFLICT (role) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+     WHERE leaders.holder = excluded.holder OR leaders.expires_at <= ?4
+     RETURNING holder";
+
+/// See [`Store::lead`](super::Store::lead). Always `true` on SQLite, whose single writer
+/// already runs one runner's maintenance at a time.
+pub(super) fn lead(
+    conn: &Connection,
+    role: &str,
+    holder: &str,
+    ttl_ms: i64,
+    now: i64,
+) -> Result<bool> {
+    if conn.sqlite().is_some() {
+        return Ok(true);
+    }
+    let now = conn.now(now)?;
+    let held: Option<String> = conn
+        .prepare_cached(LEAD_SQL)?
+        .query_row(
+            params![role, holder, now.saturating_add(ttl_ms), now],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(held.is_some())
+}

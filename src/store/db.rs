@@ -667,6 +667,27 @@ impl FromSql for Vec<u8> {
     }
 }
 
+/// Text, or bytes read as text, with what is not UTF-8 replaced (U+FFFD): the tail of an
+/// output, whose cut may fall inside a character, shown rather than refused.
+pub(crate) struct LossyText(pub(crate) String);
+
+impl FromSql for LossyText {
+    fn from_sqlite(v: rusqlite::types::ValueRef<'_>) -> std::result::Result<Self, String> {
+        match v {
+            rusqlite::types::ValueRef::Text(b) | rusqlite::types::ValueRef::Blob(b) => {
+                Ok(LossyText(String::from_utf8_lossy(b).into_owned()))
+            }
+            other => Err(format!("{} is not text", other.data_type())),
+        }
+    }
+    #[cfg(feature = "postgres")]
+    fn from_pg(row: &postgres::Row, i: usize) -> Result<Self> {
+        pg::lossy_text(row, i)?
+            .map(LossyText)
+            .ok_or_else(|| pg::null(row, i))
+    }
+}
+
 impl<T: FromSql> FromSql for Option<T> {
     fn from_sqlite(v: rusqlite::types::ValueRef<'_>) -> std::result::Result<Self, String> {
         match v {

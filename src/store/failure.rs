@@ -2,7 +2,7 @@
 //! queue, how it failed and the last line of its stderr, as the dashboard's overview lists
 //! them.
 
-use crate::store::db::Connection;
+use crate::store::db::{Connection, LossyText};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind};
@@ -73,7 +73,8 @@ pub(super) fn recent(conn: &Connection, limit: u32) -> Result<Vec<RecentFailure>
             _ if attempt == job_attempt => job_kind.as_deref().and_then(ErrorKind::parse),
             _ => None,
         };
-        let stderr: Option<String> = r.get(9)?;
+        // Lossy: the last 1024 bytes may start inside a character.
+        let stderr: Option<LossyText> = r.get(9)?;
         Ok(RecentFailure {
             job_id: r.get(0)?,
             at: r.get(1)?,
@@ -83,7 +84,7 @@ pub(super) fn recent(conn: &Connection, limit: u32) -> Result<Vec<RecentFailure>
             queue: r.get(5)?,
             argv: json_column(r, 6)?,
             error_kind,
-            stderr_last_line: stderr.as_deref().and_then(last_line),
+            stderr_last_line: stderr.and_then(|t| last_line(&t.0)),
         })
     })?;
     rows.collect::<Result<_>>()

@@ -46,4 +46,31 @@ crate::on_both! {
         assert_eq!(newest.argv, ["sh", "-c", "sleep 100"]);
         assert_eq!(newest.queue, "default");
     }
+
+    /// A failure's line is the last non-blank line of the last 1024 bytes of its stderr, read
+    /// as text even where the cut falls inside a character.
+    fn a_failures_line_is_the_last_line_of_its_stderrs_tail(db) {
+        let store = db.store();
+        let id = enqueue(&store, &Job::shell("false"));
+        let c = claim_one(&store, "w", T0);
+        // 'é' is two bytes; 1024 bytes from the end start in the middle of one.
+        let mut stderr = "é".repeat(600).into_bytes();
+        stderr.extend_from_slice(b"\nwarming up\nno such table: orders\n\n");
+        let finish = leasehold::protocol::Finish {
+            job_id: c.id,
+            run_token: c.run_token.clone(),
+            attempt: c.attempt,
+            ending: exit(1),
+            output: Some(leasehold::Output::new(c.attempt, Vec::new(), stderr, false, false)),
+            notes: Vec::new(),
+            max_recovery_attempts: 3,
+        };
+        store.finish(&finish, T0 + 1).unwrap();
+        let failure = &store.recent_failures(1).unwrap()[0];
+        assert_eq!(failure.job_id, id);
+        assert_eq!(
+            failure.stderr_last_line.as_deref(),
+            Some("no such table: orders")
+        );
+    }
 }

@@ -23,10 +23,13 @@ use super::{Kind, ValueRef, numbered_marks};
 /// - `x IS $n` (null-safe equality) is `x IS NOT DISTINCT FROM $n`;
 /// - two-argument `min`/`max` are `least`/`greatest`;
 /// - `CROSS JOIN t ON` (SQLite's fixed join order) is `JOIN t ON`;
-/// - `lower(hex(randomblob(16)))`, a run token, is 32 hex digits of a random UUID.
+/// - `lower(hex(randomblob(16)))`, a run token, is 32 hex digits of a random UUID;
+/// - the last 1024 bytes of an output (`substr(blob, -1024)`) are `substring(... FROM ...)`,
+///   bytes, read as text by [`lossy_text`];
+/// - `ORDER BY lease_expires_at`, where SQLite puts NULL first, says `NULLS FIRST`.
 pub(crate) fn postgres_text(sql: &str) -> String {
     let mut text = numbered_marks(sql);
-    let words: [(&str, &str); 10] = [
+    let words: [(&str, &str); 12] = [
         ("UPDATE OR FAIL ", "UPDATE "),
         ("json_group_array(", "json_agg("),
         ("ORDER BY rowid", "ORDER BY seq"),
@@ -45,6 +48,14 @@ pub(crate) fn postgres_text(sql: &str) -> String {
             "replace(gen_random_uuid()::text, '-', '')",
         ),
         ("FROM json_each(", "FROM json_array_elements_text("),
+        (
+            "CAST(substr(o.stderr, -1024) AS TEXT)",
+            "substring(o.stderr FROM greatest(length(o.stderr) - 1023, 1))",
+        ),
+        (
+            "ORDER BY lease_expires_at, id",
+            "ORDER BY lease_expires_at NULLS FIRST, id",
+        ),
         (" IS $", " IS NOT DISTINCT FROM $"),
     ];
     for (sqlite, pg) in words {
@@ -595,4 +606,14 @@ pub(crate) fn real(row: &postgres::Row, i: usize) -> Result<Option<f64>> {
 /// Column `i` as text.
 pub(crate) fn text(row: &postgres::Row, i: usize) -> Result<Option<String>> {
     Ok(row.try_get::<_, Option<String>>(i)?)
+}
+
+/// Column `i`, text or bytes, as text with what is not UTF-8 replaced (see
+/// [`LossyText`](super::LossyText)); `None` for NULL.
+pub(crate) fn lossy_text(row: &postgres::Row, i: usize) -> Result<Option<String>> {
+    if row.columns().get(i).map(postgres::Column::type_) == Some(&Type::BYTEA) {
+        let bytes: Option<Vec<u8>> = row.try_get(i)?;
+        return Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()));
+    }
+    text(row, i)
 }

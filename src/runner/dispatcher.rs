@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
+use crate::job::duration_ms;
 use crate::process;
 use crate::store::Claimed;
 
@@ -57,17 +58,19 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
             // Read before the claim, so the lease it takes ends no earlier than this reading
             // plus the TTL on the boot clock.
             let claimed_boot_ns = process::boot_clock_ns();
+            // The lease as this host counts it: from this reading, by this host's clock. On
+            // PostgreSQL the stored expiry is the server's clock, which may run ahead of or
+            // behind this host's; the lease ends no earlier than this reading plus the TTL in
+            // elapsed time, whatever the clocks say.
+            let claimed_at = crate::job::now_ms();
+            let expires_here = claimed_at.saturating_add(duration_ms(shared.config.lease_ttl));
             match writer.claim(u32::try_from(want).unwrap_or(u32::MAX), caps) {
                 Ok(jobs) => {
                     claimed_all = jobs.len() == want;
                     fresh_due = true;
                     for job in jobs {
-                        let registered = shared.register(
-                            &job.run_token,
-                            job.id,
-                            &job.queue,
-                            job.lease_expires_at,
-                        );
+                        let registered =
+                            shared.register(&job.run_token, job.id, &job.queue, expires_here);
                         if let Err(e) = registered {
                             // Out of descriptors: give the job back untouched, and claim
                             // nothing for a while rather than claim it again at once,
@@ -83,6 +86,7 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
                         if work
                             .send(Handed {
                                 job,
+                                claimed_at,
                                 claimed_boot_ns,
                             })
                             .is_err()
@@ -116,6 +120,8 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
 /// by it too, in case the wall clock went back while the job waited.
 pub(crate) struct Handed {
     pub job: Claimed,
+    /// This host's wall clock, in ms, read just before the claim.
+    pub claimed_at: i64,
     /// The boot clock, in ns, read just before the claim; `None` if it could not be read.
     pub claimed_boot_ns: Option<u64>,
 }

@@ -19,6 +19,7 @@ use super::shared::{Op, Shared, Writer, interrupted, panic_message};
 pub(crate) fn run(shared: &Shared, jobs: &Receiver<Handed>, writer: &Writer) {
     while let Ok(Handed {
         job,
+        claimed_at,
         claimed_boot_ns,
     }) = jobs.recv()
     {
@@ -38,7 +39,7 @@ pub(crate) fn run(shared: &Shared, jobs: &Receiver<Handed>, writer: &Writer) {
             Some((stop, expires)) => {
                 let lease = Lease {
                     expires_at: expires,
-                    claimed_at: job.lease_expires_at - duration_ms(shared.config.lease_ttl),
+                    claimed_at,
                     claimed_boot_ns,
                 };
                 match lease.distrust(&shared.config, now_ms(), process::boot_clock_ns()) {

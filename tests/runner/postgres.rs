@@ -183,3 +183,47 @@ fn announcements_wake_idle_runners_and_survive_a_cut() {
     b.shutdown().expect("runner b stops");
     assert_eq!(listeners(), 0, "a stopped runner listens no more");
 }
+
+/// Hosts' clocks differ from the server's, whose clock every lease is written in: a runner on
+/// a host a minute ahead of the server, and one on a host a minute behind (the server's
+/// `leasehold_now_ms()` is moved, as a skewed host would see it), runs its jobs once each, and
+/// its leases in the database stay the server's. A runner that counted a lease in the
+/// server's time by its own clock took a lease a minute in the past for a lost one and never
+/// started anything; one a minute in the future would fence itself a minute late.
+#[test]
+fn jobs_run_once_whether_the_servers_clock_is_ahead_or_behind() {
+    for skew_ms in [-60_000i64, 60_000] {
+        let db = TestDb::postgres("skew");
+        let store = db.store();
+        db.exec(&format!(
+            "CREATE OR REPLACE FUNCTION leasehold_now_ms() RETURNS BIGINT
+                 LANGUAGE sql VOLATILE PARALLEL SAFE
+                 AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                              + ({skew_ms}) $$"
+        ));
+        let runner = fast(&db.target()).start().expect("the runner starts");
+        let ids: Vec<i64> = (0..4)
+            .map(|_| runner.enqueue(&Job::shell("sleep 0.3")).expect("enqueue"))
+            .collect();
+        // While running, the lease is in the server's time.
+        let running = wait_for("a job to run", WAIT, || {
+            ids.iter()
+                .filter_map(|&id| store.job(id).ok())
+                .find(|j| j.status == Status::Running && j.lease_expires_at.is_some())
+        });
+        let server_now = db.scalar("SELECT leasehold_now_ms()");
+        let left = running.lease_expires_at.expect("a lease") - server_now;
+        assert!(
+            (0..=3_000).contains(&left),
+            "skew {skew_ms}: the lease ends {left} ms from the server's now"
+        );
+        for &id in &ids {
+            assert!(
+                matches!(outcome(&runner, id), Outcome::Succeeded),
+                "skew {skew_ms}: job {id}"
+            );
+            assert_eq!(store.job(id).expect("job").attempt, 1, "skew {skew_ms}");
+        }
+        runner.shutdown().expect("the runner stops");
+    }
+}

@@ -9,7 +9,9 @@
 // in the binaries that happen to use all of one kind.
 #![allow(dead_code, unused_imports)]
 
+pub mod cluster;
 pub mod exposition;
+pub mod host;
 pub mod pg;
 mod proc;
 mod runner;

@@ -1,0 +1,82 @@
+//! A PostgreSQL cluster of a test's own (`.ci/pg` on a port and folder of its own), for a test
+//! that restarts or stops its server: the shared test server (`LEASEHOLD_TEST_PG`) is never
+//! restarted, since other tests use it meanwhile.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::pg::pg_script;
+
+/// A throwaway cluster, stopped (and its folder removed) when this is dropped.
+pub struct Cluster {
+    port: u16,
+    dir: PathBuf,
+    /// The URL of its `postgres` database.
+    pub url: String,
+}
+
+impl Cluster {
+    /// Starts a cluster on 127.0.0.1:`port` with its data under `dir` (`bash .ci/pg start`,
+    /// which reuses one left running there). Fails the test with the script's output when it
+    /// cannot start.
+    pub fn start(port: u16, dir: impl Into<PathBuf>) -> Cluster {
+        let mut cluster = Cluster {
+            port,
+            dir: dir.into(),
+            url: String::new(),
+        };
+        let out = cluster.script("start").output().expect("bash runs .ci/pg");
+        assert!(
+            out.status.success(),
+            "bash .ci/pg start (port {port}, folder {}) failed ({}): {}",
+            cluster.dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        cluster
+    }
+
+    /// `pg_ctl restart -m fast` (`bash .ci/pg restart`), which ends every connection; returns
+    /// once the server accepts connections again.
+    pub fn restart(&self) {
+        let out = self.script("restart").output().expect("bash runs .ci/pg");
+        assert!(
+            out.status.success(),
+            "bash .ci/pg restart failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The server's log so far (`pg_ctl -l`), empty if it cannot be read.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    /// `bash .ci/pg ACTION` for this cluster.
+    fn script(&self, action: &str) -> Command {
+        let mut cmd = Command::new("bash");
+        cmd.arg(pg_script())
+            .arg(action)
+            .env("LEASEHOLD_PG_PORT", self.port.to_string())
+            .env("LEASEHOLD_PG_DIR", &self.dir);
+        cmd
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // No panic here: this runs as a failed test unwinds too.
+        match self.script("stop").output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "bash .ci/pg stop (port {}) failed ({}): {}",
+                self.port,
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("cannot run bash .ci/pg stop (port {}): {e}", self.port),
+        }
+    }
+}

@@ -125,6 +125,66 @@ pub(crate) fn make_attempt_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// The name of the file in an attempt's folder that tells its keeper when the attempt's lease
+/// runs out unless renewed (see [`write_lease`]).
+pub(crate) const LEASE_FILE: &str = "lease";
+
+/// When a keeper must stop its command because the runner could not renew the lease, by this
+/// host's boot clock (`CLOCK_BOOTTIME`, ms: counts a suspend, never stepped): SIGTERM to the
+/// group at `term_at`, SIGKILL at `kill_at`, both before the lease runs out by the margin the
+/// runner's own self-fence keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseFence {
+    pub term_at: u64,
+    pub kill_at: u64,
+}
+
+impl LeaseFence {
+    /// The fence of a lease that runs `ttl` from `since_boot_ns` (a boot-clock reading taken
+    /// before the claim or the renewal), stopping the command `grace + margin` before its end
+    /// and killing it `margin` before. `None` when the boot clock is unreadable.
+    pub(crate) fn of(
+        since_boot_ns: Option<u64>,
+        ttl: std::time::Duration,
+        grace: std::time::Duration,
+        margin: std::time::Duration,
+    ) -> Option<LeaseFence> {
+        let since = since_boot_ns? / 1_000_000;
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let end = since.saturating_add(ms(ttl));
+        let kill_at = end.saturating_sub(ms(margin)).max(since);
+        Some(LeaseFence {
+            term_at: kill_at.saturating_sub(ms(grace)).max(since),
+            kill_at,
+        })
+    }
+}
+
+/// Writes `fence` into the attempt folder `dir`'s [`LEASE_FILE`], for its keeper: three
+/// 20-digit numbers (`term_at`, `kill_at`, and their XOR, which tells a whole line from one
+/// read while it was being written), always at offset 0 of the same file, so that a renewal
+/// allocates nothing on a full disk after the first write.
+///
+/// # Errors
+///
+/// The file cannot be opened or written (the folder is gone: the attempt ended).
+pub(crate) fn write_lease(dir: &Path, fence: LeaseFence) -> io::Result<()> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let line = format!(
+        "{:020} {:020} {:020}\n",
+        fence.term_at,
+        fence.kill_at,
+        fence.term_at ^ fence.kill_at
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_CLOEXEC)
+        .open(dir.join(LEASE_FILE))?
+        .write_all_at(line.as_bytes(), 0)
+}
+
 /// The attempts folder (`<db>-attempts`) that holds the attempt folder `dir`.
 pub(crate) fn folder_of(dir: &Path) -> &Path {
     dir.ancestors().nth(2).unwrap_or(dir)

@@ -92,6 +92,7 @@ impl AttemptSpec {
             cwd: self.cwd.as_deref(),
             job_id: self.job_id,
             run_token: &self.run_token,
+            fence: self.files.as_ref().and_then(|f| f.fence),
         }
     }
 }

@@ -38,6 +38,17 @@
  * outcome on disk, which recovery relies on when it checks the keeper before the outcome. An
  * outcome that cannot be written (a full disk) is retried every second until it is on disk,
  * unless the runner released the command.
+ *
+ * The lease fence. While ATTEMPT_DIR/lease exists (a runner on a PostgreSQL database writes
+ * it before the keeper starts and after each renewal; src/files.rs `write_lease`), it says by
+ * this host's boot clock when the lease runs out unrenewed: "TERM_AT KILL_AT CHECK\n", 20
+ * digits each, CHECK = TERM_AT ^ KILL_AT (a line read while it was being rewritten fails the
+ * check and is read again next time). Past TERM_AT the keeper sends SIGTERM to the command's
+ * group, past KILL_AT SIGKILL: a runner frozen, or cut off from the database, has its attempt
+ * stopped before its lease runs out and another host's runner may claim the job again. A
+ * fenced attempt has no outcome: the keeper reaps the command and exits 3 without writing
+ * one or saying `exited`, so whoever looks finds the attempt lost, not failed. A runner that
+ * leaves its attempts running on purpose removes the file, and no fence applies.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -93,6 +104,23 @@ struct stream {
 
 static uint64_t cap;   /* per stream; 0 = no cap */
 static int folder = -1; /* ATTEMPT_DIR, where the streams' files are made */
+
+/* Reads ATTEMPT_DIR/lease into term_at and kill_at; 0 when the file is missing or the line
+ * was not whole (then the values are left as they were). */
+static int read_lease(int dir, int64_t *term_at, int64_t *kill_at) {
+    int fd = openat(dir, "lease", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char text[80];
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    close(fd);
+    if (n < 62) return 0;
+    text[n] = 0;
+    unsigned long long t, k, c;
+    if (sscanf(text, "%llu %llu %llu", &t, &k, &c) != 3 || (t ^ k) != c) return 0;
+    *term_at = (int64_t)t;
+    *kill_at = (int64_t)k;
+    return 1;
+}
 
 static int64_t now_ms(clockid_t clock) {
     struct timespec ts;
@@ -384,8 +412,34 @@ int main(int argc, char **argv, char **envp) {
     int released = 0;
     size_t heard = 0;
     int64_t ended_at = 0, deadline = 0, retry_at = 0;
+    /* The lease fence: the lease's times as last read, and how far the fence went (0: not,
+     * 1: SIGTERM sent, 2: SIGKILL sent). */
+    int64_t term_at = 0, kill_at = 0, lease_checked = 0;
+    int fenced = 0, fence = 0;
     for (;;) {
         int64_t now = now_ms(CLOCK_MONOTONIC);
+        if (!exited && now - lease_checked >= 100) {
+            lease_checked = now;
+            int leased = read_lease(dir, &term_at, &kill_at);
+            fence = fence || leased; /* a file seen once: a fence applies while it stays */
+            if (leased) {
+                int64_t boot = now_ms(CLOCK_BOOTTIME);
+                if (boot >= kill_at && fenced < 2) {
+                    kill(-pid, SIGKILL);
+                    fenced = 2;
+                } else if (boot >= term_at && fenced < 1) {
+                    kill(-pid, SIGTERM);
+                    fenced = 1;
+                }
+            } else if (fence && faccessat(dir, "lease", F_OK, 0) != 0 && errno == ENOENT) {
+                fence = 0; /* removed: the runner left the attempt running on purpose */
+            }
+        }
+        if (exited && fenced) {
+            /* Stopped by the fence: no outcome, no `exited`: the attempt is lost. */
+            waitpid(pid, NULL, 0);
+            return 3;
+        }
         int pipes = (s[0].pipe >= 0) + (s[1].pipe >= 0);
         if (exited && !reported && (pipes == 0 || now >= deadline)) {
             if (pipes && control < 0 && !open_at_deadline) {
@@ -439,6 +493,7 @@ int main(int argc, char **argv, char **envp) {
         if (control >= 0) fds[n++] = (struct pollfd){.fd = control, .events = POLLIN};
         if (!exited && pidfd >= 0) fds[n++] = (struct pollfd){.fd = pidfd, .events = POLLIN};
         if (!exited && pidfd < 0) timeout = 50;
+        if (!exited && fence) timeout = 100; /* the lease file is read again */
         if (exited && !reported) timeout = (int)(deadline > now ? deadline - now : 0);
         if (reported && control < 0 && !written) timeout = (int)(retry_at > now ? retry_at - now : 0);
         if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR)

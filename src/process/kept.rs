@@ -63,6 +63,9 @@ pub(crate) struct KeptFiles {
     pub folder: PathBuf,
     /// The cap of each stream's file, in bytes (0: none).
     pub cap: u64,
+    /// When the keeper stops the command unless the runner renews the lease (written to the
+    /// attempt's folder before the keeper starts); `None`: the keeper never stops it itself.
+    pub fence: Option<crate::files::LeaseFence>,
 }
 
 /// An attempt's output files as a supervisor reads them: their change times, which the idle

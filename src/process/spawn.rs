@@ -498,6 +498,8 @@ pub(super) struct Command<'a> {
     pub job_id: i64,
     /// Exported to the attempt as `LEASEHOLD_RUN_TOKEN`.
     pub run_token: &'a str,
+    /// Under a keeper: the lease fence it starts with (see [`files::write_lease`]).
+    pub fence: Option<files::LeaseFence>,
 }
 
 /// A started main process and the parent's ends of its output pipes.
@@ -662,6 +664,13 @@ pub(super) fn spawn_kept_from(
         message: format!("spawn {program:?}: attempt folder {attempt_dir:?}: {e}"),
         resources: true,
     })?;
+    // Before the keeper starts: a runner frozen from here on is fenced by its keeper.
+    if let Some(fence) = cmd.fence {
+        files::write_lease(attempt_dir, fence).map_err(|e| SpawnError {
+            message: format!("spawn {program:?}: lease file in {attempt_dir:?}: {e}"),
+            resources: true,
+        })?;
+    }
     // The attempts folder (`<db>-attempts`), where the keeper's program is written if
     // it cannot run from memory.
     let fallback_dir = files::folder_of(attempt_dir);
@@ -743,6 +752,7 @@ mod tests {
                 cwd: self.cwd.as_deref(),
                 job_id: 7,
                 run_token: &self.run_token,
+                fence: None,
             };
             spawn(&cmd, &self.argv[0])
         }

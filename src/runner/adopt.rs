@@ -118,7 +118,14 @@ impl Pending {
             };
             let expires =
                 now_ms() + i64::try_from(shared.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
-            if let Err(e) = shared.register(&kept.run_token, kept.job_id, &kept.queue, expires) {
+            let lease_dir = shared.lease_dir(kept.job_id, kept.attempt, &kept.run_token);
+            if let Err(e) = shared.register(
+                &kept.run_token,
+                kept.job_id,
+                &kept.queue,
+                expires,
+                lease_dir,
+            ) {
                 // Its lease runs out unrenewed and the next sweep judges it again.
                 log::error!("job {}: cannot follow its keeper: {e}", kept.job_id);
                 continue;
@@ -177,6 +184,8 @@ fn follow(shared: &Shared, kept: KeptAttempt, keeper: LiveKeeper, writer: &Write
         files: Some(KeptFiles {
             folder: shared.attempts_folder.clone(),
             cap: cfg.output_cap,
+            // Its keeper runs already; the heartbeat keeps its lease file.
+            fence: None,
         }),
         timeout: kept.timeout,
         idle_timeout: kept.idle_timeout,

@@ -69,8 +69,13 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
                     claimed_all = jobs.len() == want;
                     fresh_due = true;
                     for job in jobs {
-                        let registered =
-                            shared.register(&job.run_token, job.id, &job.queue, expires_here);
+                        let registered = shared.register(
+                            &job.run_token,
+                            job.id,
+                            &job.queue,
+                            expires_here,
+                            shared.lease_dir(job.id, job.attempt, &job.run_token),
+                        );
                         if let Err(e) = registered {
                             // Out of descriptors: give the job back untouched, and claim
                             // nothing for a while rather than claim it again at once,

@@ -16,7 +16,7 @@ use super::shared::Shared;
 /// lease, so the renewal is always tried.
 const MIN_RENEW_BUDGET: Duration = Duration::from_millis(250);
 /// Margin kept between fencing an attempt and its lease running out, beyond the kill grace.
-const FENCE_MARGIN: Duration = Duration::from_millis(250);
+pub(crate) const FENCE_MARGIN: Duration = Duration::from_millis(250);
 
 /// Renews leases every heartbeat interval until `stop` is closed, or until the runner has
 /// fenced itself after a thread failed: its leases must then run out, so that other runners
@@ -58,6 +58,7 @@ pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
         .max(MIN_RENEW_BUDGET);
     store.set_busy_timeout(budget);
     let at = now_ms();
+    let at_boot = crate::process::boot_clock_ns();
     let started = std::time::Instant::now();
     match store.renew(&shared.worker_id, &tokens, cfg.lease_ttl, at) {
         Ok(renewal) => {
@@ -66,9 +67,17 @@ pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
                 .renew_nanos
                 .store(took.max(1), std::sync::atomic::Ordering::Relaxed);
             let mut running = shared.running.lock();
+            let fence =
+                crate::files::LeaseFence::of(at_boot, cfg.lease_ttl, cfg.kill_grace, FENCE_MARGIN);
             for token in &renewal.renewed {
                 if let Some(r) = running.get_mut(token) {
                     r.lease_expires_at = at + duration_ms(cfg.lease_ttl);
+                    if let (Some(dir), Some(fence)) = (&r.lease_dir, fence) {
+                        // Gone with its attempt, or not made yet: nothing to keep.
+                        if let Err(e) = crate::files::write_lease(dir, fence) {
+                            log::debug!("job {}: lease file: {e}", r.job_id);
+                        }
+                    }
                 }
             }
             for token in &renewal.lost {

@@ -191,6 +191,14 @@ pub fn tear_down_lost_attempts(
 /// see, and keeps its marker.
 fn reachable(lost: LostAttempt, here: &Namespace) -> Option<(LostAttempt, Option<String>)> {
     match teardown_reach(lost.namespace.as_ref(), here) {
+        // Its lease expired (a marker is made no earlier), and its keeper stops a lease's
+        // attempt by then, frozen or cut-off runner or not: nothing is left to signal.
+        Reach::Elsewhere(why) if lost.fenced_by_keeper => {
+            let detail = format!(
+                "stopped by its keeper at the end of its lease ({why}; not verified from here)"
+            );
+            Some((lost, Some(detail)))
+        }
         Reach::Elsewhere(why) => {
             log::debug!("job {} attempt {}: {why}", lost.job_id, lost.attempt);
             None

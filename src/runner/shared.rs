@@ -22,6 +22,9 @@ pub(crate) struct Running {
     pub stop: StopHandle,
     /// When its lease runs out, as last written (wall clock, ms).
     pub lease_expires_at: i64,
+    /// The attempt's folder, whose lease file the heartbeat rewrites at each renewal for the
+    /// keeper's fence (on PostgreSQL, with keepers; see [`Shared::fences`]).
+    pub lease_dir: Option<std::path::PathBuf>,
 }
 
 /// The state the runner's threads share.
@@ -171,6 +174,7 @@ impl Shared {
         job_id: i64,
         queue: &str,
         lease_expires_at: i64,
+        lease_dir: Option<std::path::PathBuf>,
     ) -> std::io::Result<()> {
         let stop = StopHandle::new()?;
         self.running.lock().insert(
@@ -180,9 +184,30 @@ impl Shared {
                 queue: queue.to_owned(),
                 stop,
                 lease_expires_at,
+                lease_dir,
             },
         );
         Ok(())
+    }
+
+    /// Whether this runner's keepers stop their commands when its leases run out unrenewed
+    /// (a lease file in each attempt's folder, see `keeper.c`): on PostgreSQL, where a runner
+    /// on another host takes a job again on its lease's expiry alone, and cannot see the
+    /// processes of a frozen or cut-off runner's attempt. On SQLite every runner of a file is
+    /// on one host and waits until the attempt's processes are torn down where they are seen.
+    pub(crate) fn fences(&self) -> bool {
+        self.config.keepers && crate::store::pg::is_url(&self.config.path)
+    }
+
+    /// The lease file's folder for an attempt of this runner, when [`Shared::fences`].
+    pub(crate) fn lease_dir(
+        &self,
+        job_id: i64,
+        attempt: i64,
+        token: &str,
+    ) -> Option<std::path::PathBuf> {
+        self.fences()
+            .then(|| crate::files::attempt_dir(&self.attempts_folder, job_id, attempt, token))
     }
 
     /// The attempt under `token` has ended (its ending is committed, or given up on).

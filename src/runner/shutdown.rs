@@ -120,6 +120,11 @@ impl Runner {
                 StopReason::Shutdown
             };
             for r in running.values() {
+                if leave && let Some(dir) = &r.lease_dir {
+                    // Left running on purpose: its keeper's fence no longer applies (the
+                    // next runner of this host adopts it; no other host takes it meanwhile).
+                    let _ = std::fs::remove_file(dir.join(crate::files::LEASE_FILE));
+                }
                 r.stop.stop(reason);
             }
             running.values().map(|r| r.job_id).collect()

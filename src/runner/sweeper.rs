@@ -547,6 +547,7 @@ mod tests {
                 queue: "default".into(),
                 stop: process::StopHandle::new().unwrap(),
                 lease_expires_at: now_ms(),
+                lease_dir: None,
             },
         );
         let report = me.sweep_once(later).unwrap();

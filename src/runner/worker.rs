@@ -206,6 +206,17 @@ fn run_one(
         files: cfg.keepers.then(|| process::KeptFiles {
             folder: shared.attempts_folder.clone(),
             cap: cfg.output_cap,
+            fence: shared
+                .fences()
+                .then(|| {
+                    crate::files::LeaseFence::of(
+                        lease.claimed_boot_ns,
+                        cfg.lease_ttl,
+                        cfg.kill_grace,
+                        super::heartbeat::FENCE_MARGIN,
+                    )
+                })
+                .flatten(),
         }),
         timeout: job.timeout,
         idle_timeout: job.idle_timeout,

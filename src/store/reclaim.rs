@@ -131,6 +131,11 @@ pub struct LostAttempt {
     /// Where its pids mean something: its runner's host, boot and PID namespace (None when its
     /// runner is unknown or registered before schema version 9).
     pub namespace: Option<Namespace>,
+    /// Whether its keeper stops it by the end of its lease: on PostgreSQL, an attempt that ran
+    /// under a keeper (which reads the lease file its runner renews) of a runner that did not
+    /// stop (one that stops with `--on-exit leave` removes the file). Such an attempt is gone
+    /// once its lease expired, wherever it ran, unless its host's clock and kernel failed.
+    pub fenced_by_keeper: bool,
 }
 
 /// One reclaimed job.
@@ -386,6 +391,8 @@ pub(super) fn reclaim(
                 start_time: start.map(|s| s as u64),
                 worker_id: worker.clone(),
                 namespace: None,
+                // What the teardown reads of it comes from its marker (`teardown_of`).
+                fenced_by_keeper: false,
             },
             worker_id: worker,
             status,
@@ -505,7 +512,8 @@ pub(super) fn lost_verdict(
 /// What [`pending_teardowns`] and [`teardown_of`] read: the marker and its runner's namespace.
 const TEARDOWN_SQL: &str =
     "SELECT j.id, j.attempt, j.teardown_token, j.teardown_pgid, j.teardown_start_time,
-            j.teardown_worker, r.host, r.boot_id, r.pid_ns
+            j.teardown_worker, r.host, r.boot_id, r.pid_ns,
+            j.keeper_pid IS NOT NULL AND r.worker_id IS NOT NULL AND r.stopped_at IS NULL
      FROM jobs j {index} LEFT JOIN runners r ON r.worker_id = j.teardown_worker";
 
 fn lost_attempt(r: &crate::store::db::Row<'_>) -> Result<LostAttempt> {
@@ -527,7 +535,14 @@ fn lost_attempt(r: &crate::store::db::Row<'_>) -> Result<LostAttempt> {
             }),
             _ => None,
         },
+        fenced_by_keeper: r.get(9)?,
     })
+}
+
+/// Only a PostgreSQL database's runners write lease files for their keepers.
+fn with_fences(conn: &Connection, mut lost: LostAttempt) -> LostAttempt {
+    lost.fenced_by_keeper &= conn.sqlite().is_none();
+    lost
 }
 
 /// The statement of [`pending_teardowns`]. Parameters: after, limit.
@@ -548,7 +563,8 @@ pub(super) fn pending_teardowns(
 ) -> Result<Vec<LostAttempt>> {
     let mut stmt = conn.prepare_cached(&pending_teardowns_sql())?;
     let rows = stmt.query_map(params![after, limit as i64], lost_attempt)?;
-    rows.collect::<Result<_>>()
+    rows.map(|l| l.map(|l| with_fences(conn, l)))
+        .collect::<Result<_>>()
 }
 
 /// Job `id`'s teardown marker, if it has one.
@@ -557,7 +573,10 @@ pub(super) fn teardown_of(conn: &Connection, id: i64) -> Result<Option<LostAttem
     let mut stmt = conn.prepare_cached(&format!(
         "{from} WHERE j.id = ?1 AND j.teardown_token IS NOT NULL"
     ))?;
-    stmt.query_row([id], lost_attempt).optional()
+    Ok(stmt
+        .query_row([id], lost_attempt)
+        .optional()?
+        .map(|l| with_fences(conn, l)))
 }
 
 pub(super) fn record_teardown(

@@ -233,6 +233,7 @@ fn idle_timeout_of_a_kept_attempt_that_never_writes_counts_from_its_start() {
     spec.files = Some(KeptFiles {
         folder: folder.path().to_path_buf(),
         cap: 0,
+        fence: None,
     });
     spec.idle_timeout = Some(Duration::from_millis(300));
     let (r, c) = run_spec(&spec);

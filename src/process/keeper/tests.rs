@@ -17,6 +17,8 @@ struct Job {
     base_env: BaseEnv,
     token: String,
     folder: tempfile::TempDir,
+    /// The lease fence the keeper starts with.
+    fence: Option<files::LeaseFence>,
 }
 
 impl Job {
@@ -28,6 +30,7 @@ impl Job {
             base_env: BaseEnv::current(),
             token: token(&format!("keeper-{name}")),
             folder: tempfile::tempdir().expect("tempdir"),
+            fence: None,
         }
     }
 
@@ -49,6 +52,7 @@ impl Job {
             cwd: self.cwd.as_deref(),
             job_id: 1,
             run_token: &self.token,
+            fence: self.fence,
         }
     }
 
@@ -284,6 +288,49 @@ fn a_stream_past_its_cap_keeps_its_head_a_marker_with_the_exact_count_and_its_ta
         }
         assert_eq!(run.release(), Some(0));
     }
+}
+
+/// The lease fence: with a lease file whose times pass while the runner says nothing (frozen,
+/// or cut off from the database), the keeper sends SIGTERM to the command's group, then
+/// SIGKILL, and exits 3 with no outcome and no `exited`: the attempt is lost, not failed. A
+/// renewal (the file rewritten later) keeps the command running; a removed file (a runner
+/// that left its attempt on purpose) ends the fence.
+#[test]
+fn the_lease_fence_stops_an_unrenewed_attempt_and_leaves_no_outcome() {
+    let boot_ms = || proc::boot_clock_ns().expect("the boot clock") / 1_000_000;
+    let fence_in = |ms: u64| files::LeaseFence {
+        term_at: boot_ms() + ms,
+        kill_at: boot_ms() + ms + 300,
+    };
+    // Ignores SIGTERM: only the SIGKILL after it ends it.
+    let mut job = Job::sh("trap '' TERM; sleep 30", "fence");
+    job.fence = Some(fence_in(600));
+    let mut run = job.start(0, DRAIN);
+    // Renewed twice in time: the command outlives the first times.
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(300));
+        files::write_lease(&job.dir(), fence_in(600)).expect("renewed");
+    }
+    let renewed_until = boot_ms() + 600;
+    let Kept {
+        mut keeper,
+        control,
+        ..
+    } = run.0.take().expect("started");
+    assert_eq!(keeper_exit(&mut keeper), Some(3));
+    assert!(
+        boot_ms() >= renewed_until,
+        "stopped before the renewed lease's times"
+    );
+    assert!(job.outcome().is_none(), "a fenced attempt has no outcome");
+    drop(control);
+
+    // The same with the file removed while it runs: no fence, the command's own ending.
+    let mut left = Job::sh("sleep 1.2; exit 4", "fence-left");
+    left.fence = Some(fence_in(400));
+    let mut run = left.start(0, DRAIN);
+    std::fs::remove_file(left.dir().join(files::LEASE_FILE)).expect("removed");
+    run.assert_exited(4);
 }
 
 #[test]

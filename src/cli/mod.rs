@@ -4,6 +4,7 @@
 mod arg;
 mod db;
 mod follow;
+mod hosts;
 mod jobs;
 mod options;
 mod progress;
@@ -133,8 +134,13 @@ enum Command {
     /// Limit, pause and resume queues for every runner on this file, and list them.
     #[command(subcommand, arg_required_else_help = false)]
     Queues(QueuesCommand),
-    /// Job counts by status, the lease counters (`job_leases`) and the runners on this file.
+    /// Job counts by status, the lease counters (`job_leases`) and the runners on this file,
+    /// by host.
     Status(StatusArgs),
+    /// The hosts whose runners share this database, and an operator's declaration that one
+    /// is gone for good.
+    #[command(subcommand, arg_required_else_help = false)]
+    Hosts(HostsCommand),
     /// Run jobs in the foreground until SIGINT or SIGTERM (or, with --until-idle, until none
     /// is left).
     Run(RunArgs),
@@ -275,6 +281,39 @@ enum QueuesCommand {
     /// Every queue with unfinished jobs or a setting: pending, running, limit, paused, and
     /// how long its oldest ready job has waited.
     Ls(JsonArg),
+}
+
+#[derive(Debug, Subcommand)]
+enum HostsCommand {
+    /// Every host with a registered runner, a running job or a lost attempt waiting for a
+    /// runner there: its runners (alive, dead, or not checkable from here), their leases, and
+    /// the lost attempts that wait.
+    Ls(JsonArg),
+    /// Declare a host gone for good: end its jobs' leases now (they are requeued within their
+    /// recovery budget), record every lost attempt of its runners torn down without seeing
+    /// its processes (each says what was not verified), and record its runners stopped.
+    /// Refused for this host, and for a host whose runners renewed within a lease TTL
+    /// (unless --force).
+    Gone(HostGoneArgs),
+}
+
+#[derive(Debug, Args)]
+struct HostGoneArgs {
+    /// The host, as its runners recorded it (`leasehold hosts ls`).
+    #[arg(value_name = "HOST", value_parser = OsStringValueParser::new().try_map(arg::text))]
+    host: String,
+    /// Do it: the host's processes cannot be seen from here, so only the operator knows they
+    /// are gone.
+    #[arg(long)]
+    yes: bool,
+    /// Go ahead even while a runner there renewed within its lease TTL, or a lease of its
+    /// jobs has not expired (a live runner kills its attempts at its next renewal; until then
+    /// a job may run twice at once).
+    #[arg(long)]
+    force: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -573,6 +612,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Schedules(c) => schedules::run(db, c),
         Command::Status(a) if a.prometheus => status::prometheus(db),
         Command::Status(a) => status::status(db, a.json),
+        Command::Hosts(HostsCommand::Ls(a)) => hosts::ls(db, a.json),
+        Command::Hosts(HostsCommand::Gone(a)) => hosts::gone(db, &a.host, a.yes, a.force, a.json),
         Command::Run(a) => run::run(db, &a),
         Command::Serve(a) => serve::serve(
             db,

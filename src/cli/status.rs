@@ -1,5 +1,5 @@
 //! `leasehold status`: the database's size, counts by status, the runbook's `job_leases`
-//! counters, the runners; or, with `--prometheus`, the metrics' exposition.
+//! counters, the runners by host; or, with `--prometheus`, the metrics' exposition.
 
 use std::io::Write;
 use std::path::Path;
@@ -7,8 +7,9 @@ use std::path::Path;
 use leasehold::{now_ms, operator};
 use serde_json::{Value, json};
 
+use super::hosts;
 use super::open_read_only;
-use super::render::{self, print_json};
+use super::render::print_json;
 
 /// `status --prometheus`: the metrics in the Prometheus text format, read without a write.
 pub fn prometheus(db: &Path) -> anyhow::Result<()> {
@@ -38,6 +39,7 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
         })
         .collect();
     let waits = operator::teardown_waits(&store, TEARDOWN_WAITS_SHOWN)?;
+    let hosts = operator::hosts(&store, hosts::LOST_READ)?;
     // Running jobs left to their keepers by a runner that stopped or died.
     let running = store.list(&leasehold::ListFilter {
         status: Some(leasehold::Status::Running),
@@ -87,6 +89,10 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
                 "max_recovery_attempts": max_recovery,
             },
             "runners": runners,
+            "hosts": hosts
+                .iter()
+                .map(|h| hosts::host_json(h, false))
+                .collect::<Vec<Value>>(),
             "teardown_waits": waits
                 .iter()
                 .map(|(why, ids)| json!({"why": why, "jobs": ids}))
@@ -128,20 +134,13 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
     ] {
         writeln!(out, "  {name}={value}")?;
     }
-    if runners.is_empty() {
+    if hosts.is_empty() {
         writeln!(out, "runners: none")?;
     } else {
-        writeln!(out, "runners:")?;
-        for (r, alive) in &runners {
-            writeln!(
-                out,
-                "  {} pid={} host={} pid_ns={} alive={alive} heartbeat_at={}",
-                r.worker_id,
-                r.pid,
-                r.host,
-                r.pid_ns.map_or("-".to_string(), |n| n.to_string()),
-                render::time(r.heartbeat_at)
-            )?;
+        writeln!(out, "runners by host:")?;
+        let now = now_ms();
+        for h in &hosts {
+            hosts::print_host(&mut out, h, "  ", now)?;
         }
     }
     for (id, why) in &kept {

@@ -22,6 +22,11 @@ use crate::job::{JobRecord, Status, now_ms};
 use crate::process::{self, AttemptIdentity};
 use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, LostAttempt, Namespace, RunnerRecord, Store};
 
+pub use crate::store::hosts::HeldLease;
+pub use host::{ForcedTeardown, Host, HostGone, HostRunner, host_gone, hosts};
+
+mod host;
+
 use super::builder::{DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE, DEFAULT_LEASE_TTL};
 
 /// How many lost attempts are torn down together, in one kill sequence (SIGTERM to all, one
@@ -381,10 +386,12 @@ pub fn teardown_wait(store: &Store, job: i64) -> Result<Option<String>> {
     let Some(ns) = store.teardown_of(job)?.and_then(|lost| lost.namespace) else {
         return Ok(None);
     };
-    if ended_with_its_boot(&ns, &Namespace::here()) {
+    let here = Namespace::here();
+    if ended_with_its_boot(&ns, &here) {
         return Ok(None);
     }
-    Ok(Some(wait_line(&ns, &store.runners()?)))
+    let now = store.clock(now_ms())?;
+    Ok(Some(wait_line(&ns, &store.runners()?, &here, now)))
 }
 
 /// Whether an attempt of a runner in `ns` ended with its boot, as seen from here: any runner
@@ -401,13 +408,14 @@ fn ended_with_its_boot(ns: &Namespace, here: &Namespace) -> bool {
 /// A database error.
 pub fn teardown_waits(store: &Store, limit: u64) -> Result<Vec<(String, Vec<i64>)>> {
     let runners = store.runners()?;
+    let now = store.clock(now_ms())?;
     let here = Namespace::here();
     let mut waits: Vec<(String, Vec<i64>)> = Vec::new();
     for lost in store.pending_teardowns(limit)? {
         let Some(ns) = lost.namespace.filter(|ns| !ended_with_its_boot(ns, &here)) else {
             continue;
         };
-        let line = wait_line(&ns, &runners);
+        let line = wait_line(&ns, &runners, &here, now);
         match waits.iter_mut().find(|(l, _)| *l == line) {
             Some((_, ids)) => ids.push(lost.job_id),
             None => waits.push((line, vec![lost.job_id])),
@@ -417,9 +425,10 @@ pub fn teardown_waits(store: &Store, limit: u64) -> Result<Vec<(String, Vec<i64>
 }
 
 /// [`waits_for`], and whether one of `runners` that may be alive ([`runner_alive`]) is in
-/// that namespace.
-fn wait_line(ns: &Namespace, runners: &[RunnerRecord]) -> String {
-    let there: Vec<&str> = runners
+/// that namespace, and renews (at `now`, database time); for another host than `here`, the
+/// operator's command for a host gone for good.
+fn wait_line(ns: &Namespace, runners: &[RunnerRecord], here: &Namespace, now: i64) -> String {
+    let there: Vec<&RunnerRecord> = runners
         .iter()
         .filter(|r| {
             runner_alive(r)
@@ -428,21 +437,49 @@ fn wait_line(ns: &Namespace, runners: &[RunnerRecord]) -> String {
                 && r.pid_ns.is_some()
                 && r.pid_ns == ns.pid_ns
         })
-        .map(|r| r.worker_id.as_str())
         .collect();
-    if there.is_empty() {
-        format!(
-            "{}: no runner is registered there (start one there, or force it with \
-             `leasehold jobs retry --force`)",
-            waits_for(ns)
-        )
+    let gone = if ns.host == here.host {
+        String::new()
     } else {
         format!(
-            "{}: runner {} is there and tears it down at its next sweep",
-            waits_for(ns),
-            there.join(", ")
+            "; for every job of a host gone for good, `leasehold hosts gone {} --yes`",
+            ns.host
         )
+    };
+    if there.is_empty() {
+        return format!(
+            "{}: no runner is registered there (start one there, or force it with \
+             `leasehold jobs retry --force`{gone})",
+            waits_for(ns),
+        );
     }
+    let names = there
+        .iter()
+        .map(|r| r.worker_id.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    // A runner there that has not renewed for a lease TTL cannot be seen to be alive: it may
+    // be frozen, cut off, or gone with its host.
+    if there
+        .iter()
+        .all(|r| now.saturating_sub(r.heartbeat_at) > r.lease_ttl_ms)
+    {
+        let silent = there
+            .iter()
+            .map(|r| now - r.heartbeat_at)
+            .min()
+            .unwrap_or(0);
+        return format!(
+            "{}: runner {names} is registered there but silent for {:.1}s, longer than its \
+             lease TTL (it tears it down if it comes back{gone})",
+            waits_for(ns),
+            silent as f64 / 1000.0
+        );
+    }
+    format!(
+        "{}: runner {names} is there and tears it down at its next sweep",
+        waits_for(ns),
+    )
 }
 
 /// An operator's forced teardown of job `id`'s lost attempt: records `torn_down` without
@@ -459,14 +496,11 @@ pub fn force_teardown(store: &Store, id: i64) -> Result<Option<String>> {
     };
     let here = Namespace::here();
     let detail = match teardown_reach(lost.namespace.as_ref(), &here) {
-        Reach::Elsewhere(_) => format!(
-            "forced by the operator: not verified that attempt {} is gone (it ran in {}; \
-             this command runs in {})",
-            lost.attempt,
-            lost.namespace
-                .as_ref()
-                .map_or("an unknown namespace".to_string(), place),
-            place(&here)
+        Reach::Elsewhere(_) => unverified(
+            "forced by the operator",
+            &lost,
+            lost.namespace.as_ref(),
+            &here,
         ),
         Reach::Gone(why) => why,
         Reach::Here => {
@@ -486,12 +520,89 @@ pub fn force_teardown(store: &Store, id: i64) -> Result<Option<String>> {
     }
 }
 
+/// The detail of a `torn_down` event recorded without seeing the processes of `lost`, whose
+/// runner ran in `ns`: who forced it, and that it is not verified, and why.
+fn unverified(who: &str, lost: &LostAttempt, ns: Option<&Namespace>, here: &Namespace) -> String {
+    format!(
+        "{who}: not verified that attempt {} is gone (it ran in {}; this command runs in {})",
+        lost.attempt,
+        ns.map_or("an unknown namespace".to_string(), place),
+        place(here)
+    )
+}
+
 /// Whether the runner `r` may still be alive, as far as this process can tell: a runner on
 /// another host, or one whose process is still the one that registered, may be; a runner of
 /// this host whose boot id differs is dead, and one in this boot and PID namespace whose pid
-/// is gone or now belongs to another process. Stopped runners are not alive.
+/// is gone or now belongs to another process. Stopped runners are not alive. [`liveness`]
+/// says which, and why.
 pub fn runner_alive(r: &RunnerRecord) -> bool {
-    r.stopped_at.is_none() && runner_death_evidence(r, &Namespace::here()).is_none()
+    liveness(r).may_be_alive()
+}
+
+/// What this process can tell of a runner's life ([`liveness`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Liveness {
+    /// Its process is the one that registered, checked here: the same host, boot and PID
+    /// namespace.
+    Alive,
+    /// It stopped, or it is dead by evidence this process can see: which.
+    Dead(String),
+    /// It may be alive: its process cannot be checked from here (another host, another PID
+    /// namespace, a namespace not recorded); why.
+    Unchecked(String),
+}
+
+impl Liveness {
+    /// Whether the runner may be alive ([`runner_alive`]): alive, or not checkable from here.
+    pub fn may_be_alive(&self) -> bool {
+        !matches!(self, Liveness::Dead(_))
+    }
+}
+
+impl std::fmt::Display for Liveness {
+    /// `alive`, `dead: <evidence>`, or `cannot be checked from here: <why>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Liveness::Alive => f.write_str("alive"),
+            Liveness::Dead(why) => write!(f, "dead: {why}"),
+            Liveness::Unchecked(why) => write!(f, "cannot be checked from here: {why}"),
+        }
+    }
+}
+
+/// Whether the runner `r` is alive, dead, or cannot be checked from here, and why: the
+/// judgement of [`runner_alive`], which a sweeper makes too (see `runner_death_evidence`).
+pub fn liveness(r: &RunnerRecord) -> Liveness {
+    liveness_from(r, &Namespace::here())
+}
+
+fn liveness_from(r: &RunnerRecord, here: &Namespace) -> Liveness {
+    if r.stopped_at.is_some() {
+        return Liveness::Dead("it stopped".to_string());
+    }
+    if let Some(why) = runner_death_evidence(r, here) {
+        return Liveness::Dead(why);
+    }
+    // Not dead by evidence: either its process was found (same host, boot and namespace),
+    // or nothing about it can be seen from here.
+    let why = if r.host != here.host {
+        "another host".to_string()
+    } else if r.boot_id.is_empty() || here.boot_id.is_empty() {
+        "a boot id is unknown".to_string()
+    } else if r.pid_ns.is_none() || here.pid_ns.is_none() {
+        "its PID namespace is not recorded".to_string()
+    } else if r.pid_ns != here.pid_ns {
+        format!(
+            "another PID namespace ({}, this process is in {})",
+            r.pid_ns.unwrap_or_default(),
+            here.pid_ns.unwrap_or_default()
+        )
+    } else {
+        return Liveness::Alive;
+    };
+    Liveness::Unchecked(why)
 }
 
 impl Namespace {
@@ -539,5 +650,61 @@ pub(crate) fn runner_death_evidence(r: &RunnerRecord, here: &Namespace) -> Optio
             p.start_time, r.proc_start_time
         )),
         Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runner(host: &str, boot: &str, pid_ns: Option<u64>) -> RunnerRecord {
+        RunnerRecord {
+            worker_id: format!("{host}:1:abc"),
+            pid: i64::from(std::process::id()),
+            proc_start_time: process::proc_info(std::process::id() as i32)
+                .map_or(0, |p| p.start_time),
+            boot_id: boot.to_string(),
+            host: host.to_string(),
+            started_at: 1_000,
+            heartbeat_at: 10_000,
+            stopped_at: None,
+            lease_ttl_ms: 3_000,
+            heartbeat_interval_ms: 1_000,
+            max_recovery_attempts: 3,
+            pid_ns,
+        }
+    }
+
+    #[test]
+    fn liveness_is_checked_only_in_this_boot_and_pid_namespace() {
+        let here = Namespace::here();
+        let me = runner(&here.host, &here.boot_id, here.pid_ns);
+        assert_eq!(liveness_from(&me, &here), Liveness::Alive);
+        let other = runner("elsewhere", &here.boot_id, here.pid_ns);
+        assert_eq!(
+            liveness_from(&other, &here),
+            Liveness::Unchecked("another host".into())
+        );
+        assert_eq!(
+            liveness_from(&other, &here).to_string(),
+            "cannot be checked from here: another host"
+        );
+        assert!(liveness_from(&other, &here).may_be_alive());
+        let contained = runner(&here.host, &here.boot_id, here.pid_ns.map(|n| n + 1));
+        assert!(matches!(
+            liveness_from(&contained, &here),
+            Liveness::Unchecked(why) if why.starts_with("another PID namespace")
+        ));
+        let old = runner(&here.host, "an-earlier-boot", here.pid_ns);
+        assert!(matches!(liveness_from(&old, &here), Liveness::Dead(_)));
+        let stopped = RunnerRecord {
+            stopped_at: Some(20_000),
+            ..other
+        };
+        assert_eq!(
+            liveness_from(&stopped, &here),
+            Liveness::Dead("it stopped".into())
+        );
+        assert!(!runner_alive(&stopped));
     }
 }

@@ -44,6 +44,7 @@ mod dependency;
 mod enqueue;
 mod failure;
 pub(crate) mod handoff;
+pub(crate) mod hosts;
 mod leader;
 pub(crate) mod lease;
 mod maintenance;

@@ -70,7 +70,7 @@ impl RunnerRecord {
     }
 }
 
-fn runner_row(r: &Row<'_>) -> Result<RunnerRecord> {
+pub(super) fn runner_row(r: &Row<'_>) -> Result<RunnerRecord> {
     Ok(RunnerRecord {
         worker_id: r.get(0)?,
         pid: r.get(1)?,

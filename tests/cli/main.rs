@@ -11,6 +11,7 @@ mod dashboard;
 mod db;
 mod fsync;
 mod handoff;
+mod hosts;
 mod jobs;
 mod logs;
 mod numeric;

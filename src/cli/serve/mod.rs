@@ -303,7 +303,8 @@ pub struct Overview {
     pub schedules: Vec<leasehold::ScheduleRecord>,
     pub leases: leasehold::LeaseCounts,
     pub settings: operator::LeaseSettings,
-    pub runners: Vec<(leasehold::RunnerRecord, bool)>,
+    /// The runners by host, each judged from here, with their running jobs.
+    pub hosts: Vec<operator::Host>,
     /// The newest failed or lost attempts, newest first.
     pub failures: Vec<leasehold::RecentFailure>,
     /// The runners' samples for the charts, oldest first.
@@ -322,14 +323,7 @@ fn overview(store: &Store, app: &App, view: &page::View) -> Result<Response, Err
         schedules: store.schedules()?,
         leases: store.lease_counts(settings.max_recovery_attempts, now)?,
         settings,
-        runners: store
-            .runners()?
-            .into_iter()
-            .map(|r| {
-                let alive = operator::runner_alive(&r);
-                (r, alive)
-            })
-            .collect(),
+        hosts: operator::hosts(store, super::hosts::LOST_READ)?,
         failures: store.recent_failures(RECENT_FAILURES)?,
         samples: store.samples()?,
         now,

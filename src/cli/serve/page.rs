@@ -2,7 +2,7 @@
 //! every value it interpolates, so whatever a job contributes (argv, env, output, errors) is
 //! shown as text.
 
-use leasehold::{Event, EventKind, JobRecord, Output, ScheduleRecord, Status};
+use leasehold::{Event, EventKind, JobRecord, Output, ScheduleRecord, Status, operator};
 use maud::{DOCTYPE, Markup, html};
 
 use super::chart::{self, Chart, Scale};
@@ -261,22 +261,52 @@ pub fn overview(o: &Overview, actions: bool, view: &View) -> String {
             " Normal: stale_running = 0 and running_without_lease = 0."
         }
 
-        h2 #runners { "Runners" }
-        @if o.runners.is_empty() {
+        h2 #runners { "Runners by host" }
+        @if o.hosts.is_empty() {
             p { "No runner is registered (none has run, or all stopped)." }
         } @else {
             table #runner-list {
-                tr { th { "worker id" } th { "pid" } th { "host" } th { "alive" } th { "started" } th { "heartbeat" } }
-                @for (r, alive) in &o.runners {
-                    tr {
-                        td { code { (r.worker_id) } }
-                        td.n { (r.pid) }
-                        td { (r.host) }
-                        td class=(if *alive { "succeeded" } else { "failed" }) { (if *alive { "yes" } else { "no" }) }
-                        td.t { (t.at(r.started_at)) br; span.later { (age(o.now - r.started_at)) " ago" } }
-                        td.t { (t.at(r.heartbeat_at)) br; span.later { (age(o.now - r.heartbeat_at)) " ago" } }
+                tr {
+                    th { "host" } th { "worker id" } th { "pid" } th { "PID namespace" } th { "alive" }
+                    th { "running jobs" } th { "started" } th { "heartbeat" }
+                }
+                @for h in &o.hosts {
+                    tr.host data-host=(h.name) {
+                        th colspan="5" {
+                            (h.name) @if h.this_host { " (this host)" }
+                            @if !h.lost.is_empty() {
+                                span.bad { " · " (h.lost.len()) " lost attempt" (if h.lost.len() == 1 { "" } else { "s" }) " waiting for a teardown there" }
+                            }
+                        }
+                        td.n data-host-field="running" { (h.leases.len()) }
+                        td {}
+                        td.t data-host-field="heartbeat" {
+                            @if let Some(at) = h.heartbeat_at() { (t.at(at)) br; span.later { (age(o.now - at)) " ago" } } @else { "-" }
+                        }
+                    }
+                    @for r in &h.runners {
+                        @let rec = &r.record;
+                        tr.runner data-host=(h.name) data-worker=(rec.worker_id) {
+                            td {}
+                            td { code { (rec.worker_id) } }
+                            td.n { (rec.pid) }
+                            td.n { (rec.pid_ns.map_or_else(|| "-".to_string(), |n| n.to_string())) }
+                            @match &r.liveness {
+                                operator::Liveness::Alive => td.succeeded { "yes" },
+                                operator::Liveness::Dead(why) => td.failed title=(why) { "no: " (why) },
+                                other => td.pending { (other.to_string()) },
+                            }
+                            td.n { (r.running) }
+                            td.t { (t.at(rec.started_at)) br; span.later { (age(o.now - rec.started_at)) " ago" } }
+                            td.t { (t.at(rec.heartbeat_at)) br; span.later { (age(o.now - rec.heartbeat_at)) " ago" } }
+                        }
                     }
                 }
+            }
+            p.later {
+                "Alive as judged from this process: a runner's pid is checked only in this host's boot and PID namespace; "
+                "on another host nothing can be checked from here, and only its leases' expiry counts. "
+                "A host gone for good: " code { "leasehold hosts gone HOST --yes" } "."
             }
         }
 

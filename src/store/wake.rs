@@ -90,7 +90,8 @@ pub(crate) fn local_base(url: &Path) -> PathBuf {
         .recursive(true)
         .mode(0o700)
         .create(&state);
-    let readable = |text: &str| -> String {
+    // Short parts: a socket's path in the folder must fit in 108 bytes (`sun_path`).
+    let readable = |text: &str, most: usize| -> String {
         text.chars()
             .map(|c| {
                 if c.is_ascii_alphanumeric() || c == '.' {
@@ -99,11 +100,14 @@ pub(crate) fn local_base(url: &Path) -> PathBuf {
                     '_'
                 }
             })
-            .take(64)
+            .take(most)
             .collect()
     };
     let host = crate::process::hostname();
-    let server = readable(url.split_once("://").map_or(url.as_str(), |(_, rest)| rest));
+    let server = readable(
+        url.split_once("://").map_or(url.as_str(), |(_, rest)| rest),
+        16,
+    );
     // FNV-1a: the same name from every build, which std's hasher does not promise.
     let hash = [url.as_bytes(), b"\0", host.as_bytes()]
         .concat()
@@ -111,7 +115,10 @@ pub(crate) fn local_base(url: &Path) -> PathBuf {
         .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
-    state.join(format!("pg-{server}-on-{}-{hash:016x}", readable(&host)))
+    state.join(format!(
+        "pg-{server}-on-{}-{hash:016x}",
+        readable(&host, 12)
+    ))
 }
 
 /// Checks that the wake-up folder `dir` is this user's alone: a directory (not a symlink to
@@ -432,6 +439,23 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
+
+    /// A long URL and host name still make a folder name short enough that a socket in the
+    /// folder beside it (`<name>-wake/<pid>-<suffix>`) fits `sun_path` under a usual home.
+    #[test]
+    fn a_postgres_folder_name_stays_short_and_tells_databases_apart() {
+        let long = "postgres://leasehold_user@a-very-long-host-name.example.internal:5432/\
+                    leasehold_test_database_with_a_long_name_0123456789";
+        let a = local_base(Path::new(long));
+        let b = local_base(Path::new(&format!("{long}x")));
+        let name = a.file_name().unwrap().to_str().unwrap().to_owned();
+        assert!(name.len() <= 3 + 16 + 4 + 12 + 1 + 16, "{name}");
+        assert_ne!(a, b, "two databases, two folders");
+        let socket = Path::new("/home/someone/.local/state/leasehold")
+            .join(format!("{name}-wake"))
+            .join("4194304-0123abcd");
+        assert!(socket.as_os_str().len() < 108, "{}", socket.display());
+    }
 
     #[test]
     fn a_poke_wakes_a_bound_listener_and_a_stale_socket_is_deleted() {

@@ -256,12 +256,17 @@ struct Cycles {
     server_cpu_ms: Option<f64>,
     /// Whether a process found no job before its time was up.
     dry: bool,
+    /// The WAL the server wrote a cycle, bytes (PostgreSQL; the whole cluster's, from
+    /// `pg_stat_wal`, so only on a server of the bench's own).
+    wal_bytes: Option<f64>,
 }
 
 /// One row's runs in one round of the cycles table.
 #[derive(Clone, Copy, Default)]
 struct CycleRuns {
     pgbench: Option<f64>,
+    /// The WAL pgbench wrote a transaction, bytes.
+    pgbench_wal: Option<f64>,
     pg: Cycles,
     bare: Cycles,
     lite: Cycles,
@@ -289,7 +294,11 @@ fn cycles_table(server: &Server) -> (Option<f64>, Option<f64>) {
             // A rotating order, so that no kind of run always comes first or after another.
             for k in 0..4 {
                 match (round + k) % 4 {
-                    0 => r.pgbench = pgbench.as_ref().and_then(|p| p.run(procs, server.secs)),
+                    0 => {
+                        let run = pgbench.as_ref().and_then(|p| p.run(server, procs));
+                        r.pgbench = run.map(|(tps, _)| tps);
+                        r.pgbench_wal = run.and_then(|(_, wal)| wal);
+                    }
                     1 => r.pg = cycles(server, Backend::Postgres, procs),
                     2 => r.bare = cycles_of(server, Backend::Postgres, procs, "__bare_cycles"),
                     _ => r.lite = cycles(server, Backend::Sqlite, procs),
@@ -402,6 +411,19 @@ fn cycles_table(server: &Server) -> (Option<f64>, Option<f64>) {
             server_cpu(|r| &r.bare),
             mid(runs.iter().map(|r| r.lite.client_cpu_ms).collect()),
         );
+        let wal = |v: Vec<f64>| {
+            if v.is_empty() {
+                "?".to_string()
+            } else {
+                thousands(mid(v))
+            }
+        };
+        println!(
+            "  WAL a cycle: PostgreSQL {} B, bare {} B; pgbench {} B a transaction",
+            wal(runs.iter().filter_map(|r| r.pg.wal_bytes).collect()),
+            wal(runs.iter().filter_map(|r| r.bare.wal_bytes).collect()),
+            wal(runs.iter().filter_map(|r| r.pgbench_wal).collect()),
+        );
     }
     println!(
         "{n_rounds} rounds, each every run of every row in a rotating order; rates are the medians \
@@ -458,11 +480,30 @@ fn cycles_of(server: &Server, backend: Backend, procs: usize, child: &str) -> Cy
         Backend::Postgres => backend_pids(server),
         Backend::Sqlite => Vec::new(),
     };
+    let wal_before = (backend == Backend::Postgres)
+        .then(|| wal_bytes(server))
+        .flatten();
     let before = cpu_ticks(&backends);
     let results = kids.go();
     let after = cpu_ticks(&backends);
     kids.stop();
-    summarize(&results, before.zip(after))
+    let mut cycles = summarize(&results, before.zip(after));
+    if let Some(b) = wal_before {
+        let n: u64 = results.iter().map(|r| r.cycles).sum();
+        cycles.wal_bytes = wal_bytes(server).map(|a| (a - b) as f64 / n.max(1) as f64);
+    }
+    cycles
+}
+
+/// The WAL the server has written, bytes, once the backends that ended have reported it
+/// (`pg_stat_wal`; a backend reports at exit and at most once a second while it runs).
+fn wal_bytes(server: &Server) -> Option<i64> {
+    std::thread::sleep(Duration::from_millis(1100));
+    server
+        .admin()
+        .query_one("SELECT wal_bytes::bigint FROM pg_stat_wal", &[])
+        .ok()
+        .map(|r| r.get(0))
 }
 
 /// The children's reports as one figure: cycles over the longest of their times.
@@ -481,6 +522,7 @@ fn summarize(results: &[ChildReport], ticks: Option<(u64, u64)>) -> Cycles {
         client_cpu_ms: per(cpu),
         server_cpu_ms: ticks.map(|(b, a)| a.saturating_sub(b) as f64 * tick / n.max(1) as f64),
         dry: results.iter().any(|r| r.dry),
+        wal_bytes: None,
     }
 }
 
@@ -570,9 +612,12 @@ impl Pgbench {
         Some(Pgbench { url, script })
     }
 
-    /// Transactions a second at `clients` clients for `secs`.
-    fn run(&self, clients: usize, secs: f64) -> Option<f64> {
+    /// Transactions a second at `clients` clients for the server's seconds, and the WAL the
+    /// server wrote a transaction (bytes).
+    fn run(&self, server: &Server, clients: usize) -> Option<(f64, Option<f64>)> {
+        let secs = server.secs;
         let threads = clients.min(cores());
+        let wal_before = wal_bytes(server);
         let out = Command::new("pgbench")
             .args(["-n", "-M", "prepared"])
             .args(["-c", &clients.to_string(), "-j", &threads.to_string()])
@@ -583,18 +628,28 @@ impl Pgbench {
             .output()
             .expect("pgbench runs");
         let text = String::from_utf8_lossy(&out.stdout);
-        let tps = text
+        let tps: Option<f64> = text
             .lines()
             .find_map(|l| l.strip_prefix("tps = "))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|t| t.parse().ok());
-        if tps.is_none() {
+        let Some(tps) = tps else {
             eprintln!(
                 "pgbench failed: {text}{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-        }
-        tps
+            return None;
+        };
+        let transactions: Option<f64> = text
+            .lines()
+            .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|t| t.parse().ok());
+        let wal = wal_before
+            .zip(wal_bytes(server))
+            .zip(transactions)
+            .map(|((b, a), n)| (a - b) as f64 / n.max(1.0));
+        Some((tps, wal))
     }
 }
 
@@ -1053,7 +1108,8 @@ fn profile(server: &Server, pgbench: (Option<f64>, Option<f64>)) {
     // Run alone, it measures pgbench's rates itself.
     let pgbench = match pgbench {
         (None, None) => Pgbench::setup(server).map_or((None, None), |p| {
-            (p.run(1, server.secs), p.run(16, server.secs))
+            let tps = |clients| p.run(server, clients).map(|(tps, _)| tps);
+            (tps(1), tps(16))
         }),
         given => given,
     };
@@ -1126,15 +1182,19 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
         c.batch_execute("SELECT pg_stat_statements_reset()")
             .expect("pg_stat_statements resets");
     }
+    let wal_before = wal_bytes(server);
     let sampler = WaitSampler::start(&target.db);
     let results = kids.go();
     let waits = sampler.stop();
     kids.stop();
     let run = summarize(&results, None);
     let n = results.iter().map(|r| r.cycles).sum::<u64>().max(1) as f64;
+    let wal = wal_before
+        .zip(wal_bytes(server))
+        .map_or("?".into(), |(b, a)| thousands((a - b) as f64 / n));
     println!(
         "{procs} process{}, {}: {} cycles/s; in a process, claim {:.3} ms + finish {:.3} ms, of \
-         which {:.3} ms its own CPU",
+         which {:.3} ms its own CPU; {wal} B of WAL a cycle",
         if procs == 1 { "" } else { "es" },
         match variant {
             Variant::Store => "leasehold's Store",
@@ -1167,7 +1227,8 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
     let mut c = Client::connect(&target.db, NoTls).expect("the bench database connects");
     let rows = c
         .query(
-            "SELECT calls, plans, total_exec_time, total_plan_time, query FROM pg_stat_statements
+            "SELECT calls, plans, total_exec_time, total_plan_time, wal_bytes::bigint, query
+             FROM pg_stat_statements
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                AND query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_stat_activity%'
              ORDER BY calls DESC, total_exec_time DESC",
@@ -1175,8 +1236,8 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
         )
         .expect("pg_stat_statements reads");
     println!(
-        "{:>8} {:>8} {:>10} {:>10}  statement (pg_stat_statements, this database, during the run)",
-        "a cycle", "plans", "exec ms", "plan ms"
+        "{:>8} {:>8} {:>10} {:>10} {:>8}  statement (pg_stat_statements, this database, during the run)",
+        "a cycle", "plans", "exec ms", "plan ms", "WAL B"
     );
     let (mut statements, mut exec_ms, mut plan_ms) = (0.0, 0.0, 0.0);
     for r in &rows {
@@ -1184,7 +1245,8 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
         let plans: i64 = r.get(1);
         let exec: f64 = r.get(2);
         let plan: f64 = r.get(3);
-        let query: String = r.get(4);
+        let wal: i64 = r.get(4);
+        let query: String = r.get(5);
         let per = calls as f64 / n;
         if per < 0.01 {
             continue;
@@ -1195,15 +1257,17 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
         let text: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
         let text: String = text.chars().take(80).collect();
         println!(
-            "{per:>8.2} {:>8.2} {:>10.4} {:>10.4}  {text}",
+            "{per:>8.2} {:>8.2} {:>10.4} {:>10.4} {:>8.0}  {text}",
             plans as f64 / n,
             exec / n,
-            plan / n
+            plan / n,
+            wal as f64 / n
         );
     }
     let cycle_ms = 1000.0 * procs as f64 / run.rate;
     println!(
-        "(columns a cycle: calls, plans made, execution and planning ms; with track_planning on)"
+        "(columns a cycle: calls, plans made, execution and planning ms (planning with \
+         pg_stat_statements.track_planning on), WAL bytes)"
     );
     println!(
         "{statements:.1} statements a cycle, each its own round trip: {:.3} ms of round trips \

@@ -40,6 +40,8 @@ const ROUNDS: usize = 3;
 /// Jobs ready before a timed run of cycles: more than any run here claims, so that none runs
 /// dry (a run that does is marked, and its rate is then that of the drain).
 const CYCLE_JOBS: usize = 20_000;
+/// Jobs ready for the batched bare client's run.
+const BATCH_JOBS: usize = 100_000;
 /// Jobs of `/bin/true` a run of the end-to-end table runs.
 const E2E_JOBS: usize = 2_000;
 /// Jobs the enqueue-to-start latency is taken over, one at a time; fewer for the poll alone.
@@ -526,12 +528,18 @@ fn summarize(results: &[ChildReport], ticks: Option<(u64, u64)>) -> Cycles {
     }
 }
 
-/// Enqueues `n` jobs of `true` into `target`, then (on PostgreSQL) analyses the table, as
-/// autovacuum would have on a database in use.
+/// Enqueues `n` jobs of `true` into `target` (a multiple of 1,000), then (on PostgreSQL)
+/// analyses the table, as autovacuum would have on a database in use. On PostgreSQL the
+/// first 1,000 go through `enqueue_many` and the rest are copies of their rows made in SQL
+/// (the count triggers count them): enqueue's own speed is not what is measured here.
 fn fill(target: &Target, n: usize) {
     let store = Store::open(&target.db).expect("the bench database opens");
     let jobs = vec![Job::command(["true"]); 1000];
-    for _ in 0..n / 1000 {
+    let through_store = match target.backend {
+        Backend::Postgres => 1,
+        Backend::Sqlite => n / 1000,
+    };
+    for _ in 0..through_store {
         store
             .enqueue_many(&jobs, now_ms())
             .expect("the jobs are enqueued");
@@ -539,6 +547,24 @@ fn fill(target: &Target, n: usize) {
     drop(store);
     if target.backend == Backend::Postgres {
         let mut c = Client::connect(&target.db, NoTls).expect("the bench database connects");
+        let columns: String = c
+            .query_one(
+                "SELECT string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position)
+                 FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name = 'jobs'
+                   AND column_name <> 'id'",
+                &[],
+            )
+            .expect("the jobs table's columns")
+            .get(0);
+        let copies = i64::try_from(n / 1000).unwrap_or(1) - 1;
+        c.execute(
+            &format!(
+                "INSERT INTO jobs ({columns}) SELECT {columns} FROM jobs, generate_series(1, $1::bigint)"
+            ),
+            &[&copies],
+        )
+        .expect("the jobs are copied");
         c.batch_execute("VACUUM ANALYZE").expect("VACUUM ANALYZE");
     }
 }
@@ -1124,6 +1150,7 @@ fn profile(server: &Server, pgbench: (Option<f64>, Option<f64>)) {
     profile_at(server, 16, rtt, pgbench.1, Variant::Store);
     profile_at(server, 16, rtt, pgbench.1, Variant::NoCounters);
     profile_at(server, 16, rtt, pgbench.1, Variant::Bare);
+    profile_at(server, 16, rtt, pgbench.1, Variant::BareBatch);
 }
 
 /// What the processes of a [`profile`] run are.
@@ -1137,6 +1164,10 @@ enum Variant {
     NoCounters,
     /// The bare client: one statement a transition ([`BARE_CLAIM`], [`BARE_FINISH`]).
     Bare,
+    /// The bare client, [`BATCH`] jobs a statement ([`BARE_CLAIM_BATCH`],
+    /// [`BARE_FINISH_BATCH`]): claims and endings grouped as River's fetches and completer
+    /// group them.
+    BareBatch,
 }
 
 /// Drops every row inserted into the metrics' counters and histograms, so that no upsert
@@ -1153,7 +1184,11 @@ const DROP_COUNTERS: &str = "
 fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, variant: Variant) {
     println!();
     let target = Target::fresh(server, Backend::Postgres);
-    fill(&target, CYCLE_JOBS);
+    let jobs = match variant {
+        Variant::BareBatch => BATCH_JOBS,
+        _ => CYCLE_JOBS,
+    };
+    fill(&target, jobs);
     let mut c = Client::connect(&target.db, NoTls).expect("the bench database connects");
     if variant == Variant::NoCounters {
         c.batch_execute(DROP_COUNTERS)
@@ -1165,6 +1200,7 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
         .is_ok();
     let child = match variant {
         Variant::Bare => "__bare_cycles",
+        Variant::BareBatch => "__bare_batch_cycles",
         _ => "__cycles",
     };
     let mut kids = Kids::spawn(procs, |i| {
@@ -1201,6 +1237,7 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
             Variant::NoCounters =>
                 "leasehold's Store, its counters' and histograms' upserts dropped by a trigger",
             Variant::Bare => "bare client, one statement a transition",
+            Variant::BareBatch => "bare client, 16 jobs a statement (a cycle: one job)",
         },
         thousands(run.rate),
         run.claim_ms,
@@ -1483,6 +1520,11 @@ pub fn child(args: &[String]) -> bool {
             bare_cycles_child(&args[2], Duration::from_secs_f64(secs), &args[4]);
             true
         }
+        Some("__bare_batch_cycles") => {
+            let secs: f64 = args[3].parse().expect("seconds");
+            bare_batch_cycles_child(&args[2], Duration::from_secs_f64(secs), &args[4]);
+            true
+        }
         Some("__enqueue") => {
             enqueue_child(&args[2], &args[3]);
             true
@@ -1598,6 +1640,82 @@ const BARE_FINISH: &str = "WITH now AS (SELECT leasehold_now_ms() AS ms),
            RETURNING jobs.id, jobs.attempt, now.ms)
 INSERT INTO job_events (job_id, at, kind, attempt, detail)
 SELECT id, ms, 'succeeded', attempt, 'exit 0' FROM u";
+
+/// How many jobs the batched bare client claims, and then finishes, in one statement each.
+const BATCH: i64 = 16;
+
+/// [`BARE_CLAIM`] of up to `$2` jobs. Parameters: worker id, limit.
+const BARE_CLAIM_BATCH: &str = "WITH now AS (SELECT leasehold_now_ms() AS ms),
+     c AS (SELECT id FROM jobs
+           WHERE status = 'pending' AND teardown_token IS NULL AND waiting = 0 AND deferred = 0
+             AND scheduled_at <= (SELECT ms FROM now)
+           ORDER BY priority DESC, scheduled_at, id LIMIT $2 FOR UPDATE SKIP LOCKED),
+     u AS (UPDATE jobs SET status = 'running', attempt = jobs.attempt + 1,
+               run_token = replace(gen_random_uuid()::text, '-', ''), worker_id = $1,
+               started_at = now.ms, heartbeat_at = now.ms, lease_expires_at = now.ms + 30000,
+               completed_at = NULL, pid = NULL, pgid = NULL, proc_start_time = NULL,
+               exit_code = NULL, signal = NULL, error_kind = NULL, keeper_pid = NULL,
+               keeper_start_time = NULL
+           FROM c, now WHERE jobs.id = c.id
+           RETURNING jobs.id, jobs.attempt, jobs.run_token, jobs.argv, now.ms),
+     e AS (INSERT INTO job_events (job_id, at, kind, attempt, detail)
+           SELECT id, ms, 'claimed', attempt, 'worker ' || $1 FROM u)
+SELECT id, run_token, argv FROM u";
+
+/// [`BARE_FINISH`] of many attempts. Parameters: ids, run tokens (arrays, in pairs).
+const BARE_FINISH_BATCH: &str = "WITH now AS (SELECT leasehold_now_ms() AS ms),
+     f AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS f(id, token)),
+     u AS (UPDATE jobs SET status = 'succeeded', completed_at = now.ms, exit_code = 0,
+               signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = now.ms
+           FROM now, f
+           WHERE jobs.id = f.id AND jobs.status = 'running' AND jobs.run_token = f.token
+           RETURNING jobs.id, jobs.attempt, now.ms)
+INSERT INTO job_events (job_id, at, kind, attempt, detail)
+SELECT id, ms, 'succeeded', attempt, 'exit 0' FROM u";
+
+/// A `__bare_batch_cycles` child: as [`bare_cycles_child`], [`BATCH`] jobs a statement
+/// ([`BARE_CLAIM_BATCH`], [`BARE_FINISH_BATCH`]); a cycle is still one job.
+fn bare_batch_cycles_child(db: &str, secs: Duration, worker: &str) {
+    let mut c = Client::connect(db, NoTls).expect("the bench database connects");
+    let claim_sql = c.prepare(BARE_CLAIM_BATCH).expect("the claim prepares");
+    let finish_sql = c.prepare(BARE_FINISH_BATCH).expect("the finish prepares");
+    println!("ready");
+    read_stdin_line();
+    let cpu0 = cpu_time();
+    let t = Instant::now();
+    let (mut n, mut claim, mut finish, mut dry) = (0u64, Duration::ZERO, Duration::ZERO, false);
+    while t.elapsed() < secs {
+        let c0 = Instant::now();
+        let rows = c.query(&claim_sql, &[&worker, &BATCH]).expect("claim");
+        if rows.is_empty() {
+            dry = true;
+            break;
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+        let tokens: Vec<String> = rows.iter().map(|r| r.get(1)).collect();
+        let c1 = Instant::now();
+        let done = c.execute(&finish_sql, &[&ids, &tokens]).expect("finish");
+        assert_eq!(
+            done,
+            ids.len() as u64,
+            "the bare finish records every success"
+        );
+        claim += c1 - c0;
+        finish += c1.elapsed();
+        n += ids.len() as u64;
+    }
+    let elapsed = t.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    println!(
+        "done {n} {} {} {} {} {}",
+        elapsed.as_nanos(),
+        claim.as_nanos(),
+        finish.as_nanos(),
+        cpu.as_nanos(),
+        u8::from(dry)
+    );
+    read_stdin_line();
+}
 
 /// A `__bare_cycles` child: as [`cycles_child`], with a plain client sending [`BARE_CLAIM`]
 /// and [`BARE_FINISH`] (two statements, two round trips, two commits a cycle).

@@ -17,6 +17,8 @@
 //! cargo run --release --example bench flow     # claims beside waiting jobs, paused queues
 //! cargo build --release && cargo run --release --example bench wake
 //!                                              # wake-up, start/stop, idle CPU, CLI feeding
+//! LEASEHOLD_BENCH_PG=postgres://... cargo run --release --example bench postgres
+//!                                              # PostgreSQL beside SQLite and pgbench
 //! ```
 
 use std::time::{Duration, Instant};
@@ -25,6 +27,11 @@ use leasehold::protocol::{ClaimRequest, Ending, Finish, Finished};
 use leasehold::{Durability, Job, OpenOptions, PruneOptions, Retention, Store, now_ms};
 use rusqlite::{Connection, params};
 use tempfile::TempDir;
+
+// The PostgreSQL section, in a file of its own (a crate root finds its modules beside it, so
+// the path is given; a file in a folder of examples/ is not an example of its own).
+#[path = "bench/postgres.rs"]
+mod postgres;
 
 const SCHEMA: &str = include_str!("../schema.sql");
 const TTL: Duration = Duration::from_secs(30);
@@ -41,10 +48,15 @@ const SECTIONS: &[(&str, bool, fn())] = &[
     ("metrics-writes", false, metrics_writes_only),
     ("flow", true, flow_benchmarks),
     ("wake", true, wake_benchmarks),
+    ("postgres", false, postgres::postgres_benchmarks),
 ];
 
 fn main() {
-    let only = std::env::args().nth(1);
+    let args: Vec<String> = std::env::args().collect();
+    if postgres::child(&args) {
+        return;
+    }
+    let only = args.get(1).cloned();
     if let Some(arg) = only.as_deref()
         && !SECTIONS.iter().any(|(name, _, _)| *name == arg)
     {

@@ -301,17 +301,23 @@ impl Conn {
 
     /// The time to act at: see [`Connection::now`](super::Connection::now).
     pub(crate) fn now(&self, given: i64) -> Result<i64> {
-        let mut inner = self.inner.borrow_mut();
+        let inner = self.inner.borrow();
         if inner.given_times {
             return Ok(given);
         }
         if let Some(now) = inner.transaction_now {
             return Ok(now);
         }
-        let again = !inner.in_transaction;
-        let now: i64 = inner.with(again, |c| {
-            c.query_one("SELECT leasehold_now_ms()", &[])?.try_get(0)
-        })?;
+        drop(inner);
+        // Prepared once and kept, as every statement is: sent as text, the read cost a
+        // second round trip (a prepare) each time.
+        let rows = self.statement("SELECT leasehold_now_ms()").query(&[])?;
+        let now: i64 = rows
+            .first()
+            .ok_or(Error::NoRows)?
+            .try_get(0)
+            .map_err(Error::from)?;
+        let mut inner = self.inner.borrow_mut();
         if inner.in_transaction {
             inner.transaction_now = Some(now);
         }

@@ -60,6 +60,16 @@ pub(crate) fn folder(db: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The folders this host keeps for the database at `db` outside it: its runners' wake-up
+/// sockets and its attempts' files. Beside a SQLite file (`<db>-wake`, `<db>-attempts`); for
+/// a PostgreSQL URL under this user's state folder (`$XDG_STATE_HOME/leasehold`, named after
+/// the URL and this host). They may not exist. What to remove once the database is dropped
+/// and no runner of this host uses it.
+pub fn local_folders(db: impl AsRef<Path>) -> [PathBuf; 2] {
+    let db = db.as_ref();
+    [crate::store::wake::folder(db), folder(db)]
+}
+
 /// Makes the attempts folder `folder` (0700) if it is missing, and checks that it is this
 /// user's alone, as the wake-up folder is checked.
 ///

@@ -47,7 +47,7 @@ mod schedule;
 mod store;
 
 pub use error::{Error, Result};
-pub use files::{AttemptDir, DEFAULT_OUTPUT_CAP, Stream};
+pub use files::{AttemptDir, DEFAULT_OUTPUT_CAP, Stream, local_folders};
 pub use job::{
     DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ErrorKind,
     Event, EventKind, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,

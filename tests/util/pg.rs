@@ -64,6 +64,10 @@ impl Drop for TestDb {
         if let Err(e) = dropped {
             eprintln!("cannot drop the test database {}: {e}", self.name);
         }
+        // What this host's runners kept for it (wake-up sockets, attempts' files).
+        for folder in leasehold::local_folders(&self.url) {
+            let _ = std::fs::remove_dir_all(folder);
+        }
     }
 }
 

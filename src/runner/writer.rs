@@ -474,6 +474,14 @@ fn look_ahead(
 
 /// Applies the writes of `batch`, each paired start with its ending: as plain statements, or
 /// each in its own savepoint.
+///
+/// On PostgreSQL the jobs the batch starts and ends are locked first, together and in id
+/// order ([`store::lock_running`]), then the jobs those endings may release or cancel
+/// ([`store::lock_dependents`]), before any write of the batch: the heartbeat renews the
+/// same rows in the same order, and other runners' writers take shared dependents in the
+/// same order, so none of them waits for another in a circle (each would otherwise wait for
+/// the other's commit until the server's deadlock detector, a second later, broke the circle
+/// by failing one). The writes then run in the batch's order. On SQLite this is nothing.
 fn apply_batch(
     conn: &Connection,
     batch: &[Op],
@@ -481,6 +489,23 @@ fn apply_batch(
     savepoints: bool,
     ctx: &Ctx<'_>,
 ) -> Result<Vec<Applied>> {
+    let running: Vec<i64> = batch
+        .iter()
+        .filter_map(|op| match op {
+            Op::Start(s) => Some(s.job_id),
+            Op::Finish(f) => Some(f.job_id),
+            Op::Claim { .. } => None,
+        })
+        .collect();
+    store::lock_running(conn, &running)?;
+    let ending: Vec<i64> = batch
+        .iter()
+        .filter_map(|op| match op {
+            Op::Finish(f) => Some(f.job_id),
+            _ => None,
+        })
+        .collect();
+    store::lock_dependents(conn, &ending)?;
     let mut applied = Vec::with_capacity(batch.len());
     for (op, pair) in batch.iter().zip(pairs) {
         let start = match *pair {

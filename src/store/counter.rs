@@ -29,13 +29,46 @@ pub(crate) const WAIT: &str = "wait";
 /// The histogram of the run from `started_at` to the ending.
 pub(crate) const RUN: &str = "run";
 
+/// Adds one to a counter. Parameters: name, queue, outcome.
+const BUMP_SQL: &str =
+    "INSERT INTO metric_counters (name, queue, outcome, value) VALUES (?1, ?2, ?3, 1)
+     ON CONFLICT (name, queue, outcome) DO UPDATE SET value = metric_counters.value + 1";
+
+/// [`BUMP_SQL`] on PostgreSQL: into this transaction's shard of the counter, which no other
+/// transaction writes until this one ends (`job_count_shard()`, pg/schema.sql). One row per
+/// counter would be a lock that every runner's writer takes and holds until it commits: the
+/// runners would queue behind each other on it, and two transactions bumping two counters in
+/// opposite orders would deadlock. The view `metric_counters` sums the shards.
+const PG_BUMP_SQL: &str =
+    "INSERT INTO metric_counter_shards AS c (name, queue, outcome, shard, value)
+     VALUES (?1, ?2, ?3, job_count_shard(), 1)
+     ON CONFLICT (name, queue, outcome, shard) DO UPDATE SET value = c.value + 1";
+
+/// Adds one observation to a histogram's bucket. Parameters: name, queue, outcome, bucket
+/// bound, the observation.
+const OBSERVE_SQL: &str =
+    "INSERT INTO metric_histograms (name, queue, outcome, le_ms, count, sum_ms)
+     VALUES (?1, ?2, ?3, ?4, 1, ?5)
+     ON CONFLICT (name, queue, outcome, le_ms)
+     DO UPDATE SET count = metric_histograms.count + 1,
+         sum_ms = metric_histograms.sum_ms + excluded.sum_ms";
+
+/// [`OBSERVE_SQL`] on PostgreSQL, into this transaction's shard, as [`PG_BUMP_SQL`].
+const PG_OBSERVE_SQL: &str =
+    "INSERT INTO metric_histogram_shards AS h (name, queue, outcome, le_ms, shard, count, sum_ms)
+     VALUES (?1, ?2, ?3, ?4, job_count_shard(), 1, ?5)
+     ON CONFLICT (name, queue, outcome, le_ms, shard)
+     DO UPDATE SET count = h.count + 1, sum_ms = h.sum_ms + excluded.sum_ms";
+
 /// Adds one to a counter.
 pub(super) fn bump(conn: &Connection, kind: CounterKind, queue: &str, outcome: &str) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO metric_counters (name, queue, outcome, value) VALUES (?1, ?2, ?3, 1)
-         ON CONFLICT (name, queue, outcome) DO UPDATE SET value = metric_counters.value + 1",
-    )?
-    .execute(params![kind.as_str(), queue, outcome])?;
+    let sql = if conn.dialect() == Dialect::Sqlite {
+        BUMP_SQL
+    } else {
+        PG_BUMP_SQL
+    };
+    conn.prepare_cached(sql)?
+        .execute(params![kind.as_str(), queue, outcome])?;
     Ok(())
 }
 
@@ -100,6 +133,11 @@ impl Attempt {
         let Some(started) = self.started_at else {
             return Ok(());
         };
+        let sql = if conn.dialect() == Dialect::Sqlite {
+            OBSERVE_SQL
+        } else {
+            PG_OBSERVE_SQL
+        };
         let wait = started.saturating_sub(self.scheduled_at).max(0);
         let run = now.saturating_sub(started).max(0);
         for (name, ms) in [(WAIT, wait), (RUN, run)] {
@@ -108,14 +146,8 @@ impl Attempt {
                 .copied()
                 .find(|&b| ms <= b)
                 .unwrap_or(INF_MS);
-            conn.prepare_cached(
-                "INSERT INTO metric_histograms (name, queue, outcome, le_ms, count, sum_ms)
-                 VALUES (?1, ?2, ?3, ?4, 1, ?5)
-                 ON CONFLICT (name, queue, outcome, le_ms)
-                 DO UPDATE SET count = metric_histograms.count + 1,
-                     sum_ms = metric_histograms.sum_ms + excluded.sum_ms",
-            )?
-            .execute(params![name, self.queue, outcome, le, ms])?;
+            conn.prepare_cached(sql)?
+                .execute(params![name, self.queue, outcome, le, ms])?;
         }
         Ok(())
     }

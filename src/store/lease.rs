@@ -319,7 +319,10 @@ fn promote_due(conn: &Connection, now: i64) -> Result<()> {
     if due.is_empty() {
         return Ok(());
     }
-    let mut promote = conn.prepare_cached("UPDATE jobs SET deferred = 0 WHERE id = ?1")?;
+    // Guarded by `deferred = 1`: a job another claim promoted (and took) since it was read
+    // here is left alone, not locked, running as it may be by then (see `lock_running`).
+    let mut promote =
+        conn.prepare_cached("UPDATE jobs SET deferred = 0 WHERE id = ?1 AND deferred = 1")?;
     for id in due {
         promote.execute([id])?;
     }
@@ -573,6 +576,78 @@ pub(super) const RENEW_SQL: &str = "UPDATE jobs SET heartbeat_at = ?2, lease_exp
        AND run_token IN (SELECT value FROM json_each(?4))
      RETURNING run_token";
 
+/// [`RENEW_SQL`] on PostgreSQL: the same rows, locked first in ascending id order (see
+/// [`lock_running`] for why), then renewed. A single UPDATE locks its rows in whatever order
+/// its plan reads them, which is not the order in which the runner's writer locks the same
+/// rows: the two then wait for each other in a circle. Same parameters.
+const PG_RENEW_SQL: &str = "WITH mine AS MATERIALIZED (
+         SELECT id FROM jobs
+         WHERE status = 'running' AND worker_id = ?1
+           AND run_token IN (SELECT value FROM json_each(?4))
+         ORDER BY id FOR NO KEY UPDATE)
+     UPDATE jobs SET heartbeat_at = ?2, lease_expires_at = ?3
+     FROM mine
+     WHERE jobs.id = mine.id AND jobs.status = 'running' AND jobs.worker_id = ?1
+     RETURNING jobs.run_token";
+
+/// The running rows among `?1` (a JSON array of ids), locked in ascending id order: see
+/// [`lock_running`].
+const LOCK_RUNNING_SQL: &str = "SELECT id FROM jobs
+     WHERE id = ANY (ARRAY(SELECT value::bigint FROM json_each(?1))) AND status = 'running'
+     ORDER BY id FOR NO KEY UPDATE";
+
+/// The jobs that the endings of `?1` (a JSON array of ids) may release or cancel (the first
+/// [`ENDING_STEP`] dependents of each, which is what an ending handles in its own
+/// transaction), locked in ascending id order: see [`lock_running`].
+///
+/// [`ENDING_STEP`]: super::dependency::ENDING_STEP
+const LOCK_DEPENDENTS_SQL: &str = "SELECT id FROM jobs
+     WHERE id = ANY (ARRAY(
+             SELECT d.job_id FROM json_each(?1) AS p
+             CROSS JOIN LATERAL (SELECT job_id FROM job_deps WHERE after_id = p.value::bigint
+                                 ORDER BY job_id LIMIT ?2) AS d))
+       AND (waiting > 0 OR status = 'pending')
+     ORDER BY id FOR NO KEY UPDATE";
+
+/// Locks, on PostgreSQL, the rows of `ids` that are running, in ascending id order, until the
+/// caller's transaction ends; nothing on SQLite, whose one writer at a time cannot wait in a
+/// circle. A transaction that writes several running jobs (a runner's writer recording starts
+/// and endings, a sweeper reclaiming expired leases) calls this first, before it locks
+/// anything else: every transaction then takes the running rows it writes in one order, the
+/// renewal's ([`PG_RENEW_SQL`]) included, and none of them can wait for another in a circle
+/// over those rows. `FOR NO KEY UPDATE` is the lock their UPDATEs take anyway (no key
+/// changes): it leaves the `FOR KEY SHARE` of a foreign key's check (an event row inserted
+/// for the job) unblocked. docs/postgres.md ("Each promise under concurrency") has the whole
+/// order, with what locks the other rows.
+pub(crate) fn lock_running(conn: &Connection, ids: &[i64]) -> Result<()> {
+    if conn.dialect() == crate::store::db::Dialect::Sqlite || ids.is_empty() {
+        return Ok(());
+    }
+    let list = serde_json::to_string(ids).unwrap_or_default();
+    let mut stmt = conn.prepare_cached(LOCK_RUNNING_SQL)?;
+    let mut rows = stmt.query(params![list])?;
+    while rows.next()?.is_some() {}
+    Ok(())
+}
+
+/// Locks, on PostgreSQL, the jobs that the endings of `ids` may release or cancel (their
+/// first dependents, those an ending handles itself), in ascending id order; nothing on
+/// SQLite. A transaction that records endings calls this right after [`lock_running`], so
+/// that two such transactions whose jobs share dependents take them in one order too, however
+/// the dependents of one ending interleave with another's. (The dependents of a dependent that
+/// an ending cancels, deeper down a chain, are locked as they are met.)
+pub(crate) fn lock_dependents(conn: &Connection, ids: &[i64]) -> Result<()> {
+    if conn.dialect() == crate::store::db::Dialect::Sqlite || ids.is_empty() {
+        return Ok(());
+    }
+    let list = serde_json::to_string(ids).unwrap_or_default();
+    let step = i64::try_from(super::dependency::ENDING_STEP).unwrap_or(i64::MAX);
+    let mut stmt = conn.prepare_cached(LOCK_DEPENDENTS_SQL)?;
+    let mut rows = stmt.query(params![list, step])?;
+    while rows.next()?.is_some() {}
+    Ok(())
+}
+
 pub(super) fn renew(
     conn: &Connection,
     worker_id: &str,
@@ -587,8 +662,13 @@ pub(super) fn renew(
     }
     let list = serde_json::to_string(tokens).unwrap_or_default();
     let expires = now.saturating_add(duration_ms(lease_ttl));
+    let sql = if conn.dialect() == crate::store::db::Dialect::Sqlite {
+        RENEW_SQL
+    } else {
+        PG_RENEW_SQL
+    };
     let renewed: HashSet<String> = {
-        let mut stmt = conn.prepare_cached(RENEW_SQL)?;
+        let mut stmt = conn.prepare_cached(sql)?;
         let rows = stmt.query_map(params![worker_id, now, expires, list], |r| r.get(0))?;
         rows.collect::<Result<_>>()?
     };
@@ -689,6 +769,23 @@ pub(crate) fn backoff_ms(base_ms: i64, max_ms: i64, failures: i64) -> i64 {
 pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
     let now = conn.now(now)?;
     finish_with(conn, f, None, now)
+}
+
+/// Records several endings in the caller's transaction, in the order given, after locking
+/// their rows in id order ([`lock_running`]).
+pub(super) fn finish_many(
+    conn: &Connection,
+    finishes: &[Finish],
+    now: i64,
+) -> Result<Vec<Finished>> {
+    let now = conn.now(now)?;
+    let ids: Vec<i64> = finishes.iter().map(|f| f.job_id).collect();
+    lock_running(conn, &ids)?;
+    lock_dependents(conn, &ids)?;
+    finishes
+        .iter()
+        .map(|f| finish_with(conn, f, None, now))
+        .collect()
 }
 
 /// [`finish_attempt`], with the event row of a recorded ending carrying `start` when given

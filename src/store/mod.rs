@@ -71,7 +71,9 @@ pub use crate::metrics::DatabaseSize;
 pub use enqueue::Enqueued;
 pub use failure::RecentFailure;
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
-pub(crate) use lease::{claim, finish_attempt, finish_started, next_due, record_start};
+pub(crate) use lease::{
+    claim, finish_attempt, finish_started, lock_dependents, lock_running, next_due, record_start,
+};
 pub use maintenance::VacuumReport;
 pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
@@ -755,6 +757,19 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be written.
     pub fn finish(&self, finish: &Finish, now: i64) -> Result<Finished> {
         let finished = self.write(|c| lease::finish_attempt(c, finish, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(finished)
+    }
+
+    /// Records several attempts' endings in one transaction, as a runner's writer does, in
+    /// the order given; each is fenced by its run token as [`Store::finish`] is. Returns what
+    /// each did, in the same order. Nothing is recorded when one of them cannot be written.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn finish_many(&self, finishes: &[Finish], now: i64) -> Result<Vec<Finished>> {
+        let finished = self.write(|c| lease::finish_many(c, finishes, now))?;
         self.continue_cascades(now, None)?;
         Ok(finished)
     }

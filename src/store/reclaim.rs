@@ -276,6 +276,12 @@ pub(super) fn reclaim(
         )?;
         rows.collect::<Result<_>>()?
     };
+    // On PostgreSQL, the rows in id order before any is written, then their dependents, as
+    // every transaction that writes several running jobs takes them (a renewal of the same
+    // runner's leases too): see `lease::lock_running`.
+    let ids: Vec<i64> = candidates.iter().map(|((id, ..), _)| *id).collect();
+    super::lease::lock_running(conn, &ids)?;
+    super::lease::lock_dependents(conn, &ids)?;
     for ((id, attempt, token, worker, pgid, start, expires, on_lost, recovery), keeper) in
         candidates
     {

@@ -63,20 +63,26 @@ PREPARE batch_243 AS SELECT coalesce(sum(n), 0)::bigint FROM job_counts WHERE st
 SELECT pg_temp.check((SELECT coalesce(sum(n), 0)::bigint FROM job_counts WHERE status = 'pending') = 2,
                      'pending count');
 
--- counter.rs:35 and :108 (`value = value + 1` in DO UPDATE): ambiguous on PostgreSQL.
-PREPARE counter_35 AS INSERT INTO metric_counters (name, queue, outcome, value) VALUES ($1, $2, $3, 1)
-    ON CONFLICT (name, queue, outcome) DO UPDATE SET value = metric_counters.value + 1;
-EXECUTE counter_35('jobs_ended', 'a', 'succeeded');
-EXECUTE counter_35('jobs_ended', 'a', 'succeeded');
-SELECT pg_temp.check((SELECT value FROM metric_counters) = 2, 'counter_35');
-PREPARE counter_108 AS INSERT INTO metric_histograms (name, queue, outcome, le_ms, count, sum_ms)
-    VALUES ($1, $2, $3, $4, 1, $5)
-    ON CONFLICT (name, queue, outcome, le_ms)
-    DO UPDATE SET count = metric_histograms.count + 1,
-                  sum_ms = metric_histograms.sum_ms + excluded.sum_ms;
-EXECUTE counter_108('run', 'a', 'succeeded', 10, 4);
-EXECUTE counter_108('run', 'a', 'succeeded', 10, 5);
-SELECT pg_temp.check((SELECT (count, sum_ms) = (2::bigint, 9::bigint) FROM metric_histograms), 'counter_108');
+-- counter.rs (BUMP_SQL, OBSERVE_SQL: `value = value + 1` in DO UPDATE is ambiguous on
+-- PostgreSQL): PG_BUMP_SQL and PG_OBSERVE_SQL write the transaction's shard, qualified by the
+-- table's alias; the views metric_counters and metric_histograms sum the shards.
+PREPARE counter_bump AS INSERT INTO metric_counter_shards AS c (name, queue, outcome, shard, value)
+    VALUES ($1, $2, $3, job_count_shard(), 1)
+    ON CONFLICT (name, queue, outcome, shard) DO UPDATE SET value = c.value + 1;
+EXECUTE counter_bump('jobs_ended', 'a', 'succeeded');
+EXECUTE counter_bump('jobs_ended', 'a', 'succeeded');
+SELECT pg_temp.check((SELECT value FROM metric_counters) = 2, 'counter_bump');
+SELECT pg_temp.check(pg_typeof((SELECT value FROM metric_counters)) = 'bigint'::regtype,
+                     'a counter reads as bigint');
+PREPARE counter_observe AS INSERT INTO metric_histogram_shards AS h
+        (name, queue, outcome, le_ms, shard, count, sum_ms)
+    VALUES ($1, $2, $3, $4, job_count_shard(), 1, $5)
+    ON CONFLICT (name, queue, outcome, le_ms, shard)
+    DO UPDATE SET count = h.count + 1, sum_ms = h.sum_ms + excluded.sum_ms;
+EXECUTE counter_observe('run', 'a', 'succeeded', 10, 4);
+EXECUTE counter_observe('run', 'a', 'succeeded', 10, 5);
+SELECT pg_temp.check((SELECT (count, sum_ms) = (2::bigint, 9::bigint) FROM metric_histograms),
+                     'counter_observe');
 -- counter.rs:46 and :52 (the enqueue's own count, INSERT OR IGNORE INTO job_counts): nothing
 -- on PostgreSQL; the INSERT trigger counts. job_counts is a view that cannot be written:
 DO $$ BEGIN
@@ -195,6 +201,33 @@ WITH r AS (UPDATE jobs SET heartbeat_at = 1, lease_expires_at = 9000
              AND run_token = ANY('{t4,t9}'::text[]) RETURNING run_token)
 INSERT INTO renewed SELECT run_token FROM r;
 SELECT pg_temp.check((SELECT array_agg(run_token) FROM renewed) = '{t4}', 'lease_482');
+ROLLBACK;
+-- lease.rs PG_RENEW_SQL and LOCK_RUNNING_SQL, as the store sends them: the running rows locked
+-- in ascending id order first (docs/postgres.md, "One order for job rows"), then renewed.
+PREPARE lease_pg_renew AS WITH mine AS MATERIALIZED (
+        SELECT id FROM jobs
+        WHERE status = 'running' AND worker_id = $1
+          AND run_token IN (SELECT value FROM json_array_elements_text(($4)::json))
+        ORDER BY id FOR NO KEY UPDATE)
+    UPDATE jobs SET heartbeat_at = $2, lease_expires_at = $3
+    FROM mine
+    WHERE jobs.id = mine.id AND jobs.status = 'running' AND jobs.worker_id = $1
+    RETURNING jobs.run_token;
+BEGIN;
+EXECUTE lease_pg_renew('w1', 1, 9000, '["t4", "t6", "t9"]');
+SELECT pg_temp.check((SELECT array_agg(lease_expires_at ORDER BY id) FROM jobs
+                      WHERE id IN (4, 6)) = '{9000,150}', 'lease_pg_renew');
+PREPARE lease_lock_running AS SELECT id FROM jobs
+    WHERE id IN (SELECT value::bigint FROM json_array_elements_text(($1)::json))
+      AND status = 'running'
+    ORDER BY id FOR NO KEY UPDATE;
+EXECUTE lease_lock_running('[6, 5, 4]');
+SELECT pg_temp.check((SELECT array_agg(id) FROM (SELECT id FROM jobs
+                          WHERE id IN (SELECT value::bigint
+                                       FROM json_array_elements_text(('[6, 5, 4]')::json))
+                            AND status = 'running'
+                          ORDER BY id FOR NO KEY UPDATE) AS locked) = '{4,6}',
+                     'lease_lock_running');
 ROLLBACK;
 -- lease.rs:643 (`?3 + ?5`, `deferred = ?5 > 0`).
 PREPARE lease_643 AS UPDATE jobs SET status = 'pending', failed_attempts = $4,

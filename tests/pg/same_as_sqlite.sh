@@ -1,8 +1,10 @@
 #!/bin/sh
 # The PostgreSQL schema has the SQLite schema's tables, columns (in order), indexes (with their
 # columns, order and partial predicates compared after normalizing) and CHECK count per table,
-# with only the differences docs/postgres.md names: the `seq` columns, `job_count_shards` and
-# `leasehold_migrations` and `leaders` besides, and `job_counts` a view with the table's columns.
+# with only the differences docs/postgres.md names: the `seq` columns, `job_count_shards`,
+# `metric_counter_shards`, `metric_histogram_shards`, `leasehold_migrations` and `leaders`
+# besides, and `job_counts`, `metric_counters` and `metric_histograms` views with the tables'
+# columns.
 #
 #   PGHOST=/tmp/sock PGPORT=54400 PGUSER=postgres tests/pg/same_as_sqlite.sh
 #
@@ -39,7 +41,9 @@ $psql -At -d "$db" >"$tmp/pg" <<'SQL'
 SELECT 'table ' || c.relname || ': ' || string_agg(a.attname, ' ' ORDER BY a.attnum)
 FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
 WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'v')
-  AND c.relname NOT IN ('job_count_shards', 'leasehold_migrations', 'leaders') AND a.attname <> 'seq'
+  AND c.relname NOT IN ('job_count_shards', 'metric_counter_shards', 'metric_histogram_shards',
+                        'leasehold_migrations', 'leaders')
+  AND a.attname <> 'seq'
 GROUP BY c.relname ORDER BY c.relname COLLATE "C";
 -- Predicates in the SQLite text's shape: PostgreSQL's deparse adds parentheses and casts.
 SELECT 'index ' || i.relname || ' on ' || t.relname || ' ('

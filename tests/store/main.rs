@@ -12,6 +12,7 @@ mod ending;
 mod failure;
 mod fence;
 mod leader;
+mod lock_order;
 mod metrics;
 mod migration;
 mod multiprocess;

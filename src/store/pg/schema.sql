@@ -37,7 +37,8 @@
 --   No default calls a JSON function (env's default is the text '[]').
 -- - The job_counts triggers: plpgsql functions below, with a table sharded so that runners'
 --   transitions do not queue behind one row, and a view named job_counts that reads as the
---   SQLite table does.
+--   SQLite table does. The metric counters and histograms are sharded the same way, behind
+--   views named metric_counters and metric_histograms.
 
 -- The server's clock, in milliseconds since the Unix epoch: every lease, heartbeat, schedule
 -- and retention time comes from it, as hosts' clocks differ. clock_timestamp(), not now():
@@ -253,27 +254,48 @@ CREATE INDEX runners_started ON runners (started_at);
 
 -- Monotonic counters: `name` is the metric's short name (`jobs_ended`, `retries_scheduled`,
 -- ...), `queue` and `outcome` its labels ('' when the counter has none).
-CREATE TABLE metric_counters (
+--
+-- SQLite has one row per counter. Here that row would be a lock that every runner's writer
+-- takes in its transaction and holds until it commits: the runners would queue behind each
+-- other on it, and two transactions bumping two counters in opposite orders would deadlock.
+-- So each counter has up to 16 shards, as the job counts below have: a transaction adds to
+-- the shard it owns (job_count_shard()), and the view metric_counters sums them. Reads go
+-- through the view; writes go to the shards (the view cannot be written).
+CREATE TABLE metric_counter_shards (
     name     TEXT    COLLATE "C" NOT NULL,
     queue    TEXT    COLLATE "C" NOT NULL DEFAULT '',
     outcome  TEXT    COLLATE "C" NOT NULL DEFAULT '',
+    shard    BIGINT  NOT NULL CHECK (shard >= 0 AND shard < 16),
     value    BIGINT  NOT NULL DEFAULT 0,
-    PRIMARY KEY (name, queue, outcome)
+    PRIMARY KEY (name, queue, outcome, shard)
 );
+
+-- The counters as SQLite's metric_counters table reads: one row per counter ever bumped.
+CREATE VIEW metric_counters (name, queue, outcome, value) AS
+    SELECT name, queue, outcome, sum(value)::bigint
+    FROM metric_counter_shards
+    GROUP BY name, queue, outcome;
 
 -- Histograms of attempt durations (`wait`: scheduled to started; `run`: started to ended), by
 -- queue and outcome. Each row is one bucket, not cumulative: `le_ms` is the bucket's upper
 -- bound in milliseconds (9223372036854775807 for +Inf), `count` the observations that fell in
--- it and `sum_ms` their total. The exposition cumulates them.
-CREATE TABLE metric_histograms (
+-- it and `sum_ms` their total. The exposition cumulates them. Sharded as the counters are.
+CREATE TABLE metric_histogram_shards (
     name     TEXT    COLLATE "C" NOT NULL,
     queue    TEXT    COLLATE "C" NOT NULL,
     outcome  TEXT    COLLATE "C" NOT NULL,
     le_ms    BIGINT  NOT NULL,
+    shard    BIGINT  NOT NULL CHECK (shard >= 0 AND shard < 16),
     count    BIGINT  NOT NULL DEFAULT 0,
     sum_ms   BIGINT  NOT NULL DEFAULT 0,
-    PRIMARY KEY (name, queue, outcome, le_ms)
+    PRIMARY KEY (name, queue, outcome, le_ms, shard)
 );
+
+-- The buckets as SQLite's metric_histograms table reads.
+CREATE VIEW metric_histograms (name, queue, outcome, le_ms, count, sum_ms) AS
+    SELECT name, queue, outcome, le_ms, sum(count)::bigint, sum(sum_ms)::bigint
+    FROM metric_histogram_shards
+    GROUP BY name, queue, outcome, le_ms;
 
 -- Jobs by queue and status, exact, kept by the triggers below on every INSERT, UPDATE and
 -- DELETE of `jobs` (the store's statements and hand-written SQL alike).
@@ -312,7 +334,8 @@ CREATE VIEW job_counts (queue, status, n) AS
     LEFT JOIN job_count_shards AS c ON c.queue = q.queue AND c.status = s.status
     GROUP BY q.queue, s.status;
 
--- The shard this transaction writes its count changes to. The first call of a transaction
+-- The shard this transaction writes its count changes to (job counts, metric counters and
+-- histograms alike: one shard per transaction for all three). The first call of a transaction
 -- takes the first free one of the 16 transaction-level advisory locks (1818583411, shard),
 -- starting from one picked by the backend's pid, and remembers it in a transaction-local
 -- setting; later calls read the setting. 1818583411 is the bytes of 'leas' (0x6c656173), a

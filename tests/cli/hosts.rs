@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::helper::{FAST, add, cli, fails, inspect, json, ok};
 use crate::serve::Server;
-use crate::util::{leasehold_vars, live_processes, token_alive, wait_for};
+use crate::util::{leasehold_vars, token_alive, wait_for};
 
 /// The host name the other runner records.
 const OTHER: &str = "other-host";
@@ -107,7 +107,7 @@ impl Runner {
     /// and reaps it.
     fn kill(&mut self) {
         let me = self.child.id() as i32;
-        for pid in children_of(me) {
+        for pid in crate::util::host::children_of(me) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         let _ = kill(Pid::from_raw(me), Signal::SIGKILL);
@@ -119,23 +119,6 @@ impl Drop for Runner {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// The live children of `parent`, read from /proc.
-fn children_of(parent: i32) -> Vec<i32> {
-    live_processes()
-        .into_iter()
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{}/stat", p.pid))
-                .ok()
-                .and_then(|s| {
-                    let rest = &s[s.rfind(')')? + 2..];
-                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
-                })
-                == Some(parent)
-        })
-        .map(|p| p.pid)
-        .collect()
 }
 
 /// This host's name, as a runner here records it.

@@ -9,7 +9,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::helper::{Case, PID_SCRIPT, args};
-use crate::util::{leasehold_vars, live_processes, token_alive};
+use crate::util::{leasehold_vars, token_alive};
 
 /// `leasehold run` as pid 1 of a new PID namespace (with its own /proc). Dropping it kills
 /// the namespace's init by its pid on this side (which ends every process in the namespace)
@@ -69,29 +69,12 @@ impl Drop for NamespacedRunner {
     fn drop(&mut self) {
         let me = self.unshare.id() as i32;
         // The namespace's init is unshare's child: killing it ends the whole namespace.
-        for pid in children_of(me) {
+        for pid in crate::util::host::children_of(me) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         let _ = kill(Pid::from_raw(me), Signal::SIGKILL);
         let _ = self.unshare.wait();
     }
-}
-
-/// The live children of `parent`, read from /proc.
-fn children_of(parent: i32) -> Vec<i32> {
-    live_processes()
-        .into_iter()
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{}/stat", p.pid))
-                .ok()
-                .and_then(|s| {
-                    let rest = &s[s.rfind(')')? + 2..];
-                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
-                })
-                == Some(parent)
-        })
-        .map(|p| p.pid)
-        .collect()
 }
 
 /// How many sweeps a runner's debug log shows.

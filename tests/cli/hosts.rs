@@ -33,7 +33,7 @@ impl Runner {
     /// `leasehold run` as pid 1 of new UTS and PID namespaces whose host name is [`OTHER`]:
     /// a runner of another host, as far as leasehold can tell. Panics saying why when
     /// namespaces are refused.
-    fn other_host(db: &Path, folder: &Path) -> Runner {
+    fn other_host(db: &Path, folder: &Path, extra: &[&str]) -> Runner {
         let probe = Command::new("unshare")
             .args(["--uts", "--pid", "--fork", "--mount-proc", "true"])
             .stdin(Stdio::null())
@@ -62,7 +62,8 @@ impl Runner {
             .arg("--db")
             .arg(db)
             .arg("run")
-            .args(FAST);
+            .args(FAST)
+            .args(extra);
         for var in leasehold_vars() {
             cmd.env_remove(var);
         }
@@ -167,7 +168,7 @@ crate::on_both! {
         let db = target.as_path();
         let folder = t.dir.path();
         let id = first_run_sleeps(db, folder);
-        let mut other = Runner::other_host(db, folder);
+        let mut other = Runner::other_host(db, folder, &[]);
         let host = wait_for("the other host's runner to run the job", WAIT, || {
             listed(db, OTHER).filter(|h| h["running_jobs"] == 1)
         });
@@ -314,7 +315,14 @@ crate::on_both! {
         let db = target.as_path();
         let folder = t.dir.path();
         let id = first_run_sleeps(db, folder);
-        let mut other = Runner::other_host(db, folder);
+        let mut other = Runner::other_host(
+            db,
+            folder,
+            // No keeper, so no lease fence ends the attempt (on PostgreSQL a keeper would
+            // stop it by its lease's end, and a runner here would then take the job): its
+            // teardown waits for a runner of that host.
+            &["--no-keepers"],
+        );
         wait_for("the other host's runner to run the job", WAIT, || {
             listed(db, OTHER).filter(|h| h["running_jobs"] == 1)
         });
@@ -383,7 +391,7 @@ crate::on_both! {
         let db = target.as_path();
         let folder = t.dir.path();
         let id = first_run_sleeps(db, folder);
-        let _other = Runner::other_host(db, folder);
+        let _other = Runner::other_host(db, folder, &[]);
         let host = wait_for("the other host's runner to run the job", WAIT, || {
             listed(db, OTHER).filter(|h| h["running_jobs"] == 1)
         });

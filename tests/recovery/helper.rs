@@ -160,3 +160,18 @@ pub fn args_with_workers<'a>(workers: &'a str, extra: &[&'a str]) -> Vec<&'a str
         .chain(extra.iter().copied())
         .collect()
 }
+
+/// The jobs schedule `name` enqueued, by slot; fails on a slot with more than one job.
+pub fn by_slot(store: &Store, name: &str) -> std::collections::BTreeMap<i64, JobRecord> {
+    let mut slots = std::collections::BTreeMap::new();
+    for j in store.list(&leasehold::ListFilter::default()).unwrap() {
+        if j.schedule.as_deref() != Some(name) {
+            continue;
+        }
+        let slot = j.slot_at.expect("a scheduled job has its slot");
+        if let Some(other) = slots.insert(slot, j.clone()) {
+            panic!("slot {slot} has two jobs: {} and {}", other.id, j.id);
+        }
+    }
+    slots
+}

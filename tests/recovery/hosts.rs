@@ -6,9 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Output, Stdio};
 
-use leasehold::{
-    CatchUp, Event, Job, JobRecord, ListFilter, Overlap, Schedule, Status, Store, now_ms,
-};
+use leasehold::{CatchUp, Event, Job, JobRecord, Overlap, Schedule, Status, Store, now_ms};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -461,21 +459,6 @@ fn a_frozen_hosts_attempt_is_never_run_twice_at_once() {
     );
 }
 
-/// The jobs a schedule enqueued, by slot; fails on a slot with more than one job.
-fn by_slot(f: &Farm, name: &str) -> BTreeMap<i64, JobRecord> {
-    let mut slots = BTreeMap::new();
-    for j in f.store().list(&ListFilter::default()).unwrap() {
-        if j.schedule.as_deref() != Some(name) {
-            continue;
-        }
-        let slot = j.slot_at.expect("a scheduled job has its slot");
-        if let Some(other) = slots.insert(slot, j.clone()) {
-            panic!("slot {slot} has two jobs: {} and {}", other.id, j.id);
-        }
-    }
-    slots
-}
-
 #[test]
 fn three_hosts_fire_every_slot_of_a_one_second_schedule_once() {
     let mut f = Farm::new("host_schedule");
@@ -500,7 +483,7 @@ fn three_hosts_fire_every_slot_of_a_one_second_schedule_once() {
     let first = (start / 1000 + 1) * 1000;
     let last = first + 6000;
     let slots = f.wait_for("the window's last slot", |f| {
-        let slots = by_slot(f, "tick");
+        let slots = crate::helper::by_slot(&f.store(), "tick");
         slots.contains_key(&last).then_some(slots)
     });
     let missing: Vec<i64> = (first..=last)
@@ -525,7 +508,7 @@ fn three_hosts_fire_every_slot_of_a_one_second_schedule_once() {
         *ran_on.entry(host_of(&done)).or_default() += 1;
     }
     // Nothing fired twice since either.
-    by_slot(&f, "tick");
+    crate::helper::by_slot(&f.store(), "tick");
     let late: Vec<i64> = (first..=last)
         .step_by(1000)
         .map(|s| slots[&s].created_at - s)

@@ -2,28 +2,12 @@
 //! a one-second schedule exactly once, also when one is SIGKILLed meanwhile; a job that
 //! outlasts its period is not overlapped.
 
-use std::collections::BTreeMap;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use leasehold::{EventKind, Job, JobRecord, ListFilter, Overlap, Schedule, Status, now_ms};
+use leasehold::{EventKind, Job, JobRecord, Overlap, Schedule, Status, now_ms};
 
 use crate::helper::{Case, args};
-
-/// The jobs a schedule enqueued, by slot; fails on a slot with more than one job.
-fn by_slot(c: &Case, name: &str) -> BTreeMap<i64, JobRecord> {
-    let mut slots = BTreeMap::new();
-    for j in c.store().list(&ListFilter::default()).unwrap() {
-        if j.schedule.as_deref() != Some(name) {
-            continue;
-        }
-        let slot = j.slot_at.expect("a scheduled job has its slot");
-        if let Some(other) = slots.insert(slot, j.clone()) {
-            panic!("slot {slot} has two jobs: {} and {}", other.id, j.id);
-        }
-    }
-    slots
-}
 
 #[test]
 fn two_runners_fire_every_slot_once_even_when_one_is_killed() {
@@ -42,7 +26,7 @@ fn two_runners_fire_every_slot_once_even_when_one_is_killed() {
     c.start_runner(&args(&[]));
     // Both runners are up once each has fired or run something; the window starts then.
     c.wait_for("the first slot", |c| {
-        (!by_slot(c, "tick").is_empty()).then_some(())
+        (!crate::helper::by_slot(&c.store(), "tick").is_empty()).then_some(())
     });
     let start = now_ms();
     let began = Instant::now();
@@ -55,13 +39,13 @@ fn two_runners_fire_every_slot_once_even_when_one_is_killed() {
     let end = now_ms();
     // The survivor fires the slots up to `end` within about a second.
     c.wait_for("the window's last slot", |c| {
-        by_slot(c, "tick")
+        crate::helper::by_slot(&c.store(), "tick")
             .keys()
             .next_back()
             .is_some_and(|&s| s >= end / 1000 * 1000)
             .then_some(())
     });
-    let slots = by_slot(&c, "tick");
+    let slots = crate::helper::by_slot(&c.store(), "tick");
     // No slot fired before it was due (the runner that loses a race fires nothing).
     let early: Vec<(i64, i64)> = slots
         .iter()
@@ -102,7 +86,7 @@ fn two_runners_fire_every_slot_once_even_when_one_is_killed() {
     // Nothing was skipped or missed, and the jobs ran.
     assert!(c.store().schedule_events("tick").unwrap().is_empty());
     c.wait_for("the window's jobs to run", |c| {
-        let slots = by_slot(c, "tick");
+        let slots = crate::helper::by_slot(&c.store(), "tick");
         (first..=last)
             .step_by(1000)
             .all(|s| slots.get(&s).is_some_and(|j| j.status == Status::Succeeded))
@@ -121,13 +105,15 @@ fn a_job_that_outlasts_its_period_is_not_overlapped() {
     c.store().put_schedule("slow", &s, now_ms()).unwrap();
     c.start_runner(&args(&[]));
     c.wait_for("three of its jobs to succeed", |c| {
-        let done = by_slot(c, "slow")
+        let done = crate::helper::by_slot(&c.store(), "slow")
             .values()
             .filter(|j| j.status == Status::Succeeded)
             .count();
         (done >= 3).then_some(())
     });
-    let jobs: Vec<JobRecord> = by_slot(&c, "slow").into_values().collect();
+    let jobs: Vec<JobRecord> = crate::helper::by_slot(&c.store(), "slow")
+        .into_values()
+        .collect();
     // Each job was enqueued only after the one before it had ended.
     for pair in jobs.windows(2) {
         let ended = pair[0].completed_at.expect("an earlier job has ended");
@@ -169,7 +155,7 @@ fn slots_missed_while_every_runner_was_stopped_follow_the_catch_up_policy() {
     c.wait_for("the first slot of each schedule", |c| {
         ["skip", "one", "all"]
             .iter()
-            .all(|n| !by_slot(c, n).is_empty())
+            .all(|n| !crate::helper::by_slot(&c.store(), n).is_empty())
             .then_some(())
     });
     // Every runner stops; two slots pass; a runner starts 12 s after the second.
@@ -196,7 +182,7 @@ fn slots_missed_while_every_runner_was_stopped_follow_the_catch_up_policy() {
             .then_some(())
     });
     let gap = |name: &str| -> Vec<i64> {
-        by_slot(&c, name)
+        crate::helper::by_slot(&c.store(), name)
             .into_keys()
             .filter(|s| (second..=third).contains(s))
             .collect()

@@ -69,15 +69,7 @@ fn a_runner_connects_again_after_its_connections_are_cut() {
     assert_eq!(kept.job(first).expect("read").status, Status::Succeeded);
 
     let pg = db.pg.as_ref().expect("a PostgreSQL test");
-    let ended: i64 = pg
-        .connect()
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-             WHERE datname = current_database() AND pid <> pg_backend_pid()",
-            &[],
-        )
-        .and_then(|r| r.try_get(0))
-        .expect("the runner's connections are ended");
+    let ended: i64 = cut_connections(pg).expect("the runner's connections are ended");
     assert!(ended >= 1, "the runner had connections: {ended}");
 
     let store = db.store();
@@ -160,15 +152,7 @@ fn announcements_wake_idle_runners_and_survive_a_cut() {
         assert!(matches!(outcome(&a, id), Outcome::Succeeded), "job {id}");
     }
 
-    let cut: i64 = pg
-        .connect()
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-             WHERE datname = current_database() AND pid <> pg_backend_pid()",
-            &[],
-        )
-        .and_then(|r| r.try_get(0))
-        .expect("the connections are ended");
+    let cut: i64 = cut_connections(pg).expect("the connections are ended");
     assert!(cut >= 2, "the listeners were among them: {cut}");
     let after = db
         .store()
@@ -226,4 +210,16 @@ fn jobs_run_once_whether_the_servers_clock_is_ahead_or_behind() {
         }
         runner.shutdown().expect("the runner stops");
     }
+}
+
+/// Ends every other connection to the test's database, as a server restart does; returns
+/// how many it ended.
+fn cut_connections(pg: &crate::util::pg::TestDb) -> Result<i64, postgres::Error> {
+    pg.connect()
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .and_then(|r| r.try_get(0))
 }

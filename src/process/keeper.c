@@ -44,8 +44,11 @@
  * this host's boot clock when the lease runs out unrenewed: "TERM_AT KILL_AT CHECK\n", 20
  * digits each, CHECK = TERM_AT ^ KILL_AT (a line read while it was being rewritten fails the
  * check and is read again next time). Past TERM_AT the keeper sends SIGTERM to the command's
- * group, past KILL_AT SIGKILL: a runner frozen, or cut off from the database, has its attempt
- * stopped before its lease runs out and another host's runner may claim the job again. A
+ * group, past KILL_AT SIGKILL, whatever the leader did meanwhile: a leader that died of the
+ * SIGTERM stays unreaped until then, so the group id is still the command's and members that
+ * ignore SIGTERM are killed too. Once begun, the fence keeps the times that began it. So a
+ * runner frozen, or cut off from the database, has its attempt stopped before its lease runs
+ * out and another host's runner may claim the job again. A
  * fenced attempt has no outcome: the keeper reaps the command and exits 3 without writing
  * one or saying `exited`, so whoever looks finds the attempt lost, not failed. A runner that
  * leaves its attempts running on purpose removes the file, and no fence applies.
@@ -418,9 +421,12 @@ int main(int argc, char **argv, char **envp) {
     int fenced = 0, fence = 0;
     for (;;) {
         int64_t now = now_ms(CLOCK_MONOTONIC);
-        if (!exited && now - lease_checked >= 100) {
+        if ((!exited || fenced == 1) && now - lease_checked >= 100) {
             lease_checked = now;
-            int leased = read_lease(dir, &term_at, &kill_at);
+            /* Once the fence has begun, the times that began it stand: the attempt is lost
+             * whatever a later renewal says, and its group gets its SIGKILL at KILL_AT even
+             * when the leader died of the SIGTERM (members that ignore it live on). */
+            int leased = fenced || read_lease(dir, &term_at, &kill_at);
             fence = fence || leased; /* a file seen once: a fence applies while it stays */
             if (leased) {
                 int64_t boot = now_ms(CLOCK_BOOTTIME);
@@ -435,13 +441,14 @@ int main(int argc, char **argv, char **envp) {
                 fence = 0; /* removed: the runner left the attempt running on purpose */
             }
         }
-        if (exited && fenced) {
-            /* Stopped by the fence: no outcome, no `exited`: the attempt is lost. */
+        if (exited && fenced == 2) {
+            /* Stopped by the fence: no outcome, no `exited`: the attempt is lost. The leader
+             * was held unreaped until the group's SIGKILL, so the group id was still its. */
             waitpid(pid, NULL, 0);
             return 3;
         }
         int pipes = (s[0].pipe >= 0) + (s[1].pipe >= 0);
-        if (exited && !reported && (pipes == 0 || now >= deadline)) {
+        if (exited && !fenced && !reported && (pipes == 0 || now >= deadline)) {
             if (pipes && control < 0 && !open_at_deadline) {
                 /* Leftovers hold the pipes and no runner will kill them: the group goes
                  * (its leader is unreaped, so the id is still the command's), then the pipes
@@ -493,8 +500,8 @@ int main(int argc, char **argv, char **envp) {
         if (control >= 0) fds[n++] = (struct pollfd){.fd = control, .events = POLLIN};
         if (!exited && pidfd >= 0) fds[n++] = (struct pollfd){.fd = pidfd, .events = POLLIN};
         if (!exited && pidfd < 0) timeout = 50;
-        if (!exited && fence) timeout = 100; /* the lease file is read again */
-        if (exited && !reported) timeout = (int)(deadline > now ? deadline - now : 0);
+        if ((!exited && fence) || fenced == 1) timeout = 100; /* the lease is read again */
+        if (exited && !reported && !fenced) timeout = (int)(deadline > now ? deadline - now : 0);
         if (reported && control < 0 && !written) timeout = (int)(retry_at > now ? retry_at - now : 0);
         if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR)
             usleep(50 * 1000); /* a failing poll (it should not fail) must not spin */

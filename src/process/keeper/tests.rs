@@ -333,6 +333,60 @@ fn the_lease_fence_stops_an_unrenewed_attempt_and_leaves_no_outcome() {
     run.assert_exited(4);
 }
 
+/// The fence's SIGKILL reaches the whole group at KILL_AT even when the leader died of the
+/// SIGTERM: a member that ignores SIGTERM does not run on once the keeper is gone (another
+/// host's runner may then start the job again).
+#[test]
+fn the_lease_fence_kills_members_that_outlive_a_leader_dead_of_its_sigterm() {
+    let boot_ms = || proc::boot_clock_ns().expect("the boot clock") / 1_000_000;
+    let mut job = Job::sh(
+        "(trap '' TERM; exec sleep 30) & echo $! > member; exec sleep 30",
+        "fence-member",
+    );
+    job.cwd = Some(job.folder.path().to_owned());
+    job.fence = Some(files::LeaseFence {
+        term_at: boot_ms() + 300,
+        kill_at: boot_ms() + 1_300,
+    });
+    let kill_at = job.fence.map(|f| f.kill_at).unwrap_or_default();
+    let mut run = job.start(0, DRAIN);
+    let member_file = job.folder.path().join("member");
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(
+            &member_file
+        )
+        .is_ok_and(|s| s.ends_with('\n'))),
+        "the member wrote its pid"
+    );
+    let member: i32 = std::fs::read_to_string(&member_file)
+        .expect("member pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let Kept {
+        mut keeper,
+        control,
+        ..
+    } = run.0.take().expect("started");
+    assert_eq!(keeper_exit(&mut keeper), Some(3));
+    assert!(
+        boot_ms() >= kill_at,
+        "the keeper exited before KILL_AT, so nothing sent the group its SIGKILL"
+    );
+    // Killed, it is gone or a zombie waiting for its new parent to reap it.
+    let alive = || proc::proc_info(member).is_some_and(|p| p.state != 'Z');
+    let gone = wait_until(Duration::from_secs(5), || !alive());
+    if !gone {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(member), Signal::SIGKILL);
+    }
+    assert!(
+        gone,
+        "member {member}, which ignores SIGTERM, runs on after the fence"
+    );
+    assert!(job.outcome().is_none(), "a fenced attempt has no outcome");
+    drop(control);
+}
+
 #[test]
 fn a_runner_that_dies_costs_the_command_nothing_and_the_keeper_still_writes_the_outcome() {
     // Any signal the runner's death could bring (a hangup, a broken pipe, a

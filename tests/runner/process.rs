@@ -156,3 +156,47 @@ fn output_beyond_the_tail_keeps_the_last_bytes() {
     assert_eq!(out.stderr.len(), 1000);
     assert!(out.stderr_truncated);
 }
+
+/// A job's main process that exits while a member of its group lives on (holding its output
+/// open) stays unreaped, a zombie, until the attempt is over: its pid, which is the group's id,
+/// cannot be given to another process while the group may still be signalled by that id. Held
+/// by the attempt's keeper, and by the runner itself without keepers.
+#[test]
+fn an_exited_main_process_stays_unreaped_while_its_group_lives() {
+    for keepers in [true, false] {
+        let db = TestDb::new();
+        let runner = fast(&db.path)
+            .keepers(keepers)
+            .drain_timeout(Duration::from_secs(10))
+            .start()
+            .expect("start");
+        let id = runner
+            .enqueue(&Job::shell("sleep 2 & exit 0"))
+            .expect("enqueue");
+        let job = running(&db, id);
+        let (pid, pgid) = (job.pid.unwrap(), job.pgid.unwrap());
+        let state = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            stat.rfind(')').and_then(|i| stat[i + 2..].chars().next())
+        };
+        // The exit is seen as a zombie, or not at all once something reaped it.
+        let seen = wait_for("the main process to exit", WAIT, || match state() {
+            Some('Z') => Some((true, group_members(pgid))),
+            None => Some((false, group_members(pgid))),
+            Some(_) => None,
+        });
+        assert!(
+            seen.0 && !seen.1.is_empty(),
+            "keepers: {keepers}: main process {pid} unreaped: {}, its group's live members: {:?}",
+            seen.0,
+            seen.1
+        );
+        assert_eq!(
+            outcome(&runner, id),
+            Outcome::Succeeded,
+            "keepers: {keepers}"
+        );
+        assert!(state().is_none(), "reaped once the attempt is over");
+        runner.shutdown().expect("shutdown");
+    }
+}

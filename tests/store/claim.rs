@@ -263,3 +263,38 @@ crate::on_both! {
         assert_eq!(claim_one(&store, "w", T0 + 3_600_000).id, now);
     }
 }
+
+/// On PostgreSQL a claim skips the jobs whose rows another transaction holds (another claim's
+/// pick, before it commits) and takes the next ones, without waiting for that transaction:
+/// concurrent claims take different jobs side by side instead of taking turns.
+#[test]
+fn a_postgres_claim_takes_other_jobs_without_waiting_for_a_row_another_holds() {
+    let db = TestDb::postgres("claim_skips_held_rows");
+    let pg = db.pg.as_ref().expect("a PostgreSQL test");
+    let store = db.store();
+    let ids = store
+        .enqueue_many(&vec![Job::shell("true"); 3], T0)
+        .unwrap();
+    let mut holder = pg.connect();
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT id FROM jobs WHERE id = {} FOR UPDATE",
+            ids[0]
+        ))
+        .unwrap();
+    let claimer = db.store();
+    let (waited, claimed) =
+        crate::util::pg::behind_lock(pg, &mut holder, move || claim(&claimer, "w", 3, T0));
+    assert!(
+        !waited,
+        "the claim waited for job {}'s row, which another transaction held",
+        ids[0]
+    );
+    let taken: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    assert_eq!(taken, ids[1..], "the jobs nobody held");
+    assert_eq!(
+        claim_one(&store, "w", T0).id,
+        ids[0],
+        "the held job, once released"
+    );
+}

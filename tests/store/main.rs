@@ -6,6 +6,7 @@ mod util;
 
 mod helper;
 
+mod batch;
 mod claim;
 mod dependency;
 mod ending;

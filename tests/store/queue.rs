@@ -227,3 +227,60 @@ crate::on_both! {
         assert_eq!(claimed.len(), 10);
     }
 }
+
+/// On PostgreSQL the claim that takes chosen jobs one by id (when a queue is paused or capped)
+/// locks each job's row and skips a row another claim holds: a job that claim moved to running
+/// but has not committed yet is never taken a second time once it commits. Through both ways
+/// into that path that take no lock on a queue's row: a pause elsewhere, and a runner's caps.
+#[test]
+fn a_postgres_claim_by_id_never_takes_a_job_another_claim_holds() {
+    for capped in [false, true] {
+        let db = TestDb::postgres("claim_by_id_held_row");
+        let pg = db.pg.as_ref().expect("a PostgreSQL test");
+        let store = db.store();
+        let id = enqueue(&store, &Job::shell("true"));
+        let caps = if capped {
+            vec![("default".to_string(), 5)]
+        } else {
+            store.pause_queue("elsewhere").unwrap();
+            Vec::new()
+        };
+        // Another claim's transaction: it took the job and has not committed yet.
+        let mut holder = pg.connect();
+        holder
+            .batch_execute(&format!(
+                "BEGIN;
+                 UPDATE jobs SET status = 'running', attempt = attempt + 1,
+                        run_token = '{}', worker_id = 'other', started_at = {T0},
+                        heartbeat_at = {T0}, lease_expires_at = {}
+                  WHERE id = {id} AND status = 'pending'",
+                "0".repeat(32),
+                T0 + 30_000
+            ))
+            .unwrap();
+        let claimer = db.store();
+        let (_, claimed) = crate::util::pg::behind_lock(pg, &mut holder, move || {
+            let req = ClaimRequest {
+                worker_id: "w",
+                limit: 5,
+                queues: &[],
+                lease_ttl: TTL,
+                queue_caps: &caps,
+            };
+            claimer.claim(&req, T0).unwrap()
+        });
+        let job = store.job(id).unwrap();
+        assert!(
+            claimed.iter().all(|c| c.id != id),
+            "capped: {capped}: job {id} claimed twice, by the other transaction and again by \
+             this claim (attempt {}, token {})",
+            job.attempt,
+            job.run_token.as_deref().unwrap_or("none")
+        );
+        assert_eq!(
+            (job.status, job.attempt, job.worker_id.as_deref()),
+            (Status::Running, 1, Some("other")),
+            "capped: {capped}"
+        );
+    }
+}

@@ -153,3 +153,48 @@ pub fn restart_server() {
         .expect("bash runs .ci/pg");
     assert!(status.success(), "bash .ci/pg restart failed: {status}");
 }
+
+/// How many connections to `client`'s database wait for a lock another transaction holds (a
+/// row lock, an advisory lock), as `pg_stat_activity` shows them now.
+pub fn lock_waiters(client: &mut Client) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .and_then(|r| r.try_get(0))
+        .expect("pg_stat_activity")
+}
+
+/// Runs `work` on a thread of its own while `holder`, a connection of the test in an open
+/// transaction, holds a lock: once `work` has returned, or some connection waits for a lock
+/// (10 s at most), commits `holder` and returns whether `work` waited, with what it returned.
+/// Whether it waited is known without timing anything, and a `work` that waits fails its test
+/// at once rather than when a deadline passes.
+pub fn behind_lock<T: Send>(
+    db: &TestDb,
+    holder: &mut Client,
+    work: impl FnOnce() -> T + Send,
+) -> (bool, T) {
+    let mut watcher = db.connect();
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(work);
+        let waited = super::poll(std::time::Duration::from_secs(10), || {
+            if worker.is_finished() {
+                return Some(false);
+            }
+            (lock_waiters(&mut watcher) > 0).then_some(true)
+        });
+        // Released before any assertion: a `work` still waiting then ends, and the scope
+        // can join it.
+        holder
+            .batch_execute("COMMIT")
+            .expect("the holding transaction commits");
+        let done = worker
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let waited = waited.expect("the work returns, or waits for a lock, within 10 s");
+        (waited, done)
+    })
+}

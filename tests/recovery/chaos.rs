@@ -207,7 +207,14 @@ fn chaos_on_postgres_runs_every_job_once_and_fences_every_late_result() {
     }
 
     let c = Chaos::read(&url, folder, &ids);
-    c.check(&mut failures);
+    // Every line of every runner's log, for what they said of a job that broke a promise.
+    let said: Vec<(String, String)> = runners
+        .iter()
+        .enumerate()
+        .map(|(n, r)| (format!("runner {n}"), r.log()))
+        .chain([(host.name().to_string(), host.log())])
+        .collect();
+    c.check(&mut failures, &said);
     let reruns: usize = c
         .jobs
         .values()
@@ -317,7 +324,8 @@ impl Kills {
 
 /// Until `stop`: picks a state at random, terminates one of leasehold's sessions on database
 /// `db` in that state (looking for one for up to [`LOOK`]), pauses, and again. Connects again
-/// when the server restarts.
+/// when the server restarts. Leasehold's sessions are those whose `application_name` begins
+/// with `leasehold` (the store's default); the test's own have none.
 fn terminate(url: &str, db: &str, seed: u64, stop: &AtomicBool) -> Kills {
     // xorshift64: the run's picks follow from its seed.
     let mut rng = seed.max(1);
@@ -343,7 +351,7 @@ fn terminate(url: &str, db: &str, seed: u64, stop: &AtomicBool) -> Kills {
             // One statement: the session is cut in the state it was seen in.
             let rows = c.query(
                 "SELECT pg_terminate_backend(pid) FROM (SELECT pid FROM pg_stat_activity \
-                 WHERE application_name = 'leasehold' AND datname = $1 AND state = $2 \
+                 WHERE application_name LIKE 'leasehold%' AND datname = $1 AND state = $2 \
                  ORDER BY random() LIMIT 1) s",
                 &[&db, &STATES[pick]],
             );
@@ -494,7 +502,8 @@ impl Chaos {
     }
 
     /// Adds to `failures` what broke a promise, each with its figures and the first few jobs.
-    fn check(&self, failures: &mut Vec<String>) {
+    /// `said` is each runner's name and log: what it said of the first jobs named is shown.
+    fn check(&self, failures: &mut Vec<String>, said: &[(String, String)]) {
         let total = self.jobs.len();
         let mut fail = |what: String, bad: &[i64]| {
             if bad.is_empty() {
@@ -503,7 +512,19 @@ impl Chaos {
             let shown: Vec<String> = bad
                 .iter()
                 .take(3)
-                .map(|id| self.jobs[id].describe(*id))
+                .map(|id| {
+                    let (at, colon) = (format!("job {id} "), format!("job {id}:"));
+                    let lines: Vec<String> = said
+                        .iter()
+                        .flat_map(|(name, log)| {
+                            log.lines()
+                                .filter(|l| l.contains(&at) || l.contains(&colon))
+                                .map(move |l| format!("  {name}: {l}"))
+                        })
+                        .take(12)
+                        .collect();
+                    format!("{}\n{}", self.jobs[id].describe(*id), lines.join("\n"))
+                })
                 .collect();
             failures.push(format!(
                 "{what}: {} of {total} jobs {:?}\n{}",

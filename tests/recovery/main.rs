@@ -6,6 +6,7 @@ mod util;
 
 mod helper;
 
+mod chaos;
 mod crash;
 mod exhaustion;
 mod flow;

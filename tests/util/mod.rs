@@ -27,8 +27,8 @@ use rusqlite::Connection;
 use tempfile::TempDir;
 
 pub use proc::{
-    Proc, alive, group_alive, group_members, live_processes, processes_with_env, token_alive,
-    token_holders,
+    EndMarked, Proc, alive, group_alive, group_members, live_processes, processes_with_env,
+    token_alive, token_holders,
 };
 pub use runner::{RUN_VARS, RunnerProcess, leasehold_vars};
 pub use span::{max_overlap, spans, timed};

@@ -79,3 +79,18 @@ pub fn token_holders(token: &str) -> Vec<i32> {
 pub fn token_alive(token: &str) -> bool {
     !token_holders(token).is_empty()
 }
+
+/// Ends with SIGKILL, when dropped, every live process whose environment holds `entry`
+/// (`NAME=value`, a test's marker): what a test's runners left behind, whatever happened.
+pub struct EndMarked(pub String);
+
+impl Drop for EndMarked {
+    fn drop(&mut self) {
+        for pid in processes_with_env(&self.0) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}

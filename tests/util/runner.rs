@@ -1,6 +1,7 @@
 //! `leasehold run` as a child process: started with arguments, signalled, crashed, waited
 //! for, and killed by pid when the test ends before it does.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,10 +51,21 @@ impl RunnerProcess {
 
     /// Starts `leasehold --db DB run ARGS` with the variables `env` set as well.
     pub fn start_with_env(db: &Path, args: &[&str], env: &[(&str, &str)]) -> RunnerProcess {
+        let folder = db.parent().expect("the database is in a folder");
+        RunnerProcess::start_logged(db.as_os_str(), folder, args, env)
+    }
+
+    /// Starts `leasehold --db DB run ARGS` with `env` set, its log in `folder`: for a database
+    /// that is not a file beside the log (a PostgreSQL URL).
+    pub fn start_logged(
+        db: &OsStr,
+        folder: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> RunnerProcess {
         // Unique in this test process, so runners of one test never share a log.
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, Ordering::Relaxed);
-        let folder = db.parent().expect("the database is in a folder");
         let log = folder.join(format!("runner-{n}.log"));
         let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
         cmd.arg("--db").arg(db).arg("run").args(args);

@@ -422,6 +422,13 @@ fn no_password_shows_in_errors_or_folder_names() {
         chain(&Store::open(&urls[0]).unwrap_err()).contains("password authentication failed"),
         "the server's reason is kept"
     );
+    // prefer (the default) tries plain after TLS is refused: the TLS attempt's reason is kept.
+    let e =
+        chain(&Store::open(format!("postgres://app:{WRONG}@127.0.0.1:{port}/app")).unwrap_err());
+    assert!(
+        e.contains("password authentication failed") && !e.contains(WRONG),
+        "{e}"
+    );
     // The local folders: no password, and the same for URLs that differ only in the password
     // or the TLS settings.
     let plain = format!("postgres://app@127.0.0.1:{port}/app");

@@ -270,7 +270,9 @@ pub(crate) fn connect_client(settings: &Settings) -> Result<postgres::Client> {
         pg.ssl_mode(negotiate);
         Ok(pg.connect(tls.clone())?)
     };
-    // The server answered, and refused: its pg_hba.conf may take the other kind.
+    // The server answered, and refused: its pg_hba.conf may take the other kind. When both
+    // fail, the TLS attempt's error says why (a wrong password, rather than the plain
+    // attempt's "no encryption").
     let refused = |e: &Error| matches!(e, Error::Postgres(e) if e.as_db_error().is_some());
     match settings.mode {
         SslMode::Disable => plain(),
@@ -280,7 +282,7 @@ pub(crate) fn connect_client(settings: &Settings) -> Result<postgres::Client> {
         },
         // The postgres crate itself goes on in plain text when the server offers no TLS.
         SslMode::Prefer => match secure(Negotiate::Prefer) {
-            Err(e) if refused(&e) => plain(),
+            Err(e) if refused(&e) => plain().map_err(|_| e),
             other => other,
         },
         SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => secure(Negotiate::Require),

@@ -795,6 +795,8 @@ pub(crate) fn numbered_marks(sql: &str) -> String {
 
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;
+#[cfg(feature = "postgres")]
+pub(crate) mod tls;
 
 #[cfg(test)]
 mod tests {

@@ -22,28 +22,128 @@ pub(crate) const MIGRATION_LOCK: i64 = 0x6c65_6173_6568_6f6c;
 #[cfg(feature = "postgres")]
 const SCHEMA: &str = include_str!("pg/schema.sql");
 
+#[cfg(feature = "postgres")]
+mod pass;
+
 /// Whether `path` is a PostgreSQL URL (`postgres://` or `postgresql://`) rather than a file.
 pub(crate) fn is_url(path: &Path) -> bool {
     path.to_str()
         .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
 }
 
-/// The URL without its password, to show in messages and logs.
+/// The URL without its password, to show in messages and logs: neither `user:password@`
+/// nor a `password=` in its query.
 pub(crate) fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let (authority, tail) = match rest.find('/') {
+    let (authority, tail) = match rest.find(['/', '?']) {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
-    match authority.rsplit_once('@') {
+    let authority = match authority.rsplit_once('@') {
         Some((user, host)) => {
             let user = user.split_once(':').map_or(user, |(name, _)| name);
-            format!("{scheme}://{user}@{host}{tail}")
+            format!("{user}@{host}")
         }
-        None => url.to_owned(),
+        None => authority.to_owned(),
+    };
+    let (path, query) = query(tail);
+    let kept: Vec<&str> = query
+        .iter()
+        .filter(|(key, _)| decoded(key).as_deref() != Some("password"))
+        .map(|(_, pair)| *pair)
+        .collect();
+    joined(&format!("{scheme}://{authority}{path}"), &kept)
+}
+
+/// What names the database and not how it is reached: the [`redacted`] URL without the TLS
+/// settings (`sslmode`, `sslrootcert`), so that the local folders of a database keep their
+/// name when only its password or TLS settings change.
+pub(crate) fn identity(url: &str) -> String {
+    let shown = redacted(url);
+    let (base, query) = query(&shown);
+    let kept: Vec<&str> = query
+        .iter()
+        .filter(|(key, _)| !OWN_KEYS.contains(&decoded(key).as_deref().unwrap_or("")))
+        .map(|(_, pair)| *pair)
+        .collect();
+    joined(base, &kept)
+}
+
+/// The query parameters leasehold reads itself, which the `postgres` crate does not know.
+const OWN_KEYS: [&str; 2] = ["sslmode", "sslrootcert"];
+
+/// `text` before its query, and the query's pairs: each its key (still percent-encoded) and
+/// the whole pair as written.
+fn query(text: &str) -> (&str, Vec<(&str, &str)>) {
+    let Some((base, query)) = text.split_once('?') else {
+        return (text, Vec::new());
+    };
+    let pairs = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| (pair.split_once('=').map_or(pair, |(key, _)| key), pair))
+        .collect();
+    (base, pairs)
+}
+
+/// `base` with the query of `pairs`, or without one when there are none.
+fn joined(base: &str, pairs: &[&str]) -> String {
+    if pairs.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", pairs.join("&"))
     }
+}
+
+/// `text` with its `%XX` escapes decoded; `None` when that is not UTF-8.
+fn decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The URL's own settings (`sslmode`, `sslrootcert`, decoded), and the URL without them, for
+/// the `postgres` crate, which refuses keys it does not know and sslmodes past `require`.
+#[cfg(feature = "postgres")]
+fn own_settings(url: &str) -> Result<(String, [Option<String>; 2])> {
+    let (base, pairs) = query(url);
+    let mut own = [None, None];
+    let mut kept = Vec::new();
+    for (key, pair) in pairs {
+        match OWN_KEYS
+            .iter()
+            .position(|k| decoded(key).as_deref() == Some(*k))
+        {
+            Some(i) => {
+                let value = pair.split_once('=').map_or("", |(_, v)| v);
+                own[i] = Some(decoded(value).ok_or_else(|| Error::Invalid {
+                    setting: OWN_KEYS[i],
+                    reason: "not UTF-8 once decoded".to_string(),
+                })?);
+            }
+            None => kept.push(pair),
+        }
+    }
+    Ok((joined(base, &kept), own))
 }
 
 /// The error for a URL in a build without the backend.
@@ -77,10 +177,13 @@ pub(crate) fn listen(url: &Path) -> Result<db::pg::Listening> {
     db::pg::Listening::start(&config(url)?)
 }
 
-/// The connection's settings: the URL's, then the `PG*` variables for what it leaves out.
+/// The connection's settings: the URL's, then the `PG*` variables for what it leaves out, then
+/// the password file for a password (see `pass`).
 #[cfg(feature = "postgres")]
-fn config(url: &str) -> Result<postgres::Config> {
-    let mut config: postgres::Config = url.parse().map_err(|e| Error::Invalid {
+fn config(url: &str) -> Result<db::tls::Settings> {
+    let (rest, [sslmode, sslrootcert]) = own_settings(url)?;
+    // The postgres crate's message names the key or value at fault, never the URL's password.
+    let mut config: postgres::Config = rest.parse().map_err(|e| Error::Invalid {
         setting: "database URL",
         reason: format!("{}: {e}", redacted(url)),
     })?;
@@ -110,20 +213,39 @@ fn config(url: &str) -> Result<postgres::Config> {
             }
         }
     }
-    if config.get_password().is_none()
-        && let Some(password) = env("PGPASSWORD")
-    {
-        config.password(password);
-    }
     if config.get_dbname().is_none()
         && let Some(name) = env("PGDATABASE")
     {
         config.dbname(&name);
     }
+    // libpq's order: the URL's password, then PGPASSWORD, then the password file.
+    if config.get_password().is_none() {
+        let password = env("PGPASSWORD").or_else(|| {
+            let host = match config.get_hosts().first() {
+                Some(postgres::config::Host::Tcp(host)) => host.clone(),
+                Some(postgres::config::Host::Unix(path)) => path.to_string_lossy().into_owned(),
+                None => "localhost".to_string(),
+            };
+            let port = config.get_ports().first().copied().unwrap_or(5432);
+            let user = config.get_user().unwrap_or_default();
+            let dbname = config.get_dbname().unwrap_or(user);
+            pass::lookup(&host, port, dbname, user)
+        });
+        if let Some(password) = password {
+            config.password(password);
+        }
+    }
     if config.get_application_name().is_none() {
         config.application_name("leasehold");
     }
-    Ok(config)
+    let sslrootcert = sslrootcert.or_else(|| env("PGSSLROOTCERT"));
+    let sslmode = match sslmode.or_else(|| env("PGSSLMODE")) {
+        Some(mode) => db::tls::SslMode::parse(&mode)?,
+        // libpq: the system's roots are for verify-full, its default then.
+        None if sslrootcert.as_deref() == Some("system") => db::tls::SslMode::VerifyFull,
+        None => db::tls::SslMode::Prefer,
+    };
+    db::tls::Settings::new(config, sslmode, sslrootcert.as_deref())
 }
 
 /// Creates the schema in an empty database, or checks the version of one made already.
@@ -264,5 +386,40 @@ mod tests {
         );
         assert_eq!(redacted("postgres://h/db"), "postgres://h/db");
         assert_eq!(redacted("postgres://u@h/d:b@c"), "postgres://u@h/d:b@c");
+        // A password in the query, spelled plainly or percent-encoded, goes too.
+        assert_eq!(
+            redacted("postgres://u:s@h/db?password=secret&sslmode=require"),
+            "postgres://u@h/db?sslmode=require"
+        );
+        assert_eq!(
+            redacted("postgres://h?pass%77ord=secret&a=1&password"),
+            "postgres://h?a=1"
+        );
+    }
+
+    #[test]
+    fn the_folders_identity_leaves_out_the_password_and_the_tls_settings() {
+        let plain = "postgres://u@h:5432/db?application_name=x";
+        for url in [
+            "postgres://u:pw@h:5432/db?application_name=x",
+            "postgres://u@h:5432/db?sslmode=verify-full&application_name=x&sslrootcert=%2Fa",
+            "postgres://u@h:5432/db?password=pw&application_name=x",
+        ] {
+            assert_eq!(identity(url), plain, "{url}");
+        }
+        assert_eq!(identity("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn leaseholds_own_keys_are_taken_out_of_the_url_and_decoded() {
+        let (rest, own) = own_settings(
+            "postgres://h/db?sslmode=verify-ca&connect_timeout=5&sslrootcert=%2Fca.crt",
+        )
+        .unwrap();
+        assert_eq!(rest, "postgres://h/db?connect_timeout=5");
+        assert_eq!(own, [Some("verify-ca".into()), Some("/ca.crt".into())]);
+        let (rest, own) = own_settings("postgres://h/db").unwrap();
+        assert_eq!((rest.as_str(), own), ("postgres://h/db", [None, None]));
     }
 }

@@ -72,12 +72,12 @@ pub(crate) fn canonical(db: &Path) -> PathBuf {
 /// Where this host keeps what a PostgreSQL database's runners keep beside a SQLite file (the
 /// wake-up sockets, the attempts' files): `$XDG_STATE_HOME/leasehold`, else
 /// `~/.local/state/leasehold`, else `/tmp/leasehold-<uid>`, then a name made of the URL
-/// (without its password), this host's name and a hash of both, so that two databases never
+/// (without its password and TLS settings: [`identity`](super::pg::identity)), this host's name and a hash of both, so that two databases never
 /// share folders, nor two hosts whose home folders are one network share (the attempts' files
 /// of one host's runners are no other host's to read, adopt or remove). The folder is made
 /// (owner-only) when missing; a failure shows when the folders beside it are made.
 pub(crate) fn local_base(url: &Path) -> PathBuf {
-    let url = super::pg::redacted(&url.to_string_lossy());
+    let url = super::pg::identity(&url.to_string_lossy());
     let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
     let state = match std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
         Some(dir) => PathBuf::from(dir).join("leasehold"),

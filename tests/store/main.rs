@@ -23,4 +23,5 @@ mod reclaim;
 mod renewal;
 mod retention;
 mod schedule;
+mod tls;
 mod unique;

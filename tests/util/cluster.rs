@@ -2,7 +2,7 @@
 //! that restarts or stops its server: the shared test server (`LEASEHOLD_TEST_PG`) is never
 //! restarted, since other tests use it meanwhile.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::pg::pg_script;
@@ -47,6 +47,32 @@ impl Cluster {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// Appends `settings` to the server's `postgresql.conf`, replaces its `pg_hba.conf` with
+    /// `hba`, and copies `files` (each a name in the data folder and the file to copy there)
+    /// owner-only and owned by the server's user, as PostgreSQL wants a key file. They take
+    /// effect at the next [`Cluster::restart`].
+    pub fn configure(&self, settings: &str, hba: &str, files: &[(&str, &Path)]) {
+        use std::io::Write;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let data = self.dir.join("data");
+        let owner = std::fs::metadata(&data).expect("the data folder exists");
+        let own = |path: &Path| {
+            std::os::unix::fs::chown(path, Some(owner.uid()), Some(owner.gid())).unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        };
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .expect("postgresql.conf opens");
+        writeln!(conf, "\n{settings}").unwrap();
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        own(&data.join("pg_hba.conf"));
+        for (name, from) in files {
+            std::fs::copy(from, data.join(name)).unwrap();
+            own(&data.join(name));
+        }
     }
 
     /// The server's log so far (`pg_ctl -l`), empty if it cannot be read.

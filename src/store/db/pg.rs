@@ -120,6 +120,7 @@ fn rewrite_each(text: &str, open: &str, f: impl Fn(&str) -> String) -> String {
     out.push_str(rest);
     out
 }
+use super::tls::{Settings, connect_client};
 use crate::error::{Error, Result};
 
 /// A client and its prepared statements, keyed by text and parameter kinds.
@@ -133,7 +134,7 @@ pub(crate) struct Conn {
 }
 
 struct Inner {
-    config: postgres::Config,
+    config: Settings,
     /// `None` once a call found the connection lost, until the next call connects again.
     client: Option<postgres::Client>,
     texts: HashMap<String, Arc<str>>,
@@ -169,7 +170,7 @@ impl Inner {
                 return Err(Error::ConnectionLost);
             }
             let config = &self.config;
-            let client = blocking(|| config.connect(postgres::NoTls))?;
+            let client = blocking(|| connect_client(config))?;
             log::info!("connected to PostgreSQL again");
             self.client = Some(client);
         }
@@ -235,8 +236,8 @@ impl Drop for Conn {
 
 impl Conn {
     /// Connects with `config`.
-    pub(crate) fn connect(config: postgres::Config) -> Result<Conn> {
-        let client = blocking(|| config.connect(postgres::NoTls))?;
+    pub(crate) fn connect(config: Settings) -> Result<Conn> {
+        let client = blocking(|| connect_client(&config))?;
         Ok(Conn {
             inner: RefCell::new(Inner {
                 config,
@@ -355,8 +356,8 @@ pub(crate) struct Listening {
 
 impl Listening {
     /// Connects with `config` and listens.
-    pub(crate) fn start(config: &postgres::Config) -> Result<Listening> {
-        let mut client = blocking(|| config.connect(postgres::NoTls))?;
+    pub(crate) fn start(config: &Settings) -> Result<Listening> {
+        let mut client = blocking(|| connect_client(config))?;
         blocking(|| client.batch_execute(&format!("LISTEN {WAKE_CHANNEL}")))?;
         Ok(Listening {
             client: Some(client),

@@ -23,9 +23,21 @@ pub enum Error {
     #[error("PostgreSQL error")]
     Postgres(#[from] postgres::Error),
     /// The connection to the PostgreSQL server was lost in the middle of a transaction, which
-    /// was lost with it: nothing of it was stored. The next call connects again.
+    /// was lost with it: nothing of it was stored. Every later statement of that transaction,
+    /// and its `COMMIT`, fail so too (the transaction is poisoned until its `ROLLBACK`); the
+    /// first call after that connects again. [`Error::is_busy`] counts it: the whole
+    /// transaction, run again, goes through.
+    ///
+    /// A `COMMIT` whose answer the connection lost is the one case where the server may have
+    /// stored the transaction: a retried transaction must be one that a second run fences (a
+    /// guarded write that finds its guard gone changes nothing).
     #[error("the connection to the PostgreSQL server was lost; the transaction was not stored")]
     ConnectionLost,
+    /// A statement of a PostgreSQL transaction failed, which aborted the whole transaction,
+    /// and its `COMMIT` was asked for all the same: PostgreSQL would have rolled it back and
+    /// answered as if it had committed. It was rolled back; nothing of it was stored.
+    #[error("the transaction was aborted by an earlier error in it; nothing of it was stored")]
+    Aborted,
     /// A query that must return a row returned none.
     #[error("the query returned no row")]
     NoRows,
@@ -231,21 +243,67 @@ impl Error {
 
     /// True when the error is SQLite's "busy" or "locked": another connection holds the lock.
     ///
-    /// On PostgreSQL: a deadlock broken by the server, or a serialization failure. Either
-    /// rolled the transaction back because of another's locks; the same write, tried again,
-    /// goes through.
+    /// On PostgreSQL: a deadlock broken by the server, a serialization failure, a lock not
+    /// had within the session's `lock_timeout` (55P03), a statement cancelled by its
+    /// `statement_timeout` (57014, not a cancel asked for), or [`Error::ConnectionLost`]. Each
+    /// rolled the transaction back (or lost it with its connection) because of another's
+    /// locks or of the network; the same transaction, run again from its start, goes through.
     pub fn is_busy(&self) -> bool {
         match self {
             Error::Sqlite(e) => is_busy(e),
-            Error::Busy { .. } => true,
+            Error::Busy { .. } | Error::ConnectionLost => true,
             #[cfg(feature = "postgres")]
-            Error::Postgres(e) => e.code().is_some_and(|code| {
-                *code == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
-                    || *code == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+            Error::Postgres(e) => e.as_db_error().is_some_and(|db| {
+                use postgres::error::SqlState;
+                let code = db.code();
+                *code == SqlState::T_R_DEADLOCK_DETECTED
+                    || *code == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *code == SqlState::LOCK_NOT_AVAILABLE
+                    || *code == SqlState::QUERY_CANCELED
+                        && db.message().contains("statement timeout")
             }),
             _ => false,
         }
     }
+
+    /// True when the error says that the PostgreSQL server could not be reached or that the
+    /// connection to it was lost (refused, timed out, reset, closed, or ended by the server:
+    /// an administrator's `pg_terminate_backend`, a shutdown, a server still starting): a
+    /// state that passes, unlike a refusal (a wrong password, a missing database) that does
+    /// not. Never on SQLite.
+    pub(crate) fn is_connection(&self) -> bool {
+        match self {
+            Error::ConnectionLost => true,
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => is_connection(e),
+            _ => false,
+        }
+    }
+}
+
+/// See [`Error::is_connection`].
+#[cfg(feature = "postgres")]
+pub(crate) fn is_connection(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(db) = e.as_db_error() {
+        let code = db.code();
+        return code.code().starts_with("08")
+            || [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                SqlState::TOO_MANY_CONNECTIONS,
+            ]
+            .contains(code);
+    }
+    // No answer from the server: an I/O error (refused, reset, unreachable), or no answer
+    // within the connect timeout.
+    std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+        || e.to_string() == "timeout waiting for server"
 }
 
 impl Error {

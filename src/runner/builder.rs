@@ -201,13 +201,24 @@ impl RunnerBuilder {
     }
 
     /// How long a lease lasts unless renewed: a runner that stops renewing loses its jobs
-    /// this long after its last renewal. By default, 30 s.
+    /// this long after its last renewal.
+    ///
+    /// On PostgreSQL it also bounds the runner's sessions: a statement runs for at most half
+    /// of it (`statement_timeout`), and the server ends a session of the runner that sits in
+    /// an open transaction for as long (`idle_in_transaction_session_timeout`: a frozen
+    /// runner's locks do not outlive its leases). By default, 30 s.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.config.lease_ttl = ttl;
         self
     }
 
-    /// How often leases are renewed; at most a third of the lease TTL. By default, 5 s.
+    /// How often leases are renewed; at most a third of the lease TTL.
+    ///
+    /// On PostgreSQL it also bounds the runner's waits: a statement waits for a lock for at
+    /// most half of it (`lock_timeout`; the transaction then runs again, so a renewal is
+    /// tried again within its heartbeat), and connecting, TCP keepalives (3 probes) and
+    /// unacknowledged data (`tcp_user_timeout`) get one heartbeat each (at least 1 s). By
+    /// default, 5 s.
     pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
         self.config.heartbeat_interval = interval;
         self

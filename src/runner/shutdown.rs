@@ -72,6 +72,13 @@ impl Runner {
     /// to pending without spending their recovery budget; joins every thread and records
     /// the runner's clean stop. Calling it again does nothing.
     ///
+    /// It returns within `grace`, plus the kill grace, plus at most about two lease TTLs
+    /// when the database does not take its writes meanwhile (another process holds the
+    /// SQLite file's write lock, or a PostgreSQL row the runner must write; the server is
+    /// out of reach): the sweeper's last sweep, and the writer's last endings, each give up
+    /// after a lease TTL (their jobs' leases run out, and a sweeper reclaims them). On
+    /// PostgreSQL no statement waits for a lock longer than half a heartbeat.
+    ///
     /// # Errors
     ///
     /// A database error recording the stop (everything else is done by then);

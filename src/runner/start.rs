@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, bounded, unbounded};
 use parking_lot::Mutex;
@@ -36,6 +36,12 @@ impl RunnerBuilder {
     /// [`Error::WakeFolder`](crate::Error::WakeFolder) when the wake-up folder beside the
     /// database (`<db>-wake/`) could be used by another user (not a directory, not this
     /// user's, or with a group or other permission bit).
+    ///
+    /// A start that fails because the database server could not be reached or ended the
+    /// connection (a restart, a cut, a server still starting: a PostgreSQL database) is tried
+    /// again from its beginning, with backoff (100 ms doubling to 5 s, each wait logged at
+    /// warn), for up to a lease TTL (at least 10 s); a refusal (a wrong password, a missing
+    /// database) is returned at once.
     pub fn start(self) -> Result<Runner> {
         validate(&self.config)?;
         match process::statuses_lost() {
@@ -52,9 +58,38 @@ impl RunnerBuilder {
             }
             Err(e) => return Err(Error::io("cannot read SIGCHLD's disposition", e)),
         }
-        Runner::start(self.config, self.callbacks)
+        let callbacks = Arc::new(self.callbacks);
+        let limit = self.config.lease_ttl.max(START_RETRY_MIN);
+        let first = Instant::now();
+        let mut backoff = START_BACKOFF_MIN;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            match Runner::start(self.config.clone(), Arc::clone(&callbacks)) {
+                Err(e) if e.is_connection() && first.elapsed() + backoff < limit => {
+                    let cause = std::error::Error::source(&e)
+                        .map(|s| format!(": {s}"))
+                        .unwrap_or_default();
+                    log::warn!(
+                        "cannot start a runner on {} (attempt {attempt}): {e}{cause}; waiting                          {backoff:.1?} for the database to answer again (trying for {limit:.0?})",
+                        self.config.path.display()
+                    );
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(START_BACKOFF_MAX);
+                }
+                other => return other,
+            }
+        }
     }
 }
+
+/// How long a start is tried again at least, while it fails for a connection that was lost
+/// or a server out of reach (a restart, a cut, a server still starting); a lease TTL when
+/// that is longer. A refusal (a wrong password, a missing database) fails at once.
+const START_RETRY_MIN: Duration = Duration::from_secs(10);
+/// The first wait between two tries of a start; it doubles up to [`START_BACKOFF_MAX`].
+const START_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const START_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 impl Runner {
     /// Opens one of the runner's connections. Only the first (`migrate`) creates and
@@ -66,11 +101,12 @@ impl Runner {
                 .create(migrate)
                 .migrate(migrate)
                 .durability(config.durability)
-                .busy_timeout(busy),
+                .busy_timeout(busy)
+                .lease(config.lease_ttl, config.heartbeat_interval),
         )
     }
 
-    pub(super) fn start(config: Config, callbacks: Vec<Callback>) -> Result<Runner> {
+    pub(super) fn start(config: Config, callbacks: Arc<Vec<Callback>>) -> Result<Runner> {
         // Refused before the file is opened (or made), which leaves it as it was. The bind
         // below checks again, whether it makes the folder or finds it.
         if let Err(e @ Error::WakeFolder { .. }) = wake::check(&wake::folder(&config.path)) {
@@ -176,7 +212,7 @@ impl Runner {
         threads: &mut Threads,
         listener: Option<wake::Listener>,
         firer_wake_rx: Receiver<()>,
-        callbacks: Vec<Callback>,
+        callbacks: Arc<Vec<Callback>>,
     ) -> Result<()> {
         let shared = Arc::clone(&self.shared);
         let cfg = &shared.config;

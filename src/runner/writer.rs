@@ -139,7 +139,7 @@ fn commit(
         let attempt = store::transaction(store.conn(), &mut |conn| {
             let applied = apply_batch(conn, &batch, &pairs, savepoints, &ctx)
                 .inspect_err(|_| write_failed = !savepoints)?;
-            next_due = look_ahead(conn, &batch, &applied, &ctx);
+            next_due = look_ahead(conn, &batch, &applied, &ctx)?;
             Ok(applied)
         });
         match attempt {
@@ -445,14 +445,15 @@ struct Ctx<'a> {
 }
 
 /// When the next job not due yet becomes due, read in the transaction of a claim (which took
-/// what was due) or of an ending that scheduled a retry; None when the batch has neither (or
-/// the read failed: the fallback poll then covers it).
+/// what was due) or of an ending that scheduled a retry; None when the batch has neither. A
+/// failed read fails the transaction: on PostgreSQL it aborted it, whose COMMIT would then
+/// store nothing (see [`Error::Aborted`]).
 fn look_ahead(
     conn: &Connection,
     batch: &[Op],
     applied: &[Applied],
     ctx: &Ctx<'_>,
-) -> Option<Option<i64>> {
+) -> Result<Option<Option<i64>>> {
     let wanted = batch.iter().zip(applied).any(|(op, a)| {
         matches!(op, Op::Claim { .. })
             || matches!(
@@ -461,15 +462,9 @@ fn look_ahead(
             )
     });
     if !wanted {
-        return None;
+        return Ok(None);
     }
-    match store::next_due(conn, ctx.queues, ctx.now) {
-        Ok(due) => Some(due),
-        Err(e) => {
-            log::warn!("cannot read when the next job is due: {e:#}");
-            None
-        }
-    }
+    store::next_due(conn, ctx.queues, ctx.now).map(Some)
 }
 
 /// Applies the writes of `batch`, each paired start with its ending: as plain statements, or
@@ -560,18 +555,20 @@ fn apply_op(
     })
 }
 
-/// Applies one write inside a savepoint, so that its failure undoes only itself. A full disk
-/// fails the whole transaction instead: SQLite may have rolled it back already.
+/// Applies one write inside a savepoint, so that its failure undoes only itself. What fails
+/// the transaction rather than the write fails the whole batch, to be retried whole, never
+/// recorded as the write's own failure: a full disk (SQLite may have rolled it back
+/// already), a busy database or a lost connection (which took the transaction with it), or
+/// the savepoint's own statements (see [`store::savepoint`]).
 fn apply(
     conn: &Connection,
     op: &Op,
     start: Option<&AttemptStart>,
     ctx: &Ctx<'_>,
 ) -> Result<Applied> {
-    let result = store::savepoint(conn, |conn| apply_op(conn, op, start, ctx));
+    let result = store::savepoint(conn, |conn| apply_op(conn, op, start, ctx))?;
     Ok(match (op, result) {
         (_, Ok(a)) => a,
-        (_, Err(e)) if e.is_full() => return Err(e),
         (Op::Claim { .. }, Err(e)) => Applied::Claimed(Err(e)),
         (Op::Start(s), Err(e)) => {
             log::error!("cannot record the start of job {}: {e:#}", s.job_id);

@@ -46,6 +46,8 @@ pub struct OpenOptions {
     checkpoint_on_close: bool,
     convert_beside_runners: bool,
     given_times: bool,
+    /// A runner's lease TTL and heartbeat, which its PostgreSQL sessions' timeouts follow.
+    lease: Option<(Duration, Duration)>,
 }
 
 impl Default for OpenOptions {
@@ -58,6 +60,7 @@ impl Default for OpenOptions {
             checkpoint_on_close: true,
             convert_beside_runners: false,
             given_times: false,
+            lease: None,
         }
     }
 }
@@ -134,6 +137,22 @@ impl OpenOptions {
     pub fn given_times(mut self, given: bool) -> Self {
         self.given_times = given;
         self
+    }
+
+    /// A runner's connection: its PostgreSQL sessions' timeouts follow its lease TTL and
+    /// heartbeat (see `store::pg::Timeouts::runner`) rather than the busy timeout.
+    pub(crate) fn lease(mut self, lease_ttl: Duration, heartbeat: Duration) -> Self {
+        self.lease = Some((lease_ttl, heartbeat));
+        self
+    }
+
+    /// The lease TTL and heartbeat given to [`OpenOptions::lease`].
+    #[cfg_attr(
+        not(feature = "postgres"),
+        expect(dead_code, reason = "read by the PostgreSQL backend only")
+    )]
+    pub(crate) fn runner_lease(&self) -> Option<(Duration, Duration)> {
+        self.lease
     }
 
     /// Whether the store acts at the caller's times on PostgreSQL.

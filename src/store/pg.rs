@@ -159,11 +159,109 @@ pub(crate) fn open(url: &str) -> Result<std::convert::Infallible> {
 /// `PGPASSWORD`, `PGDATABASE`), as libpq does.
 #[cfg(feature = "postgres")]
 pub(crate) fn open(url: &str, options: &OpenOptions) -> Result<(Connection, Migration)> {
-    let pg = db::pg::Conn::connect(config(url)?)?;
+    let timeouts = match options.runner_lease() {
+        Some((lease_ttl, heartbeat)) => Timeouts::runner(lease_ttl, heartbeat),
+        None => Timeouts::one_shot(options.busy_timeout),
+    };
+    let mut config = config(url)?;
+    timeouts.apply(config.pg_mut());
+    let pg = db::pg::Conn::connect(config)?;
     pg.use_given_times(options.uses_given_times());
     let conn = Connection::Postgres(Box::new(pg));
-    let migration = migrate(&conn, url, options)?;
+    // Two processes migrating at once: the second waits for the first's lock, within its
+    // lock timeout, and tries again while its busy timeout lasts.
+    let deadline = std::time::Instant::now() + options.busy_timeout;
+    let migration = loop {
+        match migrate(&conn, url, options) {
+            Err(e) if e.is_busy() && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => break other?,
+        }
+    };
     Ok((conn, migration))
+}
+
+/// What bounds the waits of a PostgreSQL session, so that nothing waits without bound for a
+/// lock that a frozen peer holds, a server that does not answer, or a network that dropped
+/// the connection without a word. Set on every connection as it is made (reconnections and
+/// the listener's included): the first four as the session's settings (the `options`
+/// startup parameter), the last on its socket.
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timeouts {
+    /// How long to wait for the server to accept a connection (`connect_timeout`).
+    pub(crate) connect: std::time::Duration,
+    /// How long a statement waits for a lock (`lock_timeout`); then it fails as busy.
+    pub(crate) lock: std::time::Duration,
+    /// How long a statement may run (`statement_timeout`); then it fails as busy.
+    pub(crate) statement: std::time::Duration,
+    /// How long the server keeps a session that sits in an open transaction
+    /// (`idle_in_transaction_session_timeout`): a frozen process's locks go with it.
+    pub(crate) idle_in_transaction: std::time::Duration,
+    /// How long a connection may be silent before TCP keepalives probe it (three probes, a
+    /// third of it apart), and how long sent data may go unacknowledged
+    /// (`tcp_user_timeout`): a server cut off is found within about twice this.
+    pub(crate) network: std::time::Duration,
+}
+
+#[cfg(feature = "postgres")]
+impl Timeouts {
+    /// For a one-shot command, or an application's own [`Store`](super::Store): a lock is
+    /// waited for up to the store's busy timeout (at most a minute), a statement runs and a
+    /// transaction sits for up to two minutes, and the server has 10 s to answer.
+    pub(crate) fn one_shot(busy: std::time::Duration) -> Timeouts {
+        use std::time::Duration;
+        Timeouts {
+            connect: Duration::from_secs(10),
+            lock: busy.clamp(Duration::from_millis(1), Duration::from_secs(60)),
+            statement: Duration::from_secs(120),
+            idle_in_transaction: Duration::from_secs(120),
+            network: Duration::from_secs(10),
+        }
+    }
+
+    /// For a runner's connections, from its lease TTL and heartbeat interval: a lock is
+    /// waited for half a heartbeat (so a renewal tries again within its heartbeat, and a
+    /// start or a shutdown is never held by a lock), a statement runs for half a lease TTL,
+    /// a session of the runner left in a transaction (a frozen runner) is ended after a
+    /// lease TTL, its locks with it; connecting and the network get a heartbeat (at least
+    /// 1 s).
+    pub(crate) fn runner(lease_ttl: std::time::Duration, heartbeat: std::time::Duration) -> Self {
+        use std::time::Duration;
+        let second = Duration::from_secs(1);
+        Timeouts {
+            connect: heartbeat.max(second),
+            lock: (heartbeat / 2).max(Duration::from_millis(10)),
+            statement: (lease_ttl / 2).max(second),
+            idle_in_transaction: lease_ttl.max(second),
+            network: heartbeat.max(second),
+        }
+    }
+
+    /// Sets these on `config`, after the options the URL gave.
+    pub(crate) fn apply(&self, config: &mut postgres::Config) {
+        let ms = |d: std::time::Duration| d.as_millis().clamp(1, i32::MAX as u128);
+        let settings = format!(
+            "-c lock_timeout={} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            ms(self.lock),
+            ms(self.statement),
+            ms(self.idle_in_transaction)
+        );
+        let options = match config.get_options() {
+            Some(given) if !given.is_empty() => format!("{given} {settings}"),
+            _ => settings,
+        };
+        let second = std::time::Duration::from_secs(1);
+        config
+            .options(&options)
+            .connect_timeout(self.connect)
+            .keepalives(true)
+            .keepalives_idle(self.network.max(second))
+            .keepalives_interval((self.network / 3).max(second))
+            .keepalives_retries(3)
+            .tcp_user_timeout(self.network);
+    }
 }
 
 /// A connection of its own to the database at `url` that listens for the announcements of
@@ -174,7 +272,9 @@ pub(crate) fn listen(url: &Path) -> Result<db::pg::Listening> {
         setting: "database URL",
         reason: "not UTF-8".to_string(),
     })?;
-    db::pg::Listening::start(&config(url)?)
+    let mut config = config(url)?;
+    Timeouts::one_shot(crate::store::DEFAULT_BUSY_TIMEOUT).apply(config.pg_mut());
+    db::pg::Listening::start(&config)
 }
 
 /// The connection's settings: the URL's, then the `PG*` variables for what it leaves out, then
@@ -315,7 +415,9 @@ fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migrat
 /// anything: 0 for a database with no leasehold schema yet.
 #[cfg(feature = "postgres")]
 pub(crate) fn probe_version(url: &str) -> Result<i64> {
-    let conn = Connection::Postgres(Box::new(db::pg::Conn::connect(config(url)?)?));
+    let mut config = config(url)?;
+    Timeouts::one_shot(crate::store::DEFAULT_BUSY_TIMEOUT).apply(config.pg_mut());
+    let conn = Connection::Postgres(Box::new(db::pg::Conn::connect(config)?));
     let made: bool = conn.query_row(
         "SELECT to_regclass('leasehold_migrations') IS NOT NULL",
         params![],

@@ -487,11 +487,11 @@ fn a_failed_savepoint_undoes_only_its_own_writes() {
     let store = Store::open(dir.path().join("jobs.db")).unwrap();
     let job = Job::shell("true");
     let (kept, undone) = transaction(store.conn(), &mut |conn| {
-        let kept = savepoint(conn, |c| enqueue::insert_job(c, &job, 1));
+        let kept = savepoint(conn, |c| enqueue::insert_job(c, &job, 1))?;
         let undone = savepoint(conn, |c| {
             let id = enqueue::insert_job(c, &job, 1)?;
             Err::<i64, _>(crate::Error::NoSuchJob(id))
-        });
+        })?;
         Ok((kept, undone))
     })
     .unwrap();

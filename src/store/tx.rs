@@ -35,25 +35,29 @@ fn transaction_inner<T>(
 /// Runs `f` in a savepoint of the open transaction: what `f` wrote stays when it succeeds and
 /// is undone when it fails, and the transaction's other writes stay either way. The runner's
 /// writer applies each write of a batch in one, so that a write that fails undoes only itself.
-/// A full disk is the exception: SQLite may have rolled back the whole transaction already,
-/// so the error is returned as it is and the caller must roll back the transaction.
+///
+/// The inner result is `f`'s, its failure undone alone. The outer error fails the whole
+/// transaction, which the caller must roll back (and may run again whole): a full disk
+/// (SQLite may have rolled back the transaction already), a busy or lost connection
+/// ([`Error::is_busy`](crate::Error::is_busy): on PostgreSQL a lost connection took the
+/// transaction with it), or the savepoint's own statements failing.
 pub(crate) fn savepoint<T>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<T>,
-) -> Result<T> {
+) -> Result<Result<T>> {
     // Cached on SQLite: these run for every write, and parsing them each time shows.
     let exec = |sql: &str| conn.command(sql);
     exec("SAVEPOINT op")?;
     match f(conn) {
         Ok(v) => {
             exec("RELEASE op")?;
-            Ok(v)
+            Ok(Ok(v))
         }
-        Err(e) if e.is_full() => Err(e),
+        Err(e) if e.is_full() || e.is_busy() => Err(e),
         Err(e) => {
             exec("ROLLBACK TO op")?;
             exec("RELEASE op")?;
-            Err(e)
+            Ok(Err(e))
         }
     }
 }

@@ -11,6 +11,8 @@ mod enqueue;
 mod flow;
 mod lease;
 mod metrics;
+mod pg_cut;
+mod pg_lock;
 mod postgres;
 mod process;
 mod retention;

@@ -126,9 +126,15 @@ use crate::error::{Error, Result};
 /// A client and its prepared statements, keyed by text and parameter kinds.
 ///
 /// The connection comes back after it was lost (a server restart, a network cut): the first
-/// call outside a transaction connects again, and prepares its statements anew. A call inside
-/// a transaction fails instead, as the transaction is gone with the connection; the caller's
-/// retry begins a new one.
+/// call outside a transaction connects again, and prepares its statements anew.
+///
+/// A transaction lives on one session: the one that ran its `BEGIN` (sessions are numbered,
+/// one more at each connect). Once its connection is lost the transaction is **poisoned**:
+/// every later statement of it, and its `COMMIT`, fail with [`Error::ConnectionLost`], and
+/// nothing connects again until its `ROLLBACK` (or the failed `COMMIT`) ends it. So a
+/// `COMMIT` never runs on a new session, where PostgreSQL would answer "there is no
+/// transaction in progress" (a warning) and success for a transaction that was lost, and a
+/// statement after the loss never runs alone outside the transaction it was written for.
 pub(crate) struct Conn {
     inner: RefCell<Inner>,
 }
@@ -137,13 +143,27 @@ struct Inner {
     config: Settings,
     /// `None` once a call found the connection lost, until the next call connects again.
     client: Option<postgres::Client>,
+    /// The session `client` is: one more at each connect.
+    session: u64,
     texts: HashMap<String, Arc<str>>,
     prepared: HashMap<(Arc<str>, Vec<Kind>), postgres::Statement>,
-    in_transaction: bool,
+    /// The open transaction, from its `BEGIN` to its `COMMIT` or `ROLLBACK`.
+    transaction: Option<Open>,
     /// The server's time, read once in the open transaction.
     transaction_now: Option<i64>,
     /// Whether to act at the caller's times rather than the server's.
     given_times: bool,
+}
+
+/// An open transaction.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    /// The session that ran its `BEGIN`: the only one it may go on, and commit, on.
+    session: u64,
+    /// Whether a statement failed in it since its `BEGIN` or its last `ROLLBACK TO`: the
+    /// server then has aborted it, and would end it at `COMMIT` with a rollback, which it
+    /// reports only in the command's tag. Such a `COMMIT` fails with [`Error::Aborted`].
+    failed: bool,
 }
 
 /// Runs `f` where the `postgres` crate can block: on this thread, unless this thread runs an
@@ -162,15 +182,19 @@ fn blocking<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 impl Inner {
     /// The live client: the one this store has, or a new connection when that one was lost
-    /// and no transaction is open.
+    /// and no transaction is open. Inside a transaction, only the session that ran its
+    /// `BEGIN`: [`Error::ConnectionLost`] once that one is gone.
     fn client(&mut self) -> Result<&mut postgres::Client> {
         self.forget_if_lost();
+        if let Some(open) = self.transaction
+            && (self.client.is_none() || open.session != self.session)
+        {
+            return Err(Error::ConnectionLost);
+        }
         if self.client.is_none() {
-            if self.in_transaction {
-                return Err(Error::ConnectionLost);
-            }
             let config = &self.config;
             let client = blocking(|| connect_client(config))?;
+            self.session += 1;
             log::info!("connected to PostgreSQL again");
             self.client = Some(client);
         }
@@ -190,37 +214,43 @@ impl Inner {
         }
     }
 
-    /// Runs `f` on the live client (see [`Inner::client`] and [`blocking`]). A failure that
-    /// closed the connection ends the transaction that was open on it.
+    /// Runs `f` on the live client (see [`Inner::client`] and [`blocking`]).
     ///
-    /// `again`: whether `f` may run a second time on a new connection when the first found
-    /// the connection lost (the server ended it, or the network did, before this call): a
-    /// `BEGIN`, or a read outside a transaction, which change nothing. A write is never sent
-    /// twice: whether the first reached the server is not known.
+    /// Inside a transaction, a failure marks the transaction failed (the server aborted
+    /// it), and one that lost the connection (or that the server ended the session with) is
+    /// [`Error::ConnectionLost`]: the transaction stays poisoned until it is ended, and `f`
+    /// never runs again on another session.
+    ///
+    /// Outside a transaction, `again`: whether `f` may run a second time on a new
+    /// connection when the first found the connection lost (the server ended it, or the
+    /// network did, before this call): a `BEGIN`, or a read, which change nothing. A write is
+    /// never sent twice: whether the first reached the server is not known.
     fn with<T: Send>(
         &mut self,
         again: bool,
         f: impl Fn(&mut postgres::Client) -> std::result::Result<T, postgres::Error> + Sync,
     ) -> Result<T> {
         let client = self.client()?;
-        let result = blocking(|| f(client));
-        let lost = result.is_err()
-            && self
-                .client
-                .as_ref()
-                .is_some_and(postgres::Client::is_closed);
-        if !lost {
-            return Ok(result?);
+        let e = match blocking(|| f(client)) {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        let lost = self
+            .client
+            .as_ref()
+            .is_some_and(postgres::Client::is_closed);
+        if let Some(open) = self.transaction.as_mut() {
+            open.failed = true;
+            if lost || crate::error::is_connection(&e) {
+                log::warn!("the connection to PostgreSQL was lost in a transaction ({e})");
+                return Err(Error::ConnectionLost);
+            }
+            return Err(e.into());
         }
-        let in_transaction = std::mem::replace(&mut self.in_transaction, false);
-        self.transaction_now = None;
-        if !again || in_transaction {
-            return Ok(result?);
+        if !lost || !again {
+            return Err(e.into());
         }
-        log::warn!(
-            "the connection to PostgreSQL was lost ({}): connecting again",
-            result.err().map_or_else(String::new, |e| e.to_string())
-        );
+        log::warn!("the connection to PostgreSQL was lost ({e}): connecting again");
         let client = self.client()?;
         Ok(blocking(|| f(client))?)
     }
@@ -242,9 +272,10 @@ impl Conn {
             inner: RefCell::new(Inner {
                 config,
                 client: Some(client),
+                session: 1,
                 texts: HashMap::new(),
                 prepared: HashMap::new(),
-                in_transaction: false,
+                transaction: None,
                 transaction_now: None,
                 given_times: false,
             }),
@@ -266,29 +297,58 @@ impl Conn {
     }
 
     /// Runs statements with no parameters (`BEGIN`, `COMMIT`, a schema), and keeps
-    /// track of whether a transaction is open.
+    /// track of the open transaction (see [`Conn`]): a `COMMIT` runs only on the session of
+    /// its `BEGIN`, and fails with [`Error::ConnectionLost`] when that one is gone, or with
+    /// [`Error::Aborted`] after a statement of the transaction failed (it is rolled back);
+    /// either way it ends the transaction, as a `ROLLBACK` does.
     pub(crate) fn batch(&self, sql: &str) -> Result<()> {
         let mut inner = self.inner.borrow_mut();
         let head = sql.trim_start().to_ascii_uppercase();
-        let ends = head.starts_with("COMMIT")
-            || head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO")
-            || head.starts_with("END");
-        if ends && inner.client.is_none() {
-            // The connection, and the transaction with it, were lost: nothing to end.
-            inner.in_transaction = false;
-            return if head.starts_with("COMMIT") {
-                Err(Error::ConnectionLost)
+        let rollback_to = head.starts_with("ROLLBACK TO");
+        let commits = head.starts_with("COMMIT") || head.starts_with("END");
+        let ends = commits || head.starts_with("ROLLBACK") && !rollback_to;
+        let begins = head.starts_with("BEGIN") || head.starts_with("START TRANSACTION");
+        inner.transaction_now = None;
+        if ends {
+            let Some(open) = inner.transaction else {
+                // No transaction: the BEGIN failed, or a lost connection took it. A
+                // COMMIT must not succeed on a session that never ran it.
+                return if commits {
+                    Err(Error::ConnectionLost)
+                } else {
+                    Ok(())
+                };
+            };
+            let result = if commits && open.failed {
+                let rolled_back = inner.with(false, |c| c.batch_execute("ROLLBACK"));
+                Err(match rolled_back {
+                    Err(Error::ConnectionLost) => Error::ConnectionLost,
+                    _ => Error::Aborted,
+                })
             } else {
-                Ok(())
+                // The transaction stays open during the call, so that the call cannot
+                // connect again and run it on a new session.
+                inner.with(false, |c| c.batch_execute(sql))
+            };
+            inner.transaction = None;
+            return match result {
+                // Lost with the connection: rolled back all the same.
+                Err(Error::ConnectionLost) if !commits => Ok(()),
+                other => other,
             };
         }
-        let begins = head.starts_with("BEGIN") || head.starts_with("START TRANSACTION");
         let result = inner.with(begins, |c| c.batch_execute(sql));
-        inner.transaction_now = None;
-        if begins {
-            inner.in_transaction = result.is_ok();
-        } else if ends {
-            inner.in_transaction = false;
+        if begins && result.is_ok() {
+            inner.transaction = Some(Open {
+                session: inner.session,
+                failed: false,
+            });
+        } else if rollback_to
+            && result.is_ok()
+            && let Some(open) = inner.transaction.as_mut()
+        {
+            // Back to a point before the failure: the transaction goes on.
+            open.failed = false;
         }
         result
     }
@@ -319,7 +379,7 @@ impl Conn {
             .try_get(0)
             .map_err(Error::from)?;
         let mut inner = self.inner.borrow_mut();
-        if inner.in_transaction {
+        if inner.transaction.is_some() {
             inner.transaction_now = Some(now);
         }
         Ok(now)
@@ -339,7 +399,7 @@ impl Conn {
 
     /// Whether a transaction is open.
     pub(crate) fn in_transaction(&self) -> bool {
-        self.inner.borrow().in_transaction
+        self.inner.borrow().transaction.is_some()
     }
 }
 
@@ -447,7 +507,7 @@ impl Statement<'_> {
     /// connection lost is sent again, once, on a new one (see [`Inner::with`]).
     pub(crate) fn query(&mut self, values: &[ValueRef<'_>]) -> Result<Vec<postgres::Row>> {
         let mut inner = self.conn.inner.borrow_mut();
-        let again = !inner.in_transaction && self.reads_only();
+        let again = inner.transaction.is_none() && self.reads_only();
         let run = |inner: &mut Inner| {
             let stmt = self.prepared(inner, values)?;
             inner.with(false, |c| {
@@ -623,4 +683,159 @@ pub(crate) fn lossy_text(row: &postgres::Row, i: usize) -> Result<Option<String>
         return Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()));
     }
     text(row, i)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::Error;
+    use crate::job::Job;
+    use crate::store::{Store, transaction};
+
+    /// A database of its own on the test server (`LEASEHOLD_TEST_PG`), dropped at the end.
+    struct Db {
+        server: String,
+        name: String,
+        url: String,
+    }
+
+    impl Db {
+        fn new(hint: &str) -> Db {
+            let server = std::env::var("LEASEHOLD_TEST_PG")
+                .expect("LEASEHOLD_TEST_PG names the test server (bash .ci/pg start)");
+            let name = format!(
+                "lh_unit_{hint}_{}_{}",
+                std::process::id(),
+                crate::job::now_ms() % 1_000_000_000
+            );
+            let mut admin = postgres::Client::connect(&server, postgres::NoTls).expect("admin");
+            admin
+                .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+                .expect("create the database");
+            let (base, query) = server.split_once('?').unwrap_or((&server, ""));
+            let at = base.find("://").map_or(0, |i| i + 3);
+            let host = base[at..].find('/').map_or(base, |s| &base[..at + s]);
+            let url = if query.is_empty() {
+                format!("{host}/{name}")
+            } else {
+                format!("{host}/{name}?{query}")
+            };
+            Db { server, name, url }
+        }
+
+        fn client(&self) -> postgres::Client {
+            postgres::Client::connect(&self.url, postgres::NoTls).expect("a second connection")
+        }
+    }
+
+    impl Drop for Db {
+        fn drop(&mut self) {
+            if let Ok(mut admin) = postgres::Client::connect(&self.server, postgres::NoTls) {
+                let _ = admin.batch_execute(&format!(
+                    "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                    self.name
+                ));
+            }
+        }
+    }
+
+    fn jobs(other: &mut postgres::Client) -> i64 {
+        other
+            .query_one("SELECT count(*) FROM jobs", &[])
+            .expect("count")
+            .get(0)
+    }
+
+    /// The server ends the session while it sits idle in a transaction (as
+    /// `pg_terminate_backend` or a network cut does): the next statement of the transaction
+    /// fails, so does every later one (none runs alone on a new session), and so does the
+    /// COMMIT, even when the caller passed over those failures; nothing of the transaction
+    /// is stored. Outside the transaction after its ROLLBACK, the connection comes back.
+    #[test]
+    fn a_transaction_whose_session_was_cut_is_never_committed() {
+        let db = Db::new("cut_tx");
+        let store = Store::open(&db.url).expect("open");
+        let mut other = db.client();
+        let conn = store.conn();
+        let job = Job::shell("true");
+
+        for swallow in [false, true] {
+            let result = transaction(conn, &mut |c| {
+                crate::store::enqueue::insert_job(c, &job, 1)?;
+                let pid: i64 =
+                    c.query_row("SELECT pg_backend_pid()::bigint", params![], |r| r.get(0))?;
+                let state: String = other
+                    .query_one(
+                        "SELECT state FROM pg_stat_activity WHERE pid = $1::int",
+                        &[&(pid as i32)],
+                    )
+                    .expect("the session's state")
+                    .get(0);
+                assert_eq!(state, "idle in transaction");
+                other
+                    .execute("SELECT pg_terminate_backend($1::int)", &[&(pid as i32)])
+                    .expect("terminate");
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while other
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1::int",
+                        &[&(pid as i32)],
+                    )
+                    .expect("the session's end")
+                    .get::<_, i64>(0)
+                    > 0
+                {
+                    assert!(std::time::Instant::now() < deadline, "the session ends");
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                let next = crate::store::enqueue::insert_job(c, &job, 1);
+                assert!(matches!(next, Err(Error::ConnectionLost)), "{next:?}");
+                let later = crate::store::enqueue::insert_job(c, &job, 1);
+                assert!(matches!(later, Err(Error::ConnectionLost)), "{later:?}");
+                if swallow {
+                    // A caller that logs and goes on, as the writer's look-ahead did.
+                    Ok(())
+                } else {
+                    later.map(drop)
+                }
+            });
+            let e = result.expect_err("the transaction was lost with its session");
+            assert!(matches!(e, Error::ConnectionLost), "{e:?}");
+            assert!(e.is_busy(), "a lost transaction is run again whole");
+            assert_eq!(jobs(&mut other), 0, "swallow {swallow}: nothing was stored");
+        }
+        // The next transaction connects again.
+        store.enqueue(&job, 1).expect("an enqueue on a new session");
+        assert_eq!(jobs(&mut other), 1);
+    }
+
+    /// A statement that fails inside a transaction aborts it on PostgreSQL, whose COMMIT
+    /// then answers as if it committed and stores nothing: a caller that passed over the
+    /// failure gets [`Error::Aborted`] from the COMMIT instead. A failure undone by a
+    /// `ROLLBACK TO` leaves the transaction whole.
+    #[test]
+    fn a_commit_after_a_passed_over_failure_is_an_error() {
+        let db = Db::new("aborted_tx");
+        let store = Store::open(&db.url).expect("open");
+        let mut other = db.client();
+        let conn = store.conn();
+        let job = Job::shell("true");
+        let result = transaction(conn, &mut |c| {
+            crate::store::enqueue::insert_job(c, &job, 1)?;
+            let bad = c.execute("SELECT 1 / 0", params![]);
+            assert!(bad.is_err());
+            Ok(())
+        });
+        let e = result.expect_err("the transaction was aborted");
+        assert!(matches!(e, Error::Aborted), "{e:?}");
+        assert_eq!(jobs(&mut other), 0);
+
+        let kept = transaction(conn, &mut |c| {
+            crate::store::enqueue::insert_job(c, &job, 1)?;
+            let undone = crate::store::savepoint(c, |c| c.execute("SELECT 1 / 0", params![]))?;
+            assert!(undone.is_err());
+            Ok(())
+        });
+        kept.expect("a failure undone by its savepoint leaves the transaction whole");
+        assert_eq!(jobs(&mut other), 1);
+    }
 }

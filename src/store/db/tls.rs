@@ -95,6 +95,11 @@ impl fmt::Debug for Settings {
 }
 
 impl Settings {
+    /// The `postgres` crate's settings, to add what bounds a session's waits to.
+    pub(crate) fn pg_mut(&mut self) -> &mut postgres::Config {
+        &mut self.pg
+    }
+
     /// The settings for `mode` and `root_cert` (`sslrootcert`: a file, or `system`; `None`
     /// for libpq's default, `~/.postgresql/root.crt`, used when it exists). The root
     /// certificates are read here, once: a connection made again later uses the same.

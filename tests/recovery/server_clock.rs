@@ -198,10 +198,6 @@ fn a_step_of_the_servers_clock_reclaims_no_attempt_while_it_runs() {
         "--lease-ttl",
         "30",
     ]);
-    let b = c.start(&["--lease-ttl", "30"]);
-    c.wait_for("the second runner's sweeps", |c| {
-        (c.sweeps(b) >= 2).then_some(())
-    });
     let id = c
         .store()
         .enqueue(
@@ -212,6 +208,11 @@ fn a_step_of_the_servers_clock_reclaims_no_attempt_while_it_runs() {
     let first = c.wait_for("the job to run", |c| {
         let j = c.job(id);
         (j.status == Status::Running && j.pid.is_some()).then_some(j)
+    });
+    // The second runner starts once the first holds the job.
+    let b = c.start(&["--lease-ttl", "30"]);
+    c.wait_for("the second runner's sweeps", |c| {
+        (c.sweeps(b) >= 2).then_some(())
     });
     // Right after a renewal (its heartbeat_at moves), the server's clock steps an hour ahead:
     // every lease looks an hour past its end, and the next renewal is 10 s away.

@@ -1,4 +1,4 @@
--- leasehold schema, version 15 (PRAGMA user_version = 15).
+-- leasehold schema, version 16 (PRAGMA user_version = 16).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -77,11 +77,15 @@ CREATE TABLE jobs (
     -- delay, or retried after a backoff): it is left out of the claim indexes until a claim
     -- promotes it, once due, in its own transaction (see 0014_per_job_cost.sql). A row written
     -- by hand is 0: claimable once due, as before.
+    -- Version 16: teardown_lease_expires_at is the lease the lost attempt still to be torn
+    -- down held when it was marked (NULL: none, or a marker from before version 16). On
+    -- PostgreSQL, a keeper stops its attempt by the end of that lease, so a runner elsewhere
+    -- may record the teardown as the keeper's only once the server's clock is past it.
     -- (Written as ALTER TABLE ADD COLUMN writes them, so that a migrated file's text and this
     -- one's agree.)
 , unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0,
   teardown_worker TEXT, keeper_pid INTEGER, keeper_start_time INTEGER,
-  deferred INTEGER NOT NULL DEFAULT 0);
+  deferred INTEGER NOT NULL DEFAULT 0, teardown_lease_expires_at INTEGER);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table. Jobs not yet due are not in them

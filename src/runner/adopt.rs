@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -105,13 +105,16 @@ impl Judged {
 /// runs before its writer exists).
 #[derive(Default)]
 pub(crate) struct Pending {
-    adopted: Mutex<Vec<(KeptAttempt, LiveKeeper)>>,
+    /// Each with the monotonic clock when its adoption was committed, from which its age
+    /// ([`KeptAttempt::age`]) counts on.
+    adopted: Mutex<Vec<(KeptAttempt, LiveKeeper, Instant)>>,
 }
 
 impl Pending {
     /// Keeps the attempts `adopted` names, with the keepers `judged` found, registering each
     /// with the runner at once so that its heartbeat renews the lease.
     pub(crate) fn add(&self, shared: &Shared, judged: &Judged, adopted: Vec<KeptAttempt>) {
+        let read_at = Instant::now();
         for kept in adopted {
             let Some(keeper) = judged.take(kept.job_id) else {
                 continue;
@@ -137,7 +140,7 @@ impl Pending {
                 kept.worker_id,
                 keeper.pid
             );
-            self.adopted.lock().push((kept, keeper));
+            self.adopted.lock().push((kept, keeper, read_at));
         }
     }
 
@@ -145,12 +148,12 @@ impl Pending {
     /// `writer`. The threads are kept in `shared` for the shutdown to join.
     pub(crate) fn start(&self, shared: &Arc<Shared>, writer: &Writer) {
         let adopted = std::mem::take(&mut *self.adopted.lock());
-        for (kept, keeper) in adopted {
+        for (kept, keeper, read_at) in adopted {
             let (shared2, writer) = (Arc::clone(shared), writer.clone());
             let token = kept.run_token.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("leasehold-adopted-{}", kept.job_id))
-                .spawn(move || follow(&shared2, kept, keeper, &writer));
+                .spawn(move || follow(&shared2, kept, keeper, read_at, &writer));
             match spawned {
                 Ok(handle) => shared.adopters.lock().push(handle),
                 Err(e) => {
@@ -162,8 +165,16 @@ impl Pending {
     }
 }
 
-/// Follows one adopted attempt to its end and sends its ending.
-fn follow(shared: &Shared, kept: KeptAttempt, keeper: LiveKeeper, writer: &Writer) {
+/// Follows one adopted attempt to its end and sends its ending. Its timeout counts from its
+/// age as read with its adoption (on the database's clock), then on by this host's monotonic
+/// clock from `read_at`: never this host's wall clock against the server's `started_at`.
+fn follow(
+    shared: &Shared,
+    kept: KeptAttempt,
+    keeper: LiveKeeper,
+    read_at: Instant,
+    writer: &Writer,
+) {
     let cfg = &shared.config;
     let Some(stop) = shared
         .running
@@ -193,10 +204,7 @@ fn follow(shared: &Shared, kept: KeptAttempt, keeper: LiveKeeper, writer: &Write
         drain: cfg.drain_timeout,
         tail_bytes: cfg.output_tail,
     };
-    let age = kept
-        .started_at
-        .map(|t| Duration::from_millis(u64::try_from(now_ms() - t).unwrap_or(0)))
-        .unwrap_or_default();
+    let age = kept.age.unwrap_or_default() + read_at.elapsed();
     let result = process::follow(
         &spec,
         process::Adopted {

@@ -169,6 +169,18 @@ pub fn tear_down_lost_attempts(
     limit: u64,
     kill_grace: Duration,
 ) -> Result<(u64, u64)> {
+    tear_down_lost_attempts_at(store, limit, kill_grace, true)
+}
+
+/// [`tear_down_lost_attempts`], trusting a keeper's lease fence only when `keeper_fences`: a
+/// sweeper that distrusts lease expiry after a clock step (its own, or the database
+/// server's) trusts no lease's end either.
+pub(crate) fn tear_down_lost_attempts_at(
+    store: &Store,
+    limit: u64,
+    kill_grace: Duration,
+    keeper_fences: bool,
+) -> Result<(u64, u64)> {
     let here = Namespace::here();
     let (mut torn, mut unverified, mut done, mut after) = (0, 0, 0, 0);
     // Markers this process cannot act on are skipped, so pages go on past them: they must
@@ -180,6 +192,10 @@ pub fn tear_down_lost_attempts(
         let left = usize::try_from(limit - done).unwrap_or(usize::MAX);
         let lost: Vec<_> = page
             .into_iter()
+            .map(|mut l| {
+                l.fenced_by_keeper &= keeper_fences;
+                l
+            })
             .filter_map(|l| reachable(l, &here))
             .take(left)
             .collect();
@@ -196,7 +212,8 @@ pub fn tear_down_lost_attempts(
 /// see, and keeps its marker.
 fn reachable(lost: LostAttempt, here: &Namespace) -> Option<(LostAttempt, Option<String>)> {
     match teardown_reach(lost.namespace.as_ref(), here) {
-        // Its lease expired (a marker is made no earlier), and its keeper stops a lease's
+        // The lease it held when marked ended, by the server's clock, a slack ago (the store
+        // judges it: a cancel or a retry marks a live lease), and its keeper stops a lease's
         // attempt by then, frozen or cut-off runner or not: nothing is left to signal.
         Reach::Elsewhere(why) if lost.fenced_by_keeper => {
             let detail = format!(

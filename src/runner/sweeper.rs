@@ -15,7 +15,7 @@ use crate::store::{KeptAttempt, Namespace, PruneOptions, PruneReport, ReclaimReq
 
 use super::adopt::Judged;
 
-use super::operator::{runner_death_evidence, tear_down_lost_attempts};
+use super::operator::{runner_death_evidence, tear_down_lost_attempts_at};
 use super::shared::{Shared, SweepCounters};
 
 /// Prune batches one sweep runs at most (of [`crate::DEFAULT_PRUNE_BATCH`] jobs each), so that
@@ -74,10 +74,26 @@ impl Repeated {
 /// The two clocks at the last sweep: when the wall clock moves much further than the
 /// monotonic one (a suspend, a clock jump), every lease looks expired at once, so expiry
 /// alone is not trusted until the other runners have had a lease TTL to renew.
+///
+/// On PostgreSQL leases are stamped by the database server's clock, so the server's clock is
+/// watched the same way: a step of it (an NTP correction, a restored VM) expires every lease
+/// at once as surely as a step of this host's clock does.
 struct Clock {
     wall: SystemTime,
     mono: Instant,
     settle_until: Option<Instant>,
+    /// The server's time (ms) at the last sweep that read it, with the monotonic clock just
+    /// before the read was sent and just after its answer came.
+    server: Option<ServerReading>,
+}
+
+/// One reading of the server's clock: its time (ms), stamped somewhere between `sent` and
+/// `received` by this host's monotonic clock.
+#[derive(Debug, Clone, Copy)]
+struct ServerReading {
+    at: i64,
+    sent: Instant,
+    received: Instant,
 }
 
 impl Clock {
@@ -107,6 +123,33 @@ impl Clock {
         self.mono = mono;
         self.settle_until.is_some_and(|t| mono < t)
     }
+
+    /// Records a reading of the server's clock, and says whether the sweep is settling: within
+    /// `ttl` of a step of the server's clock that outran this host's monotonic clock by more
+    /// than `heartbeat`, or fell behind it by as much (as [`Clock::observe`] judges the wall
+    /// clock, whose settling this shares). The time between two readings is known only within
+    /// their round trips, so a slow answer is never taken for a step.
+    fn observe_server(&mut self, now: ServerReading, heartbeat: Duration, ttl: Duration) -> bool {
+        if let Some(before) = self.server {
+            let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+            let step = now.at - before.at;
+            let most = ms(now.received.duration_since(before.sent) + heartbeat);
+            let least = ms(now.sent.duration_since(before.received)) - ms(heartbeat);
+            if step > most || step < least {
+                log::info!(
+                    "the database server's clock moved {:.1}s while {:.1}s passed here (a \
+                     clock change on the server): not reclaiming expired leases for {:.0}s \
+                     while runners renew",
+                    step as f64 / 1000.0,
+                    now.received.duration_since(before.received).as_secs_f64(),
+                    ttl.as_secs_f64()
+                );
+                self.settle_until = Some(now.received + ttl);
+            }
+        }
+        self.server = Some(now);
+        self.settle_until.is_some_and(|t| now.received < t)
+    }
 }
 
 impl Sweeper {
@@ -119,6 +162,7 @@ impl Sweeper {
                 wall: SystemTime::now(),
                 mono: Instant::now(),
                 settle_until: None,
+                server: None,
             }),
             sweep_failures: Mutex::default(),
             prune_failures: Mutex::default(),
@@ -319,7 +363,9 @@ impl Sweeper {
             ..SweepCounters::default()
         };
         let cfg = &self.shared.config;
-        let settling = self.settling();
+        // Both clocks are observed at every sweep.
+        let local = self.settling();
+        let settling = self.server_settling()? || local;
         let dead = self.dead_runners()?;
         report.dead_runners = dead.len() as u64;
         for (id, why) in &dead {
@@ -369,8 +415,12 @@ impl Sweeper {
             .add(&self.shared, &judged, reclaimed.adopted);
         judged.clear();
         if cfg.reclaim_batch > 0 {
-            let (torn, unverified) =
-                tear_down_lost_attempts(&self.store, u64::from(cfg.reclaim_batch), cfg.kill_grace)?;
+            let (torn, unverified) = tear_down_lost_attempts_at(
+                &self.store,
+                u64::from(cfg.reclaim_batch),
+                cfg.kill_grace,
+                !settling,
+            )?;
             report.torn_down = torn;
             report.unverified = unverified;
         }
@@ -389,6 +439,31 @@ impl Sweeper {
             cfg.heartbeat_interval,
             cfg.lease_ttl,
         )
+    }
+
+    /// True while the sweeper distrusts lease expiry after a step of the database server's
+    /// clock, which stamps the leases on PostgreSQL (on SQLite the wall clock is that clock,
+    /// and [`Sweeper::settling`] watches it).
+    ///
+    /// # Errors
+    ///
+    /// The server's time cannot be read.
+    fn server_settling(&self) -> Result<bool> {
+        if self.store.conn().sqlite().is_some() {
+            return Ok(false);
+        }
+        let cfg = &self.shared.config;
+        let sent = Instant::now();
+        let at = self.store.clock(crate::job::now_ms())?;
+        let reading = ServerReading {
+            at,
+            sent,
+            received: Instant::now(),
+        };
+        Ok(self
+            .clock
+            .lock()
+            .observe_server(reading, cfg.heartbeat_interval, cfg.lease_ttl))
     }
 
     /// Runners other than this one that are provably dead by evidence this runner can see
@@ -624,6 +699,7 @@ mod tests {
             wall: w0,
             mono: m0,
             settle_until: None,
+            server: None,
         };
         let s = Duration::from_secs;
         // Both clocks move together: nothing to distrust.
@@ -639,8 +715,52 @@ mod tests {
             wall: w0,
             mono: m0,
             settle_until: None,
+            server: None,
         };
         assert!(!steady.observe(w0 + s(14), m0 + s(10), beat, ttl));
+    }
+
+    #[test]
+    fn a_step_of_the_servers_clock_suspends_expiry_reclaims_for_one_lease_ttl() {
+        let (w0, m0) = (SystemTime::now(), Instant::now());
+        let (beat, ttl) = (Duration::from_secs(5), Duration::from_secs(30));
+        let mut clock = Clock {
+            wall: w0,
+            mono: m0,
+            settle_until: None,
+            server: None,
+        };
+        let s = Duration::from_secs;
+        let t0 = 1_000_000_000_000i64;
+        // A reading sent at `sent` s and answered `rtt` s later, of the server's time t0 + `at`.
+        let read = |at: i64, sent: u64, rtt: u64| ServerReading {
+            at: t0 + at,
+            sent: m0 + s(sent),
+            received: m0 + s(sent + rtt),
+        };
+        // The first reading has nothing to compare with; then both clocks move together.
+        assert!(!clock.observe_server(read(0, 0, 0), beat, ttl));
+        assert!(!clock.observe_server(read(5_000, 5, 0), beat, ttl));
+        // A slow answer (8 s on the way) is not a step, nor is the prompt one after it.
+        assert!(!clock.observe_server(read(10_000, 10, 8), beat, ttl));
+        assert!(!clock.observe_server(read(20_000, 20, 0), beat, ttl));
+        // The server's clock is stepped an hour ahead; this host's wall clock is not.
+        assert!(clock.observe_server(read(3_625_000, 25, 0), beat, ttl));
+        // The wall clock's view settles with it: one settling for both.
+        assert!(clock.observe(w0 + s(30), m0 + s(30), beat, ttl));
+        assert!(clock.observe_server(read(3_650_000, 50, 0), beat, ttl));
+        // One lease TTL after the step, expiry is trusted again.
+        assert!(!clock.observe_server(read(3_656_000, 56, 0), beat, ttl));
+        // A step back settles too; drift within a heartbeat does not.
+        assert!(clock.observe_server(read(3_000_000, 60, 0), beat, ttl));
+        let mut steady = Clock {
+            wall: w0,
+            mono: m0,
+            settle_until: None,
+            server: Some(read(0, 0, 0)),
+        };
+        assert!(!steady.observe_server(read(14_000, 10, 0), beat, ttl));
+        assert!(!steady.observe_server(read(23_000, 20, 0), beat, ttl));
     }
 
     #[test]

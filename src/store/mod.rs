@@ -854,7 +854,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn pending_teardowns(&self, limit: u64) -> Result<Vec<LostAttempt>> {
-        reclaim::pending_teardowns(&self.conn, 0, limit)
+        reclaim::pending_teardowns(&self.conn, 0, limit, crate::job::now_ms())
     }
 
     /// As [`Store::pending_teardowns`], of jobs whose id is above `after`: the next page.
@@ -863,7 +863,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn pending_teardowns_after(&self, after: i64, limit: u64) -> Result<Vec<LostAttempt>> {
-        reclaim::pending_teardowns(&self.conn, after, limit)
+        reclaim::pending_teardowns(&self.conn, after, limit, crate::job::now_ms())
     }
 
     /// Job `id`'s lost attempt still to be torn down, if it has one, with its runner's
@@ -873,7 +873,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn teardown_of(&self, id: i64) -> Result<Option<LostAttempt>> {
-        reclaim::teardown_of(&self.conn, id)
+        reclaim::teardown_of(&self.conn, id, crate::job::now_ms())
     }
 
     /// Records that a lost attempt's processes were dealt with (`detail` says how), which

@@ -31,7 +31,8 @@ pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> 
             conn.execute(
                 "UPDATE jobs SET status = 'cancelled', completed_at = ?2, lease_expires_at = NULL,
                      teardown_token = coalesce(run_token, ''), teardown_pgid = pgid,
-                     teardown_start_time = proc_start_time, teardown_worker = worker_id
+                     teardown_start_time = proc_start_time, teardown_worker = worker_id,
+                     teardown_lease_expires_at = lease_expires_at
                  WHERE id = ?1 AND status = 'running'",
                 params![id, now],
             )?;
@@ -135,6 +136,8 @@ pub(super) fn retry(
                                         ELSE teardown_start_time END,
              teardown_worker = CASE WHEN status = 'running' THEN worker_id
                                     ELSE teardown_worker END,
+             teardown_lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at
+                                              ELSE teardown_lease_expires_at END,
              status = 'pending', scheduled_at = ?2, started_at = NULL, completed_at = NULL,
              heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL, worker_id = NULL,
              recovery_count = 0, attempt = 0, failed_attempts = 0, exit_code = NULL,

@@ -25,6 +25,15 @@ const SCHEMA: &str = include_str!("pg/schema.sql");
 #[cfg(feature = "postgres")]
 mod pass;
 
+/// The migrations after the first schema on PostgreSQL (version 15), each with its version,
+/// applied in order in the migration's transaction; each SQLite migration of the same number
+/// says why.
+#[cfg(feature = "postgres")]
+const MIGRATIONS: &[(i64, &str)] = &[(
+    16,
+    "ALTER TABLE jobs ADD COLUMN teardown_lease_expires_at BIGINT",
+)];
+
 /// Whether `path` is a PostgreSQL URL (`postgres://` or `postgresql://`) rather than a file.
 pub(crate) fn is_url(path: &Path) -> bool {
     path.to_str()
@@ -391,8 +400,22 @@ fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migrat
                 return Err(Error::Missing(redacted(url).into()));
             }
             conn.execute_batch(SCHEMA)?;
+        } else if from < SCHEMA_VERSION {
+            if !options.migrates() {
+                return Err(Error::SchemaTooOld {
+                    found: from,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+            for &(version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > from) {
+                conn.execute_batch(sql)?;
+                conn.execute(
+                    "INSERT INTO leasehold_migrations (version, applied_at)
+                     VALUES (?1, leasehold_now_ms())",
+                    params![version],
+                )?;
+            }
         }
-        // The first schema on PostgreSQL is the newest: versions after it will migrate here.
         Ok(Migration {
             from,
             to: SCHEMA_VERSION,

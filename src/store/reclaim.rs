@@ -84,8 +84,14 @@ pub struct KeptAttempt {
     /// attempt's start; `None` when its runner died before it recorded them (the keeper is
     /// then found by its run token).
     pub keeper: Option<(i32, u64)>,
-    /// When the attempt was claimed (ms since the epoch): its timeout runs from here.
+    /// When the attempt was claimed (ms since the epoch, by the database's clock): its timeout
+    /// runs from here.
     pub started_at: Option<i64>,
+    /// How long the attempt had run when it was read: `started_at` taken from the database's
+    /// time in the same transaction, so on one clock (the server's on PostgreSQL, whatever this
+    /// host's clock says). A runner that follows it counts on from here by its own monotonic
+    /// clock.
+    pub age: Option<Duration>,
     /// The job's timeout.
     pub timeout: Option<Duration>,
     /// The job's idle timeout.
@@ -131,10 +137,12 @@ pub struct LostAttempt {
     /// Where its pids mean something: its runner's host, boot and PID namespace (None when its
     /// runner is unknown or registered before schema version 9).
     pub namespace: Option<Namespace>,
-    /// Whether its keeper stops it by the end of its lease: on PostgreSQL, an attempt that ran
-    /// under a keeper (which reads the lease file its runner renews) of a runner that did not
-    /// stop (one that stops with `--on-exit leave` removes the file). Such an attempt is gone
-    /// once its lease expired, wherever it ran, unless its host's clock and kernel failed.
+    /// Whether its keeper has stopped it by now: on PostgreSQL, an attempt that ran under a
+    /// keeper (which reads the lease file its runner renews) of a runner that did not stop
+    /// (one that stops with `--on-exit leave` removes the file), whose lease as it was when
+    /// the marker was made ended, by the server's clock, a slack ago (a cancel or a retry
+    /// marks an attempt whose lease may still run). Such an attempt is gone, wherever it ran,
+    /// unless its host's clock and kernel failed.
     pub fenced_by_keeper: bool,
 }
 
@@ -299,6 +307,7 @@ pub(super) fn reclaim(
                 start_time: start.map(|s| s as u64),
                 keeper: keeper_pid.zip(keeper_start.map(|s| s as u64)),
                 started_at,
+                age: started_at.map(|t| Duration::from_millis(u64::try_from(now - t).unwrap_or(0))),
                 timeout: timeout_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
                 idle_timeout: idle_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
             };
@@ -365,7 +374,8 @@ pub(super) fn reclaim(
                      run_token = CASE WHEN ?3 = 'pending' THEN NULL ELSE run_token END,
                      worker_id = CASE WHEN ?3 = 'pending' THEN NULL ELSE worker_id END,
                      teardown_token = ?7, teardown_pgid = pgid,
-                     teardown_start_time = proc_start_time, teardown_worker = worker_id
+                     teardown_start_time = proc_start_time, teardown_worker = worker_id,
+                     teardown_lease_expires_at = lease_expires_at
                  WHERE id = ?1 AND status = 'running' AND run_token IS ?2",
             )?
             .execute(params![
@@ -477,7 +487,7 @@ fn recover(
     };
     conn.prepare_cached(
         "UPDATE jobs SET teardown_token = ?2, teardown_pgid = ?3, teardown_start_time = ?4,
-             teardown_worker = ?5
+             teardown_worker = ?5, teardown_lease_expires_at = NULL
          WHERE id = ?1",
     )?
     .execute(params![
@@ -515,12 +525,32 @@ pub(super) fn lost_verdict(
     }
 }
 
-/// What [`pending_teardowns`] and [`teardown_of`] read: the marker and its runner's namespace.
+/// How long past the end of the lease a lost attempt held when it was marked a keeper's
+/// lease fence is trusted to have stopped it: the default kill grace and the runner's fence
+/// margin. The keeper SIGKILLs the command a margin before that end by its own host's clock
+/// (a reading taken before the renewal the server stamped), so this is slack for the keeper's
+/// 100 ms poll, the kill itself, and that clock running slow against the server's.
+pub(crate) const KEEPER_FENCE_SLACK: Duration = Duration::from_millis(5_250);
+
+/// What [`pending_teardowns`] and [`teardown_of`] read: the marker and its runner's namespace,
+/// and whether its keeper has stopped it (`fenced_by_keeper`): a keeper's attempt of a runner
+/// that did not stop, whose marked lease ended, by the server's clock, before the parameter
+/// `{fenced_before}` (the server's now less [`KEEPER_FENCE_SLACK`]). A cancel or a retry marks
+/// an attempt whose lease may be live; a marker without a lease is never trusted so.
 const TEARDOWN_SQL: &str =
     "SELECT j.id, j.attempt, j.teardown_token, j.teardown_pgid, j.teardown_start_time,
             j.teardown_worker, r.host, r.boot_id, r.pid_ns,
             j.keeper_pid IS NOT NULL AND r.worker_id IS NOT NULL AND r.stopped_at IS NULL
+                AND j.teardown_lease_expires_at IS NOT NULL
+                AND j.teardown_lease_expires_at < {fenced_before}
      FROM jobs j {index} LEFT JOIN runners r ON r.worker_id = j.teardown_worker";
+
+/// The server's time (`now` on SQLite) before which a marked lease must have ended for its
+/// keeper's fence to be trusted.
+fn fenced_before(conn: &Connection, now: i64) -> Result<i64> {
+    let slack = i64::try_from(KEEPER_FENCE_SLACK.as_millis()).unwrap_or(i64::MAX);
+    Ok(conn.now(now)?.saturating_sub(slack))
+}
 
 fn lost_attempt(r: &crate::store::db::Row<'_>) -> Result<LostAttempt> {
     let host: Option<String> = r.get(6)?;
@@ -551,10 +581,12 @@ fn with_fences(conn: &Connection, mut lost: LostAttempt) -> LostAttempt {
     lost
 }
 
-/// The statement of [`pending_teardowns`]. Parameters: after, limit.
+/// The statement of [`pending_teardowns`]. Parameters: after, limit, fenced before.
 pub(super) fn pending_teardowns_sql() -> String {
     // Named: without statistics the planner walks the table by rowid from `after`.
-    let from = TEARDOWN_SQL.replace("{index}", "INDEXED BY jobs_teardown");
+    let from = TEARDOWN_SQL
+        .replace("{index}", "INDEXED BY jobs_teardown")
+        .replace("{fenced_before}", "?3");
     format!(
         "{from}
          WHERE j.teardown_token IS NOT NULL AND j.id > ?1 ORDER BY j.id LIMIT (SELECT ?2)"
@@ -566,21 +598,26 @@ pub(super) fn pending_teardowns(
     conn: &Connection,
     after: i64,
     limit: u64,
+    now: i64,
 ) -> Result<Vec<LostAttempt>> {
+    let fenced_before = fenced_before(conn, now)?;
     let mut stmt = conn.prepare_cached(&pending_teardowns_sql())?;
-    let rows = stmt.query_map(params![after, limit as i64], lost_attempt)?;
+    let rows = stmt.query_map(params![after, limit as i64, fenced_before], lost_attempt)?;
     rows.map(|l| l.map(|l| with_fences(conn, l)))
         .collect::<Result<_>>()
 }
 
 /// Job `id`'s teardown marker, if it has one.
-pub(super) fn teardown_of(conn: &Connection, id: i64) -> Result<Option<LostAttempt>> {
-    let from = TEARDOWN_SQL.replace("{index}", "");
+pub(super) fn teardown_of(conn: &Connection, id: i64, now: i64) -> Result<Option<LostAttempt>> {
+    let fenced_before = fenced_before(conn, now)?;
+    let from = TEARDOWN_SQL
+        .replace("{index}", "")
+        .replace("{fenced_before}", "?2");
     let mut stmt = conn.prepare_cached(&format!(
         "{from} WHERE j.id = ?1 AND j.teardown_token IS NOT NULL"
     ))?;
     Ok(stmt
-        .query_row([id], lost_attempt)
+        .query_row(params![id, fenced_before], lost_attempt)
         .optional()?
         .map(|l| with_fences(conn, l)))
 }
@@ -596,7 +633,8 @@ pub(super) fn record_teardown(
     let attempt: Option<i64> = conn
         .prepare_cached(
             "UPDATE jobs SET teardown_token = NULL, teardown_pgid = NULL,
-                 teardown_start_time = NULL, teardown_worker = NULL
+                 teardown_start_time = NULL, teardown_worker = NULL,
+                 teardown_lease_expires_at = NULL
              WHERE id = ?1 AND teardown_token = ?2 RETURNING attempt",
         )?
         .query_row(params![id, token], |r| r.get(0))

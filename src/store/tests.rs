@@ -433,7 +433,10 @@ fn every_index_on_jobs_serves_a_statement_of_the_store() {
             RENEW_SQL.into(),
             vec![v("w"), i(now), i(now), v(r#"["t"]"#)],
         ),
-        (super::reclaim::pending_teardowns_sql(), vec![i(0), i(100)]),
+        (
+            super::reclaim::pending_teardowns_sql(),
+            vec![i(0), i(100), i(now)],
+        ),
         by_status,
         by_queue,
         stale,

@@ -733,3 +733,26 @@ fn the_list_checks_of_an_older_file_become_equalities_that_refuse_the_same_value
             .expect("a value of the list is taken");
     }
 }
+
+#[test]
+fn a_postgres_database_of_version_15_is_migrated_to_16_with_its_marker_lease_column() {
+    let db = TestDb::postgres("migrate_15");
+    drop(db.store());
+    db.exec(
+        "ALTER TABLE jobs DROP COLUMN teardown_lease_expires_at;
+         DELETE FROM leasehold_migrations;
+         INSERT INTO leasehold_migrations (version, applied_at) VALUES (15, 0);",
+    );
+    drop(db.store());
+    assert_eq!(
+        db.scalar("SELECT max(version) FROM leasehold_migrations"),
+        leasehold::SCHEMA_VERSION
+    );
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM information_schema.columns
+             WHERE table_name = 'jobs' AND column_name = 'teardown_lease_expires_at'"
+        ),
+        1
+    );
+}

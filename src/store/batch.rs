@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store::db::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, Dialect, OptionalExtension, params};
 
 use crate::error::{Error, Result};
 use crate::job::Job;
@@ -58,8 +58,51 @@ pub(super) fn open(conn: &Connection, clock: i64) -> Result<i64> {
 }
 
 /// The batch's gate: the `after_id` of its jobs' gate rows in `job_deps`.
-fn gate(batch: i64) -> i64 {
+fn gate_id(batch: i64) -> i64 {
     -batch
+}
+
+/// Gates, counts in `waiting` and announces (`enqueued`) the jobs `ids` of batch `batch`:
+/// those a slice inserted, named by the ids their INSERTs returned. Never an id range: on
+/// PostgreSQL other writers' jobs take ids between a slice's first and last.
+/// Parameters: the ids (a JSON array), then the gate (the first statement) or now (the last).
+const GATE_SQL: [&str; 3] = [
+    "INSERT INTO job_deps (job_id, after_id) SELECT value, ?2 FROM json_each(?1)",
+    "UPDATE jobs SET waiting = waiting + 1 WHERE id IN (SELECT value FROM json_each(?1))",
+    "INSERT INTO job_events (job_id, at, kind, attempt, detail)
+     SELECT id, ?2, 'enqueued', 0, queue FROM jobs WHERE id IN (SELECT value FROM json_each(?1))",
+];
+
+/// [`GATE_SQL`] on PostgreSQL, the ids as an array literal (`{1,2}`).
+const PG_GATE_SQL: [&str; 3] = [
+    "INSERT INTO job_deps (job_id, after_id) SELECT unnest(?1::bigint[]), ?2",
+    "UPDATE jobs SET waiting = waiting + 1 WHERE id = ANY (?1::bigint[])",
+    "INSERT INTO job_events (job_id, at, kind, attempt, detail)
+     SELECT id, ?2, 'enqueued', 0, queue FROM jobs WHERE id = ANY (?1::bigint[]) ORDER BY id",
+];
+
+/// Runs [`GATE_SQL`] for `ids`, and checks that each statement wrote one row per job.
+fn gate(conn: &Connection, batch: i64, ids: &[i64], now: i64) -> Result<()> {
+    let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let (sql, list) = if conn.dialect() == Dialect::Sqlite {
+        (GATE_SQL, format!("[{list}]"))
+    } else {
+        (PG_GATE_SQL, format!("{{{list}}}"))
+    };
+    let [deps, waiting, events] = sql;
+    let written = [
+        conn.prepare_cached(deps)?
+            .execute(params![list, gate_id(batch)])?,
+        conn.prepare_cached(waiting)?.execute(params![list])?,
+        conn.prepare_cached(events)?.execute(params![list, now])?,
+    ];
+    if written.iter().any(|&n| n != ids.len()) {
+        return Err(Error::io(
+            "a bulk enqueue's slice could not gate the jobs it inserted",
+            std::io::Error::other(format!("{} jobs, rows written {written:?}", ids.len())),
+        ));
+    }
+    Ok(())
 }
 
 /// One slice of batch `batch`: enqueues the jobs of `jobs` from the first until the slice has
@@ -82,34 +125,21 @@ pub(super) fn insert_slice(
         return Err(abandoned());
     }
     let mut ids = Vec::new();
-    let mut inserted: Option<(i64, i64)> = None;
+    let mut inserted = Vec::new();
     let mut per_queue: std::collections::BTreeMap<&str, usize> = Default::default();
     for job in jobs {
         let (id, new) = enqueue::insert_gated(conn, job, now)?;
         ids.push(id);
         if new {
-            // The ids of this transaction's rows are consecutive: no other writer can insert
-            // while it holds the lock.
-            inserted = Some((inserted.map_or(id, |(first, _)| first), id));
+            inserted.push(id);
             *per_queue.entry(job.queue_name()).or_default() += 1;
         }
         if started.elapsed() >= SLICE {
             break;
         }
     }
-    if let Some((first, last)) = inserted {
-        conn.prepare_cached(
-            "INSERT INTO job_deps (job_id, after_id) SELECT id, ?3 FROM jobs
-             WHERE id BETWEEN ?1 AND ?2",
-        )?
-        .execute(params![first, last, gate(batch)])?;
-        conn.prepare_cached("UPDATE jobs SET waiting = waiting + 1 WHERE id BETWEEN ?1 AND ?2")?
-            .execute(params![first, last])?;
-        conn.prepare_cached(
-            "INSERT INTO job_events (job_id, at, kind, attempt, detail)
-             SELECT id, ?3, 'enqueued', 0, queue FROM jobs WHERE id BETWEEN ?1 AND ?2",
-        )?
-        .execute(params![first, last, now])?;
+    if !inserted.is_empty() {
+        gate(conn, batch, &inserted, now)?;
     }
     for (queue, n) in per_queue {
         counter::enqueued(conn, queue, n)?;
@@ -155,6 +185,18 @@ pub(super) struct Tidied {
     pub more: bool,
 }
 
+/// The next batch to finish: committed or abandoned, `?2` or any. Parameters: open, only.
+const NEXT_SQL: &str = "SELECT id, state FROM batches WHERE state != ?1 AND (?2 IS NULL OR id = ?2)
+     ORDER BY id LIMIT 1";
+
+/// [`NEXT_SQL`] on PostgreSQL, its row locked until the slice commits: two tidies at once (a
+/// bulk enqueue's own and a sweeper's, or two sweepers') take turns on a batch, so that the
+/// second reads its gates after the first lifted or deleted them, and lifts each once (two
+/// lifts would count a job with dependencies of its own down twice).
+const PG_NEXT_SQL: &str =
+    "SELECT id, state FROM batches WHERE state <> ?1 AND (?2 IS NULL OR id = ?2)
+     ORDER BY id LIMIT 1 FOR UPDATE";
+
 /// One slice of finishing batches (batch `only`, or any): abandons the open batches past
 /// their expiry at wall-clock time `clock`, then lifts the gates of a committed batch, or
 /// deletes the jobs of an abandoned one, until the slice has held the lock for [`SLICE`].
@@ -164,11 +206,13 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
         .execute(params![ABANDONED, OPEN, clock])?;
     let mut done = Tidied::default();
     loop {
+        let next_sql = if conn.dialect() == Dialect::Sqlite {
+            NEXT_SQL
+        } else {
+            PG_NEXT_SQL
+        };
         let next: Option<(i64, i64)> = conn
-            .prepare_cached(
-                "SELECT id, state FROM batches WHERE state != ?1 AND (?2 IS NULL OR id = ?2)
-                 ORDER BY id LIMIT 1",
-            )?
+            .prepare_cached(next_sql)?
             .query_row(params![OPEN, only], |r| r.try_into())
             .optional()?;
         let Some((batch, state)) = next else {
@@ -178,7 +222,7 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
             let mut stmt = conn.prepare_cached(
                 "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT (SELECT ?2)",
             )?;
-            let rows = stmt.query_map(params![gate(batch), TIDY_ROWS], |r| r.get(0))?;
+            let rows = stmt.query_map(params![gate_id(batch), TIDY_ROWS], |r| r.get(0))?;
             rows.collect::<Result<_>>()?
         };
         if jobs.is_empty() {
@@ -193,9 +237,9 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
                 "UPDATE jobs SET waiting = waiting - 1 WHERE waiting > 0 AND id IN
                      (SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id <= ?2)",
             )?
-            .execute(params![gate(batch), last])?;
+            .execute(params![gate_id(batch), last])?;
             conn.prepare_cached("DELETE FROM job_deps WHERE after_id = ?1 AND job_id <= ?2")?
-                .execute(params![gate(batch), last])?;
+                .execute(params![gate_id(batch), last])?;
             done.released += jobs.len() as u64;
         } else {
             for job in &jobs {

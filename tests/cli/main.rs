@@ -6,6 +6,7 @@ mod util;
 
 mod helper;
 
+mod bulk;
 mod cdp;
 mod dashboard;
 mod db;

@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store::db::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params, sql};
 
 use crate::error::{Error, Result};
 use crate::job::Job;
@@ -51,7 +51,9 @@ const ABANDONED: i64 = 2;
 /// Opens a batch at wall-clock time `clock`; returns its id.
 pub(super) fn open(conn: &Connection, clock: i64) -> Result<i64> {
     conn.query_row(
-        "INSERT INTO batches (state, created_at, expires_at) VALUES (?1, ?2, ?3) RETURNING id",
+        sql!(
+            "INSERT INTO batches (state, created_at, expires_at) VALUES (?1, ?2, ?3) RETURNING id"
+        ),
         params![OPEN, clock, clock + BATCH_TTL_MS],
         |r| r.get(0),
     )
@@ -76,7 +78,9 @@ pub(super) fn insert_slice(
     let now = conn.now(now)?;
     let started = Instant::now();
     let renewed = conn
-        .prepare_cached("UPDATE batches SET expires_at = ?3 WHERE id = ?1 AND state = ?2")?
+        .prepare_cached(sql!(
+            "UPDATE batches SET expires_at = ?3 WHERE id = ?1 AND state = ?2"
+        ))?
         .execute(params![batch, OPEN, clock + BATCH_TTL_MS])?;
     if renewed != 1 {
         return Err(abandoned());
@@ -98,17 +102,19 @@ pub(super) fn insert_slice(
         }
     }
     if let Some((first, last)) = inserted {
-        conn.prepare_cached(
+        conn.prepare_cached(sql!(
             "INSERT INTO job_deps (job_id, after_id) SELECT id, ?3 FROM jobs
-             WHERE id BETWEEN ?1 AND ?2",
-        )?
+             WHERE id BETWEEN ?1 AND ?2"
+        ))?
         .execute(params![first, last, gate(batch)])?;
-        conn.prepare_cached("UPDATE jobs SET waiting = waiting + 1 WHERE id BETWEEN ?1 AND ?2")?
-            .execute(params![first, last])?;
-        conn.prepare_cached(
+        conn.prepare_cached(sql!(
+            "UPDATE jobs SET waiting = waiting + 1 WHERE id BETWEEN ?1 AND ?2"
+        ))?
+        .execute(params![first, last])?;
+        conn.prepare_cached(sql!(
             "INSERT INTO job_events (job_id, at, kind, attempt, detail)
-             SELECT id, ?3, 'enqueued', 0, queue FROM jobs WHERE id BETWEEN ?1 AND ?2",
-        )?
+             SELECT id, ?3, 'enqueued', 0, queue FROM jobs WHERE id BETWEEN ?1 AND ?2"
+        ))?
         .execute(params![first, last, now])?;
     }
     for (queue, n) in per_queue {
@@ -121,7 +127,9 @@ pub(super) fn insert_slice(
 /// [`tidy`]). Refuses when the batch is no longer open.
 pub(super) fn commit(conn: &Connection, batch: i64) -> Result<()> {
     let done = conn
-        .prepare_cached("UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3")?
+        .prepare_cached(sql!(
+            "UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3"
+        ))?
         .execute(params![batch, COMMITTED, OPEN])?;
     if done != 1 {
         return Err(abandoned());
@@ -131,8 +139,10 @@ pub(super) fn commit(conn: &Connection, batch: i64) -> Result<()> {
 
 /// Abandons batch `batch` if it is still open: its jobs are deleted by [`tidy`].
 pub(super) fn abandon(conn: &Connection, batch: i64) -> Result<()> {
-    conn.prepare_cached("UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3")?
-        .execute(params![batch, ABANDONED, OPEN])?;
+    conn.prepare_cached(sql!(
+        "UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3"
+    ))?
+    .execute(params![batch, ABANDONED, OPEN])?;
     Ok(())
 }
 
@@ -160,15 +170,17 @@ pub(super) struct Tidied {
 /// deletes the jobs of an abandoned one, until the slice has held the lock for [`SLICE`].
 pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<Tidied> {
     let started = Instant::now();
-    conn.prepare_cached("UPDATE batches SET state = ?1 WHERE state = ?2 AND expires_at < ?3")?
-        .execute(params![ABANDONED, OPEN, clock])?;
+    conn.prepare_cached(sql!(
+        "UPDATE batches SET state = ?1 WHERE state = ?2 AND expires_at < ?3"
+    ))?
+    .execute(params![ABANDONED, OPEN, clock])?;
     let mut done = Tidied::default();
     loop {
         let next: Option<(i64, i64)> = conn
-            .prepare_cached(
+            .prepare_cached(sql!(
                 "SELECT id, state FROM batches WHERE state != ?1 AND (?2 IS NULL OR id = ?2)
-                 ORDER BY id LIMIT 1",
-            )?
+                 ORDER BY id LIMIT 1"
+            ))?
             .query_row(params![OPEN, only], |r| r.try_into())
             .optional()?;
         let Some((batch, state)) = next else {
@@ -176,33 +188,38 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
         };
         let jobs: Vec<i64> = {
             let mut stmt = conn.prepare_cached(
-                "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT (SELECT ?2)",
+                sql!(
+                    sqlite: "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT (SELECT ?2)",
+                    postgres: "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT ?2",
+                ),
             )?;
             let rows = stmt.query_map(params![gate(batch), TIDY_ROWS], |r| r.get(0))?;
             rows.collect::<Result<_>>()?
         };
         if jobs.is_empty() {
-            conn.prepare_cached("DELETE FROM batches WHERE id = ?1")?
+            conn.prepare_cached(sql!("DELETE FROM batches WHERE id = ?1"))?
                 .execute([batch])?;
             continue;
         }
         let last = jobs[jobs.len() - 1];
         if state == COMMITTED {
             // The gate and its count, together, for the jobs read (the batch's first gates).
-            conn.prepare_cached(
+            conn.prepare_cached(sql!(
                 "UPDATE jobs SET waiting = waiting - 1 WHERE waiting > 0 AND id IN
-                     (SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id <= ?2)",
-            )?
+                     (SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id <= ?2)"
+            ))?
             .execute(params![gate(batch), last])?;
-            conn.prepare_cached("DELETE FROM job_deps WHERE after_id = ?1 AND job_id <= ?2")?
-                .execute(params![gate(batch), last])?;
+            conn.prepare_cached(sql!(
+                "DELETE FROM job_deps WHERE after_id = ?1 AND job_id <= ?2"
+            ))?
+            .execute(params![gate(batch), last])?;
             done.released += jobs.len() as u64;
         } else {
             for job in &jobs {
-                conn.prepare_cached("DELETE FROM job_events WHERE job_id = ?1")?
+                conn.prepare_cached(sql!("DELETE FROM job_events WHERE job_id = ?1"))?
                     .execute([job])?;
                 // Its `job_deps` rows (the gate too) go with it.
-                conn.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
+                conn.prepare_cached(sql!("DELETE FROM jobs WHERE id = ?1"))?
                     .execute([job])?;
             }
             done.deleted += jobs.len() as u64;
@@ -216,9 +233,9 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
 
 /// Whether job `id` carries a gate: its batch has not committed yet (or not released it).
 pub(super) fn gated(conn: &Connection, id: i64) -> Result<bool> {
-    conn.prepare_cached(
-        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)",
-    )?
+    conn.prepare_cached(sql!(
+        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)"
+    ))?
     .query_row([id], |r| r.get(0))
 }
 

@@ -21,7 +21,7 @@
 //! had) anything it cannot store: a request it cannot read, a job the store refuses, a
 //! runner shutting down.
 
-use crate::store::db::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params, sql};
 use serde_json::{Value, json};
 
 use super::Store;
@@ -298,10 +298,12 @@ pub(super) fn enqueue(
     now: i64,
 ) -> Result<Option<(Enqueued, bool)>> {
     let now = conn.now(now)?;
-    conn.prepare_cached("DELETE FROM handoffs WHERE expires_at < ?1")?
+    conn.prepare_cached(sql!("DELETE FROM handoffs WHERE expires_at < ?1"))?
         .execute([now])?;
     let found = conn
-        .prepare_cached("SELECT job_id, duplicate FROM handoffs WHERE token = ?1")?
+        .prepare_cached(sql!(
+            "SELECT job_id, duplicate FROM handoffs WHERE token = ?1"
+        ))?
         .query_row([token], |r| {
             Ok(Enqueued {
                 id: r.get(0)?,
@@ -324,9 +326,9 @@ pub(super) fn enqueue(
         .unwrap_or(now)
         .max(now)
         .saturating_add(TOKEN_KEPT_MS);
-    conn.prepare_cached(
-        "INSERT INTO handoffs (token, job_id, duplicate, expires_at) VALUES (?1, ?2, ?3, ?4)",
-    )?
+    conn.prepare_cached(sql!(
+        "INSERT INTO handoffs (token, job_id, duplicate, expires_at) VALUES (?1, ?2, ?3, ?4)"
+    ))?
     .execute(params![token, e.id, e.duplicate, expires])?;
     Ok(Some((e, !e.duplicate)))
 }

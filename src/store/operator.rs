@@ -1,7 +1,7 @@
 //! An operator's actions: cancelling a job, and retrying one or the failed jobs that exhausted
 //! the recovery budget.
 
-use crate::store::db::{Connection, params};
+use crate::store::db::{Connection, params, sql};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, JobRecord, Status};
@@ -19,8 +19,10 @@ pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> 
     let detail = match current.status {
         Status::Pending => {
             conn.execute(
-                "UPDATE jobs SET status = 'cancelled', completed_at = ?2
-                 WHERE id = ?1 AND status = 'pending'",
+                sql!(
+                    "UPDATE jobs SET status = 'cancelled', completed_at = ?2
+                 WHERE id = ?1 AND status = 'pending'"
+                ),
                 params![id, now],
             )?;
             "cancelled while pending".to_string()
@@ -29,10 +31,10 @@ pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> 
             // Revoke the lease: the runner's next renewal reports it lost and it kills the
             // attempt; the teardown marker lets any runner kill it if that runner is gone.
             conn.execute(
-                "UPDATE jobs SET status = 'cancelled', completed_at = ?2, lease_expires_at = NULL,
+                sql!("UPDATE jobs SET status = 'cancelled', completed_at = ?2, lease_expires_at = NULL,
                      teardown_token = coalesce(run_token, ''), teardown_pgid = pgid,
                      teardown_start_time = proc_start_time, teardown_worker = worker_id
-                 WHERE id = ?1 AND status = 'running'",
+                 WHERE id = ?1 AND status = 'running'"),
                 params![id, now],
             )?;
             format!(
@@ -127,7 +129,8 @@ pub(super) fn retry(
         _ => "manual retry after lease recovery".to_string(),
     };
     conn.execute(
-        "UPDATE jobs SET
+        sql!(
+            "UPDATE jobs SET
              teardown_token = CASE WHEN status = 'running' THEN coalesce(run_token, '')
                                    ELSE teardown_token END,
              teardown_pgid = CASE WHEN status = 'running' THEN pgid ELSE teardown_pgid END,
@@ -139,7 +142,8 @@ pub(super) fn retry(
              heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL, worker_id = NULL,
              recovery_count = 0, attempt = 0, failed_attempts = 0, exit_code = NULL,
              signal = NULL, error_kind = NULL, last_error = ?3, waiting = ?5
-         WHERE id = ?1 AND status = ?4",
+         WHERE id = ?1 AND status = ?4"
+        ),
         params![id, now, message, current.status.as_str(), waiting],
     )?;
     counter::bump(conn, CounterKind::ManualRetries, &current.queue, "")?;

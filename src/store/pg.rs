@@ -9,7 +9,7 @@
 use std::path::Path;
 
 #[cfg(feature = "postgres")]
-use super::db::{self, Connection, params};
+use super::db::{self, Connection, params, sql};
 #[cfg(feature = "postgres")]
 use super::open::{Migration, OpenOptions, SCHEMA_VERSION};
 use crate::error::{Error, Result};
@@ -131,22 +131,25 @@ fn config(url: &str) -> Result<postgres::Config> {
 fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migration> {
     conn.begin()?;
     let result = (|| {
-        conn.execute("SELECT pg_advisory_xact_lock(?1)", params![MIGRATION_LOCK])?;
+        conn.execute(
+            sql!(postgres: "SELECT pg_advisory_xact_lock(?1)"),
+            params![MIGRATION_LOCK],
+        )?;
         let made: bool = conn.query_row(
-            "SELECT to_regclass('leasehold_migrations') IS NOT NULL",
+            sql!(postgres: "SELECT to_regclass('leasehold_migrations') IS NOT NULL"),
             params![],
             |r| r.get(0),
         )?;
         let from = if made {
             conn.query_row(
-                "SELECT coalesce(max(version), 0) FROM leasehold_migrations",
+                sql!(postgres: "SELECT coalesce(max(version), 0) FROM leasehold_migrations"),
                 params![],
                 |r| r.get(0),
             )?
         } else {
             let tables: i64 = conn.query_row(
-                "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()
-                     AND tablename IN ('jobs', 'job_events', 'runners')",
+                sql!(postgres: "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()
+                     AND tablename IN ('jobs', 'job_events', 'runners')"),
                 params![],
                 |r| r.get(0),
             )?;
@@ -195,7 +198,7 @@ fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migrat
 pub(crate) fn probe_version(url: &str) -> Result<i64> {
     let conn = Connection::Postgres(Box::new(db::pg::Conn::connect(config(url)?)?));
     let made: bool = conn.query_row(
-        "SELECT to_regclass('leasehold_migrations') IS NOT NULL",
+        sql!(postgres: "SELECT to_regclass('leasehold_migrations') IS NOT NULL"),
         params![],
         |r| r.get(0),
     )?;
@@ -206,7 +209,7 @@ pub(crate) fn probe_version(url: &str) -> Result<i64> {
 #[cfg(feature = "postgres")]
 pub(crate) fn schema_version(conn: &Connection) -> Result<i64> {
     conn.query_row(
-        "SELECT coalesce(max(version), 0) FROM leasehold_migrations",
+        sql!(postgres: "SELECT coalesce(max(version), 0) FROM leasehold_migrations"),
         params![],
         |r| r.get(0),
     )
@@ -217,7 +220,7 @@ pub(crate) fn schema_version(conn: &Connection) -> Result<i64> {
 #[cfg(feature = "postgres")]
 pub(crate) fn size(conn: &Connection, url: &Path) -> Result<crate::metrics::DatabaseSize> {
     let bytes: i64 = conn.query_row(
-        "SELECT pg_database_size(current_database())",
+        sql!(postgres: "SELECT pg_database_size(current_database())"),
         params![],
         |r| r.get(0),
     )?;

@@ -44,7 +44,6 @@ pub(crate) enum Dialect {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Sql {
     sqlite: Cow<'static, str>,
-    #[cfg_attr(not(feature = "postgres"), expect(dead_code))]
     postgres: Cow<'static, str>,
 }
 

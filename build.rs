@@ -99,7 +99,11 @@ fn check_machine(program: &Path) -> Result<(), String> {
             "is for ELF machine {machine} ({bits}-bit, {}), not the target's {arch} \
              (machine {m}, {width}-bit, {endian}-endian): set CC_<target> or CFLAGS for \
              the target",
-            if little { "little-endian" } else { "big-endian" }
+            if little {
+                "little-endian"
+            } else {
+                "big-endian"
+            }
         )),
         Some(_) => Ok(()),
         None => {

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::store::db::Connection;
+use crate::store::db::{Connection, sql};
 
 use crate::error::{Error, Result};
 use crate::files::{self, AttemptDir};
@@ -17,10 +17,12 @@ pub(super) fn missing_jobs(conn: &Connection, ids: &[i64]) -> Result<Vec<i64>> {
         "[{}]",
         ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
     );
-    let mut stmt = conn.prepare_cached(
-        "SELECT CAST(value AS BIGINT) FROM json_each(?1)
-         WHERE CAST(value AS BIGINT) NOT IN (SELECT id FROM jobs)",
-    )?;
+    let mut stmt = conn.prepare_cached(sql!(
+        sqlite: "SELECT CAST(value AS BIGINT) FROM json_each(?1)
+     WHERE CAST(value AS BIGINT) NOT IN (SELECT id FROM jobs)",
+        postgres: "SELECT CAST(value AS BIGINT) FROM json_array_elements_text(?1::json)
+     WHERE CAST(value AS BIGINT) NOT IN (SELECT id FROM jobs)",
+    ))?;
     let rows = stmt.query_map([list], |r| r.get::<_, i64>(0))?;
     rows.collect::<Result<_>>()
 }

@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store::db::{Connection, Dialect, OptionalExtension, params};
+use crate::store::db::{Connection, Dialect, OptionalExtension, Sql, params, sql};
 
 use crate::error::{Error, Result};
 use crate::job::Job;
@@ -51,7 +51,9 @@ const ABANDONED: i64 = 2;
 /// Opens a batch at wall-clock time `clock`; returns its id.
 pub(super) fn open(conn: &Connection, clock: i64) -> Result<i64> {
     conn.query_row(
-        "INSERT INTO batches (state, created_at, expires_at) VALUES (?1, ?2, ?3) RETURNING id",
+        sql!(
+            "INSERT INTO batches (state, created_at, expires_at) VALUES (?1, ?2, ?3) RETURNING id"
+        ),
         params![OPEN, clock, clock + BATCH_TTL_MS],
         |r| r.get(0),
     )
@@ -65,36 +67,41 @@ fn gate_id(batch: i64) -> i64 {
 /// Gates, counts in `waiting` and announces (`enqueued`) the jobs `ids` of batch `batch`:
 /// those a slice inserted, named by the ids their INSERTs returned. Never an id range: on
 /// PostgreSQL other writers' jobs take ids between a slice's first and last.
-/// Parameters: the ids (a JSON array), then the gate (the first statement) or now (the last).
-const GATE_SQL: [&str; 3] = [
+/// Parameters: the ids (a JSON array on SQLite, an array literal `{1,2}` on PostgreSQL), then
+/// the gate (the first statement) or now (the last).
+const GATE_DEPS_SQL: Sql = Sql::new(
     "INSERT INTO job_deps (job_id, after_id) SELECT value, ?2 FROM json_each(?1)",
+    "INSERT INTO job_deps (job_id, after_id) SELECT unnest(?1::bigint[]), ?2",
+);
+/// See [`GATE_DEPS_SQL`].
+const GATE_WAITING_SQL: Sql = Sql::new(
     "UPDATE jobs SET waiting = waiting + 1 WHERE id IN (SELECT value FROM json_each(?1))",
+    "UPDATE jobs SET waiting = waiting + 1 WHERE id = ANY (?1::bigint[])",
+);
+/// See [`GATE_DEPS_SQL`].
+const GATE_EVENTS_SQL: Sql = Sql::new(
     "INSERT INTO job_events (job_id, at, kind, attempt, detail)
      SELECT id, ?2, 'enqueued', 0, queue FROM jobs WHERE id IN (SELECT value FROM json_each(?1))",
-];
-
-/// [`GATE_SQL`] on PostgreSQL, the ids as an array literal (`{1,2}`).
-const PG_GATE_SQL: [&str; 3] = [
-    "INSERT INTO job_deps (job_id, after_id) SELECT unnest(?1::bigint[]), ?2",
-    "UPDATE jobs SET waiting = waiting + 1 WHERE id = ANY (?1::bigint[])",
     "INSERT INTO job_events (job_id, at, kind, attempt, detail)
      SELECT id, ?2, 'enqueued', 0, queue FROM jobs WHERE id = ANY (?1::bigint[]) ORDER BY id",
-];
+);
 
-/// Runs [`GATE_SQL`] for `ids`, and checks that each statement wrote one row per job.
+/// Runs [`GATE_DEPS_SQL`] and its two siblings for `ids`, and checks that each statement
+/// wrote one row per job.
 fn gate(conn: &Connection, batch: i64, ids: &[i64], now: i64) -> Result<()> {
     let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-    let (sql, list) = if conn.dialect() == Dialect::Sqlite {
-        (GATE_SQL, format!("[{list}]"))
+    let list = if conn.dialect() == Dialect::Sqlite {
+        format!("[{list}]")
     } else {
-        (PG_GATE_SQL, format!("{{{list}}}"))
+        format!("{{{list}}}")
     };
-    let [deps, waiting, events] = sql;
     let written = [
-        conn.prepare_cached(deps)?
+        conn.prepare_cached(&GATE_DEPS_SQL)?
             .execute(params![list, gate_id(batch)])?,
-        conn.prepare_cached(waiting)?.execute(params![list])?,
-        conn.prepare_cached(events)?.execute(params![list, now])?,
+        conn.prepare_cached(&GATE_WAITING_SQL)?
+            .execute(params![list])?,
+        conn.prepare_cached(&GATE_EVENTS_SQL)?
+            .execute(params![list, now])?,
     ];
     if written.iter().any(|&n| n != ids.len()) {
         return Err(Error::io(
@@ -119,7 +126,9 @@ pub(super) fn insert_slice(
     let now = conn.now(now)?;
     let started = Instant::now();
     let renewed = conn
-        .prepare_cached("UPDATE batches SET expires_at = ?3 WHERE id = ?1 AND state = ?2")?
+        .prepare_cached(sql!(
+            "UPDATE batches SET expires_at = ?3 WHERE id = ?1 AND state = ?2"
+        ))?
         .execute(params![batch, OPEN, clock + BATCH_TTL_MS])?;
     if renewed != 1 {
         return Err(abandoned());
@@ -151,7 +160,9 @@ pub(super) fn insert_slice(
 /// [`tidy`]). Refuses when the batch is no longer open.
 pub(super) fn commit(conn: &Connection, batch: i64) -> Result<()> {
     let done = conn
-        .prepare_cached("UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3")?
+        .prepare_cached(sql!(
+            "UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3"
+        ))?
         .execute(params![batch, COMMITTED, OPEN])?;
     if done != 1 {
         return Err(abandoned());
@@ -161,8 +172,10 @@ pub(super) fn commit(conn: &Connection, batch: i64) -> Result<()> {
 
 /// Abandons batch `batch` if it is still open: its jobs are deleted by [`tidy`].
 pub(super) fn abandon(conn: &Connection, batch: i64) -> Result<()> {
-    conn.prepare_cached("UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3")?
-        .execute(params![batch, ABANDONED, OPEN])?;
+    conn.prepare_cached(sql!(
+        "UPDATE batches SET state = ?2 WHERE id = ?1 AND state = ?3"
+    ))?
+    .execute(params![batch, ABANDONED, OPEN])?;
     Ok(())
 }
 
@@ -186,33 +199,30 @@ pub(super) struct Tidied {
 }
 
 /// The next batch to finish: committed or abandoned, `?2` or any. Parameters: open, only.
-const NEXT_SQL: &str = "SELECT id, state FROM batches WHERE state != ?1 AND (?2 IS NULL OR id = ?2)
-     ORDER BY id LIMIT 1";
-
-/// [`NEXT_SQL`] on PostgreSQL, its row locked until the slice commits: two tidies at once (a
-/// bulk enqueue's own and a sweeper's, or two sweepers') take turns on a batch, so that the
-/// second reads its gates after the first lifted or deleted them, and lifts each once (two
-/// lifts would count a job with dependencies of its own down twice).
-const PG_NEXT_SQL: &str =
+/// On PostgreSQL its row is locked until the slice commits: two tidies at once (a bulk
+/// enqueue's own and a sweeper's, or two sweepers') take turns on a batch, so that the second
+/// reads its gates after the first lifted or deleted them, and lifts each once (two lifts
+/// would count a job with dependencies of its own down twice).
+const NEXT_SQL: Sql = Sql::new(
+    "SELECT id, state FROM batches WHERE state != ?1 AND (?2 IS NULL OR id = ?2)
+     ORDER BY id LIMIT 1",
     "SELECT id, state FROM batches WHERE state <> ?1 AND (?2 IS NULL OR id = ?2)
-     ORDER BY id LIMIT 1 FOR UPDATE";
+     ORDER BY id LIMIT 1 FOR UPDATE",
+);
 
 /// One slice of finishing batches (batch `only`, or any): abandons the open batches past
 /// their expiry at wall-clock time `clock`, then lifts the gates of a committed batch, or
 /// deletes the jobs of an abandoned one, until the slice has held the lock for [`SLICE`].
 pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<Tidied> {
     let started = Instant::now();
-    conn.prepare_cached("UPDATE batches SET state = ?1 WHERE state = ?2 AND expires_at < ?3")?
-        .execute(params![ABANDONED, OPEN, clock])?;
+    conn.prepare_cached(sql!(
+        "UPDATE batches SET state = ?1 WHERE state = ?2 AND expires_at < ?3"
+    ))?
+    .execute(params![ABANDONED, OPEN, clock])?;
     let mut done = Tidied::default();
     loop {
-        let next_sql = if conn.dialect() == Dialect::Sqlite {
-            NEXT_SQL
-        } else {
-            PG_NEXT_SQL
-        };
         let next: Option<(i64, i64)> = conn
-            .prepare_cached(next_sql)?
+            .prepare_cached(&NEXT_SQL)?
             .query_row(params![OPEN, only], |r| r.try_into())
             .optional()?;
         let Some((batch, state)) = next else {
@@ -220,33 +230,38 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
         };
         let jobs: Vec<i64> = {
             let mut stmt = conn.prepare_cached(
-                "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT (SELECT ?2)",
+                sql!(
+                    sqlite: "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT (SELECT ?2)",
+                    postgres: "SELECT job_id FROM job_deps WHERE after_id = ?1 ORDER BY job_id LIMIT ?2",
+                ),
             )?;
             let rows = stmt.query_map(params![gate_id(batch), TIDY_ROWS], |r| r.get(0))?;
             rows.collect::<Result<_>>()?
         };
         if jobs.is_empty() {
-            conn.prepare_cached("DELETE FROM batches WHERE id = ?1")?
+            conn.prepare_cached(sql!("DELETE FROM batches WHERE id = ?1"))?
                 .execute([batch])?;
             continue;
         }
         let last = jobs[jobs.len() - 1];
         if state == COMMITTED {
             // The gate and its count, together, for the jobs read (the batch's first gates).
-            conn.prepare_cached(
+            conn.prepare_cached(sql!(
                 "UPDATE jobs SET waiting = waiting - 1 WHERE waiting > 0 AND id IN
-                     (SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id <= ?2)",
-            )?
+                     (SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id <= ?2)"
+            ))?
             .execute(params![gate_id(batch), last])?;
-            conn.prepare_cached("DELETE FROM job_deps WHERE after_id = ?1 AND job_id <= ?2")?
-                .execute(params![gate_id(batch), last])?;
+            conn.prepare_cached(sql!(
+                "DELETE FROM job_deps WHERE after_id = ?1 AND job_id <= ?2"
+            ))?
+            .execute(params![gate_id(batch), last])?;
             done.released += jobs.len() as u64;
         } else {
             for job in &jobs {
-                conn.prepare_cached("DELETE FROM job_events WHERE job_id = ?1")?
+                conn.prepare_cached(sql!("DELETE FROM job_events WHERE job_id = ?1"))?
                     .execute([job])?;
                 // Its `job_deps` rows (the gate too) go with it.
-                conn.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
+                conn.prepare_cached(sql!("DELETE FROM jobs WHERE id = ?1"))?
                     .execute([job])?;
             }
             done.deleted += jobs.len() as u64;
@@ -260,10 +275,22 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
 
 /// Whether job `id` carries a gate: its batch has not committed yet (or not released it).
 pub(super) fn gated(conn: &Connection, id: i64) -> Result<bool> {
-    conn.prepare_cached(
-        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)",
-    )?
+    conn.prepare_cached(sql!(
+        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)"
+    ))?
     .query_row([id], |r| r.get(0))
+}
+
+/// The statements of this file that are `const` items, for the test that prepares every
+/// statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![
+        ("GATE_DEPS_SQL", GATE_DEPS_SQL),
+        ("GATE_WAITING_SQL", GATE_WAITING_SQL),
+        ("GATE_EVENTS_SQL", GATE_EVENTS_SQL),
+        ("NEXT_SQL", NEXT_SQL),
+    ]
 }
 
 #[cfg(test)]

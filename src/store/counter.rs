@@ -6,7 +6,7 @@
 //! statement rewrote them). The job counts by queue and status are kept by triggers on
 //! updates and deletes (`0003_counters.sql`), and by [`enqueued`] on inserts.
 
-use crate::store::db::{Connection, Dialect, OptionalExtension, params};
+use crate::store::db::{Connection, Dialect, OptionalExtension, Sql, params, sql};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, Status};
@@ -30,44 +30,43 @@ pub(crate) const WAIT: &str = "wait";
 pub(crate) const RUN: &str = "run";
 
 /// Adds one to a counter. Parameters: name, queue, outcome.
-const BUMP_SQL: &str =
+///
+/// On PostgreSQL, into this transaction's shard of the counter, which no other transaction
+/// writes until this one ends (`job_count_shard()`, pg/schema.sql). One row per counter would be
+/// a lock that every runner's writer takes and holds until it commits: the runners would queue
+/// behind each other on it, and two transactions bumping two counters in opposite orders would
+/// deadlock. The view `metric_counters` sums the shards.
+const BUMP_SQL: Sql = Sql::new(
     "INSERT INTO metric_counters (name, queue, outcome, value) VALUES (?1, ?2, ?3, 1)
-     ON CONFLICT (name, queue, outcome) DO UPDATE SET value = metric_counters.value + 1";
-
-/// [`BUMP_SQL`] on PostgreSQL: into this transaction's shard of the counter, which no other
-/// transaction writes until this one ends (`job_count_shard()`, pg/schema.sql). One row per
-/// counter would be a lock that every runner's writer takes and holds until it commits: the
-/// runners would queue behind each other on it, and two transactions bumping two counters in
-/// opposite orders would deadlock. The view `metric_counters` sums the shards.
-const PG_BUMP_SQL: &str =
+     ON CONFLICT (name, queue, outcome) DO UPDATE SET value = metric_counters.value + 1",
     "INSERT INTO metric_counter_shards AS c (name, queue, outcome, shard, value)
      VALUES (?1, ?2, ?3, job_count_shard(), 1)
-     ON CONFLICT (name, queue, outcome, shard) DO UPDATE SET value = c.value + 1";
+     ON CONFLICT (name, queue, outcome, shard) DO UPDATE SET value = c.value + 1",
+);
 
 /// Adds one observation to a histogram's bucket. Parameters: name, queue, outcome, bucket
-/// bound, the observation.
-const OBSERVE_SQL: &str =
+/// bound, the observation. On PostgreSQL, into this transaction's shard, as [`BUMP_SQL`].
+const OBSERVE_SQL: Sql = Sql::new(
     "INSERT INTO metric_histograms (name, queue, outcome, le_ms, count, sum_ms)
      VALUES (?1, ?2, ?3, ?4, 1, ?5)
      ON CONFLICT (name, queue, outcome, le_ms)
      DO UPDATE SET count = metric_histograms.count + 1,
-         sum_ms = metric_histograms.sum_ms + excluded.sum_ms";
-
-/// [`OBSERVE_SQL`] on PostgreSQL, into this transaction's shard, as [`PG_BUMP_SQL`].
-const PG_OBSERVE_SQL: &str =
+         sum_ms = metric_histograms.sum_ms + excluded.sum_ms",
     "INSERT INTO metric_histogram_shards AS h (name, queue, outcome, le_ms, shard, count, sum_ms)
      VALUES (?1, ?2, ?3, ?4, job_count_shard(), 1, ?5)
      ON CONFLICT (name, queue, outcome, le_ms, shard)
-     DO UPDATE SET count = h.count + 1, sum_ms = h.sum_ms + excluded.sum_ms";
+     DO UPDATE SET count = h.count + 1, sum_ms = h.sum_ms + excluded.sum_ms",
+);
+
+/// The statements of this file that are `const` items, for the test that prepares them all.
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![("BUMP_SQL", BUMP_SQL), ("OBSERVE_SQL", OBSERVE_SQL)]
+}
 
 /// Adds one to a counter.
 pub(super) fn bump(conn: &Connection, kind: CounterKind, queue: &str, outcome: &str) -> Result<()> {
-    let sql = if conn.dialect() == Dialect::Sqlite {
-        BUMP_SQL
-    } else {
-        PG_BUMP_SQL
-    };
-    conn.prepare_cached(sql)?
+    conn.prepare_cached(&BUMP_SQL)?
         .execute(params![kind.as_str(), queue, outcome])?;
     Ok(())
 }
@@ -80,15 +79,15 @@ pub(super) fn enqueued(conn: &Connection, queue: &str, n: usize) -> Result<()> {
         return Ok(());
     }
     let counted = conn
-        .prepare_cached("UPDATE job_counts SET n = n + ?2 WHERE queue = ?1 AND status = 'pending'")?
+        .prepare_cached(sql!(sqlite: "UPDATE job_counts SET n = n + ?2 WHERE queue = ?1 AND status = 'pending'"))?
         .execute(params![queue, n as i64])?;
     if counted == 0 {
         // The queue's first job: a row for every status, so that the triggers' change of
         // status finds both of its rows (see schema.sql).
         conn.prepare_cached(
-            "INSERT OR IGNORE INTO job_counts (queue, status, n)
+            sql!(sqlite: "INSERT OR IGNORE INTO job_counts (queue, status, n)
              VALUES (?1, 'pending', ?2), (?1, 'running', 0), (?1, 'succeeded', 0),
-                    (?1, 'failed', 0), (?1, 'cancelled', 0)",
+                    (?1, 'failed', 0), (?1, 'cancelled', 0)"),
         )?
         .execute(params![queue, n as i64])?;
     }
@@ -116,15 +115,17 @@ impl Attempt {
 
     /// The row of job `id` as it is now; None when there is no such job.
     pub(super) fn read(conn: &Connection, id: i64) -> Result<Option<Attempt>> {
-        conn.prepare_cached("SELECT queue, scheduled_at, started_at FROM jobs WHERE id = ?1")?
-            .query_row([id], |r| {
-                Ok(Attempt {
-                    queue: r.get(0)?,
-                    scheduled_at: r.get(1)?,
-                    started_at: r.get(2)?,
-                })
+        conn.prepare_cached(sql!(
+            "SELECT queue, scheduled_at, started_at FROM jobs WHERE id = ?1"
+        ))?
+        .query_row([id], |r| {
+            Ok(Attempt {
+                queue: r.get(0)?,
+                scheduled_at: r.get(1)?,
+                started_at: r.get(2)?,
             })
-            .optional()
+        })
+        .optional()
     }
 
     /// Records the attempt's wait and run times under `outcome`, when it had started.
@@ -132,11 +133,6 @@ impl Attempt {
         let now = conn.now(now)?;
         let Some(started) = self.started_at else {
             return Ok(());
-        };
-        let sql = if conn.dialect() == Dialect::Sqlite {
-            OBSERVE_SQL
-        } else {
-            PG_OBSERVE_SQL
         };
         let wait = started.saturating_sub(self.scheduled_at).max(0);
         let run = now.saturating_sub(started).max(0);
@@ -146,7 +142,7 @@ impl Attempt {
                 .copied()
                 .find(|&b| ms <= b)
                 .unwrap_or(INF_MS);
-            conn.prepare_cached(sql)?
+            conn.prepare_cached(&OBSERVE_SQL)?
                 .execute(params![name, self.queue, outcome, le, ms])?;
         }
         Ok(())

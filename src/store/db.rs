@@ -9,11 +9,17 @@
 //! how a column is read, how a statement is prepared and cached, and the few statements whose
 //! text differs by dialect ([`Connection::dialect`]).
 //!
-//! A statement's text is written for SQLite, with numbered (`?1`) or bare (`?`) parameters;
-//! the PostgreSQL side rewrites the marks to `$1` ([`numbered_marks`]) and prepares the statement with
-//! the parameter types of the values bound (every integer is an `int8`), so that a mark whose
-//! type PostgreSQL cannot infer (`?5 > 0`) still binds.
+//! A statement is an [`Sql`]: its text for each backend, written out, so that a reader sees the
+//! text that runs. Most statements read the same on both (`sql!("...")`, [`Sql::same`]); one
+//! that uses what only one dialect has (`UPDATE OR FAIL`, `INDEXED BY`, `json_each`, `rowid`...)
+//! spells each (`sql!(sqlite: "...", postgres: "...")`, [`Sql::new`]). Both are written with
+//! numbered (`?1`) or bare (`?`) parameters: the only rewriting at run time is PostgreSQL's of
+//! the marks to `$1` ([`numbered_marks`]). PostgreSQL prepares the statement with the parameter
+//! types of the values bound (every integer is an `int8`), so that a mark whose type it cannot
+//! infer (`?5 > 0`) still binds. The store's test `every_statement_prepares` prepares every
+//! statement of both backends against its schema.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use crate::error::{Error, Result};
@@ -27,6 +33,122 @@ pub(crate) enum Dialect {
     #[cfg(feature = "postgres")]
     Postgres,
 }
+
+/// A statement's text for each backend, with SQLite's parameter marks (`?1`, `?`).
+///
+/// Written as `sql!("...")` where both read the same, `sql!(sqlite: "...", postgres: "...")`
+/// where they differ, or as a `const` (of `concat!`ed pieces) that the file's `statements()`
+/// list names; a text built at run time is [`Sql::built`], in a function that list calls with a
+/// representative input. The [`Connection`] runs nothing else (outside tests), so that the test
+/// `every_statement_prepares` reaches every statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sql {
+    sqlite: Cow<'static, str>,
+    postgres: Cow<'static, str>,
+}
+
+impl Sql {
+    /// A statement that reads the same on both backends.
+    pub(crate) const fn same(text: &'static str) -> Sql {
+        Sql {
+            sqlite: Cow::Borrowed(text),
+            postgres: Cow::Borrowed(text),
+        }
+    }
+
+    /// A statement spelled for each backend.
+    pub(crate) const fn new(sqlite: &'static str, postgres: &'static str) -> Sql {
+        Sql {
+            sqlite: Cow::Borrowed(sqlite),
+            postgres: Cow::Borrowed(postgres),
+        }
+    }
+
+    /// A statement that only PostgreSQL runs (the SQLite text is empty).
+    pub(crate) const fn postgres_only(text: &'static str) -> Sql {
+        Sql::new("", text)
+    }
+
+    /// A statement that only SQLite runs (the PostgreSQL text is empty).
+    pub(crate) const fn sqlite_only(text: &'static str) -> Sql {
+        Sql::new(text, "")
+    }
+
+    /// A statement built at run time (a list of queues, of ids), spelled for each backend.
+    pub(crate) fn built(sqlite: String, postgres: String) -> Sql {
+        Sql {
+            sqlite: Cow::Owned(sqlite),
+            postgres: Cow::Owned(postgres),
+        }
+    }
+
+    /// A statement built at run time that reads the same on both backends.
+    pub(crate) fn built_same(text: String) -> Sql {
+        Sql::built(text.clone(), text)
+    }
+
+    /// SQLite's text.
+    #[cfg(test)]
+    pub(crate) fn sqlite(&self) -> &str {
+        &self.sqlite
+    }
+
+    /// PostgreSQL's text, with SQLite's marks ([`numbered_marks`] rewrites them).
+    #[cfg(all(test, feature = "postgres"))]
+    pub(crate) fn postgres(&self) -> &str {
+        &self.postgres
+    }
+}
+
+/// What a [`Connection`] runs: an [`Sql`]; in tests, a text too, the same on both backends.
+pub(crate) trait Text {
+    /// The text for `dialect`.
+    fn text(&self, dialect: Dialect) -> &str;
+}
+
+impl Text for Sql {
+    fn text(&self, dialect: Dialect) -> &str {
+        match dialect {
+            Dialect::Sqlite => &self.sqlite,
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres => &self.postgres,
+        }
+    }
+}
+
+#[cfg(test)]
+impl Text for str {
+    fn text(&self, _: Dialect) -> &str {
+        self
+    }
+}
+
+#[cfg(test)]
+impl Text for String {
+    fn text(&self, _: Dialect) -> &str {
+        self
+    }
+}
+
+/// `sql!("...")`: a `&'static` [`Sql`] that reads the same on both backends;
+/// `sql!(sqlite: "...", postgres: "...")`: one spelled for each; `sql!(postgres: "...")`, one
+/// that only that backend runs. Only literals, so that the
+/// test `every_statement_prepares` finds every one in the source.
+macro_rules! sql {
+    ($text:literal) => {
+        const { &$crate::store::db::Sql::same($text) }
+    };
+    (sqlite: $sqlite:literal, postgres: $postgres:literal $(,)?) => {
+        const { &$crate::store::db::Sql::new($sqlite, $postgres) }
+    };
+    (postgres: $postgres:literal $(,)?) => {
+        const { &$crate::store::db::Sql::postgres_only($postgres) }
+    };
+    (sqlite: $sqlite:literal $(,)?) => {
+        const { &$crate::store::db::Sql::sqlite_only($sqlite) }
+    };
+}
+pub(crate) use sql;
 
 /// A store connection: SQLite or PostgreSQL.
 pub(crate) enum Connection {
@@ -76,34 +198,36 @@ impl Connection {
     }
 
     /// A statement, prepared once and kept for the next call with the same text.
-    pub(crate) fn prepare_cached(&self, sql: &str) -> Result<Statement<'_>> {
+    pub(crate) fn prepare_cached<S: Text + ?Sized>(&self, sql: &S) -> Result<Statement<'_>> {
+        let text = sql.text(self.dialect());
         match self {
-            Connection::Sqlite(c) => Ok(Statement::Sqlite(Stmt::Cached(c.prepare_cached(sql)?))),
+            Connection::Sqlite(c) => Ok(Statement::Sqlite(Stmt::Cached(c.prepare_cached(text)?))),
             #[cfg(feature = "postgres")]
-            Connection::Postgres(c) => Ok(Statement::Postgres(c.statement(sql))),
+            Connection::Postgres(c) => Ok(Statement::Postgres(c.statement(text))),
         }
     }
 
     /// A statement prepared for this use only: for texts built at run time that would crowd
     /// the cache. (PostgreSQL keeps every statement: its cache is per text, and texts built
     /// at run time come from a few shapes.)
-    pub(crate) fn prepare(&self, sql: &str) -> Result<Statement<'_>> {
+    pub(crate) fn prepare<S: Text + ?Sized>(&self, sql: &S) -> Result<Statement<'_>> {
+        let text = sql.text(self.dialect());
         match self {
-            Connection::Sqlite(c) => Ok(Statement::Sqlite(Stmt::Once(c.prepare(sql)?))),
+            Connection::Sqlite(c) => Ok(Statement::Sqlite(Stmt::Once(c.prepare(text)?))),
             #[cfg(feature = "postgres")]
-            Connection::Postgres(c) => Ok(Statement::Postgres(c.statement(sql))),
+            Connection::Postgres(c) => Ok(Statement::Postgres(c.statement(text))),
         }
     }
 
     /// Runs one statement and returns how many rows it changed.
-    pub(crate) fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
+    pub(crate) fn execute<S: Text + ?Sized, P: Params>(&self, sql: &S, params: P) -> Result<usize> {
         self.prepare_cached(sql)?.execute(params)
     }
 
     /// Runs a query and maps its first row; an error when it has none.
-    pub(crate) fn query_row<T, P: Params>(
+    pub(crate) fn query_row<S: Text + ?Sized, T, P: Params>(
         &self,
-        sql: &str,
+        sql: &S,
         params: P,
         f: impl FnOnce(&Row<'_>) -> Result<T>,
     ) -> Result<T> {
@@ -801,32 +925,6 @@ pub(crate) mod tls;
 #[cfg(test)]
 mod tests {
     use super::numbered_marks;
-
-    #[cfg(feature = "postgres")]
-    #[test]
-    fn sqlite_only_constructs_are_translated_word_for_word() {
-        use super::pg::postgres_text as pg;
-        assert_eq!(
-            pg(
-                "UPDATE OR FAIL jobs SET a = ?1 WHERE id IN (SELECT value FROM json_each(?2)) LIMIT (SELECT ?3)"
-            ),
-            "UPDATE jobs SET a = $1 WHERE id IN (SELECT value FROM json_array_elements_text(($2)::json)) LIMIT $3"
-        );
-        assert_eq!(
-            pg(
-                "SELECT (SELECT json_group_array(d.after_id) FROM d), x FROM jobs INDEXED BY jobs_claim WHERE t IS ?2"
-            ),
-            "SELECT (SELECT coalesce(json_agg(d.after_id), '[]')::text FROM d), x FROM jobs  WHERE t IS NOT DISTINCT FROM $2"
-        );
-        assert_eq!(
-            pg("INSERT OR IGNORE INTO t (a) VALUES (?1) RETURNING a"),
-            "INSERT INTO t (a) VALUES ($1) ON CONFLICT DO NOTHING RETURNING a"
-        );
-        assert_eq!(
-            pg("INSERT OR IGNORE INTO t (a) VALUES (?)"),
-            "INSERT INTO t (a) VALUES ($1) ON CONFLICT DO NOTHING"
-        );
-    }
 
     #[test]
     fn marks_are_numbered_as_sqlite_numbers_them() {

@@ -18,7 +18,7 @@
 //! (AUTOINCREMENT), so a job enqueued after the ending, which counted the dependency as it
 //! found it, is above `last_job` and never handled twice.
 
-use crate::store::db::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params, sql};
 
 use crate::error::Result;
 use crate::job::{EventKind, Status};
@@ -72,10 +72,12 @@ pub(super) fn job_ended(conn: &Connection, id: i64, status: Status, now: i64) ->
 pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
     let now = conn.now(now)?;
     let stored: Vec<Cascade> = {
-        let mut stmt = conn.prepare_cached(
-            "SELECT job_id, status, root, after_job, last_job FROM cascades
-             ORDER BY rowid LIMIT 16",
-        )?;
+        let mut stmt = conn.prepare_cached(sql!(
+            sqlite: "SELECT job_id, status, root, after_job, last_job FROM cascades
+         ORDER BY rowid LIMIT 16",
+            postgres: "SELECT job_id, status, root, after_job, last_job FROM cascades
+         ORDER BY seq LIMIT 16",
+        ))?;
         let rows = stmt.query_map(params![], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
@@ -102,8 +104,10 @@ pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
         return Ok(false);
     }
     for c in &stored {
-        conn.prepare_cached("DELETE FROM cascades WHERE job_id = ?1 AND status = ?2")?
-            .execute(params![c.job, c.how.as_str()])?;
+        conn.prepare_cached(sql!(
+            "DELETE FROM cascades WHERE job_id = ?1 AND status = ?2"
+        ))?
+        .execute(params![c.job, c.how.as_str()])?;
     }
     // Popped last first: the oldest first.
     let stack = stored.into_iter().rev().collect();
@@ -114,7 +118,7 @@ pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
 
 /// Whether any cascade is left to continue.
 pub(super) fn has_cascades(conn: &Connection) -> Result<bool> {
-    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM cascades)")?
+    conn.prepare_cached(sql!("SELECT EXISTS (SELECT 1 FROM cascades)"))?
         .query_row(params![], |r| r.get(0))
 }
 
@@ -139,11 +143,14 @@ fn run(
         // through a subquery: a bare parameter in LIMIT made SQLite prepare this statement
         // again on every ending (11% of a runner's instructions, measured).
         let dependents: Vec<i64> = {
-            let mut stmt = conn.prepare_cached(
-                "SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id > ?2
+            let mut stmt = conn.prepare_cached(sql!(
+                sqlite: "SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id > ?2
                      AND (?3 IS NULL OR job_id <= ?3)
                  ORDER BY job_id LIMIT (SELECT ?4)",
-            )?;
+                postgres: "SELECT job_id FROM job_deps WHERE after_id = ?1 AND job_id > ?2
+                     AND (?3 IS NULL OR job_id <= ?3)
+                 ORDER BY job_id LIMIT ?4",
+            ))?;
             let rows = stmt.query_map(
                 params![c.job, c.after_job, c.last_job, (budget + 1) as i64],
                 |r| r.get(0),
@@ -189,16 +196,18 @@ fn handle(
     let now = conn.now(now)?;
     if c.how == Status::Succeeded {
         // Whatever the dependent's status: see the module's docs.
-        conn.prepare_cached("UPDATE jobs SET waiting = waiting - 1 WHERE id = ?1 AND waiting > 0")?
-            .execute([job])?;
+        conn.prepare_cached(sql!(
+            "UPDATE jobs SET waiting = waiting - 1 WHERE id = ?1 AND waiting > 0"
+        ))?
+        .execute([job])?;
         return Ok(());
     }
     let cancelled: Option<(i64, String)> = conn
-        .prepare_cached(
+        .prepare_cached(sql!(
             "UPDATE jobs SET status = 'cancelled', completed_at = ?2, last_error = ?3
              WHERE id = ?1 AND status = 'pending'
-             RETURNING attempt, queue",
-        )?
+             RETURNING attempt, queue"
+        ))?
         .query_row(params![job, now, message], |r| r.try_into())
         .optional()?;
     if let Some((attempt, queue)) = cancelled {
@@ -222,7 +231,7 @@ fn store(conn: &Connection, c: &mut Cascade) -> Result<()> {
     let last_job = match c.last_job {
         Some(last) => last,
         None => conn
-            .prepare_cached("SELECT max(job_id) FROM job_deps WHERE after_id = ?1")?
+            .prepare_cached(sql!("SELECT max(job_id) FROM job_deps WHERE after_id = ?1"))?
             .query_row([c.job], |r| r.get::<_, Option<i64>>(0))?
             .unwrap_or(0),
     };
@@ -230,13 +239,18 @@ fn store(conn: &Connection, c: &mut Cascade) -> Result<()> {
     if c.after_job >= last_job {
         return Ok(());
     }
-    conn.prepare_cached(
-        "INSERT INTO cascades (job_id, status, root, after_job, last_job)
+    conn.prepare_cached(sql!(
+        sqlite: "INSERT INTO cascades (job_id, status, root, after_job, last_job)
          VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (job_id, status) DO UPDATE SET root = excluded.root,
              after_job = min(after_job, excluded.after_job),
              last_job = max(last_job, excluded.last_job)",
-    )?
+        postgres: "INSERT INTO cascades (job_id, status, root, after_job, last_job)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (job_id, status) DO UPDATE SET root = excluded.root,
+             after_job = least(cascades.after_job, excluded.after_job),
+             last_job = greatest(cascades.last_job, excluded.last_job)",
+    ))?
     .execute(params![
         c.job,
         c.how.as_str(),
@@ -268,11 +282,11 @@ pub(super) enum Unmet {
 /// count of those still in the file, the difference was pruned unsucceeded. A dependency
 /// pruned after it succeeded counts as succeeded.
 pub(super) fn unmet(conn: &Connection, id: i64) -> Result<std::result::Result<i64, Unmet>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT d.after_id, p.status FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
          WHERE d.job_id = ?1 AND (p.status IS NULL OR p.status != 'succeeded')
-         ORDER BY d.after_id",
-    )?;
+         ORDER BY d.after_id"
+    ))?;
     let rows = stmt.query_map([id], |r| {
         Ok((r.get::<_, i64>(0)?, r.get::<_, Option<String>>(1)?))
     })?;
@@ -295,7 +309,7 @@ pub(super) fn unmet(conn: &Connection, id: i64) -> Result<std::result::Result<i6
     }
     if !pruned.is_empty() {
         let counted: i64 = conn
-            .prepare_cached("SELECT waiting FROM jobs WHERE id = ?1")?
+            .prepare_cached(sql!("SELECT waiting FROM jobs WHERE id = ?1"))?
             .query_row([id], |r| r.get(0))?;
         if counted > present_unsucceeded {
             let named = match pruned.as_slice() {

@@ -1,7 +1,7 @@
 //! Enqueueing: a job's row, its dependencies and its `enqueued` event, and the unique-key
 //! check before it.
 
-use crate::store::db::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, Sql, params, sql};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, Job, Status};
@@ -72,9 +72,11 @@ pub(super) fn enqueue(
 
 /// The newest job of a unique key that is unfinished, or created after a time when that is
 /// not NULL. Parameters: key, the time.
-pub(super) const MATCHING_SQL: &str = "SELECT id FROM jobs WHERE unique_key = ?1
+pub(super) const MATCHING_SQL: Sql = Sql::same(
+    "SELECT id FROM jobs WHERE unique_key = ?1
          AND (status IN ('pending', 'running') OR (?2 IS NOT NULL AND created_at > ?2))
-     ORDER BY id DESC LIMIT 1";
+     ORDER BY id DESC LIMIT 1",
+);
 
 /// The newest job that `key` matches at `now`: an unfinished one, or with a window, one
 /// created within it.
@@ -82,7 +84,7 @@ fn matching(conn: &Connection, key: &str, window_ms: Option<i64>, now: i64) -> R
     let now = conn.now(now)?;
     serialise(conn, Serialise::UniqueKey(key))?;
     let since = window_ms.map(|w| now.saturating_sub(w));
-    conn.prepare_cached(MATCHING_SQL)?
+    conn.prepare_cached(&MATCHING_SQL)?
         .query_row(params![key, since], |r| r.get(0))
         .optional()
 }
@@ -112,14 +114,14 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
         Some(s) => s.at,
         None => job.scheduled_at(now),
     };
-    conn.prepare_cached(
+    conn.prepare_cached(sql!(
         "INSERT INTO jobs (queue, argv, env, cwd, priority, status, max_attempts,
              backoff_base_ms, backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms,
              created_at, scheduled_at, unique_key, schedule, slot_at, deferred)
          VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
                  CASE WHEN ?13 > ?12 THEN 1 ELSE 0 END)
-         RETURNING id",
-    )?
+         RETURNING id"
+    ))?
     .query_row(
         params![
             f.queue,
@@ -163,7 +165,7 @@ fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
         }
         serialise(conn, Serialise::Job(dep))?;
         let status: Option<String> = conn
-            .prepare_cached("SELECT status FROM jobs WHERE id = ?1")?
+            .prepare_cached(sql!("SELECT status FROM jobs WHERE id = ?1"))?
             .query_row([dep], |r| r.get(0))
             .optional()?;
         let Some(status) = status else {
@@ -183,12 +185,22 @@ fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
                 )));
             }
         }
-        conn.prepare_cached("INSERT OR IGNORE INTO job_deps (job_id, after_id) VALUES (?1, ?2)")?
+        conn.prepare_cached(sql!(
+            sqlite: "INSERT OR IGNORE INTO job_deps (job_id, after_id) VALUES (?1, ?2)",
+            postgres: "INSERT INTO job_deps (job_id, after_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        ))?
             .execute(params![id, dep])?;
     }
     if waiting > 0 {
-        conn.prepare_cached("UPDATE jobs SET waiting = ?2 WHERE id = ?1")?
+        conn.prepare_cached(sql!("UPDATE jobs SET waiting = ?2 WHERE id = ?1"))?
             .execute(params![id, waiting])?;
     }
     Ok(())
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![("MATCHING_SQL", MATCHING_SQL)]
 }

@@ -2,7 +2,7 @@
 //! queue, how it failed and the last line of its stderr, as the dashboard's overview lists
 //! them.
 
-use crate::store::db::{Connection, LossyText};
+use crate::store::db::{Connection, LossyText, Sql};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind};
@@ -19,16 +19,29 @@ macro_rules! failure_kinds {
 
 /// The newest failure events with their jobs: the tail of `job_events_failures`, and one
 /// lookup by primary key per event. Parameter: how many.
-pub(super) const RECENT_SQL: &str = concat!(
-    "SELECT e.job_id, e.at, e.kind, e.attempt, e.detail, j.queue, j.argv, j.attempt,
+pub(super) const RECENT_SQL: Sql = Sql::new(
+    concat!(
+        "SELECT e.job_id, e.at, e.kind, e.attempt, e.detail, j.queue, j.argv, j.attempt,
             j.error_kind,
             (SELECT CAST(substr(o.stderr, -1024) AS TEXT) FROM job_output o
              WHERE o.job_id = e.job_id AND o.attempt = e.attempt ORDER BY o.id DESC LIMIT 1)
      FROM job_events e INDEXED BY job_events_failures JOIN jobs j ON j.id = e.job_id
      WHERE ",
-    failure_kinds!(),
-    "
+        failure_kinds!(),
+        "
      ORDER BY e.id DESC LIMIT (SELECT ?1)"
+    ),
+    concat!(
+        "SELECT e.job_id, e.at, e.kind, e.attempt, e.detail, j.queue, j.argv, j.attempt,
+            j.error_kind,
+            (SELECT substring(o.stderr FROM greatest(length(o.stderr) - 1023, 1)) FROM job_output o
+             WHERE o.job_id = e.job_id AND o.attempt = e.attempt ORDER BY o.id DESC LIMIT 1)
+     FROM job_events e JOIN jobs j ON j.id = e.job_id
+     WHERE ",
+        failure_kinds!(),
+        "
+     ORDER BY e.id DESC LIMIT ?1"
+    ),
 );
 
 /// A failed or lost attempt, as [`Store::recent_failures`](crate::Store::recent_failures)
@@ -60,7 +73,7 @@ pub struct RecentFailure {
 }
 
 pub(super) fn recent(conn: &Connection, limit: u32) -> Result<Vec<RecentFailure>> {
-    let mut stmt = conn.prepare_cached(RECENT_SQL)?;
+    let mut stmt = conn.prepare_cached(&RECENT_SQL)?;
     let rows = stmt.query_map([limit], |r| {
         let kind: String = r.get(2)?;
         let kind = EventKind::parse(&kind)
@@ -99,6 +112,13 @@ fn last_line(text: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![("RECENT_SQL", RECENT_SQL)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,7 +130,7 @@ mod tests {
         let store = Store::open(dir.path().join("jobs.db")).unwrap();
         let mut stmt = store
             .conn()
-            .prepare(&format!("EXPLAIN QUERY PLAN {RECENT_SQL}"))
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", RECENT_SQL.sqlite()))
             .unwrap();
         let plan: Vec<String> = stmt
             .query_map([20], |r| r.get(3))

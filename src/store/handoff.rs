@@ -21,7 +21,7 @@
 //! had) anything it cannot store: a request it cannot read, a job the store refuses, a
 //! runner shutting down.
 
-use crate::store::db::{Connection, Dialect, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, params, sql};
 use serde_json::{Value, json};
 
 use super::Store;
@@ -298,7 +298,7 @@ pub(super) fn enqueue(
     now: i64,
 ) -> Result<Option<(Enqueued, bool)>> {
     let now = conn.now(now)?;
-    conn.prepare_cached("DELETE FROM handoffs WHERE expires_at < ?1")?
+    conn.prepare_cached(sql!("DELETE FROM handoffs WHERE expires_at < ?1"))?
         .execute([now])?;
     if let Some(e) = stored(conn, token)? {
         return Ok(Some((e, false)));
@@ -310,14 +310,15 @@ pub(super) fn enqueue(
     // The token's row is the check: inserted before the job, so that of two transactions
     // that both found no token (on PostgreSQL a runner's and its command's can run at once),
     // the second waits at this insert for the first's commit, and then finds its job.
-    let sql = if conn.dialect() == Dialect::Sqlite {
-        "INSERT OR IGNORE INTO handoffs (token, job_id, duplicate, expires_at)
-         VALUES (?1, 0, 0, ?2)"
-    } else {
-        "INSERT INTO handoffs (token, job_id, duplicate, expires_at) VALUES (?1, 0, 0, ?2)
-         ON CONFLICT (token) DO NOTHING"
-    };
-    if conn.prepare_cached(sql)?.execute(params![token, expires])? == 0 {
+    let claimed = conn
+        .prepare_cached(sql!(
+            sqlite: "INSERT OR IGNORE INTO handoffs (token, job_id, duplicate, expires_at)
+                     VALUES (?1, 0, 0, ?2)",
+            postgres: "INSERT INTO handoffs (token, job_id, duplicate, expires_at)
+                       VALUES (?1, 0, 0, ?2) ON CONFLICT (token) DO NOTHING",
+        ))?
+        .execute(params![token, expires])?;
+    if claimed == 0 {
         // The row that conflicted may be gone again only if it expired, which a token
         // does long after any transaction that stores its job: run the whole again.
         return Ok(Some((
@@ -330,13 +331,15 @@ pub(super) fn enqueue(
     // (behind another writer, or in a frozen runner) could otherwise be stored after its
     // command stored the job itself and its token expired and was deleted.
     if deadline.is_some_and(|d| now.max(crate::job::now_ms()) > d) {
-        conn.prepare_cached("DELETE FROM handoffs WHERE token = ?1")?
+        conn.prepare_cached(sql!("DELETE FROM handoffs WHERE token = ?1"))?
             .execute([token])?;
         return Ok(None);
     }
     let e = enqueue::enqueue(conn, job, now, None)?;
     let named = conn
-        .prepare_cached("UPDATE handoffs SET job_id = ?2, duplicate = ?3 WHERE token = ?1")?
+        .prepare_cached(sql!(
+            "UPDATE handoffs SET job_id = ?2, duplicate = ?3 WHERE token = ?1"
+        ))?
         .execute(params![token, e.id, e.duplicate])?;
     if named != 1 {
         return Err(changed_under());
@@ -355,14 +358,16 @@ fn changed_under() -> crate::error::Error {
 
 /// The job the token `token` names, if a committed transaction (or this one) stored it.
 fn stored(conn: &Connection, token: &str) -> Result<Option<Enqueued>> {
-    conn.prepare_cached("SELECT job_id, duplicate FROM handoffs WHERE token = ?1")?
-        .query_row([token], |r| {
-            Ok(Enqueued {
-                id: r.get(0)?,
-                duplicate: r.get(1)?,
-            })
+    conn.prepare_cached(sql!(
+        "SELECT job_id, duplicate FROM handoffs WHERE token = ?1"
+    ))?
+    .query_row([token], |r| {
+        Ok(Enqueued {
+            id: r.get(0)?,
+            duplicate: r.get(1)?,
         })
-        .optional()
+    })
+    .optional()
 }
 
 #[cfg(test)]

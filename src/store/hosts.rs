@@ -2,7 +2,7 @@
 //! of the runner that holds each. The writes of `hosts gone` are the store's own (the
 //! reclaim, the teardown record, a runner recorded stopped): nothing here writes.
 
-use crate::store::db::params;
+use crate::store::db::{params, sql};
 
 use crate::error::Result;
 
@@ -35,11 +35,11 @@ impl Store {
     pub(crate) fn host_runners(&self, host: &str) -> Result<Vec<RunnerRecord>> {
         // No index on host: a runner row is written once per runner process, and only an
         // operator's command reads them by host.
-        let mut stmt = self.conn.prepare_cached(
+        let mut stmt = self.conn.prepare_cached(sql!(
             "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
-             FROM runners WHERE host = ?1 ORDER BY started_at, worker_id",
-        )?;
+             FROM runners WHERE host = ?1 ORDER BY started_at, worker_id"
+        ))?;
         let rows = stmt.query_map(params![host], runner_row)?;
         rows.collect::<Result<_>>()
     }
@@ -54,11 +54,11 @@ impl Store {
     pub(crate) fn held_leases(&self) -> Result<Vec<HeldLease>> {
         // Running rows are bounded by the runners' workers; the partial index
         // `jobs_running_worker` holds exactly them.
-        let mut stmt = self.conn.prepare_cached(
+        let mut stmt = self.conn.prepare_cached(sql!(
             "SELECT j.id, j.attempt, j.worker_id, r.host, j.lease_expires_at
              FROM jobs j JOIN runners r ON r.worker_id = j.worker_id
-             WHERE j.status = 'running' ORDER BY j.id",
-        )?;
+             WHERE j.status = 'running' ORDER BY j.id"
+        ))?;
         let rows = stmt.query_map(params![], |r| {
             Ok(HeldLease {
                 job_id: r.get(0)?,

@@ -1,16 +1,18 @@
 //! Leadership of a kind of maintenance: one runner at a time prunes a PostgreSQL database.
 
 use crate::error::Result;
-use crate::store::db::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, Sql, params};
 
 /// Takes or renews the lead of `role` for `holder` until `expires_at`, when nobody else holds
 /// it unexpired at `now`; returns whether `holder` holds it. One statement: two runners
 /// asking at once are ordered by the row's lock, and the second finds the first's lead.
 /// Parameters: role, holder, expiry, now.
-const LEAD_SQL: &str = "INSERT INTO leaders (role, holder, expires_at) VALUES (?1, ?2, ?3)
+const LEAD_SQL: Sql = Sql::postgres_only(
+    "INSERT INTO leaders (role, holder, expires_at) VALUES (?1, ?2, ?3)
      ON CONFLICT (role) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
      WHERE leaders.holder = excluded.holder OR leaders.expires_at <= ?4
-     RETURNING holder";
+     RETURNING holder",
+);
 
 /// See [`Store::lead`](super::Store::lead). Always `true` on SQLite, whose single writer
 /// already runs one runner's maintenance at a time.
@@ -26,11 +28,18 @@ pub(super) fn lead(
     }
     let now = conn.now(now)?;
     let held: Option<String> = conn
-        .prepare_cached(LEAD_SQL)?
+        .prepare_cached(&LEAD_SQL)?
         .query_row(
             params![role, holder, now.saturating_add(ttl_ms), now],
             |r| r.get(0),
         )
         .optional()?;
     Ok(held.is_some())
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![("LEAD_SQL", LEAD_SQL)]
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use crate::store::db::{Connection, OptionalExtension, params, params_from_iter};
+use crate::store::db::{Connection, OptionalExtension, Sql, params, params_from_iter, sql};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
@@ -76,14 +76,14 @@ pub struct Claimed {
 /// SQLite opens a statement journal for it, which copies every page it touches. Nothing here
 /// can fail halfway (one row, checked before it is written); a full disk rolls back the whole
 /// transaction, which the callers handle.
-const CLAIM_ONE_SQL: &str = concat!(
+const CLAIM_ONE_SQL: Sql = Sql::sqlite_only(concat!(
     "UPDATE OR FAIL jobs SET status = 'running', attempt = ?2, run_token = ?3,
          worker_id = ?4, started_at = ?5, heartbeat_at = ?5, lease_expires_at = ?6,
          completed_at = NULL, pid = NULL, pgid = NULL, proc_start_time = NULL, exit_code = NULL,
          signal = NULL, error_kind = NULL, keeper_pid = NULL, keeper_start_time = NULL
      WHERE id = ?1 AND ",
     ready_to_claim!()
-);
+));
 
 /// What a claim reads of each job it takes, with the attempt it starts and a new run token.
 const CANDIDATE_COLUMNS: &str = "id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
@@ -104,11 +104,12 @@ const CANDIDATES_SQL: &str = concat!(
 );
 
 /// One job a claim takes by id, when queue rules chose it. Parameter: id.
-const CANDIDATE_SQL: &str = concat!(
-    "SELECT {columns} FROM jobs
+const CANDIDATE_SQL: Sql = Sql::sqlite_only(concat!(
+    "SELECT id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
+         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at FROM jobs
      WHERE id = ?1 AND ",
     ready_to_claim!()
-);
+));
 
 /// PostgreSQL's claim: `{pick}` (the jobs to take, locked, skipping those another claim has
 /// locked), their transition to running and their `claimed` events, in one statement, so
@@ -118,7 +119,7 @@ const CANDIDATE_SQL: &str = concat!(
 const PG_CLAIM_SQL: &str = "WITH picked AS ({pick}),
      taken AS (
        UPDATE jobs SET status = 'running', attempt = jobs.attempt + 1,
-              run_token = lower(hex(randomblob(16))), worker_id = ?3, started_at = ?1,
+              run_token = replace(gen_random_uuid()::text, '-', ''), worker_id = ?3, started_at = ?1,
               heartbeat_at = ?1, lease_expires_at = ?4, completed_at = NULL, pid = NULL,
               pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
               error_kind = NULL, keeper_pid = NULL, keeper_start_time = NULL
@@ -139,7 +140,7 @@ const PG_PICK_HEADS: &str = concat!(
     "SELECT id FROM jobs WHERE ",
     in_claim_index!(),
     " AND scheduled_at <= ?1 {queues}
-     ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?2) FOR UPDATE SKIP LOCKED"
+     ORDER BY priority DESC, scheduled_at, id LIMIT ?2 FOR UPDATE SKIP LOCKED"
 );
 
 /// [`PG_CLAIM_SQL`]'s pick of one job that queue rules chose (`?2`: its id).
@@ -150,9 +151,20 @@ const PG_PICK_ONE: &str = concat!(
     " FOR UPDATE SKIP LOCKED"
 );
 
+/// PostgreSQL's claim ([`PG_CLAIM_SQL`]) of the best ready jobs of `queues` (all queues when
+/// empty), or, with `None`, of one job that queue rules chose.
+#[cfg(feature = "postgres")]
+fn pg_claim_sql(queues: Option<&[String]>) -> Sql {
+    let pick = match queues {
+        Some(queues) => PG_PICK_HEADS.replace("{queues}", &queue_filter(queues, 5)),
+        None => PG_PICK_ONE.to_owned(),
+    };
+    Sql::built(String::new(), PG_CLAIM_SQL.replace("{pick}", &pick))
+}
+
 /// The read of the jobs a claim takes from `queues` (all queues when empty), when no queue has
-/// a limit or a pause.
-pub(super) fn claim_sql(queues: &[String]) -> String {
+/// a limit or a pause: SQLite's (PostgreSQL's is [`pg_claim_sql`]).
+pub(super) fn claim_sql(queues: &[String]) -> Sql {
     // Without statistics the planner prefers jobs_status (an equality on status) and then
     // sorts every pending row: a claim costs O(pending) instead of reading an index head.
     let index = if queues.is_empty() {
@@ -160,21 +172,31 @@ pub(super) fn claim_sql(queues: &[String]) -> String {
     } else {
         "jobs_claim_queue"
     };
-    CANDIDATES_SQL
+    let text = CANDIDATES_SQL
         .replace("{columns}", CANDIDATE_COLUMNS)
         .replace("{index}", index)
-        .replace("{queues}", &queue_filter(queues, 3))
+        .replace("{queues}", &queue_filter(queues, 3));
+    Sql::built(text, String::new())
 }
 
 /// The ready jobs of one queue, best first. Parameters: queue, now, limit.
-pub(super) const QUEUE_HEAD_SQL: &str = concat!(
-    "SELECT id, priority, scheduled_at
+pub(super) const QUEUE_HEAD_SQL: Sql = Sql::new(
+    concat!(
+        "SELECT id, priority, scheduled_at
      FROM jobs INDEXED BY jobs_claim_queue
      WHERE queue = ?1 AND ",
-    in_claim_index!(),
-    "
+        in_claim_index!(),
+        "
        AND scheduled_at <= ?2
      ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?3)"
+    ),
+    concat!(
+        "SELECT id, priority, scheduled_at FROM jobs
+         WHERE queue = ?1 AND ",
+        in_claim_index!(),
+        " AND scheduled_at <= ?2
+         ORDER BY priority DESC, scheduled_at, id LIMIT ?3"
+    ),
 );
 
 /// Claims up to `req.limit` ready jobs: reads them best first, then takes each with a guarded
@@ -216,10 +238,6 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     if conn.dialect() == crate::store::db::Dialect::Postgres {
         let worker = req.worker_id.to_owned();
         let mut claimed: Vec<Claimed> = if rules.is_empty() && req.queue_caps.is_empty() {
-            let sql = PG_CLAIM_SQL.replace(
-                "{pick}",
-                &PG_PICK_HEADS.replace("{queues}", &queue_filter(req.queues, 5)),
-            );
             let mut values: Vec<crate::store::db::Value> = vec![
                 now.into(),
                 i64::from(req.limit).into(),
@@ -227,11 +245,11 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
                 expires.into(),
             ];
             values.extend(req.queues.iter().map(|q| q.clone().into()));
-            let mut stmt = conn.prepare_cached(&sql)?;
+            let mut stmt = conn.prepare_cached(&pg_claim_sql(Some(req.queues)))?;
             let rows = stmt.query_map(params_from_iter(values), candidate)?;
             rows.collect::<Result<_>>()?
         } else {
-            let mut stmt = conn.prepare_cached(&PG_CLAIM_SQL.replace("{pick}", PG_PICK_ONE))?;
+            let mut stmt = conn.prepare_cached(&pg_claim_sql(None))?;
             let mut found = Vec::new();
             for id in allowed_heads(conn, req, &rules, now)? {
                 if let Some(c) = stmt
@@ -255,8 +273,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
         let rows = stmt.query_map(params_from_iter(values), candidate)?;
         rows.collect::<Result<_>>()?
     } else {
-        let sql = CANDIDATE_SQL.replace("{columns}", CANDIDATE_COLUMNS);
-        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut stmt = conn.prepare_cached(&CANDIDATE_SQL)?;
         let mut found = Vec::new();
         for id in allowed_heads(conn, req, &rules, now)? {
             if let Some(c) = stmt.query_row([id], candidate).optional()? {
@@ -269,7 +286,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     candidates.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
     let mut claimed = Vec::with_capacity(candidates.len());
     for c in candidates {
-        let taken = conn.prepare_cached(CLAIM_ONE_SQL)?.execute(params![
+        let taken = conn.prepare_cached(&CLAIM_ONE_SQL)?.execute(params![
             c.id,
             c.attempt,
             c.run_token,
@@ -301,9 +318,13 @@ const PROMOTE_AT_MOST: i64 = 500;
 
 /// The deferred jobs due at `now`, earliest first: one seek into `jobs_deferred`, which holds
 /// only the jobs not yet promoted. Parameters: now, limit.
-pub(super) const DUE_DEFERRED_SQL: &str = "SELECT id FROM jobs INDEXED BY jobs_deferred
+pub(super) const DUE_DEFERRED_SQL: Sql = Sql::new(
+    "SELECT id FROM jobs INDEXED BY jobs_deferred
      WHERE deferred = 1 AND scheduled_at <= ?1
-     ORDER BY scheduled_at LIMIT (SELECT ?2)";
+     ORDER BY scheduled_at LIMIT (SELECT ?2)",
+    "SELECT id FROM jobs WHERE deferred = 1 AND scheduled_at <= ?1
+     ORDER BY scheduled_at LIMIT ?2",
+);
 
 /// Moves the deferred jobs that are due at `now` into the claim indexes (at most
 /// [`PROMOTE_AT_MOST`]), in the claim's own transaction, before it reads them. When none is
@@ -312,7 +333,7 @@ pub(super) const DUE_DEFERRED_SQL: &str = "SELECT id FROM jobs INDEXED BY jobs_d
 fn promote_due(conn: &Connection, now: i64) -> Result<()> {
     let now = conn.now(now)?;
     let due: Vec<i64> = {
-        let mut stmt = conn.prepare_cached(DUE_DEFERRED_SQL)?;
+        let mut stmt = conn.prepare_cached(&DUE_DEFERRED_SQL)?;
         let rows = stmt.query_map(params![now, PROMOTE_AT_MOST], |r| r.get(0))?;
         rows.collect::<Result<_>>()?
     };
@@ -321,8 +342,9 @@ fn promote_due(conn: &Connection, now: i64) -> Result<()> {
     }
     // Guarded by `deferred = 1`: a job another claim promoted (and took) since it was read
     // here is left alone, not locked, running as it may be by then (see `lock_running`).
-    let mut promote =
-        conn.prepare_cached("UPDATE jobs SET deferred = 0 WHERE id = ?1 AND deferred = 1")?;
+    let mut promote = conn.prepare_cached(sql!(
+        "UPDATE jobs SET deferred = 0 WHERE id = ?1 AND deferred = 1"
+    ))?;
     for id in due {
         promote.execute([id])?;
     }
@@ -332,36 +354,60 @@ fn promote_due(conn: &Connection, now: i64) -> Result<()> {
 /// The earliest `scheduled_at` after `now` among the claimable pending jobs of one queue: the
 /// first entry past `now` in that queue's part of `jobs_pending_due`, one seek. Parameters:
 /// queue, now.
-const QUEUE_NEXT_DUE_SQL: &str = concat!(
-    "SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
+const QUEUE_NEXT_DUE_SQL: Sql = Sql::new(
+    concat!(
+        "SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
      WHERE queue = ?1 AND ",
-    ready_to_claim!(),
-    "
+        ready_to_claim!(),
+        "
        AND scheduled_at > ?2"
+    ),
+    concat!(
+        "SELECT min(scheduled_at) FROM jobs WHERE queue = ?1 AND ",
+        ready_to_claim!(),
+        " AND scheduled_at > ?2"
+    ),
 );
 
 /// The same over every queue: a skip through `jobs_pending_due` from one queue to the next
 /// (one seek each), then one seek per queue past `now`. Parameter: now.
-pub(super) const NEXT_DUE_SQL: &str = concat!(
-    "WITH RECURSIVE q(name) AS (
+pub(super) const NEXT_DUE_SQL: Sql = Sql::new(
+    concat!(
+        "WITH RECURSIVE q(name) AS (
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
                  WHERE ",
-    ready_to_claim!(),
-    "
+        ready_to_claim!(),
+        "
                  ORDER BY queue LIMIT 1)
          UNION ALL
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_pending_due
                  WHERE ",
-    ready_to_claim!(),
-    "
+        ready_to_claim!(),
+        "
                    AND queue > q.name
                  ORDER BY queue LIMIT 1)
          FROM q WHERE q.name IS NOT NULL)
      SELECT min((SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
                  WHERE queue = q.name AND ",
-    ready_to_claim!(),
-    " AND scheduled_at > ?1))
+        ready_to_claim!(),
+        " AND scheduled_at > ?1))
      FROM q WHERE q.name IS NOT NULL"
+    ),
+    concat!(
+        "WITH RECURSIVE q(name) AS (
+         SELECT (SELECT queue FROM jobs WHERE ",
+        ready_to_claim!(),
+        " ORDER BY queue LIMIT 1)
+         UNION ALL
+         SELECT (SELECT queue FROM jobs WHERE ",
+        ready_to_claim!(),
+        " AND queue > q.name ORDER BY queue LIMIT 1)
+         FROM q WHERE q.name IS NOT NULL)
+     SELECT min((SELECT min(scheduled_at) FROM jobs WHERE queue = q.name AND ",
+        ready_to_claim!(),
+        " AND scheduled_at > ?1))
+     FROM q WHERE q.name IS NOT NULL"
+    ),
 );
 
 /// When the next claimable job of `queues` (all queues when empty) that is not due at `now`
@@ -373,10 +419,10 @@ pub(super) const NEXT_DUE_SQL: &str = concat!(
 pub(crate) fn next_due(conn: &Connection, queues: &[String], now: i64) -> Result<Option<i64>> {
     let now = conn.now(now)?;
     if queues.is_empty() {
-        let mut stmt = conn.prepare_cached(NEXT_DUE_SQL)?;
+        let mut stmt = conn.prepare_cached(&NEXT_DUE_SQL)?;
         return stmt.query_row(params![now], |r| r.get(0));
     }
-    let mut stmt = conn.prepare_cached(QUEUE_NEXT_DUE_SQL)?;
+    let mut stmt = conn.prepare_cached(&QUEUE_NEXT_DUE_SQL)?;
     let mut earliest: Option<i64> = None;
     for queue in queues {
         let due: Option<i64> = stmt.query_row(params![queue, now], |r| r.get(0))?;
@@ -426,7 +472,7 @@ fn allowed_heads(
         if allowed <= 0 {
             continue;
         }
-        let mut stmt = conn.prepare_cached(QUEUE_HEAD_SQL)?;
+        let mut stmt = conn.prepare_cached(&QUEUE_HEAD_SQL)?;
         let rows = stmt.query_map(params![name, now, allowed], |r| r.try_into())?;
         for row in rows {
             heads.push(row?);
@@ -463,7 +509,7 @@ pub(crate) fn record_start(conn: &Connection, s: &AttemptStart, now: i64) -> Res
         return Ok(false);
     }
     let attempt: i64 = conn
-        .prepare_cached("SELECT attempt FROM jobs WHERE id = ?1")?
+        .prepare_cached(sql!("SELECT attempt FROM jobs WHERE id = ?1"))?
         .query_row([s.job_id], |r| r.get(0))?;
     event(
         conn,
@@ -482,11 +528,11 @@ fn set_process(conn: &Connection, s: &AttemptStart) -> Result<bool> {
     // No RETURNING: SQLite gathers a RETURNING's rows in a temporary b-tree, which costs more
     // than this whole UPDATE. `record_start` reads the attempt from the row just written.
     let changed = conn
-        .prepare_cached(
+        .prepare_cached(sql!(
             "UPDATE jobs SET pid = ?3, pgid = ?4, proc_start_time = ?5, keeper_pid = ?6,
                  keeper_start_time = ?7
-             WHERE id = ?1 AND status = 'running' AND run_token = ?2",
-        )?
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2"
+        ))?
         .execute(params![
             s.job_id,
             s.run_token,
@@ -546,10 +592,10 @@ fn ending_event(
     let Some(s) = start else {
         return event(conn, f.job_id, now, kind, attempt, detail);
     };
-    conn.prepare_cached(
+    conn.prepare_cached(sql!(
         "INSERT INTO job_events (job_id, at, kind, attempt, detail, start_detail)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+    ))?
     .execute(params![
         f.job_id,
         now,
@@ -571,50 +617,57 @@ pub struct Renewal {
 }
 
 /// A runner's renewal of its leases. Parameters: worker id, now, new expiry, tokens (JSON).
-pub(super) const RENEW_SQL: &str = "UPDATE jobs SET heartbeat_at = ?2, lease_expires_at = ?3
+///
+/// On PostgreSQL the same rows are locked first in ascending id order (see [`lock_running`]
+/// for why), then renewed. A single UPDATE locks its rows in whatever order its plan reads
+/// them, which is not the order in which the runner's writer locks the same rows: the two then
+/// wait for each other in a circle.
+pub(super) const RENEW_SQL: Sql = Sql::new(
+    "UPDATE jobs SET heartbeat_at = ?2, lease_expires_at = ?3
      WHERE status = 'running' AND worker_id = ?1
        AND run_token IN (SELECT value FROM json_each(?4))
-     RETURNING run_token";
-
-/// [`RENEW_SQL`] on PostgreSQL: the same rows, locked first in ascending id order (see
-/// [`lock_running`] for why), then renewed. A single UPDATE locks its rows in whatever order
-/// its plan reads them, which is not the order in which the runner's writer locks the same
-/// rows: the two then wait for each other in a circle. Same parameters.
-const PG_RENEW_SQL: &str = "WITH mine AS MATERIALIZED (
+     RETURNING run_token",
+    "WITH mine AS MATERIALIZED (
          SELECT id FROM jobs
          WHERE status = 'running' AND worker_id = ?1
-           AND run_token IN (SELECT value FROM json_each(?4))
+           AND run_token IN (SELECT value FROM json_array_elements_text(?4::json))
          ORDER BY id FOR NO KEY UPDATE)
      UPDATE jobs SET heartbeat_at = ?2, lease_expires_at = ?3
      FROM mine
      WHERE jobs.id = mine.id AND jobs.status = 'running' AND jobs.worker_id = ?1
-     RETURNING jobs.run_token";
+     RETURNING jobs.run_token",
+);
 
 /// The running rows among `?1` (a JSON array of ids), locked in ascending id order: see
 /// [`lock_running`].
-const LOCK_RUNNING_SQL: &str = "SELECT id FROM jobs
-     WHERE id = ANY (ARRAY(SELECT value::bigint FROM json_each(?1))) AND status = 'running'
-     ORDER BY id FOR NO KEY UPDATE";
+const LOCK_RUNNING_SQL: Sql = Sql::postgres_only(
+    "SELECT id FROM jobs
+     WHERE id = ANY (ARRAY(SELECT value::bigint FROM json_array_elements_text(?1::json)))
+       AND status = 'running'
+     ORDER BY id FOR NO KEY UPDATE",
+);
 
 /// The jobs that the endings of `?1` (a JSON array of ids) may release or cancel (the first
 /// [`ENDING_STEP`] dependents of each, which is what an ending handles in its own
 /// transaction), locked in ascending id order: see [`lock_running`].
 ///
 /// [`ENDING_STEP`]: super::dependency::ENDING_STEP
-const LOCK_DEPENDENTS_SQL: &str = "SELECT id FROM jobs
+const LOCK_DEPENDENTS_SQL: Sql = Sql::postgres_only(
+    "SELECT id FROM jobs
      WHERE id = ANY (ARRAY(
-             SELECT d.job_id FROM json_each(?1) AS p
+             SELECT d.job_id FROM json_array_elements_text(?1::json) AS p
              CROSS JOIN LATERAL (SELECT job_id FROM job_deps WHERE after_id = p.value::bigint
                                  ORDER BY job_id LIMIT ?2) AS d))
        AND (waiting > 0 OR status = 'pending')
-     ORDER BY id FOR NO KEY UPDATE";
+     ORDER BY id FOR NO KEY UPDATE",
+);
 
 /// Locks, on PostgreSQL, the rows of `ids` that are running, in ascending id order, until the
 /// caller's transaction ends; nothing on SQLite, whose one writer at a time cannot wait in a
 /// circle. A transaction that writes several running jobs (a runner's writer recording starts
 /// and endings, a sweeper reclaiming expired leases) calls this first, before it locks
 /// anything else: every transaction then takes the running rows it writes in one order, the
-/// renewal's ([`PG_RENEW_SQL`]) included, and none of them can wait for another in a circle
+/// renewal's ([`RENEW_SQL`]) included, and none of them can wait for another in a circle
 /// over those rows. `FOR NO KEY UPDATE` is the lock their UPDATEs take anyway (no key
 /// changes): it leaves the `FOR KEY SHARE` of a foreign key's check (an event row inserted
 /// for the job) unblocked. docs/postgres.md ("Each promise under concurrency") has the whole
@@ -624,7 +677,7 @@ pub(crate) fn lock_running(conn: &Connection, ids: &[i64]) -> Result<()> {
         return Ok(());
     }
     let list = serde_json::to_string(ids).unwrap_or_default();
-    let mut stmt = conn.prepare_cached(LOCK_RUNNING_SQL)?;
+    let mut stmt = conn.prepare_cached(&LOCK_RUNNING_SQL)?;
     let mut rows = stmt.query(params![list])?;
     while rows.next()?.is_some() {}
     Ok(())
@@ -642,7 +695,7 @@ pub(crate) fn lock_dependents(conn: &Connection, ids: &[i64]) -> Result<()> {
     }
     let list = serde_json::to_string(ids).unwrap_or_default();
     let step = i64::try_from(super::dependency::ENDING_STEP).unwrap_or(i64::MAX);
-    let mut stmt = conn.prepare_cached(LOCK_DEPENDENTS_SQL)?;
+    let mut stmt = conn.prepare_cached(&LOCK_DEPENDENTS_SQL)?;
     let mut rows = stmt.query(params![list, step])?;
     while rows.next()?.is_some() {}
     Ok(())
@@ -662,13 +715,8 @@ pub(super) fn renew(
     }
     let list = serde_json::to_string(tokens).unwrap_or_default();
     let expires = now.saturating_add(duration_ms(lease_ttl));
-    let sql = if conn.dialect() == crate::store::db::Dialect::Sqlite {
-        RENEW_SQL
-    } else {
-        PG_RENEW_SQL
-    };
     let renewed: HashSet<String> = {
-        let mut stmt = conn.prepare_cached(sql)?;
+        let mut stmt = conn.prepare_cached(&RENEW_SQL)?;
         let rows = stmt.query_map(params![worker_id, now, expires, list], |r| r.get(0))?;
         rows.collect::<Result<_>>()?
     };
@@ -801,20 +849,19 @@ fn finish_with(
         return finish_succeeded(conn, f, start, now);
     }
     let row: Option<(i64, i64, i64, i64, i64, String, i64)> = conn
-        .prepare_cached(
+        .prepare_cached(sql!(
             "SELECT failed_attempts, max_attempts, backoff_base_ms, backoff_max_ms,
                     recovery_count, on_lost, attempt
-             FROM jobs WHERE id = ?1 AND status = 'running' AND run_token = ?2",
-        )?
+             FROM jobs WHERE id = ?1 AND status = 'running' AND run_token = ?2"
+        ))?
         .query_row(params![f.job_id, f.run_token], |r| r.try_into())
         .optional()?;
     let Some((failed, max_attempts, base, cap, recovery, on_lost, attempt)) = row else {
         return fenced(conn, f, now);
     };
     let facts = counter::Attempt::read(conn, f.job_id)?;
-    // Every UPDATE below repeats the fence, though the IMMEDIATE transaction already holds it.
-    const FENCE: &str = "WHERE id = ?1 AND status = 'running' AND run_token = ?2";
-    const RELEASE: &str = "lease_expires_at = NULL, heartbeat_at = ?3";
+    // Every UPDATE below repeats the fence (`WHERE id = ?1 AND status = 'running' AND
+    // run_token = ?2`), though the IMMEDIATE transaction already holds it.
     let (status, kind, detail) = match &f.ending {
         // Taken by the early return above, which needs no SELECT.
         Ending::Succeeded => return finish_succeeded(conn, f, start, now),
@@ -828,12 +875,17 @@ fn finish_with(
             let retry = *kind != ErrorKind::Spawn && failed < max_attempts;
             if retry {
                 let wait = backoff_ms(base, cap, failed);
-                conn.prepare_cached(&format!(
-                    "UPDATE OR FAIL jobs SET status = 'pending', failed_attempts = ?4,
+                conn.prepare_cached(sql!(
+                    sqlite: "UPDATE OR FAIL jobs SET status = 'pending', failed_attempts = ?4,
                          scheduled_at = ?3 + ?5, deferred = CASE WHEN ?5 > 0 THEN 1 ELSE 0 END, exit_code = ?6, signal = ?7, error_kind = ?8,
                          last_error = ?9, started_at = NULL, completed_at = NULL,
                          heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL,
-                         worker_id = NULL {FENCE}"
+                         worker_id = NULL WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                    postgres: "UPDATE jobs SET status = 'pending', failed_attempts = ?4,
+                         scheduled_at = ?3 + ?5, deferred = CASE WHEN ?5 > 0 THEN 1 ELSE 0 END, exit_code = ?6, signal = ?7, error_kind = ?8,
+                         last_error = ?9, started_at = NULL, completed_at = NULL,
+                         heartbeat_at = NULL, lease_expires_at = NULL, run_token = NULL,
+                         worker_id = NULL WHERE id = ?1 AND status = 'running' AND run_token = ?2",
                 ))?
                 .execute(params![
                     f.job_id,
@@ -852,10 +904,13 @@ fn finish_with(
                 );
                 (Status::Pending, EventKind::RetryScheduled, detail)
             } else {
-                conn.prepare_cached(&format!(
-                    "UPDATE OR FAIL jobs SET status = 'failed', failed_attempts = ?4, completed_at = ?3,
+                conn.prepare_cached(sql!(
+                    sqlite: "UPDATE OR FAIL jobs SET status = 'failed', failed_attempts = ?4, completed_at = ?3,
                          exit_code = ?5, signal = ?6, error_kind = ?7, last_error = ?8,
-                         {RELEASE} {FENCE}"
+                         lease_expires_at = NULL, heartbeat_at = ?3 WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                    postgres: "UPDATE jobs SET status = 'failed', failed_attempts = ?4, completed_at = ?3,
+                         exit_code = ?5, signal = ?6, error_kind = ?7, last_error = ?8,
+                         lease_expires_at = NULL, heartbeat_at = ?3 WHERE id = ?1 AND status = 'running' AND run_token = ?2",
                 ))?
                 .execute(params![
                     f.job_id,
@@ -875,8 +930,8 @@ fn finish_with(
             let message = format!("{LEASE_EXPIRED_PREFIX}{message}");
             let (status, message) =
                 lost_verdict(&on_lost, recovery, f.max_recovery_attempts, message);
-            conn.prepare_cached(&format!(
-                "UPDATE OR FAIL jobs SET status = ?4, recovery_count = ?5, last_error = ?6,
+            conn.prepare_cached(sql!(
+                sqlite: "UPDATE OR FAIL jobs SET status = ?4, recovery_count = ?5, last_error = ?6,
                      scheduled_at = CASE WHEN ?4 = 'pending' THEN ?3 ELSE scheduled_at END,
                      completed_at = CASE WHEN ?4 = 'failed' THEN ?3 END,
                      error_kind = CASE WHEN ?4 = 'failed' THEN 'lost' END,
@@ -884,7 +939,16 @@ fn finish_with(
                      worker_id = CASE WHEN ?4 = 'pending' THEN NULL ELSE worker_id END,
                      started_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE started_at END,
                      lease_expires_at = NULL,
-                     heartbeat_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE ?3 END {FENCE}"
+                     heartbeat_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE ?3 END WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                postgres: "UPDATE jobs SET status = ?4, recovery_count = ?5, last_error = ?6,
+                     scheduled_at = CASE WHEN ?4 = 'pending' THEN ?3 ELSE scheduled_at END,
+                     completed_at = CASE WHEN ?4 = 'failed' THEN ?3 END,
+                     error_kind = CASE WHEN ?4 = 'failed' THEN 'lost' END,
+                     run_token = CASE WHEN ?4 = 'pending' THEN NULL ELSE run_token END,
+                     worker_id = CASE WHEN ?4 = 'pending' THEN NULL ELSE worker_id END,
+                     started_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE started_at END,
+                     lease_expires_at = NULL,
+                     heartbeat_at = CASE WHEN ?4 = 'pending' THEN NULL ELSE ?3 END WHERE id = ?1 AND status = 'running' AND run_token = ?2",
             ))?
             .execute(params![
                 f.job_id,
@@ -902,10 +966,13 @@ fn finish_with(
             (status, kind, message)
         }
         Ending::Interrupted { message } => {
-            conn.prepare_cached(&format!(
-                "UPDATE OR FAIL jobs SET status = 'pending', scheduled_at = ?3, last_error = ?4,
+            conn.prepare_cached(sql!(
+                sqlite: "UPDATE OR FAIL jobs SET status = 'pending', scheduled_at = ?3, last_error = ?4,
                      started_at = NULL, completed_at = NULL, heartbeat_at = NULL,
-                     lease_expires_at = NULL, run_token = NULL, worker_id = NULL {FENCE}"
+                     lease_expires_at = NULL, run_token = NULL, worker_id = NULL WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                postgres: "UPDATE jobs SET status = 'pending', scheduled_at = ?3, last_error = ?4,
+                     started_at = NULL, completed_at = NULL, heartbeat_at = NULL,
+                     lease_expires_at = NULL, run_token = NULL, worker_id = NULL WHERE id = ?1 AND status = 'running' AND run_token = ?2",
             ))?
             .execute(params![f.job_id, f.run_token, now, message])?;
             (Status::Pending, EventKind::Interrupted, message.clone())
@@ -933,18 +1000,30 @@ fn finish_succeeded(
     let changed = match start {
         None => conn
             .prepare_cached(
-                "UPDATE OR FAIL jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                sql!(
+                    sqlite: "UPDATE OR FAIL jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
                      signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
                  WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                    postgres: "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                     signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3
+                 WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                ),
             )?
             .execute(params![f.job_id, f.run_token, now])?,
         Some(s) => conn
             .prepare_cached(
-                "UPDATE OR FAIL jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                sql!(
+                    sqlite: "UPDATE OR FAIL jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
                      signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3,
                      pid = ?4, pgid = ?5, proc_start_time = ?6, keeper_pid = ?7,
                      keeper_start_time = ?8
                  WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                    postgres: "UPDATE jobs SET status = 'succeeded', completed_at = ?3, exit_code = 0,
+                     signal = NULL, error_kind = NULL, lease_expires_at = NULL, heartbeat_at = ?3,
+                     pid = ?4, pgid = ?5, proc_start_time = ?6, keeper_pid = ?7,
+                     keeper_start_time = ?8
+                 WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                ),
             )?
             .execute(params![
                 f.job_id,
@@ -961,7 +1040,9 @@ fn finish_succeeded(
         return fenced(conn, f, now);
     }
     let (attempt, facts): (i64, counter::Attempt) = conn
-        .prepare_cached("SELECT attempt, queue, scheduled_at, started_at FROM jobs WHERE id = ?1")?
+        .prepare_cached(sql!(
+            "SELECT attempt, queue, scheduled_at, started_at FROM jobs WHERE id = ?1"
+        ))?
         .query_row([f.job_id], |r| {
             Ok((
                 r.get(0)?,
@@ -991,8 +1072,12 @@ fn fenced(conn: &Connection, f: &Finish, now: i64) -> Result<Finished> {
     // prune) has no row left to hang the event on: the result is discarded all the same.
     let Some(stopped_by_cancel) = conn
         .prepare_cached(
-            "SELECT status = 'cancelled' AND run_token IS ?2 AND attempt = ?3
+            sql!(
+                sqlite: "SELECT status = 'cancelled' AND run_token IS ?2 AND attempt = ?3
              FROM jobs WHERE id = ?1",
+                postgres: "SELECT status = 'cancelled' AND run_token IS NOT DISTINCT FROM ?2 AND attempt = ?3
+             FROM jobs WHERE id = ?1",
+            ),
         )?
         .query_row(params![f.job_id, f.run_token, f.attempt], |r| {
             r.get::<_, bool>(0)
@@ -1043,11 +1128,11 @@ fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<
         .as_ref()
         .filter(|o| !o.stdout.is_empty() || !o.stderr.is_empty())
     {
-        conn.prepare_cached(
+        conn.prepare_cached(sql!(
             "INSERT INTO job_output
                  (job_id, attempt, stdout, stderr, stdout_truncated, stderr_truncated)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+        ))?
         .execute(params![
             f.job_id,
             attempt,
@@ -1061,6 +1146,34 @@ fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<
         event(conn, f.job_id, now, *kind, attempt, note)?;
     }
     Ok(())
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    let queues = ["a".to_owned(), "b".to_owned()];
+    #[cfg_attr(not(feature = "postgres"), expect(unused_mut))]
+    let mut all = vec![
+        ("CLAIM_ONE_SQL", CLAIM_ONE_SQL),
+        ("CANDIDATE_SQL", CANDIDATE_SQL),
+        ("QUEUE_HEAD_SQL", QUEUE_HEAD_SQL),
+        ("DUE_DEFERRED_SQL", DUE_DEFERRED_SQL),
+        ("QUEUE_NEXT_DUE_SQL", QUEUE_NEXT_DUE_SQL),
+        ("NEXT_DUE_SQL", NEXT_DUE_SQL),
+        ("RENEW_SQL", RENEW_SQL),
+        ("LOCK_RUNNING_SQL", LOCK_RUNNING_SQL),
+        ("LOCK_DEPENDENTS_SQL", LOCK_DEPENDENTS_SQL),
+        ("claim_sql(all queues)", claim_sql(&[])),
+        ("claim_sql(two queues)", claim_sql(&queues)),
+    ];
+    #[cfg(feature = "postgres")]
+    all.extend([
+        ("pg_claim_sql(all queues)", pg_claim_sql(Some(&[]))),
+        ("pg_claim_sql(two queues)", pg_claim_sql(Some(&queues))),
+        ("pg_claim_sql(one job)", pg_claim_sql(None)),
+    ]);
+    all
 }
 
 #[cfg(test)]

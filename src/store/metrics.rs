@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::store::db::{Connection, params};
+use crate::store::db::{Connection, Sql, params, sql};
 
 use crate::error::Result;
 use crate::metrics::{Counter, CounterKind, Histogram, JobCount, Metrics};
@@ -16,24 +16,36 @@ use super::counter::{BUCKETS_MS, RUN, WAIT};
 use super::maintenance;
 
 /// The job counts by queue and status, as the triggers keep them.
-pub(super) const JOB_COUNTS_SQL: &str =
-    "SELECT queue, status, n FROM job_counts ORDER BY queue, status";
+pub(super) const JOB_COUNTS_SQL: Sql =
+    Sql::same("SELECT queue, status, n FROM job_counts ORDER BY queue, status");
 
 /// Per queue, the `scheduled_at` of its oldest ready pending job (NULL when none; a job
 /// waiting for a dependency is not ready): one seek into `jobs_pending_due` per queue.
 /// Parameter: now.
-pub(super) const QUEUE_LAG_SQL: &str = concat!(
-    "SELECT q.queue,
+pub(super) const QUEUE_LAG_SQL: Sql = Sql::new(
+    concat!(
+        "SELECT q.queue,
             (SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
              WHERE queue = q.queue AND ",
-    ready_to_claim!(),
-    " AND scheduled_at <= ?1)
+        ready_to_claim!(),
+        " AND scheduled_at <= ?1)
      FROM (SELECT DISTINCT queue FROM job_counts) AS q ORDER BY q.queue"
+    ),
+    concat!(
+        "SELECT q.queue,
+            (SELECT min(scheduled_at) FROM jobs
+             WHERE queue = q.queue AND ",
+        ready_to_claim!(),
+        " AND scheduled_at <= ?1)
+     FROM (SELECT DISTINCT queue FROM job_counts) AS q ORDER BY q.queue"
+    ),
 );
 
 /// Runners that have not stopped and renewed within their lease TTL. Parameter: now.
-pub(super) const RUNNERS_ALIVE_SQL: &str = "SELECT count(*) FROM runners
-     WHERE stopped_at IS NULL AND heartbeat_at + lease_ttl_ms >= ?1";
+pub(super) const RUNNERS_ALIVE_SQL: Sql = Sql::same(
+    "SELECT count(*) FROM runners
+     WHERE stopped_at IS NULL AND heartbeat_at + lease_ttl_ms >= ?1",
+);
 
 pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metrics> {
     let now = conn.now(now)?;
@@ -41,7 +53,7 @@ pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metric
     // mode a reader never blocks a writer, nor waits for one).
     conn.snapshot(|conn| {
         let jobs = {
-            let mut stmt = conn.prepare_cached(JOB_COUNTS_SQL)?;
+            let mut stmt = conn.prepare_cached(&JOB_COUNTS_SQL)?;
             let rows = stmt.query_map(params![], |r| {
                 Ok(JobCount {
                     queue: r.get(0)?,
@@ -52,7 +64,7 @@ pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metric
             rows.collect::<Result<Vec<_>>>()?
         };
         let queue_lag = {
-            let mut stmt = conn.prepare_cached(QUEUE_LAG_SQL)?;
+            let mut stmt = conn.prepare_cached(&QUEUE_LAG_SQL)?;
             let rows = stmt.query_map([now], |r| {
                 let oldest: Option<i64> = r.get(1)?;
                 let lag = oldest.map_or(0, |t| now.saturating_sub(t).max(0));
@@ -61,10 +73,10 @@ pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metric
             rows.collect::<Result<Vec<_>>>()?
         };
         let counters = {
-            let mut stmt = conn.prepare_cached(
+            let mut stmt = conn.prepare_cached(sql!(
                 "SELECT name, queue, outcome, value FROM metric_counters
-             ORDER BY name, queue, outcome",
-            )?;
+             ORDER BY name, queue, outcome"
+            ))?;
             let rows = stmt.query_map(params![], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
@@ -90,7 +102,7 @@ pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metric
         };
         let wait = histograms(conn, WAIT)?;
         let run = histograms(conn, RUN)?;
-        let runners_alive = count(conn.query_row(RUNNERS_ALIVE_SQL, [now], |r| r.get(0))?);
+        let runners_alive = count(conn.query_row(&RUNNERS_ALIVE_SQL, [now], |r| r.get(0))?);
         let database = size(conn, path)?;
         Ok(Metrics {
             at: now,
@@ -119,10 +131,10 @@ pub(super) fn size(conn: &Connection, path: &Path) -> Result<crate::metrics::Dat
 
 /// The histograms stored under `name`, their buckets cumulated over every bound.
 fn histograms(conn: &Connection, name: &str) -> Result<Vec<Histogram>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT queue, outcome, le_ms, count, sum_ms FROM metric_histograms
-         WHERE name = ?1 ORDER BY queue, outcome, le_ms",
-    )?;
+         WHERE name = ?1 ORDER BY queue, outcome, le_ms"
+    ))?;
     let rows = stmt.query_map([name], |r| {
         Ok((
             r.get::<_, String>(0)?,
@@ -166,6 +178,17 @@ fn histograms(conn: &Connection, name: &str) -> Result<Vec<Histogram>> {
 /// A count read from SQLite as a u64 (a negative one, which the schema never writes, is 0).
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![
+        ("JOB_COUNTS_SQL", JOB_COUNTS_SQL),
+        ("QUEUE_LAG_SQL", QUEUE_LAG_SQL),
+        ("RUNNERS_ALIVE_SQL", RUNNERS_ALIVE_SQL),
+    ]
 }
 
 #[cfg(test)]
@@ -241,7 +264,7 @@ mod tests {
         let plan: Vec<String> = {
             let mut stmt = store
                 .conn()
-                .prepare(&format!("EXPLAIN QUERY PLAN {QUEUE_LAG_SQL}"))
+                .prepare(&format!("EXPLAIN QUERY PLAN {}", QUEUE_LAG_SQL.sqlite()))
                 .unwrap();
             let rows = stmt.query_map([0i64], |r| r.get::<_, String>(3)).unwrap();
             rows.collect::<Result<_>>().unwrap()

@@ -1233,4 +1233,6 @@ impl Store {
 }
 
 #[cfg(test)]
+mod statements;
+#[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! An operator's actions: cancelling a job, and retrying one or the failed jobs that exhausted
 //! the recovery budget.
 
-use crate::store::db::{Connection, Dialect, params};
+use crate::store::db::{Connection, Dialect, params, sql};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, JobRecord, Status};
@@ -27,7 +27,7 @@ fn lock(conn: &Connection, id: i64) -> Result<()> {
     if conn.dialect() == Dialect::Sqlite {
         return Ok(());
     }
-    conn.prepare_cached("SELECT id FROM jobs WHERE id = ?1 FOR NO KEY UPDATE")?
+    conn.prepare_cached(sql!(postgres: "SELECT id FROM jobs WHERE id = ?1 FOR NO KEY UPDATE"))?
         .query(params![id])?
         .next()?;
     Ok(())
@@ -45,12 +45,10 @@ fn lock_for_retry(conn: &Connection, id: i64) -> Result<()> {
         return Ok(());
     }
     {
-        let mut stmt = conn.prepare_cached(
-            "SELECT id FROM jobs
+        let mut stmt = conn.prepare_cached(sql!(postgres: "SELECT id FROM jobs
              WHERE id IN (SELECT after_id FROM job_deps WHERE job_id = ?1 AND after_id > 0)
                AND status IN ('pending', 'running')
-             ORDER BY id FOR SHARE",
-        )?;
+             ORDER BY id FOR SHARE"))?;
         let mut rows = stmt.query(params![id])?;
         while rows.next()?.is_some() {}
     }
@@ -75,8 +73,10 @@ pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> 
         let (changed, detail) = match current.status {
             Status::Pending => (
                 conn.execute(
-                    "UPDATE jobs SET status = 'cancelled', completed_at = ?2
-                     WHERE id = ?1 AND status = 'pending'",
+                    sql!(
+                        "UPDATE jobs SET status = 'cancelled', completed_at = ?2
+                     WHERE id = ?1 AND status = 'pending'"
+                    ),
                     params![id, now],
                 )?,
                 "cancelled while pending".to_string(),
@@ -86,12 +86,14 @@ pub(super) fn cancel(conn: &Connection, id: i64, now: i64) -> Result<JobRecord> 
             // Guarded by the attempt read: the marker names that attempt's processes.
             Status::Running => (
                 conn.execute(
-                    "UPDATE jobs SET status = 'cancelled', completed_at = ?2,
+                    sql!(
+                        "UPDATE jobs SET status = 'cancelled', completed_at = ?2,
                          lease_expires_at = NULL,
                          teardown_token = coalesce(run_token, ''), teardown_pgid = pgid,
                          teardown_start_time = proc_start_time, teardown_worker = worker_id,
                          teardown_lease_expires_at = lease_expires_at
-                     WHERE id = ?1 AND status = 'running' AND coalesce(run_token, '') = ?3",
+                     WHERE id = ?1 AND status = 'running' AND coalesce(run_token, '') = ?3"
+                    ),
                     params![id, now, current.run_token.as_deref().unwrap_or("")],
                 )?,
                 format!(
@@ -143,7 +145,8 @@ pub(super) fn retry(
         // Guarded by what the decision read: the status, and the attempt and its lease (a
         // running job is retried only while its lease is gone).
         let changed = conn.execute(
-            "UPDATE jobs SET
+            sql!(
+                "UPDATE jobs SET
                  teardown_token = CASE WHEN status = 'running' THEN coalesce(run_token, '')
                                        ELSE teardown_token END,
                  teardown_pgid = CASE WHEN status = 'running' THEN pgid ELSE teardown_pgid END,
@@ -158,7 +161,8 @@ pub(super) fn retry(
                  recovery_count = 0, attempt = 0, failed_attempts = 0, exit_code = NULL,
                  signal = NULL, error_kind = NULL, last_error = ?3, waiting = ?5
              WHERE id = ?1 AND status = ?4 AND coalesce(run_token, '') = ?6
-               AND coalesce(lease_expires_at, -1) = ?7",
+               AND coalesce(lease_expires_at, -1) = ?7"
+            ),
             params![
                 id,
                 now,

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 #[cfg(feature = "postgres")]
-use super::db::{self, Connection, params};
+use super::db::{self, Connection, params, sql};
 #[cfg(feature = "postgres")]
 use super::open::{Migration, OpenOptions, SCHEMA_VERSION};
 use crate::error::{Error, Result};
@@ -362,22 +362,25 @@ fn config(url: &str) -> Result<db::tls::Settings> {
 fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migration> {
     conn.begin()?;
     let result = (|| {
-        conn.execute("SELECT pg_advisory_xact_lock(?1)", params![MIGRATION_LOCK])?;
+        conn.execute(
+            sql!(postgres: "SELECT pg_advisory_xact_lock(?1)"),
+            params![MIGRATION_LOCK],
+        )?;
         let made: bool = conn.query_row(
-            "SELECT to_regclass('leasehold_migrations') IS NOT NULL",
+            sql!(postgres: "SELECT to_regclass('leasehold_migrations') IS NOT NULL"),
             params![],
             |r| r.get(0),
         )?;
         let from = if made {
             conn.query_row(
-                "SELECT coalesce(max(version), 0) FROM leasehold_migrations",
+                sql!(postgres: "SELECT coalesce(max(version), 0) FROM leasehold_migrations"),
                 params![],
                 |r| r.get(0),
             )?
         } else {
             let tables: i64 = conn.query_row(
-                "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()
-                     AND tablename IN ('jobs', 'job_events', 'runners')",
+                sql!(postgres: "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()
+                     AND tablename IN ('jobs', 'job_events', 'runners')"),
                 params![],
                 |r| r.get(0),
             )?;
@@ -410,8 +413,8 @@ fn migrate(conn: &Connection, url: &str, options: &OpenOptions) -> Result<Migrat
             for &(version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > from) {
                 conn.execute_batch(sql)?;
                 conn.execute(
-                    "INSERT INTO leasehold_migrations (version, applied_at)
-                     VALUES (?1, leasehold_now_ms())",
+                    sql!(postgres: "INSERT INTO leasehold_migrations (version, applied_at)
+                     VALUES (?1, leasehold_now_ms())"),
                     params![version],
                 )?;
             }
@@ -442,7 +445,7 @@ pub(crate) fn probe_version(url: &str) -> Result<i64> {
     Timeouts::one_shot(crate::store::DEFAULT_BUSY_TIMEOUT).apply(config.pg_mut());
     let conn = Connection::Postgres(Box::new(db::pg::Conn::connect(config)?));
     let made: bool = conn.query_row(
-        "SELECT to_regclass('leasehold_migrations') IS NOT NULL",
+        sql!(postgres: "SELECT to_regclass('leasehold_migrations') IS NOT NULL"),
         params![],
         |r| r.get(0),
     )?;
@@ -453,7 +456,7 @@ pub(crate) fn probe_version(url: &str) -> Result<i64> {
 #[cfg(feature = "postgres")]
 pub(crate) fn schema_version(conn: &Connection) -> Result<i64> {
     conn.query_row(
-        "SELECT coalesce(max(version), 0) FROM leasehold_migrations",
+        sql!(postgres: "SELECT coalesce(max(version), 0) FROM leasehold_migrations"),
         params![],
         |r| r.get(0),
     )
@@ -464,7 +467,7 @@ pub(crate) fn schema_version(conn: &Connection) -> Result<i64> {
 #[cfg(feature = "postgres")]
 pub(crate) fn size(conn: &Connection, url: &Path) -> Result<crate::metrics::DatabaseSize> {
     let bytes: i64 = conn.query_row(
-        "SELECT pg_database_size(current_database())",
+        sql!(postgres: "SELECT pg_database_size(current_database())"),
         params![],
         |r| r.get(0),
     )?;

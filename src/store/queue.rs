@@ -1,7 +1,7 @@
 //! Queues: the limits and pauses stored in the file, which every claim on it respects, and
 //! what `queues ls` shows of each queue.
 
-use crate::store::db::{Connection, params};
+use crate::store::db::{Connection, Sql, params, sql};
 
 use crate::error::{Error, Result};
 
@@ -18,13 +18,13 @@ pub(super) struct Rule {
 /// The queues whose jobs a claim must count or skip, with the running jobs of the limited
 /// ones: a small table, read in every claim, in one statement.
 pub(super) fn rules(conn: &Connection) -> Result<Vec<Rule>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT name, max_running, paused,
                 CASE WHEN max_running IS NOT NULL AND paused = 0 THEN
                     (SELECT count(*) FROM jobs WHERE status = 'running' AND queue = queues.name)
                 ELSE 0 END
-         FROM queues WHERE paused != 0 OR max_running IS NOT NULL",
-    )?;
+         FROM queues WHERE paused != 0 OR max_running IS NOT NULL"
+    ))?;
     let rows = stmt.query_map(params![], |r| {
         Ok(Rule {
             name: r.get(0)?,
@@ -39,26 +39,45 @@ pub(super) fn rules(conn: &Connection) -> Result<Vec<Rule>> {
 /// The queues that have a ready job (not waiting, not marked for teardown), in one
 /// statement: a skip through the claim index, one step per queue, whatever the number of
 /// jobs.
-pub(super) const READY_QUEUES_SQL: &str = concat!(
-    "WITH RECURSIVE q(name) AS (
+pub(super) const READY_QUEUES_SQL: Sql = Sql::new(
+    concat!(
+        "WITH RECURSIVE q(name) AS (
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
                  WHERE ",
-    in_claim_index!(),
-    "
+        in_claim_index!(),
+        "
                  ORDER BY queue LIMIT 1)
          UNION ALL
          SELECT (SELECT queue FROM jobs INDEXED BY jobs_claim_queue
                  WHERE ",
-    in_claim_index!(),
-    "
+        in_claim_index!(),
+        "
                    AND queue > q.name
                  ORDER BY queue LIMIT 1)
          FROM q WHERE q.name IS NOT NULL)
      SELECT name FROM q WHERE name IS NOT NULL"
+    ),
+    concat!(
+        "WITH RECURSIVE q(name) AS (
+         SELECT (SELECT queue FROM jobs
+                 WHERE ",
+        in_claim_index!(),
+        "
+                 ORDER BY queue LIMIT 1)
+         UNION ALL
+         SELECT (SELECT queue FROM jobs
+                 WHERE ",
+        in_claim_index!(),
+        "
+                   AND queue > q.name
+                 ORDER BY queue LIMIT 1)
+         FROM q WHERE q.name IS NOT NULL)
+     SELECT name FROM q WHERE name IS NOT NULL"
+    ),
 );
 
 pub(super) fn ready_queues(conn: &Connection) -> Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(READY_QUEUES_SQL)?;
+    let mut stmt = conn.prepare_cached(&READY_QUEUES_SQL)?;
     let rows = stmt.query_map(params![], |r| r.get(0))?;
     rows.collect::<Result<_>>()
 }
@@ -73,10 +92,10 @@ fn check_name(name: &str) -> Result<()> {
 /// Sets (or with `None` removes) the limit of `name`.
 pub(super) fn set_limit(conn: &Connection, name: &str, limit: Option<u32>) -> Result<()> {
     check_name(name)?;
-    conn.prepare_cached(
+    conn.prepare_cached(sql!(
         "INSERT INTO queues (name, max_running) VALUES (?1, ?2)
-         ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running",
-    )?
+         ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running"
+    ))?
     .execute(params![name, limit])?;
     forget_if_plain(conn, name)
 }
@@ -84,19 +103,19 @@ pub(super) fn set_limit(conn: &Connection, name: &str, limit: Option<u32>) -> Re
 /// Pauses or resumes `name`.
 pub(super) fn set_paused(conn: &Connection, name: &str, paused: bool) -> Result<()> {
     check_name(name)?;
-    conn.prepare_cached(
+    conn.prepare_cached(sql!(
         "INSERT INTO queues (name, paused) VALUES (?1, ?2)
-         ON CONFLICT (name) DO UPDATE SET paused = excluded.paused",
-    )?
+         ON CONFLICT (name) DO UPDATE SET paused = excluded.paused"
+    ))?
     .execute(params![name, paused])?;
     forget_if_plain(conn, name)
 }
 
 /// A queue without a limit or a pause needs no row.
 fn forget_if_plain(conn: &Connection, name: &str) -> Result<()> {
-    conn.prepare_cached(
-        "DELETE FROM queues WHERE name = ?1 AND max_running IS NULL AND paused = 0",
-    )?
+    conn.prepare_cached(sql!(
+        "DELETE FROM queues WHERE name = ?1 AND max_running IS NULL AND paused = 0"
+    ))?
     .execute([name])?;
     Ok(())
 }
@@ -135,8 +154,9 @@ pub struct QueueInfo {
 /// `job_deps` (only jobs that have dependencies can wait), and the oldest ready job is the
 /// head of `jobs_pending_due`. Nothing here reads a queue's pending jobs (the CROSS JOIN
 /// keeps the planner from reading every pending job to find the waiting ones).
-pub(super) const LIST_SQL: &str = concat!(
-    "WITH counts AS (
+pub(super) const LIST_SQL: Sql = Sql::new(
+    concat!(
+        "WITH counts AS (
          SELECT queue AS name,
                 coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,
                 coalesce(sum(n) FILTER (WHERE status = 'running'), 0) AS running,
@@ -157,19 +177,50 @@ pub(super) const LIST_SQL: &str = concat!(
             coalesce(c.succeeded, 0), coalesce(c.failed, 0), coalesce(c.cancelled, 0),
             (SELECT min(scheduled_at) FROM jobs INDEXED BY jobs_pending_due
                  WHERE queue = n.name AND ",
-    ready_to_claim!(),
-    " AND scheduled_at <= ?1)
+        ready_to_claim!(),
+        " AND scheduled_at <= ?1)
      FROM names n
          LEFT JOIN counts c ON c.name = n.name
          LEFT JOIN waits w ON w.name = n.name
          LEFT JOIN queues q ON q.name = n.name
      ORDER BY n.name"
+    ),
+    concat!(
+        "WITH counts AS (
+         SELECT queue AS name,
+                coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,
+                coalesce(sum(n) FILTER (WHERE status = 'running'), 0) AS running,
+                coalesce(sum(n) FILTER (WHERE status = 'succeeded'), 0) AS succeeded,
+                coalesce(sum(n) FILTER (WHERE status = 'failed'), 0) AS failed,
+                coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0) AS cancelled,
+                sum(n) AS total
+         FROM job_counts GROUP BY queue),
+     waits AS (
+         SELECT jobs.queue AS name, count(*) AS waiting
+         FROM (SELECT DISTINCT job_id FROM job_deps) d JOIN jobs ON jobs.id = d.job_id
+         WHERE jobs.status = 'pending' AND jobs.waiting > 0
+         GROUP BY jobs.queue),
+     names AS (SELECT name FROM counts WHERE pending + running > 0 OR (?2 != 0 AND total > 0)
+               UNION SELECT name FROM queues)
+     SELECT n.name, coalesce(c.pending, 0), coalesce(w.waiting, 0), coalesce(c.running, 0),
+            q.max_running, coalesce(q.paused, 0),
+            coalesce(c.succeeded, 0), coalesce(c.failed, 0), coalesce(c.cancelled, 0),
+            (SELECT min(scheduled_at) FROM jobs
+                 WHERE queue = n.name AND ",
+        ready_to_claim!(),
+        " AND scheduled_at <= ?1)
+     FROM names n
+         LEFT JOIN counts c ON c.name = n.name
+         LEFT JOIN waits w ON w.name = n.name
+         LEFT JOIN queues q ON q.name = n.name
+     ORDER BY n.name"
+    ),
 );
 
 /// The queues of [`LIST_SQL`]: with `all`, every queue that has any job too.
 pub(super) fn list(conn: &Connection, now: i64, all: bool) -> Result<Vec<QueueInfo>> {
     let now = conn.now(now)?;
-    let mut stmt = conn.prepare_cached(LIST_SQL)?;
+    let mut stmt = conn.prepare_cached(&LIST_SQL)?;
     let rows = stmt.query_map(params![now, all], |r| {
         Ok(QueueInfo {
             name: r.get(0)?,
@@ -187,6 +238,16 @@ pub(super) fn list(conn: &Connection, now: i64, all: bool) -> Result<Vec<QueueIn
         })
     })?;
     rows.collect::<Result<_>>()
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![
+        ("READY_QUEUES_SQL", READY_QUEUES_SQL),
+        ("LIST_SQL", LIST_SQL),
+    ]
 }
 
 #[cfg(test)]
@@ -208,7 +269,7 @@ mod tests {
     fn the_queue_list_reads_counters_and_index_heads_not_pending_jobs() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path().join("jobs.db")).unwrap();
-        let p = plan(store.conn(), LIST_SQL);
+        let p = plan(store.conn(), LIST_SQL.sqlite());
         // `jobs` is read only by primary key (a job that has dependencies) or through the
         // head of `jobs_pending_due`: never scanned, nor through `jobs_status`.
         for line in p

@@ -1,11 +1,13 @@
 //! Reads: jobs, their history and output, and the counters `status` reports.
 
-use crate::store::db::{Connection, OptionalExtension, params, params_from_iter};
+use crate::store::db::{
+    Connection, Dialect, OptionalExtension, Sql, params, params_from_iter, sql,
+};
 
 use crate::error::{Error, Result};
 use crate::job::{Event, EventKind, JobRecord, Output, Status};
 
-use super::row::{JOB_COLUMNS, event_row, job_row};
+use super::row::{JOB_COLUMNS, PG_JOB_COLUMNS, event_row, job_row};
 use super::tx::queue_filter;
 
 /// Filters for [`Store::list`](crate::Store::list).
@@ -31,8 +33,16 @@ const FAILED_STALE_WHERE: &str = "status = 'failed' AND recovery_count > ?max
     AND (lower(coalesce(last_error, '')) LIKE 'lease expired after missing heartbeat;%'
          OR lower(coalesce(last_error, '')) LIKE 'lease metadata missing for running job;%')";
 
+/// The read of one job by id (`?1`).
+fn job_sql() -> Sql {
+    Sql::built(
+        format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
+        format!("SELECT {PG_JOB_COLUMNS} FROM jobs WHERE id = ?1"),
+    )
+}
+
 pub(super) fn job(conn: &Connection, id: i64) -> Result<JobRecord> {
-    conn.prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"))?
+    conn.prepare_cached(&job_sql())?
         .query_row([id], job_row)
         .optional()?
         .ok_or(Error::NoSuchJob(id))
@@ -47,9 +57,9 @@ pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<JobReco
 pub(super) fn list_sql(
     conn: &Connection,
     filter: &ListFilter,
-) -> Result<(String, Vec<crate::store::db::Value>)> {
+) -> Result<(Sql, Vec<crate::store::db::Value>)> {
     // The failed-stale rows are found from their partial index: the planner would otherwise
-    // take `jobs_status` and read every failed row.
+    // take `jobs_status` and read every failed row. (SQLite's hints; PostgreSQL has none.)
     let from = if filter.failed_stale.is_some() {
         "jobs INDEXED BY jobs_failed_recovery"
     } else {
@@ -58,7 +68,13 @@ pub(super) fn list_sql(
             _ => "jobs",
         }
     };
-    let (mut sql, mut values) = select_jobs(from, filter);
+    Ok(list_text(filter, from))
+}
+
+/// The statement [`list`] runs for `filter`, reading `from` (`jobs`, with SQLite's index hint),
+/// and its values.
+fn list_text(filter: &ListFilter, from: &str) -> (Sql, Vec<crate::store::db::Value>) {
+    let (mut sql, mut values) = select_jobs(filter);
     if let Some(max) = filter.failed_stale {
         values.push(i64::from(max).into());
         sql.push_str(&format!(
@@ -79,7 +95,11 @@ pub(super) fn list_sql(
         values.push((limit.min(i64::MAX as u64) as i64).into());
         sql.push_str(&format!(" LIMIT ?{}", values.len()));
     }
-    Ok((sql, values))
+    let sql = Sql::built(
+        format!("SELECT {JOB_COLUMNS} FROM {from} {sql}"),
+        format!("SELECT {PG_JOB_COLUMNS} FROM jobs {sql}"),
+    );
+    (sql, values)
 }
 
 /// The index a list by both status and queue walks, newest first, skipping the rows of the
@@ -88,25 +108,27 @@ pub(super) fn list_sql(
 /// would read every job of a large queue to find its few failed ones.
 fn both_filters_index(conn: &Connection, status: Status, queue: &str) -> Result<&'static str> {
     let (by_status, by_queue): (i64, i64) = conn
-        .prepare_cached(
+        .prepare_cached(sql!(
             "SELECT coalesce(sum(n) FILTER (WHERE status = ?1), 0),
                     coalesce(sum(n) FILTER (WHERE queue = ?2), 0)
-             FROM job_counts",
-        )?
+             FROM job_counts"
+        ))?
         .query_row(params![status.as_str(), queue], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })?;
-    Ok(if by_status < by_queue {
+    Ok(if conn.dialect() != Dialect::Sqlite {
+        "jobs"
+    } else if by_status < by_queue {
         "jobs INDEXED BY jobs_status"
     } else {
         "jobs INDEXED BY jobs_queue"
     })
 }
 
-/// `SELECT` of the job columns from `from` with `filter`'s status and queue, and the values
-/// bound so far: the callers add their order, their limits and their values after them.
-fn select_jobs(from: &str, filter: &ListFilter) -> (String, Vec<crate::store::db::Value>) {
-    let mut sql = format!("SELECT {JOB_COLUMNS} FROM {from} WHERE 1 = 1");
+/// The `WHERE` of a read of jobs with `filter`'s status and queue, and the values bound so far:
+/// the callers add their order, their limits and their values after them.
+fn select_jobs(filter: &ListFilter) -> (String, Vec<crate::store::db::Value>) {
+    let mut sql = "WHERE 1 = 1".to_owned();
     let mut values: Vec<crate::store::db::Value> = Vec::new();
     if let Some(s) = filter.status {
         values.push(s.as_str().to_string().into());
@@ -122,7 +144,7 @@ fn select_jobs(from: &str, filter: &ListFilter) -> (String, Vec<crate::store::db
 /// The jobs that `sql`, with `values` bound, selects.
 fn query_jobs(
     conn: &Connection,
-    sql: &str,
+    sql: &Sql,
     values: Vec<crate::store::db::Value>,
 ) -> Result<Vec<JobRecord>> {
     let mut stmt = conn.prepare(sql)?;
@@ -133,10 +155,10 @@ fn query_jobs(
 /// Job `id`'s history, oldest first. A row with a `start_detail` (an ending committed with its
 /// attempt's start) reads as two events: the `started` it records, then its own.
 pub(super) fn events(conn: &Connection, id: i64) -> Result<Vec<Event>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT id, job_id, at, kind, attempt, detail, start_detail FROM job_events
-             WHERE job_id = ?1 ORDER BY id",
-    )?;
+             WHERE job_id = ?1 ORDER BY id"
+    ))?;
     let mut rows = stmt.query([id])?;
     let mut events = Vec::new();
     while let Some(row) = rows.next()? {
@@ -155,29 +177,32 @@ pub(super) fn events(conn: &Connection, id: i64) -> Result<Vec<Event>> {
 }
 
 pub(super) fn endings_after(conn: &Connection, after_id: i64, limit: u64) -> Result<Vec<Event>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, job_id, at, kind, attempt, detail FROM job_events
+    let mut stmt = conn.prepare_cached(sql!(
+        sqlite: "SELECT id, job_id, at, kind, attempt, detail FROM job_events
              WHERE id > ?1 AND kind IN ('succeeded', 'failed', 'lost', 'cancelled')
              ORDER BY id LIMIT (SELECT ?2)",
-    )?;
+        postgres: "SELECT id, job_id, at, kind, attempt, detail FROM job_events
+             WHERE id > ?1 AND kind IN ('succeeded', 'failed', 'lost', 'cancelled')
+             ORDER BY id LIMIT ?2",
+    ))?;
     let rows = stmt.query_map(params![after_id, limit as i64], event_row)?;
     rows.collect::<Result<_>>()
 }
 
 pub(super) fn last_event_id(conn: &Connection) -> Result<i64> {
     conn.query_row(
-        "SELECT coalesce(max(id), 0) FROM job_events",
+        sql!("SELECT coalesce(max(id), 0) FROM job_events"),
         params![],
         |r| r.get(0),
     )
 }
 
 pub(super) fn output(conn: &Connection, id: i64, attempt: Option<i64>) -> Result<Option<Output>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT attempt, stdout, stderr, stdout_truncated, stderr_truncated
              FROM job_output WHERE job_id = ?1 AND (?2 IS NULL OR attempt = ?2)
-             ORDER BY id DESC LIMIT 1",
-    )?;
+             ORDER BY id DESC LIMIT 1"
+    ))?;
     stmt.query_row(params![id, attempt], |r| {
         Ok(Output {
             attempt: r.get(0)?,
@@ -194,7 +219,9 @@ pub(super) fn counts(conn: &Connection) -> Result<Counts> {
     let mut counts = Counts::default();
     // job_counts is kept by enqueues and by triggers on every UPDATE and DELETE: a few rows,
     // where counting the table by status reads every job (68-98 ms on 1,000,000).
-    let mut stmt = conn.prepare_cached("SELECT status, sum(n) FROM job_counts GROUP BY status")?;
+    let mut stmt = conn.prepare_cached(sql!(
+        "SELECT status, sum(n) FROM job_counts GROUP BY status"
+    ))?;
     let mut rows = stmt.query(params![])?;
     while let Some(row) = rows.next()? {
         let status: String = row.get(0)?;
@@ -217,12 +244,14 @@ pub(super) fn lease_counts(
 ) -> Result<LeaseCounts> {
     let now = conn.now(now)?;
     let (running, stale_running, running_without_lease) = conn.query_row(
-        "SELECT count(*),
+        sql!(
+            "SELECT count(*),
                     count(CASE WHEN lease_expires_at IS NOT NULL AND lease_expires_at < ?1
                                THEN 1 END),
                     count(CASE WHEN run_token IS NULL OR worker_id IS NULL
                                     OR lease_expires_at IS NULL THEN 1 END)
-             FROM jobs WHERE status = 'running'",
+             FROM jobs WHERE status = 'running'"
+        ),
         [now],
         |r| {
             Ok((
@@ -233,10 +262,7 @@ pub(super) fn lease_counts(
         },
     )?;
     let recovery_exhausted_failed = conn.query_row(
-        &format!(
-            "SELECT count(*) FROM jobs INDEXED BY jobs_failed_recovery WHERE {}",
-            FAILED_STALE_WHERE.replace("?max", "?1")
-        ),
+        &recovery_exhausted_sql(),
         [i64::from(max_recovery_attempts)],
         |r| r.get::<_, i64>(0),
     )?;
@@ -248,13 +274,27 @@ pub(super) fn lease_counts(
     })
 }
 
-pub(super) fn has_unfinished(conn: &Connection, queues: &[String]) -> Result<bool> {
-    let sql = format!(
+/// The count of failed jobs that exhausted the recovery budget (`?1`).
+fn recovery_exhausted_sql() -> Sql {
+    let stale = FAILED_STALE_WHERE.replace("?max", "?1");
+    Sql::built(
+        format!("SELECT count(*) FROM jobs INDEXED BY jobs_failed_recovery WHERE {stale}"),
+        format!("SELECT count(*) FROM jobs WHERE {stale}"),
+    )
+}
+
+/// Whether `queues` (all when empty, or from `?1`) have a pending or running job.
+fn has_unfinished_sql(queues: &[String]) -> Sql {
+    let text = format!(
         "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'running') {})",
         queue_filter(queues, 1)
     );
+    Sql::built(text.clone(), text)
+}
+
+pub(super) fn has_unfinished(conn: &Connection, queues: &[String]) -> Result<bool> {
     // Cached: a caller waiting for a runner to finish asks this in a loop.
-    conn.prepare_cached(&sql)?
+    conn.prepare_cached(&has_unfinished_sql(queues))?
         .query_row(params_from_iter(queues.iter()), |r| r.get(0))
 }
 
@@ -286,4 +326,39 @@ pub struct LeaseCounts {
     pub running_without_lease: u64,
     /// Failed jobs that exhausted the recovery budget.
     pub recovery_exhausted_failed: u64,
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    let queues = ["a".to_owned(), "b".to_owned()];
+    let every = ListFilter {
+        status: Some(Status::Failed),
+        queue: Some("a".to_owned()),
+        failed_stale: None,
+        before: Some(10),
+        limit: Some(5),
+    };
+    let stale = ListFilter {
+        failed_stale: Some(3),
+        ..every.clone()
+    };
+    vec![
+        ("job_sql()", job_sql()),
+        ("recovery_exhausted_sql()", recovery_exhausted_sql()),
+        ("has_unfinished_sql(all queues)", has_unfinished_sql(&[])),
+        (
+            "has_unfinished_sql(two queues)",
+            has_unfinished_sql(&queues),
+        ),
+        (
+            "list_text(every filter)",
+            list_text(&every, "jobs INDEXED BY jobs_status").0,
+        ),
+        (
+            "list_text(failed stale)",
+            list_text(&stale, "jobs INDEXED BY jobs_failed_recovery").0,
+        ),
+    ]
 }

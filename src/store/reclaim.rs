@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::store::db::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, Sql, params, sql};
 
 use crate::error::Result;
 use crate::job::{EventKind, OnLost, Output, Status};
@@ -193,7 +193,7 @@ impl ReclaimReport {
 /// The running rows a sweep may reclaim. Parameters: the excluded worker (or NULL), whether
 /// expired leases count, now, dead workers (JSON), batch size, the excluded worker's held
 /// tokens (JSON, or NULL for all of its rows).
-pub(super) const RECLAIM_CANDIDATES_SQL: &str =
+pub(super) const RECLAIM_CANDIDATES_SQL: Sql = Sql::new(
     "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
             on_lost, recovery_count, keeper_pid, keeper_start_time, started_at, timeout_ms,
             idle_timeout_ms, queue
@@ -205,7 +205,20 @@ pub(super) const RECLAIM_CANDIDATES_SQL: &str =
        AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
             OR (?2 != 0 AND lease_expires_at < ?3)
             OR worker_id IN (SELECT value FROM json_each(?4)))
-     ORDER BY lease_expires_at, id LIMIT (SELECT ?5)";
+     ORDER BY lease_expires_at, id LIMIT (SELECT ?5)",
+    "SELECT id, attempt, run_token, worker_id, pgid, proc_start_time, lease_expires_at,
+            on_lost, recovery_count, keeper_pid, keeper_start_time, started_at, timeout_ms,
+            idle_timeout_ms, queue
+     FROM jobs
+     WHERE status = 'running'
+       AND (?1 IS NULL OR worker_id IS NULL OR worker_id != ?1
+            OR (?6 IS NOT NULL AND ?2 != 0 AND lease_expires_at < ?3
+                AND run_token NOT IN (SELECT value FROM json_array_elements_text(?6::json))))
+       AND (run_token IS NULL OR worker_id IS NULL OR lease_expires_at IS NULL
+            OR (?2 != 0 AND lease_expires_at < ?3)
+            OR worker_id IN (SELECT value FROM json_array_elements_text(?4::json)))
+     ORDER BY lease_expires_at NULLS FIRST, id LIMIT ?5",
+);
 
 pub(super) fn reclaim(
     conn: &Connection,
@@ -248,7 +261,7 @@ pub(super) fn reclaim(
         String,
     );
     let candidates: Vec<Candidate> = {
-        let mut stmt = conn.prepare_cached(RECLAIM_CANDIDATES_SQL)?;
+        let mut stmt = conn.prepare_cached(&RECLAIM_CANDIDATES_SQL)?;
         let rows = stmt.query_map(
             params![
                 req.exclude_worker,
@@ -363,8 +376,8 @@ pub(super) fn reclaim(
         let token_text = token.clone().unwrap_or_default();
         let facts = counter::Attempt::read(conn, id)?;
         let changed = conn
-            .prepare_cached(
-                "UPDATE jobs SET status = ?3, recovery_count = ?4, last_error = ?5,
+            .prepare_cached(sql!(
+                sqlite: "UPDATE jobs SET status = ?3, recovery_count = ?4, last_error = ?5,
                      scheduled_at = CASE WHEN ?3 = 'pending' THEN ?6 ELSE scheduled_at END,
                      completed_at = CASE WHEN ?3 = 'failed' THEN ?6 END,
                      error_kind = CASE WHEN ?3 = 'failed' THEN 'lost' END,
@@ -377,7 +390,20 @@ pub(super) fn reclaim(
                      teardown_start_time = proc_start_time, teardown_worker = worker_id,
                      teardown_lease_expires_at = lease_expires_at
                  WHERE id = ?1 AND status = 'running' AND run_token IS ?2",
-            )?
+                postgres: "UPDATE jobs SET status = ?3, recovery_count = ?4, last_error = ?5,
+                     scheduled_at = CASE WHEN ?3 = 'pending' THEN ?6 ELSE scheduled_at END,
+                     completed_at = CASE WHEN ?3 = 'failed' THEN ?6 END,
+                     error_kind = CASE WHEN ?3 = 'failed' THEN 'lost' END,
+                     started_at = CASE WHEN ?3 = 'pending' THEN NULL ELSE started_at END,
+                     heartbeat_at = CASE WHEN ?3 = 'pending' THEN NULL ELSE heartbeat_at END,
+                     lease_expires_at = NULL,
+                     run_token = CASE WHEN ?3 = 'pending' THEN NULL ELSE run_token END,
+                     worker_id = CASE WHEN ?3 = 'pending' THEN NULL ELSE worker_id END,
+                     teardown_token = ?7, teardown_pgid = pgid,
+                     teardown_start_time = proc_start_time, teardown_worker = worker_id,
+                     teardown_lease_expires_at = lease_expires_at
+                 WHERE id = ?1 AND status = 'running' AND run_token IS NOT DISTINCT FROM ?2",
+            ))?
             .execute(params![
                 id,
                 token,
@@ -433,10 +459,10 @@ fn adopt(
     };
     let expires = now.saturating_add(i64::try_from(req.lease_ttl.as_millis()).unwrap_or(i64::MAX));
     let changed = conn
-        .prepare_cached(
+        .prepare_cached(sql!(
             "UPDATE jobs SET worker_id = ?3, heartbeat_at = ?4, lease_expires_at = ?5
-             WHERE id = ?1 AND status = 'running' AND run_token = ?2",
-        )?
+             WHERE id = ?1 AND status = 'running' AND run_token = ?2"
+        ))?
         .execute(params![kept.job_id, kept.run_token, me, now, expires])?;
     if changed == 0 {
         return Ok(false);
@@ -485,11 +511,11 @@ fn recover(
         super::lease::Finished::Recorded(status) => status,
         super::lease::Finished::Fenced | super::lease::Finished::Stopped => return Ok(None),
     };
-    conn.prepare_cached(
+    conn.prepare_cached(sql!(
         "UPDATE jobs SET teardown_token = ?2, teardown_pgid = ?3, teardown_start_time = ?4,
              teardown_worker = ?5, teardown_lease_expires_at = NULL
-         WHERE id = ?1",
-    )?
+         WHERE id = ?1"
+    ))?
     .execute(params![
         kept.job_id,
         kept.run_token,
@@ -582,15 +608,33 @@ fn with_fences(conn: &Connection, mut lost: LostAttempt) -> LostAttempt {
 }
 
 /// The statement of [`pending_teardowns`]. Parameters: after, limit, fenced before.
-pub(super) fn pending_teardowns_sql() -> String {
+pub(super) fn pending_teardowns_sql() -> Sql {
     // Named: without statistics the planner walks the table by rowid from `after`.
     let from = TEARDOWN_SQL
         .replace("{index}", "INDEXED BY jobs_teardown")
         .replace("{fenced_before}", "?3");
-    format!(
-        "{from}
+    let pg_from = TEARDOWN_SQL
+        .replace("{index}", "")
+        .replace("{fenced_before}", "?3");
+    Sql::built(
+        format!(
+            "{from}
          WHERE j.teardown_token IS NOT NULL AND j.id > ?1 ORDER BY j.id LIMIT (SELECT ?2)"
+        ),
+        format!(
+            "{pg_from} WHERE j.teardown_token IS NOT NULL AND j.id > ?1 ORDER BY j.id LIMIT ?2"
+        ),
     )
+}
+
+/// The statement of [`teardown_of`]. Parameters: id, fenced before.
+fn teardown_of_sql() -> Sql {
+    let from = TEARDOWN_SQL
+        .replace("{index}", "")
+        .replace("{fenced_before}", "?2");
+    Sql::built_same(format!(
+        "{from} WHERE j.id = ?1 AND j.teardown_token IS NOT NULL"
+    ))
 }
 
 /// Up to `limit` teardown markers of jobs whose id is above `after`, in id order.
@@ -610,12 +654,7 @@ pub(super) fn pending_teardowns(
 /// Job `id`'s teardown marker, if it has one.
 pub(super) fn teardown_of(conn: &Connection, id: i64, now: i64) -> Result<Option<LostAttempt>> {
     let fenced_before = fenced_before(conn, now)?;
-    let from = TEARDOWN_SQL
-        .replace("{index}", "")
-        .replace("{fenced_before}", "?2");
-    let mut stmt = conn.prepare_cached(&format!(
-        "{from} WHERE j.id = ?1 AND j.teardown_token IS NOT NULL"
-    ))?;
+    let mut stmt = conn.prepare_cached(&teardown_of_sql())?;
     Ok(stmt
         .query_row(params![id, fenced_before], lost_attempt)
         .optional()?
@@ -631,12 +670,12 @@ pub(super) fn record_teardown(
 ) -> Result<bool> {
     let now = conn.now(now)?;
     let attempt: Option<i64> = conn
-        .prepare_cached(
+        .prepare_cached(sql!(
             "UPDATE jobs SET teardown_token = NULL, teardown_pgid = NULL,
                  teardown_start_time = NULL, teardown_worker = NULL,
                  teardown_lease_expires_at = NULL
-             WHERE id = ?1 AND teardown_token = ?2 RETURNING attempt",
-        )?
+             WHERE id = ?1 AND teardown_token = ?2 RETURNING attempt"
+        ))?
         .query_row(params![id, token], |r| r.get(0))
         .optional()?;
     match attempt {
@@ -647,4 +686,15 @@ pub(super) fn record_teardown(
         }
         None => Ok(false),
     }
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![
+        ("RECLAIM_CANDIDATES_SQL", RECLAIM_CANDIDATES_SQL),
+        ("pending_teardowns_sql()", pending_teardowns_sql()),
+        ("teardown_of_sql()", teardown_of_sql()),
+    ]
 }

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::store::db::{Connection, params};
+use crate::store::db::{Connection, Sql, params, sql};
 
 use crate::error::Result;
 use crate::job::{Status, duration_ms};
@@ -287,11 +287,11 @@ pub(super) fn bounds(conn: &Connection, policy: &Retention, now: i64) -> Result<
 fn keep_max_cut(conn: &Connection, max: u64) -> Result<Option<(i64, i64)>> {
     let mut stmts = Vec::with_capacity(FINISHED.len());
     for _ in FINISHED {
-        stmts.push(conn.prepare_cached(
+        stmts.push(conn.prepare_cached(sql!(
             "SELECT completed_at, id FROM jobs
              WHERE status = ?1 AND completed_at IS NOT NULL
-             ORDER BY completed_at DESC, id DESC",
-        )?);
+             ORDER BY completed_at DESC, id DESC"
+        ))?);
     }
     let mut cursors = Vec::with_capacity(FINISHED.len());
     for (stmt, status) in stmts.iter_mut().zip(FINISHED) {
@@ -328,10 +328,16 @@ fn next_key(rows: &mut crate::store::db::Rows<'_>) -> Result<Option<(i64, i64)>>
 
 /// The jobs of one status due under `bound`: the prune's selection. Parameters: status, bound's
 /// completed_at, bound's id, limit.
-pub(super) const DUE_SQL: &str = "SELECT id FROM jobs
+pub(super) const DUE_SQL: Sql = Sql::new(
+    "SELECT id FROM jobs
      WHERE status = ?1 AND completed_at IS NOT NULL AND (completed_at, id) <= (?2, ?3)
        AND teardown_token IS NULL
-     ORDER BY completed_at, id LIMIT (SELECT ?4)";
+     ORDER BY completed_at, id LIMIT (SELECT ?4)",
+    "SELECT id FROM jobs
+     WHERE status = ?1 AND completed_at IS NOT NULL AND (completed_at, id) <= (?2, ?3)
+       AND teardown_token IS NULL
+     ORDER BY completed_at, id LIMIT ?4",
+);
 
 /// How many jobs `policy` prunes at `now`, without changing anything.
 pub(super) fn count_due(conn: &Connection, policy: &Retention, now: i64) -> Result<u64> {
@@ -339,11 +345,11 @@ pub(super) fn count_due(conn: &Connection, policy: &Retention, now: i64) -> Resu
     let mut total = 0u64;
     for (status, (at, id)) in bounds(conn, policy, now)? {
         let n: i64 = conn
-            .prepare_cached(
+            .prepare_cached(sql!(
                 "SELECT count(*) FROM jobs
                  WHERE status = ?1 AND completed_at IS NOT NULL AND (completed_at, id) <= (?2, ?3)
-                   AND teardown_token IS NULL",
-            )?
+                   AND teardown_token IS NULL"
+            ))?
             .query_row(params![status.as_str(), at, id], |r| r.get(0))?;
         total += u64::try_from(n).unwrap_or(0);
     }
@@ -363,7 +369,7 @@ pub(super) fn delete_batch(
         if left <= 0 {
             break;
         }
-        let mut stmt = conn.prepare_cached(DUE_SQL)?;
+        let mut stmt = conn.prepare_cached(&DUE_SQL)?;
         let rows = stmt.query_map(params![status.as_str(), at, id, left], |r| r.get(0))?;
         for row in rows {
             ids.push(row?);
@@ -374,17 +380,27 @@ pub(super) fn delete_batch(
     }
     let list = serde_json::to_string(&ids).unwrap_or_default();
     let events = conn
-        .prepare_cached("DELETE FROM job_events WHERE job_id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))")?
+        .prepare_cached(sql!(
+            sqlite: "DELETE FROM job_events WHERE job_id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))",
+            postgres: "DELETE FROM job_events WHERE job_id IN (SELECT CAST(value AS BIGINT) FROM json_array_elements_text(?1::json))",
+        ))?
         .execute(params![list])?;
     let outputs = conn
-        .prepare_cached("DELETE FROM job_output WHERE job_id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))")?
+        .prepare_cached(sql!(
+            sqlite: "DELETE FROM job_output WHERE job_id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))",
+            postgres: "DELETE FROM job_output WHERE job_id IN (SELECT CAST(value AS BIGINT) FROM json_array_elements_text(?1::json))",
+        ))?
         .execute(params![list])?;
     // The guard again: the selection ran in this transaction, so it still holds; repeating it
     // keeps a live job out of reach of any mistake in the selection.
     let jobs = conn
         .prepare_cached(
-            "DELETE FROM jobs WHERE id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))
+            sql!(
+                sqlite: "DELETE FROM jobs WHERE id IN (SELECT CAST(value AS BIGINT) FROM json_each(?1))
                AND status IN ('succeeded', 'failed', 'cancelled') AND teardown_token IS NULL",
+                postgres: "DELETE FROM jobs WHERE id IN (SELECT CAST(value AS BIGINT) FROM json_array_elements_text(?1::json))
+               AND status IN ('succeeded', 'failed', 'cancelled') AND teardown_token IS NULL",
+            ),
         )?
         .execute(params![list])?;
     Ok((jobs as u64, events as u64, outputs as u64))
@@ -466,6 +482,13 @@ pub(super) fn yield_lock(held: Duration) {
     std::thread::sleep(held.max(Duration::from_millis(1)));
 }
 
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![("DUE_SQL", DUE_SQL)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,7 +509,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::Store::open(dir.path().join("jobs.db")).unwrap();
         let conn = store.conn();
-        let due = plan(conn, DUE_SQL, &[&"succeeded", &1i64, &2i64, &500i64]);
+        let due = plan(
+            conn,
+            DUE_SQL.sqlite(),
+            &[&"succeeded", &1i64, &2i64, &500i64],
+        );
         assert!(
             due.contains("USING INDEX jobs_finished (status=? AND completed_at<?)")
                 || due.contains("USING INDEX jobs_finished (status=? AND (completed_at,id)<?)")

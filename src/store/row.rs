@@ -7,6 +7,7 @@ use crate::store::db::Row;
 use crate::error::Result;
 use crate::job::{ErrorKind, Event, EventKind, JobRecord};
 
+/// The columns a job is read with ([`job_row`]), SQLite's; PostgreSQL's are [`PG_JOB_COLUMNS`].
 pub(super) const JOB_COLUMNS: &str =
     "id, queue, argv, env, cwd, priority, status, attempt, max_attempts,
     failed_attempts, recovery_count, on_lost, timeout_ms, idle_timeout_ms, created_at,
@@ -15,6 +16,19 @@ pub(super) const JOB_COLUMNS: &str =
     unique_key, schedule, slot_at,
     (SELECT json_group_array(after_id) FROM job_deps WHERE job_id = jobs.id),
     (SELECT json_group_array(d.after_id) FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
+         WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
+    keeper_pid";
+
+/// [`JOB_COLUMNS`] as PostgreSQL spells them: its `json_agg` of no rows is NULL, not `[]`.
+pub(super) const PG_JOB_COLUMNS: &str =
+    "id, queue, argv, env, cwd, priority, status, attempt, max_attempts,
+    failed_attempts, recovery_count, on_lost, timeout_ms, idle_timeout_ms, created_at,
+    scheduled_at, started_at, completed_at, heartbeat_at, lease_expires_at, run_token, worker_id,
+    pid, pgid, exit_code, signal, error_kind, last_error, teardown_token IS NOT NULL,
+    unique_key, schedule, slot_at,
+    (SELECT coalesce(json_agg(after_id), '[]')::text FROM job_deps WHERE job_id = jobs.id),
+    (SELECT coalesce(json_agg(d.after_id), '[]')::text
+         FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
          WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
     keeper_pid";
 

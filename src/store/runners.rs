@@ -1,6 +1,6 @@
 //! The `runners` table: one row per runner process, its heartbeat and how it ended.
 
-use crate::store::db::{Connection, OptionalExtension, Row, params};
+use crate::store::db::{Connection, OptionalExtension, Row, params, sql};
 
 use crate::error::Result;
 
@@ -89,10 +89,12 @@ pub(super) fn runner_row(r: &Row<'_>) -> Result<RunnerRecord> {
 
 pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
     conn.execute(
-        "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
+        sql!(
+            "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
                      heartbeat_at, stopped_at, lease_ttl_ms, heartbeat_interval_ms,
                      max_recovery_attempts, pid_ns)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+        ),
         params![
             runner.worker_id,
             runner.pid,
@@ -114,7 +116,7 @@ pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
 pub(super) fn stop(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
     let now = conn.now(now)?;
     conn.execute(
-        "UPDATE runners SET stopped_at = ?2, heartbeat_at = ?2 WHERE worker_id = ?1",
+        sql!("UPDATE runners SET stopped_at = ?2, heartbeat_at = ?2 WHERE worker_id = ?1"),
         params![worker_id, now],
     )?;
     Ok(())
@@ -123,8 +125,10 @@ pub(super) fn stop(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
 pub(super) fn mark_dead(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
     let now = conn.now(now)?;
     conn.execute(
-        "UPDATE runners SET stopped_at = ?2 WHERE worker_id = ?1 AND stopped_at IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'running' AND worker_id = ?1)",
+        sql!(
+            "UPDATE runners SET stopped_at = ?2 WHERE worker_id = ?1 AND stopped_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM jobs WHERE status = 'running' AND worker_id = ?1)"
+        ),
         params![worker_id, now],
     )?;
     Ok(())
@@ -132,36 +136,41 @@ pub(super) fn mark_dead(conn: &Connection, worker_id: &str, now: i64) -> Result<
 
 pub(super) fn runner_heartbeat(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
     let now = conn.now(now)?;
-    conn.prepare_cached("UPDATE runners SET heartbeat_at = ?2 WHERE worker_id = ?1")?
-        .execute(params![worker_id, now])?;
+    conn.prepare_cached(sql!(
+        "UPDATE runners SET heartbeat_at = ?2 WHERE worker_id = ?1"
+    ))?
+    .execute(params![worker_id, now])?;
     Ok(())
 }
 
 /// The runners recorded as stopped that still hold running jobs: they renew nothing.
 pub(super) fn stopped_holding_jobs(conn: &Connection) -> Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT DISTINCT j.worker_id FROM jobs j JOIN runners r ON r.worker_id = j.worker_id
-         WHERE j.status = 'running' AND r.stopped_at IS NOT NULL",
-    )?;
+         WHERE j.status = 'running' AND r.stopped_at IS NOT NULL"
+    ))?;
     let rows = stmt.query_map(params![], |r| r.get(0))?;
     rows.collect::<Result<_>>()
 }
 
 pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
-             FROM runners WHERE stopped_at IS NULL ORDER BY started_at, worker_id",
-    )?;
+             FROM runners WHERE stopped_at IS NULL ORDER BY started_at, worker_id"
+    ))?;
     let rows = stmt.query_map(params![], runner_row)?;
     rows.collect::<Result<_>>()
 }
 
 pub(super) fn latest(conn: &Connection) -> Result<Option<RunnerRecord>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
+    let mut stmt = conn.prepare_cached(sql!(
+        sqlite: "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
              FROM runners ORDER BY started_at DESC, rowid DESC LIMIT 1",
-    )?;
+        postgres: "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
+             FROM runners ORDER BY started_at DESC, seq DESC LIMIT 1",
+    ))?;
     stmt.query_row(params![], runner_row).optional()
 }

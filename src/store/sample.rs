@@ -2,7 +2,7 @@
 //! runner's sweeper once a sample interval into `metric_samples`, a table of at most 86 rows.
 //! A chart's bar is the difference between two consecutive samples.
 
-use crate::store::db::{Connection, OptionalExtension, params};
+use crate::store::db::{Connection, OptionalExtension, Sql, params, sql};
 
 use crate::error::Result;
 
@@ -18,12 +18,21 @@ const COARSE_EVERY: i64 = 60;
 
 /// The pending jobs ready to claim at ?1 (due, not waiting, not held for teardown): a count
 /// over `jobs_pending_due`, queue by queue, reading only the ready entries.
-const READY_SQL: &str = concat!(
-    "SELECT coalesce(sum((SELECT count(*) FROM jobs INDEXED BY jobs_pending_due
+const READY_SQL: Sql = Sql::new(
+    concat!(
+        "SELECT coalesce(sum((SELECT count(*) FROM jobs INDEXED BY jobs_pending_due
                           WHERE queue = q.queue AND ",
-    ready_to_claim!(),
-    " AND scheduled_at <= ?1)), 0)
+        ready_to_claim!(),
+        " AND scheduled_at <= ?1)), 0)
      FROM (SELECT queue FROM job_counts WHERE status = 'pending' AND n > 0) q"
+    ),
+    concat!(
+        "SELECT coalesce(sum((SELECT count(*) FROM jobs
+                          WHERE queue = q.queue AND ",
+        ready_to_claim!(),
+        " AND scheduled_at <= ?1)), 0)
+     FROM (SELECT queue FROM job_counts WHERE status = 'pending' AND n > 0) q"
+    ),
 );
 
 /// One row of `metric_samples`: counters so far and gauges at `at`.
@@ -67,7 +76,7 @@ pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<b
     let interval_ms = interval_ms.max(1);
     let sampled = |conn: &Connection| -> Result<bool> {
         let last: Option<i64> = conn
-            .query_row("SELECT max(at) FROM metric_samples", params![], |r| {
+            .query_row(sql!("SELECT max(at) FROM metric_samples"), params![], |r| {
                 r.get(0)
             })
             .optional()?
@@ -78,25 +87,25 @@ pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<b
     if sampled(store.conn())? {
         return Ok(false);
     }
-    let ready: i64 = store.conn().query_row(READY_SQL, [now], |r| r.get(0))?;
+    let ready: i64 = store.conn().query_row(&READY_SQL, [now], |r| r.get(0))?;
     store.write(|conn| {
         // Another runner may have sampled since.
         if sampled(conn)? {
             return Ok(false);
         }
         let last_coarse: Option<i64> = conn.query_row(
-            "SELECT max(at) FROM metric_samples WHERE coarse = 1",
+            sql!("SELECT max(at) FROM metric_samples WHERE coarse = 1"),
             params![],
             |r| r.get(0),
         )?;
         let span = interval_ms.saturating_mul(COARSE_EVERY);
         let coarse = last_coarse.is_none_or(|c| c.div_euclid(span) < now.div_euclid(span));
         let s = read(conn, now, ready, coarse)?;
-        conn.prepare_cached(
+        conn.prepare_cached(sql!(
             "INSERT INTO metric_samples (at, coarse, running, ready, succeeded, failed, lost,
                  cancelled, retried, wait, run)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        )?
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+        ))?
         .execute(params![
             s.at,
             s.coarse,
@@ -110,12 +119,12 @@ pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<b
             join(&s.wait),
             join(&s.run),
         ])?;
-        conn.prepare_cached(
+        conn.prepare_cached(sql!(
             "DELETE FROM metric_samples
              WHERE at < (SELECT at FROM metric_samples ORDER BY at DESC LIMIT 1 OFFSET ?1)
                AND (coarse = 0 OR at < (SELECT at FROM metric_samples WHERE coarse = 1
-                                        ORDER BY at DESC LIMIT 1 OFFSET ?2))",
-        )?
+                                        ORDER BY at DESC LIMIT 1 OFFSET ?2))"
+        ))?
         .execute(params![FINE_SAMPLES as i64 - 1, COARSE_SAMPLES as i64 - 1])?;
         Ok(true)
     })
@@ -132,15 +141,15 @@ fn read(conn: &Connection, now: i64, ready: i64, coarse: bool) -> Result<Sample>
     };
     s.running = conn
         .query_row(
-            "SELECT coalesce(sum(n), 0) FROM job_counts WHERE status = 'running'",
+            sql!("SELECT coalesce(sum(n), 0) FROM job_counts WHERE status = 'running'"),
             params![],
             |r| r.get::<_, i64>(0),
         )?
         .max(0) as u64;
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT name, outcome, sum(value) FROM metric_counters
-         WHERE name = 'jobs_ended' OR name = 'retries_scheduled' GROUP BY name, outcome",
-    )?;
+         WHERE name = 'jobs_ended' OR name = 'retries_scheduled' GROUP BY name, outcome"
+    ))?;
     let mut rows = stmt.query(params![])?;
     while let Some(r) = rows.next()? {
         let (name, outcome, n): (String, String, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
@@ -162,9 +171,9 @@ fn read(conn: &Connection, now: i64, ready: i64, coarse: bool) -> Result<Sample>
 /// The counts of histogram `name` by bucket, over every queue and outcome, +Inf last.
 fn buckets(conn: &Connection, name: &str) -> Result<Vec<u64>> {
     let mut counts = vec![0u64; BUCKETS_MS.len() + 1];
-    let mut stmt = conn.prepare_cached(
-        "SELECT le_ms, sum(count) FROM metric_histograms WHERE name = ?1 GROUP BY le_ms",
-    )?;
+    let mut stmt = conn.prepare_cached(sql!(
+        "SELECT le_ms, sum(count) FROM metric_histograms WHERE name = ?1 GROUP BY le_ms"
+    ))?;
     let mut rows = stmt.query([name])?;
     while let Some(r) = rows.next()? {
         let (le, n): (i64, i64) = (r.get(0)?, r.get(1)?);
@@ -190,11 +199,11 @@ fn join(counts: &[u64]) -> String {
 
 /// Every sample kept, oldest first.
 pub(super) fn all(conn: &Connection) -> Result<Vec<Sample>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT at, coarse, running, ready, succeeded, failed, lost, cancelled, retried,
                 wait, run
-         FROM metric_samples ORDER BY at",
-    )?;
+         FROM metric_samples ORDER BY at"
+    ))?;
     let rows = stmt.query_map(params![], |r| {
         let n = |i: usize| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
         let hist = |i: usize| {
@@ -219,6 +228,13 @@ pub(super) fn all(conn: &Connection) -> Result<Vec<Sample>> {
         })
     })?;
     rows.collect::<Result<_>>()
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![("READY_SQL", READY_SQL)]
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use crate::store::db::{Connection, OptionalExtension, Row, params};
+use crate::store::db::{Connection, OptionalExtension, Row, Sql, params, sql};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, Job};
@@ -91,8 +91,37 @@ impl FireReport {
     }
 }
 
-const COLUMNS: &str = "name, cron, every_ms, anchor_at, tz, job, catch_up, overlap, paused,
-    last_slot_at, next_slot_at, created_at, updated_at";
+/// The columns a schedule is read with ([`record`]). A macro, so that statements can `concat!` it.
+macro_rules! columns {
+    () => {
+        "name, cron, every_ms, anchor_at, tz, job, catch_up, overlap, paused,
+    last_slot_at, next_slot_at, created_at, updated_at"
+    };
+}
+
+/// One schedule by name. Parameter: name.
+const GET_SQL: Sql = Sql::same(concat!(
+    "SELECT ",
+    columns!(),
+    " FROM schedules WHERE name = ?1"
+));
+
+/// Every schedule, by name.
+const LIST_SQL: Sql = Sql::same(concat!(
+    "SELECT ",
+    columns!(),
+    " FROM schedules ORDER BY name"
+));
+
+/// The schedules whose next slot is more than a period ahead of `?1`, soonest first: those
+/// whose next slot a change of the clock or of the zone may have moved.
+const AHEAD_SQL: Sql = Sql::same(concat!(
+    "SELECT ",
+    columns!(),
+    " FROM schedules
+             WHERE paused = 0 AND next_slot_at > ?1 + coalesce(every_ms, 1000)
+             ORDER BY next_slot_at"
+));
 
 fn record(r: &Row<'_>) -> Result<ScheduleRecord> {
     let bad = |i: usize, what: String| crate::error::Error::Column(format!("column {i}: {what}"));
@@ -148,15 +177,14 @@ pub(super) fn check_name(name: &str) -> Result<()> {
 }
 
 pub(super) fn get(conn: &Connection, name: &str) -> Result<ScheduleRecord> {
-    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM schedules WHERE name = ?1"))?
+    conn.prepare_cached(&GET_SQL)?
         .query_row([name], record)
         .optional()?
         .ok_or_else(|| Error::NoSuchSchedule(name.to_string()))
 }
 
 pub(super) fn list(conn: &Connection) -> Result<Vec<ScheduleRecord>> {
-    let mut stmt =
-        conn.prepare_cached(&format!("SELECT {COLUMNS} FROM schedules ORDER BY name"))?;
+    let mut stmt = conn.prepare_cached(&LIST_SQL)?;
     let rows = stmt.query_map(params![], record)?;
     rows.collect::<Result<_>>()
 }
@@ -173,20 +201,22 @@ pub(super) fn put(
 ) -> Result<ScheduleRecord> {
     let now = conn.now(now)?;
     let exists: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM schedules WHERE name = ?1)")?
+        .prepare_cached(sql!(
+            "SELECT EXISTS (SELECT 1 FROM schedules WHERE name = ?1)"
+        ))?
         .query_row([name], |r| r.get(0))?;
     if exists && !replace {
         return Err(Error::ScheduleExists(name.to_string()));
     }
     let anchored = schedule.clone().with_anchor(now);
     let next = anchored.slot_after(now)?;
-    conn.prepare_cached(
+    conn.prepare_cached(sql!(
         "INSERT INTO schedules (name, cron, every_ms, anchor_at, tz, job, catch_up, overlap,
              next_slot_at, created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
          ON CONFLICT (name) DO UPDATE SET cron = ?2, every_ms = ?3, anchor_at = ?4, tz = ?5,
-             job = ?6, catch_up = ?7, overlap = ?8, next_slot_at = ?9, updated_at = ?10",
-    )?
+             job = ?6, catch_up = ?7, overlap = ?8, next_slot_at = ?9, updated_at = ?10"
+    ))?
     .execute(params![
         name,
         schedule.cron_expr(),
@@ -204,7 +234,7 @@ pub(super) fn put(
 
 pub(super) fn remove(conn: &Connection, name: &str) -> Result<()> {
     let n = conn
-        .prepare_cached("DELETE FROM schedules WHERE name = ?1")?
+        .prepare_cached(sql!("DELETE FROM schedules WHERE name = ?1"))?
         .execute([name])?;
     if n == 0 {
         return Err(Error::NoSuchSchedule(name.to_string()));
@@ -230,18 +260,18 @@ pub(super) fn set_paused(
     } else {
         current.schedule.slot_after(now)?
     };
-    conn.prepare_cached(
-        "UPDATE schedules SET paused = ?2, next_slot_at = ?3, updated_at = ?4 WHERE name = ?1",
-    )?
+    conn.prepare_cached(sql!(
+        "UPDATE schedules SET paused = ?2, next_slot_at = ?3, updated_at = ?4 WHERE name = ?1"
+    ))?
     .execute(params![name, paused, next, now])?;
     get(conn, name)
 }
 
 pub(super) fn events(conn: &Connection, name: &str) -> Result<Vec<ScheduleEvent>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT id, schedule, at, kind, slot_at, detail FROM schedule_events
-             WHERE schedule = ?1 ORDER BY id",
-    )?;
+             WHERE schedule = ?1 ORDER BY id"
+    ))?;
     let rows = stmt.query_map([name], |r| {
         let kind: String = r.get(3)?;
         Ok(ScheduleEvent {
@@ -266,10 +296,10 @@ fn schedule_event(
     slot_at: i64,
     detail: &str,
 ) -> Result<()> {
-    conn.prepare_cached(
+    conn.prepare_cached(sql!(
         "INSERT INTO schedule_events (schedule, at, kind, slot_at, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
+             VALUES (?1, ?2, ?3, ?4, ?5)"
+    ))?
     .execute(params![name, at, kind.as_str(), slot_at, detail])?;
     Ok(())
 }
@@ -280,11 +310,11 @@ pub const MAX_SCHEDULE_EVENTS: i64 = 1_000;
 
 /// Deletes a schedule's events older than its newest [`MAX_SCHEDULE_EVENTS`].
 fn trim_events(conn: &Connection, name: &str) -> Result<()> {
-    conn.prepare_cached(
+    conn.prepare_cached(sql!(
         "DELETE FROM schedule_events WHERE schedule = ?1 AND id <= (
              SELECT id FROM schedule_events WHERE schedule = ?1
-             ORDER BY id DESC LIMIT 1 OFFSET ?2)",
-    )?
+             ORDER BY id DESC LIMIT 1 OFFSET ?2)"
+    ))?
     .execute(params![name, MAX_SCHEDULE_EVENTS])?;
     Ok(())
 }
@@ -293,20 +323,16 @@ fn trim_events(conn: &Connection, name: &str) -> Result<()> {
 /// then those whose next slot lies more than a period ahead of `now` (to be recomputed).
 pub(super) fn due(conn: &Connection, now: i64) -> Result<Vec<String>> {
     let now = conn.now(now)?;
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(sql!(
         "SELECT name FROM schedules
              WHERE paused = 0 AND next_slot_at IS NOT NULL AND next_slot_at <= ?1
-             ORDER BY next_slot_at",
-    )?;
+             ORDER BY next_slot_at"
+    ))?;
     let rows = stmt.query_map([now], |r| r.get(0))?;
     let mut names: Vec<String> = rows.collect::<Result<_>>()?;
     // No period is shorter than a second (`MIN_INTERVAL`, cron's seconds field): a next slot
     // within a second of now is never ahead. An interval's period is its column.
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM schedules
-             WHERE paused = 0 AND next_slot_at > ?1 + coalesce(every_ms, 1000)
-             ORDER BY next_slot_at"
-    ))?;
+    let mut stmt = conn.prepare_cached(&AHEAD_SQL)?;
     let mut rows = stmt.query([now])?;
     while let Some(row) = rows.next()? {
         // A row that cannot be read is reported when its slot is due, not at every look.
@@ -357,8 +383,10 @@ fn recomputed_next(rec: &ScheduleRecord, now: i64) -> Result<Option<(i64, Option
 
 /// The earliest slot due among unpaused schedules.
 pub(super) fn next_due(conn: &Connection) -> Result<Option<i64>> {
-    conn.prepare_cached("SELECT min(next_slot_at) FROM schedules WHERE paused = 0")?
-        .query_row(params![], |r| r.get(0))
+    conn.prepare_cached(sql!(
+        "SELECT min(next_slot_at) FROM schedules WHERE paused = 0"
+    ))?
+    .query_row(params![], |r| r.get(0))
 }
 
 /// How many of the newest due slots are kept while counting: the catch-up's most recent
@@ -403,9 +431,10 @@ fn due_slots(schedule: &Schedule, first: i64, now: i64) -> Result<(u64, VecDeque
 }
 
 /// A schedule's oldest unfinished job, if any: its overlap check. Parameter: the schedule.
-pub(super) const SCHEDULE_BUSY_SQL: &str =
+pub(super) const SCHEDULE_BUSY_SQL: Sql = Sql::same(
     "SELECT id, status FROM jobs WHERE schedule = ?1 AND status IN ('pending', 'running')
-     ORDER BY id LIMIT 1";
+     ORDER BY id LIMIT 1",
+);
 
 /// Fires the due slots of one schedule, in the caller's IMMEDIATE transaction: enqueues what
 /// the policies say, records what was missed or skipped, and moves the schedule past `now`.
@@ -428,10 +457,10 @@ pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport
         // Not due: what a runner that lost the race to fire this slot sees.
         if let Some((next, anchor)) = recomputed_next(&rec, now)? {
             let moved = conn
-                .prepare_cached(
+                .prepare_cached(sql!(
                     "UPDATE schedules SET next_slot_at = ?2, anchor_at = coalesce(?3, anchor_at)
-                         WHERE name = ?1 AND next_slot_at = ?4 AND paused = 0",
-                )?
+                         WHERE name = ?1 AND next_slot_at = ?4 AND paused = 0"
+                ))?
                 .execute(params![name, next, anchor, first])?;
             if moved != 1 {
                 // Cannot happen while this transaction holds the write lock.
@@ -492,7 +521,7 @@ pub(super) fn fire(conn: &Connection, name: &str, now: i64) -> Result<FireReport
     }
     let to_fire: Vec<i64> = caught_up.into_iter().chain(on_time).collect();
     let busy = if schedule.overlap_policy() == Overlap::Skip && !to_fire.is_empty() {
-        conn.prepare_cached(SCHEDULE_BUSY_SQL)?
+        conn.prepare_cached(&SCHEDULE_BUSY_SQL)?
             .query_row([name], |r| {
                 Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
             })
@@ -560,16 +589,28 @@ fn move_next(
     first: i64,
 ) -> Result<()> {
     let moved = conn
-        .prepare_cached(
+        .prepare_cached(sql!(
             "UPDATE schedules SET last_slot_at = ?2, next_slot_at = ?3
-                 WHERE name = ?1 AND next_slot_at = ?4 AND paused = 0",
-        )?
+                 WHERE name = ?1 AND next_slot_at = ?4 AND paused = 0"
+        ))?
         .execute(params![name, last, next, first])?;
     if moved != 1 {
         // Cannot happen while this transaction holds the write lock; rolled back if it does.
         return Err(Error::Sqlite(rusqlite::Error::StatementChangedRows(moved)));
     }
     Ok(())
+}
+
+/// The statements of this file that are `const` items or built at run time (with
+/// representative inputs), for the test that prepares every statement (`store/statements.rs`).
+#[cfg(test)]
+pub(super) fn statements() -> Vec<(&'static str, Sql)> {
+    vec![
+        ("GET_SQL", GET_SQL),
+        ("LIST_SQL", LIST_SQL),
+        ("AHEAD_SQL", AHEAD_SQL),
+        ("SCHEDULE_BUSY_SQL", SCHEDULE_BUSY_SQL),
+    ]
 }
 
 #[cfg(test)]

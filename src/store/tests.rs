@@ -170,7 +170,7 @@ fn list_pages_read_an_index_in_id_order_for_every_filter() {
         (filter(pending, Some("rare")), Some("jobs_queue")),
     ] {
         let (sql, values) = read::list_sql(conn, &f).unwrap();
-        let p = plan(conn, &sql, values);
+        let p = plan(conn, sql.sqlite(), values);
         match index {
             Some(index) => assert!(uses_index(&p, index), "{f:?}: {p}"),
             // No filter: the table itself, by rowid, from `before` down.
@@ -240,7 +240,7 @@ fn claim_steps(pending: usize, beside: Beside, queues: &[String]) -> i32 {
         .collect();
     store.enqueue_many(&jobs, now).unwrap();
     let conn = store.conn();
-    let mut promote = conn.prepare(DUE_DEFERRED_SQL).unwrap();
+    let mut promote = conn.prepare(DUE_DEFERRED_SQL.sqlite()).unwrap();
     let due = promote
         .query_map(params_from_iter([now, 500]), |r| r.get::<_, i64>(0))
         .unwrap()
@@ -338,7 +338,7 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
     for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
         let mut values = vec![now.into(), 8i64.into()];
         values.extend(queues.iter().map(|q| v(q)));
-        let p = plan(conn, &claim_sql(&queues), values);
+        let p = plan(conn, claim_sql(&queues).sqlite(), values);
         let index = if queues.is_empty() {
             "jobs_claim"
         } else {
@@ -367,7 +367,7 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
             held.map(v)
                 .unwrap_or(crate::store::db::Value::Null(crate::store::db::Kind::Text)),
         ];
-        let p = plan(conn, RECLAIM_CANDIDATES_SQL, values);
+        let p = plan(conn, RECLAIM_CANDIDATES_SQL.sqlite(), values);
         let running_only =
             uses_index(&p, "jobs_running_worker") || p.contains("INDEX jobs_status (status=?)");
         let full_scan = p.lines().any(|l| l.trim() == "SCAN jobs");
@@ -379,14 +379,18 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
         (now + 30_000).into(),
         v(r#"["t1","t2"]"#),
     ];
-    let p = plan(conn, RENEW_SQL, values);
+    let p = plan(conn, RENEW_SQL.sqlite(), values);
     assert!(uses_index(&p, "jobs_running_worker"), "{p}");
     // A claim under queue limits reads each queue's index head, finds the queues with a
     // ready job by skipping through that index, and takes its ids by primary key.
-    let p = plan(conn, QUEUE_HEAD_SQL, vec![v("a"), now.into(), 8i64.into()]);
+    let p = plan(
+        conn,
+        QUEUE_HEAD_SQL.sqlite(),
+        vec![v("a"), now.into(), 8i64.into()],
+    );
     assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
     assert!(!p.contains("TEMP B-TREE"), "{p}");
-    let p = plan(conn, READY_QUEUES_SQL, vec![]);
+    let p = plan(conn, READY_QUEUES_SQL.sqlite(), vec![]);
     assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
     assert!(!p.contains("TEMP B-TREE"), "{p}");
     // A dependent's ending reads its dependents through their index.
@@ -425,14 +429,11 @@ fn every_index_on_jobs_serves_a_statement_of_the_store() {
         failed_stale: Some(3),
         ..ListFilter::default()
     });
-    let statements: Vec<(String, Vec<crate::store::db::Value>)> = vec![
+    let statements: Vec<(crate::store::db::Sql, Vec<crate::store::db::Value>)> = vec![
         (claim_sql(&[]), vec![i(now), i(1)]),
         (claim_sql(&["a".into()]), vec![i(now), i(1), v("a")]),
-        (DUE_DEFERRED_SQL.into(), vec![i(now), i(500)]),
-        (
-            RENEW_SQL.into(),
-            vec![v("w"), i(now), i(now), v(r#"["t"]"#)],
-        ),
+        (DUE_DEFERRED_SQL, vec![i(now), i(500)]),
+        (RENEW_SQL, vec![v("w"), i(now), i(now), v(r#"["t"]"#)]),
         (
             super::reclaim::pending_teardowns_sql(),
             vec![i(0), i(100), i(now)],
@@ -441,22 +442,22 @@ fn every_index_on_jobs_serves_a_statement_of_the_store() {
         by_queue,
         stale,
         (
-            super::retention::DUE_SQL.into(),
+            super::retention::DUE_SQL,
             vec![v("succeeded"), i(now), i(10), i(500)],
         ),
-        (super::lease::NEXT_DUE_SQL.into(), vec![i(now)]),
+        (super::lease::NEXT_DUE_SQL, vec![i(now)]),
         (
-            super::enqueue::MATCHING_SQL.into(),
+            super::enqueue::MATCHING_SQL,
             vec![
                 v("k"),
                 crate::store::db::Value::Null(crate::store::db::Kind::Text),
             ],
         ),
-        (super::schedule::SCHEDULE_BUSY_SQL.into(), vec![v("s")]),
+        (super::schedule::SCHEDULE_BUSY_SQL, vec![v("s")]),
     ];
     let plans: Vec<String> = statements
         .iter()
-        .map(|(sql, values)| plan(conn, sql, values.clone()))
+        .map(|(sql, values)| plan(conn, sql.sqlite(), values.clone()))
         .collect();
     let indexes: Vec<String> = conn
         .prepare(

@@ -2,7 +2,7 @@
 //! one write of a shared transaction fail alone, the event row every transition appends, and
 //! the queue filter of claims and reads.
 
-use crate::store::db::{Connection, Dialect, params};
+use crate::store::db::{Connection, Dialect, params, sql};
 
 use crate::error::Result;
 use crate::job::EventKind;
@@ -90,25 +90,27 @@ pub(super) fn serialise(conn: &Connection, what: Serialise<'_>) -> Result<()> {
     }
     match what {
         Serialise::Schedule(name) => {
-            conn.prepare_cached("SELECT 1 FROM schedules WHERE name = ?1 FOR UPDATE")?
-                .query(params![name])?
-                .next()?;
+            conn.prepare_cached(
+                sql!(postgres: "SELECT 1 FROM schedules WHERE name = ?1 FOR UPDATE"),
+            )?
+            .query(params![name])?
+            .next()?;
         }
         Serialise::Job(id) => {
-            conn.prepare_cached("SELECT 1 FROM jobs WHERE id = ?1 FOR SHARE")?
+            conn.prepare_cached(sql!(postgres: "SELECT 1 FROM jobs WHERE id = ?1 FOR SHARE"))?
                 .query(params![id])?
                 .next()?;
         }
         Serialise::UniqueKey(key) => {
             // The two-key form, in a key space of its own (the bytes of `uniq`).
             conn.execute(
-                "SELECT pg_advisory_xact_lock(1970170225, hashtext(?1))",
+                sql!(postgres: "SELECT pg_advisory_xact_lock(1970170225, hashtext(?1))"),
                 params![key],
             )?;
         }
         Serialise::LimitedQueues => {
             let mut stmt = conn.prepare_cached(
-                "SELECT name FROM queues WHERE max_running IS NOT NULL ORDER BY name FOR UPDATE",
+                sql!(postgres: "SELECT name FROM queues WHERE max_running IS NOT NULL ORDER BY name FOR UPDATE"),
             )?;
             let mut rows = stmt.query(params![])?;
             while rows.next()?.is_some() {}
@@ -126,9 +128,9 @@ pub(super) fn event(
     attempt: i64,
     detail: &str,
 ) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO job_events (job_id, at, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
+    conn.prepare_cached(sql!(
+        "INSERT INTO job_events (job_id, at, kind, attempt, detail) VALUES (?1, ?2, ?3, ?4, ?5)"
+    ))?
     .execute(params![job_id, at, kind.as_str(), attempt, detail])?;
     Ok(())
 }

@@ -8,118 +8,6 @@ use postgres::types::{IsNull, ToSql as PgToSql, Type};
 
 use super::{Kind, ValueRef, numbered_marks};
 
-/// A statement written for SQLite, as PostgreSQL reads it: the parameter marks
-/// ([`numbered_marks`]), then the constructs the two dialects spell differently and that
-/// translate word for word (docs/postgres.md lists them all, with where each is used):
-///
-/// - `LIMIT (SELECT $n)` (SQLite prepares a bare LIMIT parameter again at every run) is
-///   `LIMIT $n`;
-/// - `UPDATE OR FAIL` (which spares SQLite a statement journal) is `UPDATE`;
-/// - `INSERT OR IGNORE` is `INSERT ... ON CONFLICT DO NOTHING`;
-/// - `INDEXED BY` (SQLite's index hint) goes: PostgreSQL's planner has no hints;
-/// - `json_group_array(x)` is `coalesce(json_agg(x), '[]')::text`, and `json_each($n)`
-///   is `json_array_elements_text($n::json)`;
-/// - `rowid` order is the `seq` column the PostgreSQL schema gives those tables;
-/// - `x IS $n` (null-safe equality) is `x IS NOT DISTINCT FROM $n`;
-/// - two-argument `min`/`max` are `least`/`greatest`;
-/// - `CROSS JOIN t ON` (SQLite's fixed join order) is `JOIN t ON`;
-/// - `lower(hex(randomblob(16)))`, a run token, is 32 hex digits of a random UUID;
-/// - the last 1024 bytes of an output (`substr(blob, -1024)`) are `substring(... FROM ...)`,
-///   bytes, read as text by [`lossy_text`];
-/// - `ORDER BY lease_expires_at`, where SQLite puts NULL first, says `NULLS FIRST`.
-pub(crate) fn postgres_text(sql: &str) -> String {
-    let mut text = numbered_marks(sql);
-    let words: [(&str, &str); 12] = [
-        ("UPDATE OR FAIL ", "UPDATE "),
-        ("json_group_array(", "json_agg("),
-        ("ORDER BY rowid", "ORDER BY seq"),
-        (", rowid DESC", ", seq DESC"),
-        (
-            "min(after_job, excluded.after_job)",
-            "least(cascades.after_job, excluded.after_job)",
-        ),
-        (
-            "max(last_job, excluded.last_job)",
-            "greatest(cascades.last_job, excluded.last_job)",
-        ),
-        ("CROSS JOIN jobs ON", "JOIN jobs ON"),
-        (
-            "lower(hex(randomblob(16)))",
-            "replace(gen_random_uuid()::text, '-', '')",
-        ),
-        ("FROM json_each(", "FROM json_array_elements_text("),
-        (
-            "CAST(substr(o.stderr, -1024) AS TEXT)",
-            "substring(o.stderr FROM greatest(length(o.stderr) - 1023, 1))",
-        ),
-        (
-            "ORDER BY lease_expires_at, id",
-            "ORDER BY lease_expires_at NULLS FIRST, id",
-        ),
-        (" IS $", " IS NOT DISTINCT FROM $"),
-    ];
-    for (sqlite, pg) in words {
-        if text.contains(sqlite) {
-            text = text.replace(sqlite, pg);
-        }
-    }
-    text = rewrite_each(&text, "json_agg(", |inner| {
-        format!("coalesce(json_agg({inner}), '[]')::text")
-    });
-    text = rewrite_each(&text, "json_array_elements_text(", |inner| {
-        format!("json_array_elements_text(({inner})::json)")
-    });
-    text = rewrite_each(&text, "LIMIT (SELECT ", |inner| format!("LIMIT {inner}"));
-    while let Some(at) = text.find("INDEXED BY ") {
-        let end = text[at + 11..]
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .map_or(text.len(), |e| at + 11 + e);
-        text.replace_range(at..end, "");
-    }
-    if let Some(at) = text.find("INSERT OR IGNORE ") {
-        text.replace_range(at..at + 17, "INSERT ");
-        match text.find(" RETURNING ") {
-            Some(r) => text.insert_str(r, " ON CONFLICT DO NOTHING"),
-            None => text.push_str(" ON CONFLICT DO NOTHING"),
-        }
-    }
-    text
-}
-
-/// `text` with each `open ... )` (`open` ends with the parenthesis it opens; the part up
-/// to its matching one) written as `f` of what is between.
-fn rewrite_each(text: &str, open: &str, f: impl Fn(&str) -> String) -> String {
-    let mut out = String::with_capacity(text.len() + 32);
-    let mut rest = text;
-    while let Some(at) = rest.find(open) {
-        out.push_str(&rest[..at]);
-        let inner_start = at + open.len();
-        let mut depth = 1;
-        let mut end = None;
-        for (i, c) in rest[inner_start..].char_indices() {
-            match c {
-                '(' => depth += 1,
-                ')' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = Some(inner_start + i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let Some(end) = end else {
-            // Unbalanced: left as written, for the server to report.
-            out.push_str(&rest[at..]);
-            return out;
-        };
-        out.push_str(&f(&rest[inner_start..end]));
-        rest = &rest[end + 1..];
-    }
-    out.push_str(rest);
-    out
-}
 use super::tls::{Settings, connect_client};
 use crate::error::{Error, Result};
 
@@ -282,13 +170,13 @@ impl Conn {
         })
     }
 
-    /// A statement of this text, prepared at its first run.
+    /// A statement of this text (PostgreSQL's, with SQLite's marks), prepared at its first run.
     pub(crate) fn statement(&self, sql: &str) -> Statement<'_> {
         let mut inner = self.inner.borrow_mut();
         let text = match inner.texts.get(sql) {
             Some(t) => t.clone(),
             None => {
-                let t: Arc<str> = postgres_text(sql).into();
+                let t: Arc<str> = numbered_marks(sql).into();
                 inner.texts.insert(sql.to_owned(), t.clone());
                 t
             }

@@ -46,7 +46,7 @@ fn next_due_is_the_earliest_future_claimable_job_of_the_served_queues() {
     ];
     for (sql, values) in plans {
         let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", sql.sqlite()))
             .unwrap()
             .query_map(params_from_iter(values), |r| r.get(3))
             .unwrap()

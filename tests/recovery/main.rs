@@ -13,6 +13,7 @@ mod flow;
 mod freeze;
 mod fulldisk;
 mod hosts;
+mod keeper_exec;
 mod keepers;
 mod namespace;
 mod pg_restart;

@@ -480,6 +480,21 @@ pub(crate) fn probe(fallback_dir: &Path) -> Result<(), String> {
     probe_from(fallback_dir, false)
 }
 
+/// Warns when this process is PID 1 of its PID namespace (a container's first process):
+/// when it exits the kernel kills every process of the namespace, so its keepers, and the
+/// attempts they keep, do not outlive it as they are meant to.
+pub(crate) fn warn_if_namespace_init() {
+    if std::process::id() == 1 {
+        log::warn!(
+            "this runner is PID 1 of its PID namespace (a container's first process): when it \
+             exits, the kernel kills every process of the namespace, its keepers and their \
+             jobs with them; run it under an init (`docker run --init`, tini, or \
+             `shareProcessNamespace: true` in Kubernetes) so that its jobs outlive it \
+             (docs/deploy.md)"
+        );
+    }
+}
+
 /// [`probe`]; `force_file` skips the memfd (for the tests).
 fn probe_from(fallback_dir: &Path, force_file: bool) -> Result<(), String> {
     let (ours, theirs) = control_pair().map_err(|e| format!("its control socket: {e}"))?;

@@ -85,6 +85,7 @@ impl Runner {
             crate::files::prepare_folder(&folder)?;
             // Checked once here rather than found out by every attempt.
             process::probe_keeper(&folder).map_err(|reason| Error::KeeperUnavailable { reason })?;
+            process::warn_if_namespace_init();
         }
         let pid = std::process::id() as i64;
         let suffix = random_hex();

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use leasehold::{ErrorKind, Job, Status};
+use leasehold::{ErrorKind, EventKind, Job, Status};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -188,12 +188,13 @@ fn a_keeper_that_cannot_be_execed_at_spawn_gives_the_job_back_unspent() {
             "failed as the job's fault: {j:?}\n{}",
             runner.log()
         );
-        c.kinds(id)
-            .contains(&"interrupted".to_string())
-            .then_some(j)
+        let events = c.store().events(id).expect("the job's events");
+        events
+            .into_iter()
+            .find(|e| e.kind == EventKind::Interrupted)
     });
-    let j = given_back.unwrap_or_else(|| panic!("never given back:\n{}", runner.log()));
-    let why = j.last_error.clone().unwrap_or_default();
+    let event = given_back.unwrap_or_else(|| panic!("never given back:\n{}", runner.log()));
+    let why = event.detail.unwrap_or_default();
     assert!(
         why.contains("cannot start its keeper") && why.contains("Permission denied"),
         "{why}"

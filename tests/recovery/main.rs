@@ -8,6 +8,7 @@ mod helper;
 
 mod chaos;
 mod crash;
+mod deploy;
 mod exhaustion;
 mod flow;
 mod freeze;

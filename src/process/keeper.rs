@@ -43,7 +43,7 @@ use crate::files::Ended;
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/leasehold-keeper"));
 
 /// The name the keeper runs under (its `argv[0]`, and the memfd's name).
-const NAME: &CStr = c"leasehold-keeper";
+pub(super) const NAME: &CStr = c"leasehold-keeper";
 
 /// The line that releases a keeper (see [`Control::release`]).
 const RELEASE: &[u8] = b"release\n";

@@ -209,6 +209,20 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// A runner with keepers could not run the attempt keeper here: its start was refused
+    /// before it took any job. The program could not be exec'ed from memory nor from its
+    /// file in the attempts folder (a `noexec` mount with `vm.memfd_noexec=2` or a process
+    /// that is not dumpable, a security policy, a keeper built for another machine), or it
+    /// did not answer as a keeper does.
+    #[error(
+        "the attempt keeper cannot run here ({reason}): run without keepers (`--no-keepers`, \
+         `RunnerBuilder::keepers(false)`) or keep the database where its attempts folder \
+         allows exec"
+    )]
+    KeeperUnavailable {
+        /// What failed.
+        reason: String,
+    },
     /// The runner has shut down and no longer accepts the request.
     #[error("the runner has shut down")]
     ShutDown,

@@ -112,27 +112,45 @@ pub(crate) fn attempt_dir(folder: &Path, job_id: i64, attempt: i64, token: &str)
 /// make both, a third call. On ext4 each call is a metadata operation that waits behind the
 /// journal's commits, which SQLite's `fsync`s force (docs/performance.md).
 ///
+/// A job's folder made anew is made in an attempts folder checked as [`prepare_folder`] checks
+/// it (one more `lstat` for a job's first attempt): one removed since the runner's start is
+/// made again, and one that another user made in its place is refused.
+///
 /// # Errors
 ///
-/// Either folder cannot be made (a full disk, most likely). One that exists is not an error,
-/// as with `create_dir_all`.
+/// Either folder cannot be made (a full disk, most likely), or the attempts folder is not
+/// this user's alone (`PermissionDenied`, with [`crate::Error::AttemptsFolder`]'s words). One
+/// that exists is not an error, as with `create_dir_all`.
 pub(crate) fn make_attempt_dir(dir: &Path) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     let mut builder = std::fs::DirBuilder::new();
     builder.mode(0o700);
     // The job's folder exists for a later attempt of the job (or an operator's retry).
-    for path in dir.parent().into_iter().chain([dir]) {
-        match builder.create(path) {
-            Ok(()) => {}
+    if let Some(job) = dir.parent() {
+        match builder.create(job) {
+            Ok(()) => check_folder(folder_of(dir))?,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            // The attempts folder is gone (a runner makes it at its start): all of it again.
+            // The attempts folder is gone (a runner makes it at its start): made and
+            // checked again, then the job's folder.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return builder.recursive(true).create(dir);
+                check_folder(folder_of(dir))?;
+                builder.create(job)?;
             }
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    match builder.create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// [`prepare_folder`], with its refusal as an I/O error.
+fn check_folder(folder: &Path) -> io::Result<()> {
+    prepare_folder(folder).map_err(|e| match e {
+        crate::Error::Io { source, .. } => source,
+        refused => io::Error::new(io::ErrorKind::PermissionDenied, refused.to_string()),
+    })
 }
 
 /// The name of the file in an attempt's folder that tells its keeper when the attempt's lease
@@ -473,6 +491,35 @@ pub(crate) fn dropped(bytes: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attempts_folder_another_user_could_use_is_refused_when_a_job_folder_is_made_in_it() {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let base = tempfile::tempdir().expect("tempdir");
+        let folder = base.path().join("db-attempts");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777;
+        // Gone since the runner's start: made again, owner-only.
+        make_attempt_dir(&attempt_dir(&folder, 1, 1, "ab12")).expect("made again");
+        assert_eq!(mode(&folder), 0o700);
+        // Gone, and made again open to all, as another user's could be.
+        std::fs::remove_dir_all(&folder).expect("remove");
+        std::fs::DirBuilder::new()
+            .mode(0o777)
+            .create(&folder)
+            .expect("mkdir");
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let err = make_attempt_dir(&attempt_dir(&folder, 2, 1, "cd34")).expect_err("0777");
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("has mode 0777, not 0700"), "{err}");
+        if !nix::unistd::geteuid().is_root() {
+            return eprintln!("not root: no folder of another user to test with");
+        }
+        // Another user's, owner-only.
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        std::os::unix::fs::chown(&folder, Some(65534), None).expect("chown to nobody");
+        let err = make_attempt_dir(&attempt_dir(&folder, 3, 1, "ef56")).expect_err("nobody's");
+        assert!(err.to_string().contains("is owned by uid 65534"), "{err}");
+    }
 
     #[test]
     fn an_outcome_reads_back_as_written_and_a_torn_one_is_refused() {

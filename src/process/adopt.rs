@@ -12,6 +12,7 @@ use nix::poll::{PollFd, PollFlags, poll};
 
 use super::attempt::{AttemptResult, AttemptSpec, Exit, Leak, poll_timeout};
 use super::child::pidfd_open;
+use super::keeper;
 use super::kept::OutputFiles;
 use super::kill;
 use super::proc;
@@ -36,13 +37,7 @@ pub(crate) fn live_keeper(pid: i32, start_time: u64, token: &str) -> Option<Live
     if info.is_dead() || info.start_time != start_time {
         return None;
     }
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let mut args = cmdline.split(|&b| b == 0);
-    let _program = args.next()?;
-    if args.next()? != token.as_bytes() {
-        return None;
-    }
-    Some(LiveKeeper { pidfd, pid })
+    runs_keeper_of(pid, token).then_some(LiveKeeper { pidfd, pid })
 }
 
 /// The live keeper of the attempt with `token`, found by its arguments among every process
@@ -59,11 +54,30 @@ pub(crate) fn find_keeper(token: &str) -> Option<LiveKeeper> {
 /// argument): what `jobs inspect` and `status` say of a job kept with no runner. Not a
 /// verification to act on (see [`live_keeper`]).
 pub(crate) fn keeper_running(pid: i32, token: &str) -> bool {
-    let alive = proc::proc_info(pid).is_some_and(|p| !p.is_dead());
-    let first_arg = std::fs::read(format!("/proc/{pid}/cmdline"))
+    proc::proc_info(pid).is_some_and(|p| !p.is_dead()) && runs_keeper_of(pid, token)
+}
+
+/// Whether `pid` runs the keeper of the attempt with `token` as a runner starts it: named
+/// `leasehold-keeper` (its argv[0]), the token as its first argument, and this user's (real
+/// and effective uid). Another user's process with the token among its arguments (`yes
+/// TOKEN`) is none; one of this user's could pretend, but could as well signal the attempt.
+fn runs_keeper_of(pid: i32, token: &str) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let mut args = cmdline.split(|&b| b == 0);
+    if args.next() != Some(keeper::NAME.to_bytes()) || args.next() != Some(token.as_bytes()) {
+        return false;
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    let uids = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|c| c.split(|&b| b == 0).nth(1).map(|a| a == token.as_bytes()));
-    alive && first_arg == Some(true)
+        .and_then(|status| {
+            let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+            let mut ids = line.split_whitespace().map(str::parse::<u32>);
+            Some((ids.next()?.ok()?, ids.next()?.ok()?))
+        });
+    uids == Some((me, me))
 }
 
 /// Where an adopted attempt stands.
@@ -228,5 +242,96 @@ fn result(
         stderr,
         leaked,
         duration: begun.elapsed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::process::{Child, Command, Stdio};
+
+    /// A child killed by pid and reaped when dropped.
+    struct Reaped(Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Starts `program ARGS`, its output discarded.
+    fn start(program: &str, args: &[&str]) -> std::io::Result<Reaped> {
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(Reaped)
+    }
+
+    /// The live processes whose first argument is `token`, with their real uid.
+    fn with_token(token: &str) -> Vec<(i32, u32)> {
+        proc::all_processes()
+            .filter(|p| !p.is_dead())
+            .filter_map(|p| {
+                let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.pid)).ok()?;
+                (cmdline.split(|&b| b == 0).nth(1)? == token.as_bytes()).then_some(())?;
+                let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid)).ok()?;
+                let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+                Some((p.pid, line.split_whitespace().next()?.parse().ok()?))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_this_users_process_named_as_a_keeper_is_found_as_the_keeper_of_a_token() {
+        // A duration `sleep` takes, unique to this test run: the token.
+        let token = format!("86400.{}", std::process::id());
+        let keeper = "exec -a leasehold-keeper sleep \"$0\"";
+        // This user's `sleep TOKEN`: the token as first argument, but not a keeper.
+        let plain = start("sleep", &[&token]).expect("sleep starts");
+        // Another user's process named as a keeper, the token as first argument.
+        let other = if nix::unistd::geteuid().is_root() {
+            let started = start(
+                "runuser",
+                &["-u", "nobody", "--", "bash", "-c", keeper, &token],
+            );
+            Some(started.expect("runuser starts"))
+        } else {
+            eprintln!("not root: no process of another user to test with");
+            None
+        };
+        let ours = start("bash", &["-c", keeper, &token]).expect("bash starts");
+        let me = nix::unistd::geteuid().as_raw();
+        let wanted = 2 + usize::from(other.is_some());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut found = with_token(&token);
+        while found.len() < wanted && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            found = with_token(&token);
+        }
+        assert_eq!(found.len(), wanted, "{found:?}");
+        for &(pid, uid) in &found {
+            let named = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .expect("cmdline")
+                .starts_with(b"leasehold-keeper\0");
+            assert_eq!(
+                keeper_running(pid, &token),
+                named && uid == me,
+                "pid {pid} (uid {uid}, named as a keeper: {named})"
+            );
+        }
+        assert_eq!(
+            find_keeper(&token).map(|k| k.pid),
+            Some(ours.0.id() as i32),
+            "{found:?}"
+        );
+        drop((plain, other));
     }
 }

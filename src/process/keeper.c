@@ -2,6 +2,7 @@
  * leasehold-keeper: the parent of one attempt's command, which outlives the runner.
  *
  *   leasehold-keeper TOKEN ATTEMPT_DIR CAP_BYTES DRAIN_MS CWD PROGRAM ARGV0 ARGS...
+ *   leasehold-keeper probe             says "ready" on fd 3 and exits 0 (a runner's start)
  *
  * fd 3 is a stream socket to the runner ("control"); 0, 1 and 2 are /dev/null. The
  * environment is the command's, without LEASEHOLD_RUN_TOKEN: only the command gets
@@ -363,6 +364,11 @@ static void fail(int *control, const char *stage, int no) {
 }
 
 int main(int argc, char **argv, char **envp) {
+    /* The runner's check at its start that a keeper can be exec'ed at all, and speaks. */
+    if (argc == 2 && strcmp(argv[1], "probe") == 0 && fcntl(CONTROL, F_GETFD) >= 0) {
+        static const char ready[] = "ready\n";
+        return write(CONTROL, ready, sizeof ready - 1) == (ssize_t)(sizeof ready - 1) ? 0 : 2;
+    }
     if (argc < 8 || fcntl(CONTROL, F_GETFD) < 0) return 2; /* not started by a runner */
     const char *token = argv[1], *dirname = argv[2], *cwd = argv[5];
     cap = strtoull(argv[3], NULL, 10);

@@ -43,7 +43,7 @@ use crate::files::Ended;
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/leasehold-keeper"));
 
 /// The name the keeper runs under (its `argv[0]`, and the memfd's name).
-const NAME: &CStr = c"leasehold-keeper";
+pub(super) const NAME: &CStr = c"leasehold-keeper";
 
 /// The line that releases a keeper (see [`Control::release`]).
 const RELEASE: &[u8] = b"release\n";
@@ -211,6 +211,8 @@ pub(super) enum Message {
         /// The error number.
         errno: i32,
     },
+    /// The keeper started in its probe mode runs (see [`probe`]).
+    Ready,
     /// The command ended, and its outcome file was written (or is being retried).
     Exited {
         /// How it ended.
@@ -227,6 +229,7 @@ impl Message {
         let line = std::str::from_utf8(line).ok()?;
         let words: Vec<&str> = line.split(' ').collect();
         match words.as_slice() {
+            ["ready"] => Some(Self::Ready),
             ["started", pid] => Some(Self::Started {
                 pid: pid.parse().ok()?,
             }),
@@ -431,11 +434,17 @@ fn spawn_program(
                 Err(e) if !out_of_resources(&e) => {
                     log::debug!("keeper from memory: {e}; from a file instead");
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(context(e, "exec from memory")),
             }
         }
     }
-    let path = program_file(fallback_dir)?;
+    let path = program_file(fallback_dir).map_err(|e| {
+        context(
+            e,
+            &format!("write its program into {}", fallback_dir.display()),
+        )
+    })?;
+    let shown = path.display().to_string();
     let path = c_string(path.into_os_string().into_encoded_bytes())?;
     let mut tries = 0;
     loop {
@@ -447,9 +456,75 @@ fn spawn_program(
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(context(e, &format!("exec {shown}"))),
         }
     }
+}
+
+/// `e` with what was being done in front of its message (its kind kept).
+fn context(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// Starts the keeper program as an attempt's keeper is started (from memory, else from its
+/// file in `fallback_dir`), in its probe mode, and waits for it to say `ready`: a runner's
+/// check at its start that its keepers can run here at all. A folder mounted `noexec`
+/// (with no memfd to run from: `vm.memfd_noexec=2`, a process that is not dumpable), a
+/// security policy or a keeper built for another machine would otherwise fail each attempt.
+///
+/// # Errors
+///
+/// What failed, as a lowercase fragment: the exec (with the path tried), a keeper that
+/// ended or said nothing in [`START_TIMEOUT`], or something other than `ready`.
+pub(crate) fn probe(fallback_dir: &Path) -> Result<(), String> {
+    probe_from(fallback_dir, false)
+}
+
+/// Warns when this process is PID 1 of its PID namespace (a container's first process):
+/// when it exits the kernel kills every process of the namespace, so its keepers, and the
+/// attempts they keep, do not outlive it as they are meant to.
+pub(crate) fn warn_if_namespace_init() {
+    if std::process::id() == 1 {
+        log::warn!(
+            "this runner is PID 1 of its PID namespace (a container's first process): when it \
+             exits, the kernel kills every process of the namespace, its keepers and their \
+             jobs with them; run it under an init (`docker run --init`, tini, or \
+             `shareProcessNamespace: true` in Kubernetes) so that its jobs outlive it \
+             (docs/deploy.md)"
+        );
+    }
+}
+
+/// [`probe`]; `force_file` skips the memfd (for the tests).
+fn probe_from(fallback_dir: &Path, force_file: bool) -> Result<(), String> {
+    let (ours, theirs) = control_pair().map_err(|e| format!("its control socket: {e}"))?;
+    let argv = c_pointers([NAME, c"probe"]);
+    let envp = c_pointers([]);
+    let (pid, source) = spawn_program(&argv, &envp, theirs.as_fd(), fallback_dir, force_file)
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    drop(theirs);
+    let keeper = ChildProc::new(pid);
+    let mut control = Control {
+        fd: ours,
+        partial: Vec::new(),
+        closed: false,
+    };
+    let said = control.wait(Instant::now() + START_TIMEOUT);
+    let result = match said {
+        Ok(Received::Message(Message::Ready)) => {
+            log::debug!("keeper probe: ready, run from {source:?}");
+            Ok(())
+        }
+        Ok(Received::Message(other)) => Err(format!("it said {other:?} instead of ready")),
+        Ok(Received::Closed) => Err("it ended without saying ready".to_owned()),
+        Ok(Received::Pending) => {
+            keeper.kill();
+            Err(format!("it said nothing in {}s", START_TIMEOUT.as_secs()))
+        }
+        Err(e) => Err(format!("its control socket: {e}")),
+    };
+    reap_soon(keeper);
+    result
 }
 
 /// Starts `spec`'s command under a keeper and waits (at most 10 s) for it to start.
@@ -497,6 +572,8 @@ pub(super) fn spawn_keeper_from(
     );
     let (ours, theirs) = control_pair().map_err(fail)?;
     let before = proc::boot_clock_ns();
+    // The keeper itself could not be exec'ed (a `noexec` folder, a policy, another
+    // machine's program): the runner's fault, never the job's, whatever the errno says.
     let (pid, source) = spawn_program(
         &argv,
         spec.envp,
@@ -504,7 +581,10 @@ pub(super) fn spawn_keeper_from(
         spec.fallback_dir,
         force_file,
     )
-    .map_err(fail)?;
+    .map_err(|e| SpawnError {
+        message: format!("spawn {name:?}: the runner cannot start its keeper: {e}"),
+        resources: true,
+    })?;
     let keeper_start_time = before
         .zip(proc::boot_clock_ns())
         .and_then(|(before, after)| proc::start_time_between(before, after));

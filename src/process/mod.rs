@@ -48,6 +48,7 @@ mod teardown;
 
 pub(crate) use adopt::{Adopted, LiveKeeper, find_keeper, follow, keeper_running, live_keeper};
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
+pub(crate) use keeper::{probe as probe_keeper, warn_if_namespace_init};
 pub(crate) use kept::{KeptFiles, OutputFiles};
 pub(crate) use limit::raise_nofile_limit;
 pub(crate) use proc::{

@@ -520,8 +520,9 @@ pub(super) struct Spawned {
 pub(super) struct SpawnError {
     /// What failed and the OS reason.
     pub message: String,
-    /// The runner ran out of something (descriptors, processes, memory): the
-    /// job is not at fault and may start once the pressure is gone.
+    /// The runner ran out of something (descriptors, processes, memory) or
+    /// could not start the attempt's keeper: the job is not at fault and may
+    /// start once the runner can.
     pub resources: bool,
 }
 

@@ -35,7 +35,9 @@ impl RunnerBuilder {
     /// handler has `SA_NOCLDWAIT`): its children's exit statuses would be lost; the errors of [`Store::open`]; [`Error::Io`](crate::Error::Io) when a thread cannot start;
     /// [`Error::WakeFolder`](crate::Error::WakeFolder) when the wake-up folder beside the
     /// database (`<db>-wake/`) could be used by another user (not a directory, not this
-    /// user's, or with a group or other permission bit).
+    /// user's, or with a group or other permission bit);
+    /// [`Error::KeeperUnavailable`](crate::Error::KeeperUnavailable) when, with keepers, the
+    /// keeper program cannot run here.
     ///
     /// A start that fails because the database server could not be reached or ended the
     /// connection (a restart, a cut, a server still starting: a PostgreSQL database) is tried
@@ -115,7 +117,11 @@ impl Runner {
         let mut api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
         if config.keepers {
             // Made beside the file once it is known to be a database of ours.
-            crate::files::prepare_folder(&crate::files::folder(&config.path))?;
+            let folder = crate::files::folder(&config.path);
+            crate::files::prepare_folder(&folder)?;
+            // Checked once here rather than found out by every attempt.
+            process::probe_keeper(&folder).map_err(|reason| Error::KeeperUnavailable { reason })?;
+            process::warn_if_namespace_init();
         }
         let pid = std::process::id() as i64;
         let suffix = random_hex();

@@ -323,7 +323,7 @@ pub(super) fn finish_for(
         },
         // The runner's fault, not the job's: given back without spending an attempt.
         process::Exit::NoResources(reason) => Ending::Interrupted {
-            message: format!("not run: the runner is out of resources ({reason})"),
+            message: format!("not run: the runner could not start it ({reason})"),
         },
         process::Exit::Stopped(StopReason::SelfFenced) => Ending::Lost {
             message: "the runner could not renew the lease before it ran out (database busy \

@@ -8,11 +8,13 @@ mod helper;
 
 mod chaos;
 mod crash;
+mod deploy;
 mod exhaustion;
 mod flow;
 mod freeze;
 mod fulldisk;
 mod hosts;
+mod keeper_exec;
 mod keepers;
 mod namespace;
 mod pg_restart;

@@ -541,6 +541,73 @@ fn the_program_runs_from_an_owner_only_file_where_memory_will_not_do() {
     assert_eq!(run.release(), Some(0));
 }
 
+/// A tmpfs mounted `noexec` on a folder of its own, unmounted (lazily) on drop; `None`,
+/// with the reason printed, where the system refuses the mount (not root).
+struct Noexec(tempfile::TempDir);
+
+impl Noexec {
+    fn mount() -> Option<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "noexec,mode=0700", "leasehold-test"])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Self(dir)),
+            Ok(o) => {
+                let why = String::from_utf8_lossy(&o.stderr);
+                eprintln!("SKIPPED: mount -t tmpfs -o noexec is refused here: {why}");
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Noexec {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_keeper_that_cannot_be_execed_is_the_runners_fault_and_fails_its_probe() {
+    let Some(noexec) = Noexec::mount() else {
+        return;
+    };
+    // The probe, as a runner's start makes it: from memory here, and from a file where the
+    // folder allows exec.
+    let fine = tempfile::tempdir().expect("tempdir");
+    assert_eq!(probe(fine.path()), Ok(()));
+    assert_eq!(probe_from(fine.path(), true), Ok(()));
+    let refused = probe_from(noexec.0.path(), true).expect_err("a noexec folder");
+    assert!(
+        refused.starts_with("cannot start it: exec ") && refused.contains("Permission denied"),
+        "{refused}"
+    );
+    // An attempt's keeper from the same folder: the job is not at fault.
+    let mut job = Job::sh("exit 0", "noexec");
+    job.folder = tempfile::tempdir_in(noexec.0.path()).expect("tempdir on the mount");
+    let err = job
+        .try_start(0, DRAIN, true)
+        .map(|_| ())
+        .expect_err("no exec");
+    assert!(err.resources, "the job's fault: {}", err.message);
+    assert!(
+        err.message
+            .starts_with("spawn \"sh\": the runner cannot start its keeper: exec ")
+            && err.message.contains("Permission denied"),
+        "{}",
+        err.message
+    );
+}
+
 #[test]
 fn a_stream_that_cannot_be_written_costs_the_command_nothing() {
     // Every write of stdout fails (ENOSPC), as on a full disk.

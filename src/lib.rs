@@ -68,7 +68,7 @@ pub use store::{
     Durability, Enqueued, FINE_SAMPLES, FireReport, HISTOGRAM_BOUNDS_MS, LEASE_EXPIRED_PREFIX,
     LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT, MAX_SCHEDULE_EVENTS,
     Migration, Namespace, OpenOptions, QueueInfo, RecentFailure, RunnerRecord, SCHEMA_VERSION,
-    Sample, ScheduleEvent, ScheduleRecord, Store, VacuumReport,
+    Sample, ScheduleEvent, ScheduleRecord, Store, VacuumReport, redacted_db,
 };
 pub use store::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,

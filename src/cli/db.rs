@@ -31,7 +31,12 @@ pub fn migrate(db: &Path, json: bool, force: bool) -> anyhow::Result<()> {
     } else if m.from == m.to {
         writeln!(out, "schema is up to date (version {})", m.to)?;
     } else if m.from == 0 {
-        writeln!(out, "created schema version {} in {}", m.to, db.display())?;
+        writeln!(
+            out,
+            "created schema version {} in {}",
+            m.to,
+            leasehold::redacted_db(db)
+        )?;
     } else {
         writeln!(
             out,
@@ -82,7 +87,7 @@ pub fn vacuum(db: &Path, json: bool, force: bool) -> anyhow::Result<()> {
     })?;
     log::info!(
         "vacuum {}: {} bytes before, {} after",
-        db.display(),
+        leasehold::redacted_db(db),
         report.bytes_before,
         report.bytes_after
     );
@@ -96,7 +101,7 @@ pub fn vacuum(db: &Path, json: bool, force: bool) -> anyhow::Result<()> {
         writeln!(
             out,
             "vacuumed {}: {} bytes before, {} bytes after",
-            db.display(),
+            leasehold::redacted_db(db),
             report.bytes_before,
             report.bytes_after
         )?;

@@ -53,7 +53,10 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         leasehold::Error::Invalid { setting, reason } => {
             anyhow::Error::new(Usage(format!("invalid {}: {reason}", flag(setting))))
         }
-        e => anyhow::Error::new(e).context(format!("cannot start a runner on {}", db.display())),
+        e => anyhow::Error::new(e).context(format!(
+            "cannot start a runner on {}",
+            leasehold::redacted_db(db)
+        )),
     })?;
 
     let mut signals = Some(signals);

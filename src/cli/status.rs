@@ -105,7 +105,11 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
         print_json(&mut out, &value)?;
         return Ok(());
     }
-    writeln!(out, "database: {} (schema version {version})", db.display())?;
+    writeln!(
+        out,
+        "database: {} (schema version {version})",
+        leasehold::redacted_db(db)
+    )?;
     writeln!(
         out,
         "  bytes={} free_bytes={} wal_bytes={}",

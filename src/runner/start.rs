@@ -73,8 +73,9 @@ impl RunnerBuilder {
                         .map(|s| format!(": {s}"))
                         .unwrap_or_default();
                     log::warn!(
-                        "cannot start a runner on {} (attempt {attempt}): {e}{cause}; waiting                          {backoff:.1?} for the database to answer again (trying for {limit:.0?})",
-                        self.config.path.display()
+                        "cannot start a runner on {} (attempt {attempt}): {e}{cause}; waiting \
+                         {backoff:.1?} for the database to answer again (trying for {limit:.0?})",
+                        crate::store::redacted_db(&self.config.path)
                     );
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(START_BACKOFF_MAX);
@@ -140,7 +141,7 @@ impl Runner {
                 log::warn!(
                     "no wake-up socket beside {} ({e}{cause}): jobs enqueued by other \
                      processes start on the next poll",
-                    config.path.display()
+                    crate::store::redacted_db(&config.path)
                 );
                 None
             }

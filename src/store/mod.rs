@@ -78,6 +78,7 @@ pub use maintenance::VacuumReport;
 pub use open::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
 };
+pub use pg::redacted_db;
 pub use queue::QueueInfo;
 pub use read::{Counts, LeaseCounts, ListFilter};
 pub use reclaim::{

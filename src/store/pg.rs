@@ -40,6 +40,24 @@ pub(crate) fn is_url(path: &Path) -> bool {
         .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
 }
 
+/// The database `db` as messages and logs show it: a file's path as it is, a PostgreSQL URL
+/// without its password (in the authority or as a `password=` parameter).
+///
+/// ```
+/// assert_eq!(
+///     leasehold::redacted_db("postgres://app:s3cret@db.example/jobs"),
+///     "postgres://app@db.example/jobs"
+/// );
+/// assert_eq!(leasehold::redacted_db("/var/lib/app/jobs.db"), "/var/lib/app/jobs.db");
+/// ```
+pub fn redacted_db(db: impl AsRef<Path>) -> String {
+    let db = db.as_ref();
+    match db.to_str() {
+        Some(url) if is_url(db) => redacted(url),
+        _ => db.display().to_string(),
+    }
+}
+
 /// The URL without its password, to show in messages and logs: neither `user:password@`
 /// nor a `password=` in its query.
 pub(crate) fn redacted(url: &str) -> String {

@@ -327,7 +327,11 @@ fn next_key(rows: &mut crate::store::db::Rows<'_>) -> Result<Option<(i64, i64)>>
 }
 
 /// The jobs of one status due under `bound`: the prune's selection. Parameters: status, bound's
-/// completed_at, bound's id, limit.
+/// completed_at, bound's id, limit. On PostgreSQL the rows are locked until the prune commits
+/// (`FOR UPDATE SKIP LOCKED`): an operator's retry (which locks the job first) either waits
+/// for the prune and finds the job gone, or holds it and the prune passes it by. Without the
+/// lock a retry committed between the selection and the deletes kept its job alive with its
+/// history deleted.
 pub(super) const DUE_SQL: Sql = Sql::new(
     "SELECT id FROM jobs
      WHERE status = ?1 AND completed_at IS NOT NULL AND (completed_at, id) <= (?2, ?3)
@@ -336,7 +340,7 @@ pub(super) const DUE_SQL: Sql = Sql::new(
     "SELECT id FROM jobs
      WHERE status = ?1 AND completed_at IS NOT NULL AND (completed_at, id) <= (?2, ?3)
        AND teardown_token IS NULL
-     ORDER BY completed_at, id LIMIT ?4",
+     ORDER BY completed_at, id LIMIT ?4 FOR UPDATE SKIP LOCKED",
 );
 
 /// How many jobs `policy` prunes at `now`, without changing anything.

@@ -193,8 +193,13 @@ impl TlsCluster {
 /// `leasehold --db URL db version` with only `env` of the PG* variables set (and HOME in a
 /// folder with no password file or root certificate unless the test puts one there).
 fn db_version(url: &str, home: &Path, env: &[(&str, &str)]) -> Output {
+    leasehold(url, home, env, &["db", "version"])
+}
+
+/// `leasehold --db URL ARGS...`, as [`db_version`] runs it.
+fn leasehold(url: &str, home: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
-    cmd.args(["--db", url, "db", "version"]);
+    cmd.args(["--db", url]).args(args);
     for var in crate::util::leasehold_vars() {
         cmd.env_remove(var);
     }
@@ -414,9 +419,23 @@ fn no_password_shows_in_errors_or_folder_names() {
     for url in &urls {
         let e = chain(&Store::open(url).expect_err("a wrong password is refused"));
         assert!(!e.contains(WRONG), "{e}");
-        let out = db_version(url, Path::new("/nonexistent"), &[]);
-        assert!(!out.status.success(), "{}", text(&out));
-        assert!(!text(&out).contains(WRONG), "{}", text(&out));
+        // Each command that names its database in a message or a log line: refused at the
+        // password, before any work.
+        for args in [
+            &["db", "version"][..],
+            &["status"],
+            &["run", "--until-idle"],
+            &["db", "migrate"],
+        ] {
+            let out = leasehold(
+                url,
+                Path::new("/nonexistent"),
+                &[("RUST_LOG", "info")],
+                args,
+            );
+            assert!(!out.status.success(), "{args:?}: {}", text(&out));
+            assert!(!text(&out).contains(WRONG), "{args:?}: {}", text(&out));
+        }
     }
     assert!(
         chain(&Store::open(&urls[0]).unwrap_err()).contains("password authentication failed"),

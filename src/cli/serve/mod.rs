@@ -126,7 +126,7 @@ pub fn serve(db: &Path, options: Options) -> anyhow::Result<()> {
     }
     log::info!(
         "serving {} on http://{addr}/ ({})",
-        db.display(),
+        leasehold::redacted_db(db),
         if allow_actions {
             "actions allowed"
         } else {

@@ -229,6 +229,12 @@ fn idle_timeout_kills_a_silent_job() {
 #[test]
 fn idle_timeout_of_a_kept_attempt_that_never_writes_counts_from_its_start() {
     let folder = tempfile::tempdir().expect("tempdir");
+    // An attempts folder must be this user's alone (files::make_attempt_dir checks it).
+    std::fs::set_permissions(
+        folder.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod 0700");
     let mut spec = sh("sleep 300", "kept-idle");
     spec.files = Some(KeptFiles {
         folder: folder.path().to_path_buf(),

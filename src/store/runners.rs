@@ -87,13 +87,26 @@ pub(super) fn runner_row(r: &Row<'_>) -> Result<RunnerRecord> {
     })
 }
 
+/// Records a runner at its start.
+///
+/// A worker id is new at each start (the pid and a random suffix), so a row that has it
+/// already is this start's own, committed though the reply to its COMMIT was lost (a cut
+/// connection; the start then runs again): it is written again, not refused.
 pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
     conn.execute(
         sql!(
             "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
                      heartbeat_at, stopped_at, lease_ttl_ms, heartbeat_interval_ms,
                      max_recovery_attempts, pid_ns)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 ON CONFLICT (worker_id) DO UPDATE SET pid = excluded.pid,
+                     proc_start_time = excluded.proc_start_time, boot_id = excluded.boot_id,
+                     host = excluded.host, started_at = excluded.started_at,
+                     heartbeat_at = excluded.heartbeat_at, stopped_at = excluded.stopped_at,
+                     lease_ttl_ms = excluded.lease_ttl_ms,
+                     heartbeat_interval_ms = excluded.heartbeat_interval_ms,
+                     max_recovery_attempts = excluded.max_recovery_attempts,
+                     pid_ns = excluded.pid_ns"
         ),
         params![
             runner.worker_id,

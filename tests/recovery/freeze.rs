@@ -161,13 +161,15 @@ fn thawed_runner_does_not_start_jobs_it_claimed_before_a_freeze_past_their_lease
     let bare = c.db.bare();
     // Freeze it while it holds claimed-ahead jobs: with one worker, two or more running jobs
     // without a recorded process mean at least one waits in the work channel.
+    // A runner stopped in the middle of its WAL-index bookkeeping can make this read fail
+    // (SQLITE_PROTOCOL): that freeze does not count, and the loop tries again.
     let unstarted = |bare: &rusqlite::Connection| -> i64 {
         bare.query_row(
             "SELECT count(*) FROM jobs WHERE status = 'running' AND pid IS NULL",
             [],
             |r| r.get(0),
         )
-        .unwrap()
+        .unwrap_or(0)
     };
     // A runner frozen inside a write transaction would hold SQLite's lock for the whole
     // freeze and wedge the other runner: freeze it only where the lock is free.

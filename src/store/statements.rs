@@ -259,6 +259,9 @@ fn listed_names() -> Vec<String> {
         .collect()
 }
 
+/// With the `postgres` feature only: without it the PostgreSQL-only builders are compiled out
+/// of the lists, while the source this scans still has them.
+#[cfg(feature = "postgres")]
 #[test]
 fn every_statement_is_reached() {
     let names = listed_names();

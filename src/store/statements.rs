@@ -251,6 +251,7 @@ fn short(path: &Path) -> String {
 }
 
 /// The names of the functions (before each `(`) and constants in `listed()`'s places.
+#[cfg(feature = "postgres")]
 fn listed_names() -> Vec<String> {
     listed()
         .into_iter()
@@ -290,6 +291,7 @@ fn every_statement_is_reached() {
 /// name), and each `Sql::built`/`Sql::built_same` (the function it is built in). Also panics
 /// at an `Sql::same`/`Sql::new`/`Sql::..._only` outside a `const` item's value, which no list
 /// would reach.
+#[cfg(feature = "postgres")]
 fn regex_lite_items() -> impl Fn(&str) -> Vec<(usize, String)> {
     |code: &str| {
         let mut out = Vec::new();

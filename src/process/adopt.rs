@@ -332,6 +332,15 @@ mod tests {
             Some(ours.0.id() as i32),
             "{found:?}"
         );
+        // `runuser` does not pass its signal on to the other user's process: ended by its pid.
+        for &(pid, uid) in &found {
+            if uid != me {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
         drop((plain, other));
     }
 }

@@ -1,19 +1,24 @@
-//! An attempt's files beside the database, written by its keeper (see the process layer's
-//! `keeper`): where they are, and how to read them.
+//! An attempt's files beside the database, written by the runner's keeper (see the process
+//! layer's `keeper`): where they are, and how to read them.
 //!
 //! ```text
 //! <db>-attempts/                        owner-only (0700), made by a runner
 //!   .leasehold-keeper-<hash>            the keeper program (0700), written only where it cannot
 //!                                       be exec'ed from memory (a process that is not dumpable)
-//!   <job id>/                           one per job; retention removes it with the job
-//!     <attempt>-<run token>/            one per attempt (an operator's retry counts again)
+//!   keeper-<pid>-<start>.journal        a keeper's journal, made once a runner went without
+//!                                       taking an attempt's ending (see below)
+//!   <job id>/                           made only for a job whose output goes to files
+//!     <attempt>-<run token>/            one per such attempt (an operator's retry counts again)
 //!       stdout, stderr                  the streams, capped (see below), 0600; each made
 //!                                       at its stream's first byte (none: no output)
-//!       outcome                         written once the command ended, atomically
-//!                                       (outcome.tmp renamed); flushed (file, then
-//!                                       folder) before its keeper exits, unless the
-//!                                       runner released it (docs/keeper.md)
+//!       lease                           an adopting runner's lease fence for the keeper
 //! ```
+//!
+//! A stream is kept in the keeper's memory while it fits the database's tail of it, and
+//! reaches the runner with the command's end: a job that says little leaves nothing here. It
+//! goes to its file once it outgrows that, once the attempt has run a second (for `jobs logs
+//! --follow`), or once the runner is gone; a finished attempt whose output fit the tail
+//! has its folder removed once its ending is committed.
 //!
 //! A stream's file holds everything up to its cap. Past the cap it keeps the first half of
 //! the cap, then one marker line (fixed width, rewritten in place as the count grows), then
@@ -21,13 +26,13 @@
 //! after the marker whenever it reaches three quarters of the cap, so the file never passes
 //! about `cap * 5 / 4` bytes and a reader following it sees its size go down at a move.
 //!
-//! The outcome file is text, one `key=value` per line after a first line naming its format:
+//! A journal is text, one record a line, each ending in the FNV-1a hash of the rest (16 hex
+//! digits), so that a line torn by a crash is told from a whole one:
 //!
 //! ```text
-//! leasehold-outcome 1
-//! token=<run token>
-//! exit=<code>            or: signal=<number>
-//! ended_at=<ms since the Unix epoch>
+//! kept <run token> <pid>                        the runner went while the command ran
+//! outcome <run token> exit|signal <n> <ended_at ms>   the command ended (fdatasync'ed)
+//! fenced <run token>                            the lease fence stopped it (fdatasync'ed)
 //! ```
 
 use std::fs::File;
@@ -38,10 +43,6 @@ use std::path::{Path, PathBuf};
 pub(crate) const STDOUT: &str = "stdout";
 /// The name of the stderr file in an attempt's folder.
 pub(crate) const STDERR: &str = "stderr";
-/// The name of the outcome file in an attempt's folder.
-pub(crate) const OUTCOME: &str = "outcome";
-/// The first line of an outcome file.
-pub(crate) const OUTCOME_HEADER: &str = "leasehold-outcome 1";
 /// How a marker line of dropped bytes begins (the whole line is
 /// `\n[leasehold: <20-wide count> bytes dropped]\n`).
 pub(crate) const DROPPED_PREFIX: &[u8] = b"\n[leasehold: ";
@@ -211,6 +212,24 @@ pub(crate) fn write_lease(dir: &Path, fence: LeaseFence) -> io::Result<()> {
         .custom_flags(nix::libc::O_CLOEXEC)
         .open(dir.join(LEASE_FILE))?
         .write_all_at(line.as_bytes(), 0)
+}
+
+/// Removes an attempt's folder, and its job's folder if that is empty then: what a finished
+/// attempt whose output the database holds whole leaves behind. A folder already gone, or
+/// one that cannot be removed (logged), is passed over: retention removes it with its job.
+pub(crate) fn remove_attempt_dir(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            log::debug!("removing {}: {e}", dir.display());
+            return;
+        }
+    }
+    if let Some(job) = dir.parent() {
+        // Another attempt's folder is still there: kept.
+        let _ = std::fs::remove_dir(job);
+    }
 }
 
 /// The attempts folder (`<db>-attempts`) that holds the attempt folder `dir`.
@@ -390,70 +409,108 @@ pub(crate) enum Ended {
     Signaled(i32),
 }
 
-/// What a keeper wrote when its command ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Outcome {
-    /// The run token of the attempt.
-    pub token: String,
-    /// How the command ended.
-    pub ended: Ended,
-    /// When, in ms since the Unix epoch.
-    pub ended_at: i64,
+/// What a keeper journaled of an attempt once its runner was gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Journaled {
+    /// The runner went while the command ran (the keeper's pid is the journal's).
+    Kept,
+    /// The command ended, at this time (ms since the Unix epoch).
+    Outcome { ended: Ended, ended_at: i64 },
+    /// The lease fence stopped the command: the attempt is lost.
+    Fenced,
 }
 
-impl Outcome {
-    /// The file's text (the keeper writes the same).
-    #[cfg(test)]
-    pub(crate) fn render(&self) -> String {
-        let ended = match self.ended {
-            Ended::Exited(code) => format!("exit={code}"),
-            Ended::Signaled(sig) => format!("signal={sig}"),
-        };
-        format!(
-            "{OUTCOME_HEADER}\ntoken={}\n{ended}\nended_at={}\n",
-            self.token, self.ended_at
-        )
-    }
+/// The journal of the keeper with `pid` and start time `start_time` (clock ticks since
+/// boot): a file in the attempts folder `folder`, made by the keeper only once a runner has
+/// gone without taking an attempt's ending.
+pub(crate) fn journal_path(folder: &Path, pid: i32, start_time: Option<u64>) -> PathBuf {
+    folder.join(format!("keeper-{pid}-{}.journal", start_time.unwrap_or(0)))
+}
 
-    /// Parses an outcome file's text; `None` for anything that is not a whole one.
-    pub(crate) fn parse(text: &str) -> Option<Self> {
-        let mut lines = text.strip_suffix('\n')?.split('\n');
-        if lines.next()? != OUTCOME_HEADER {
-            return None;
+/// The keeper's pid and start time a journal's file name says, for a name
+/// [`journal_path`] makes.
+pub(crate) fn journal_keeper(name: &str) -> Option<(i32, u64)> {
+    let rest = name.strip_prefix("keeper-")?.strip_suffix(".journal")?;
+    let (pid, start) = rest.split_once('-')?;
+    Some((pid.parse().ok()?, start.parse().ok()?))
+}
+
+/// The 64-bit FNV-1a hash of `bytes`: a journal line's checksum (`keeper.c` computes the
+/// same).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Parses one journal line (without its newline): the token and what it says, or `None`
+/// for a line that is not whole (torn by a crash) or not a record.
+pub(crate) fn parse_journal_line(line: &str) -> Option<(&str, Journaled)> {
+    let (text, check) = line.rsplit_once(' ')?;
+    if check.len() != 16 || u64::from_str_radix(check, 16).ok()? != fnv1a(text.as_bytes()) {
+        return None;
+    }
+    let words: Vec<&str> = text.split(' ').collect();
+    match words.as_slice() {
+        ["kept", token, pid] => {
+            pid.parse::<i32>().ok()?;
+            Some((token, Journaled::Kept))
         }
-        let (mut token, mut ended, mut ended_at) = (None, None, None);
-        for line in lines {
-            let (key, value) = line.split_once('=')?;
-            match key {
-                "token" => token = Some(value.to_owned()),
-                "exit" => ended = Some(Ended::Exited(value.parse().ok()?)),
-                "signal" => ended = Some(Ended::Signaled(value.parse().ok()?)),
-                "ended_at" => ended_at = Some(value.parse().ok()?),
-                // A later version's extra facts.
-                _ => {}
-            }
+        ["fenced", token] => Some((token, Journaled::Fenced)),
+        ["outcome", token, how, n, at] => {
+            let ended = match *how {
+                "exit" => Ended::Exited(n.parse().ok()?),
+                "signal" => Ended::Signaled(n.parse().ok()?),
+                _ => return None,
+            };
+            Some((
+                token,
+                Journaled::Outcome {
+                    ended,
+                    ended_at: at.parse().ok()?,
+                },
+            ))
         }
-        Some(Self {
-            token: token.filter(|t| !t.is_empty())?,
-            ended: ended?,
-            ended_at: ended_at?,
+        _ => None,
+    }
+}
+
+/// What the journal at `path` says last of the attempt with `token`; `None` when it says
+/// nothing (or does not exist). A torn or foreign line is passed over.
+///
+/// # Errors
+///
+/// The journal cannot be read.
+pub(crate) fn read_journal(path: &Path, token: &str) -> io::Result<Option<Journaled>> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(bytes
+        .split(|&b| b == b'\n')
+        .filter_map(|line| std::str::from_utf8(line).ok())
+        .filter_map(parse_journal_line)
+        .filter(|(t, _)| *t == token)
+        .map(|(_, said)| said)
+        .last())
+}
+
+/// The journals in the attempts folder `folder` that mention `token`, with their keepers'
+/// pids and start times: how the keeper of an attempt whose runner died before recording
+/// it is found.
+pub(crate) fn journals_of(folder: &Path, token: &str) -> Vec<(i32, u64, Journaled)> {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let (pid, start) = journal_keeper(e.file_name().to_str()?)?;
+            let said = read_journal(&e.path(), token).ok()??;
+            Some((pid, start, said))
         })
-    }
-}
-
-/// The outcome a keeper left in `dir`, if any. A file that is not a whole outcome (which the
-/// keeper's rename rules out, unless someone wrote it by hand) is reported as `InvalidData`.
-pub(crate) fn read_outcome(dir: &Path) -> io::Result<Option<Outcome>> {
-    match std::fs::read_to_string(dir.join(OUTCOME)) {
-        Ok(text) => Outcome::parse(&text).map(Some).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} is not an outcome file", dir.join(OUTCOME).display()),
-            )
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+        .collect()
 }
 
 /// The last at most `n` bytes of a stream's file, and whether anything before them is
@@ -522,23 +579,51 @@ mod tests {
     }
 
     #[test]
-    fn an_outcome_reads_back_as_written_and_a_torn_one_is_refused() {
-        for ended in [Ended::Exited(0), Ended::Exited(3), Ended::Signaled(9)] {
-            let o = Outcome {
-                token: "ab12".into(),
-                ended,
-                ended_at: 1_700_000_000_123,
-            };
-            assert_eq!(Outcome::parse(&o.render()), Some(o.clone()));
-            let text = o.render();
-            // Any prefix is not an outcome.
-            for cut in 0..text.len() {
-                assert_eq!(Outcome::parse(&text[..cut]), None, "{:?}", &text[..cut]);
+    fn a_journal_line_reads_back_as_the_keeper_writes_it_and_a_torn_one_is_passed_over() {
+        let line = |text: &str| format!("{text} {:016x}", fnv1a(text.as_bytes()));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = journal_path(dir.path(), 42, Some(7));
+        assert_eq!(
+            journal_keeper(path.file_name().and_then(|n| n.to_str()).expect("name")),
+            Some((42, 7))
+        );
+        assert_eq!(read_journal(&path, "ab12").expect("no journal"), None);
+        let whole = [
+            line("kept ab12 100"),
+            line("outcome cd34 signal 9 1700000000123"),
+            line("outcome ab12 exit 3 1700000000456"),
+            line("fenced ef56"),
+        ];
+        for l in &whole {
+            assert!(parse_journal_line(l).is_some(), "{l}");
+            // Any prefix of a line is not a record.
+            for cut in 0..l.len() {
+                assert_eq!(parse_journal_line(&l[..cut]), None, "{:?}", &l[..cut]);
             }
         }
+        // The last line torn by a crash: passed over.
+        let text = format!("{}\n{}", whole.join("\n"), &line("fenced ab12")[..20]);
+        std::fs::write(&path, text).expect("write");
+        let said = |token| read_journal(&path, token).expect("read");
         assert_eq!(
-            Outcome::parse("leasehold-outcome 2\ntoken=a\nexit=0\nended_at=1\n"),
-            None
+            said("ab12"),
+            Some(Journaled::Outcome {
+                ended: Ended::Exited(3),
+                ended_at: 1_700_000_000_456
+            })
+        );
+        assert_eq!(
+            said("cd34"),
+            Some(Journaled::Outcome {
+                ended: Ended::Signaled(9),
+                ended_at: 1_700_000_000_123
+            })
+        );
+        assert_eq!(said("ef56"), Some(Journaled::Fenced));
+        assert_eq!(said("none"), None);
+        assert_eq!(
+            journals_of(dir.path(), "ef56"),
+            vec![(42, 7, Journaled::Fenced)]
         );
     }
 

@@ -26,7 +26,7 @@ use nix::sys::signal::Signal;
 
 use super::child::{ChildProc, pidfd_open};
 use super::keeper::Kept as KeptSpawn;
-use super::kept::{Keeping, KeptFiles};
+use super::kept::{Keeping, KeptFiles, Release};
 use super::kill::{self, POLL_INTERVAL};
 use super::output::{Stream, Tail, keep_read_buffer, read_buffer};
 use super::pidfd::{self, Held};
@@ -162,6 +162,9 @@ pub(crate) struct AttemptResult {
     pub leaked: Vec<Leak>,
     /// Wall time from spawn to the end of supervision.
     pub duration: Duration,
+    /// For an attempt kept by the keeper: what lets it go once its ending is committed
+    /// (dropped unreleased, the keeper journals the outcome as if the runner were gone).
+    pub release: Option<Release>,
 }
 
 /// Converts a wait into a poll timeout, rounding up so that poll does not
@@ -210,6 +213,8 @@ struct Supervisor<'a> {
     child: Option<ChildProc>,
     /// The keeper, for an attempt run under one; `None` once released.
     kept: Option<Keeping>,
+    /// What releases a kept attempt to its keeper once its ending is committed.
+    release: Option<Release>,
     /// Whether the main process has exited; it is left a zombie, unreaped,
     /// so that its pid (the group's id) cannot be reused while the group may
     /// still be signalled.
@@ -396,12 +401,12 @@ impl Supervisor<'_> {
     /// group is no longer signalled. A keeper is released (`release` on its
     /// socket: the ending is the runner's to record now, so it flushes
     /// nothing), and reaps it.
-    fn reap_leader(&mut self) {
+    fn reap_leader(&mut self, whole: bool) {
         if !self.exited && !self.kept.as_ref().is_some_and(|k| k.lost) {
             return;
         }
         if let Some(kept) = self.kept.take() {
-            kept.release();
+            self.release = Some(kept.release(whole));
             return;
         }
         if let Some(mut child) = self.child.take() {
@@ -463,7 +468,8 @@ impl Supervisor<'_> {
                 && now >= d
                 && let Some(age) = kept.files().new_change_age()
             {
-                // A kept attempt's output goes to files: their change times say when.
+                // A kept attempt with an idle timeout has its output go to files from its
+                // first byte: their change times say when.
                 self.last_output = self.last_output.max(now.checked_sub(age).unwrap_or(now));
                 idle_deadline = spec
                     .idle_timeout
@@ -484,7 +490,7 @@ impl Supervisor<'_> {
         }
         let leaks = self.drain();
         if self.kept.is_none() {
-            self.reap_leader();
+            self.reap_leader(false);
         }
         (self.exit(), leaks)
     }
@@ -733,6 +739,7 @@ pub(crate) fn run(
         stderr: Tail::default(),
         leaked: Vec::new(),
         duration: spawned.elapsed(),
+        release: None,
     };
     let Some(program) = spec.argv.first() else {
         return unstarted(Exit::SpawnFailed(
@@ -747,7 +754,12 @@ pub(crate) fn run(
         None => spawn(&spec.command(), program).map(Leader::Direct),
         Some(kept) => {
             let dir = files::attempt_dir(&kept.folder, spec.job_id, spec.attempt, &spec.run_token);
-            spawn_kept(&spec.command(), program, &dir, kept.cap, spec.drain)
+            // An idle timeout reads the files' change times: such output goes to files at once.
+            let mem = match spec.idle_timeout {
+                Some(_) => 0,
+                None => u64::try_from(spec.tail_bytes).unwrap_or(u64::MAX),
+            };
+            spawn_kept(&spec.command(), program, &dir, (kept.cap, mem), spec.drain)
                 .map(|k| Leader::Kept(k, dir))
         }
     };
@@ -782,7 +794,7 @@ pub(crate) fn run(
             },
             dir,
         ) => {
-            let keeper_id = keeper_start_time.map(|t| (keeper.pid, t));
+            let keeper_id = keeper_start_time.map(|t| (keeper, t));
             let kept = Keeping::new(keeper, control, dir);
             (None, Some(kept), None, pid, None, keeper_id)
         }
@@ -824,6 +836,7 @@ pub(crate) fn run(
         stop,
         child,
         kept,
+        release: None,
         exited: false,
         status: None,
         start_time,
@@ -844,12 +857,16 @@ pub(crate) fn run(
     // buffered wakes no poll.
     sup.read_keeper();
     let (exit, leaked) = sup.supervise();
-    // A kept attempt's output is in its files, complete once the keeper reported the end
-    // and whatever was left of the attempt was killed.
-    let tails = sup.kept.as_mut().map(|k| k.files().tails(spec.tail_bytes));
+    // A kept attempt's output came with its end, or is in its files, complete once the
+    // keeper reported the end and whatever was left of the attempt was killed.
+    let tails = sup.kept.as_ref().map(|k| k.tails(spec.tail_bytes));
+    let whole = tails
+        .as_ref()
+        .is_some_and(|(out, err)| !out.truncated && !err.truncated);
     // Killed or stopped: the main process exited during the kill sequence and
-    // is reaped only now, its group being empty. A keeper is released, and reaps it.
-    sup.reap_leader();
+    // is reaped only now, its group being empty. A kept one is released to its keeper
+    // once the caller committed its ending.
+    sup.reap_leader(whole);
     keep_read_buffer(mem::take(&mut sup.buf));
     let (stdout, stderr) = match tails {
         Some(tails) => tails,
@@ -861,6 +878,7 @@ pub(crate) fn run(
         stderr,
         leaked,
         duration: spawned.elapsed(),
+        release: sup.release.take(),
     }
 }
 

@@ -102,13 +102,6 @@ impl ChildProc {
         result?.ok_or_else(|| io::Error::other("waitpid without WNOHANG returned no status"))
     }
 
-    /// Lets the process run on without this runner: it is not killed, and a background
-    /// thread reaps it whenever it exits, so it never stays a zombie while the runner lives.
-    pub(super) fn leave(mut self) {
-        self.reaped = true;
-        reap_in_background(self.pid);
-    }
-
     /// Sends SIGKILL to the process (not its group).
     pub(super) fn kill(&self) {
         if let Err(e) = kill::signal_pid(self.pid, Signal::SIGKILL) {

@@ -1,58 +1,73 @@
 /*
- * leasehold-keeper: the parent of one attempt's command, which outlives the runner.
+ * leasehold-keeper: one per runner process, the parent of every attempt's command, which
+ * outlives the runner.
  *
- *   leasehold-keeper TOKEN ATTEMPT_DIR CAP_BYTES DRAIN_MS CWD PROGRAM ARGV0 ARGS...
- *   leasehold-keeper probe             says "ready" on fd 3 and exits 0 (a runner's start)
+ *   leasehold-keeper serve
  *
- * fd 3 is a stream socket to the runner ("control"); 0, 1 and 2 are /dev/null. The
- * environment is the command's, without LEASEHOLD_RUN_TOKEN: only the command gets
- * LEASEHOLD_RUN_TOKEN=TOKEN, so a scan of /proc/PID/environ for the token never finds (or
- * kills) the keeper. The runner spawns it in a session of its own; the command gets a
- * process group of its own, so neither a signal to the runner's group nor a teardown of the
- * command's group reaches the keeper.
+ * fd 3 is a SOCK_SEQPACKET socket to the runner process (the "hub"); 0, 1 and 2 are
+ * /dev/null; the environment is empty (only a command's own environment carries its run
+ * token, so a scan of /proc/PID/environ for a token never finds, or kills, the keeper). The
+ * runner spawns it in a session of its own, and it makes itself a child subreaper: every
+ * descendant of a command that outlives its parent is re-parented here, not to init, and
+ * reaped here once it exits.
  *
- * The keeper copies the command's stdout and stderr into ATTEMPT_DIR/stdout and /stderr,
- * capped as src/files.rs describes (each file is created at its stream's first byte: a silent
- * command's attempt has no stream files, which readers take as empty), waits for the command without reaping it (its pid and
- * group id stay reserved while anyone may signal the group), writes ATTEMPT_DIR/outcome
- * atomically (outcome.tmp renamed) and tells the runner on fd 3, one line per message:
+ * The hub socket. The keeper says `ready` once it runs. The runner then sends datagrams:
  *
- *   started <pid>                      the command runs
- *   failed <chdir|exec|setup> <errno>  it could not start; the keeper exits 127
- *   exited exit <code> <open>          it ended (open: 1 if a pipe was still open at the
- *   exited signal <n> <open>           drain deadline, so the runner kills the leftovers)
+ *   attempt             with one descriptor (SCM_RIGHTS): a stream socket, the attempt's
+ *                       control socket, on which the attempt's request follows
+ *   lease TOKEN T K     the attempt's lease fence moves to T and K (see below); `lease TOKEN
+ *                       0 0` disarms it for good (the runner leaves the attempt running)
  *
- * The runner sends one line, `release`, once it has taken the ending from `exited`, and then
- * closes its end of fd 3. The keeper then reaps the command and exits with its status (128+n
- * for signal n).
+ * Its EOF means the runner process is gone; the keeper goes on until its last attempt ends,
+ * then exits 0.
  *
- * What is durable when. With a runner connected when the command ends, the outcome is
- * written and renamed into place with no fsync, and `exited` is said at once: the runner's own
- * durable commit of the ending is the record. On a release the keeper exits without ever
- * fsyncing it (a crash of the runner's process loses no page cache, so a successor still
- * reads the outcome; an OS crash or power loss before the runner's commit loses the outcome,
- * and the attempt runs again, as one without a keeper would). On an EOF of fd 3 without a
- * release (the runner died, left with `--on-exit leave`, or dropped its end), the outcome is
- * the record: the keeper fsyncs the file, then the folder, and only then exits. With no
- * runner connected when the command ends, it writes the outcome durably at once (fsync,
- * rename, fsync of the folder). Either way a keeper that is gone without a release has its
- * outcome on disk, which recovery relies on when it checks the keeper before the outcome. An
- * outcome that cannot be written (a full disk) is retried every second until it is on disk,
- * unless the runner released the command.
+ * An attempt's control socket. The runner writes one request, a 4-byte little-endian length
+ * and that many bytes of NUL-terminated fields:
  *
- * The lease fence. While ATTEMPT_DIR/lease exists (a runner on a PostgreSQL database writes
- * it before the keeper starts and after each renewal; src/files.rs `write_lease`), it says by
- * this host's boot clock when the lease runs out unrenewed: "TERM_AT KILL_AT CHECK\n", 20
- * digits each, CHECK = TERM_AT ^ KILL_AT (a line read while it was being rewritten fails the
- * check and is read again next time). Past TERM_AT the keeper sends SIGTERM to the command's
- * group, past KILL_AT SIGKILL, whatever the leader did meanwhile: a leader that died of the
- * SIGTERM stays unreaped until then, so the group id is still the command's and members that
- * ignore SIGTERM are killed too. Once begun, the fence keeps the times that began it. So a
- * runner frozen, or cut off from the database, has its attempt stopped before its lease runs
- * out and another host's runner may claim the job again. A
- * fenced attempt has no outcome: the keeper reaps the command and exits 3 without writing
- * one or saying `exited`, so whoever looks finds the attempt lost, not failed. A runner that
- * leaves its attempts running on purpose removes the file, and no fence applies.
+ *   TOKEN DIR JOURNAL CAP MEM DRAIN_MS TERM_AT KILL_AT CWD PROGRAM ARGC ARGV... ENV...
+ *
+ * and the keeper answers one line at a time:
+ *
+ *   started PID                        the command runs (it leads its own process group)
+ *   failed <chdir|exec|setup> ERRNO    it could not start
+ *   exited <exit|signal> N OPEN mem OUT ERR    it ended; OUT + ERR bytes of output follow
+ *   exited <exit|signal> N OPEN files 0 0      it ended; its output is in DIR's files
+ *
+ * (OPEN is 1 when a pipe was still open at the drain deadline: processes of the attempt
+ * outlive its main process, and the runner kills them before it releases.) The runner answers
+ * `release` once its own durable commit of the ending is done; the keeper then reaps the
+ * command and forgets the attempt. The command is held unreaped until then, so its pid and
+ * group id stay the attempt's while anyone may signal the group.
+ *
+ * Output. Each stream is kept in memory up to MEM bytes (the runner's tail of it in the
+ * database): a command that says little leaves no file and no folder. A stream goes to
+ * DIR/stdout or DIR/stderr (DIR and its parent made owner-only on demand), capped as
+ * src/files.rs describes, once it outgrows MEM, once the attempt has run SPILL_AFTER_MS (so
+ * that `jobs logs --follow` of a running job reads it), or once the runner is gone.
+ *
+ * The journal. When an attempt's control socket reaches EOF without a release, its runner is
+ * gone: the keeper writes the output it holds into DIR, and appends to JOURNAL (one file per
+ * keeper, beside the database's attempt folders) one line per event, each with a checksum so
+ * that a line torn by a crash is told from a whole one:
+ *
+ *   kept TOKEN PID CHECK                    the runner went while the command ran
+ *   outcome TOKEN exit|signal N ENDED_AT CHECK   the command ended (wall clock, ms)
+ *   fenced TOKEN CHECK                      the lease fence stopped it: the attempt is lost
+ *
+ * An `outcome` or `fenced` line is on disk (fdatasync) before the keeper reaps the command
+ * and forgets the attempt, so whoever finds the keeper alive can wait for that line, and
+ * whoever finds it gone knows the journal holds all it will hold. A journal that cannot be
+ * written (a full disk) is retried every second.
+ *
+ * The lease fence. TERM_AT and KILL_AT are this host's boot clock (CLOCK_BOOTTIME, ms): past
+ * TERM_AT the keeper sends SIGTERM to the command's group, past KILL_AT SIGKILL, whatever the
+ * leader did meanwhile (a leader that died of the SIGTERM stays unreaped until then, so the
+ * group id is still the command's and members that ignore SIGTERM are killed too). Once
+ * begun, the fence keeps the times that began it. 0 0 is no fence. The runner moves them with
+ * `lease` after each renewal; once it is gone, an adopting runner moves them by writing
+ * DIR/lease ("TERM_AT KILL_AT CHECK\n", 20 digits each, CHECK = TERM_AT ^ KILL_AT), read every
+ * 100 ms. A fenced attempt gets no `exited`: its control socket is closed (or `fenced` is
+ * journaled), so whoever looks finds the attempt lost, not failed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -66,8 +81,11 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -78,53 +96,74 @@
 #ifndef SYS_close_range
 #define SYS_close_range 436
 #endif
+#ifndef PR_SET_CHILD_SUBREAPER
+#define PR_SET_CHILD_SUBREAPER 36
+#endif
 
-#define CONTROL 3
-/* The one line a runner sends on fd 3: it has taken the ending from `exited`. */
+#define HUB 3
 #define RELEASE "release\n"
-/* The marker line of dropped bytes, as src/files.rs spells it: prefix, count right-aligned
- * in 20 columns, suffix. 13 + 20 + 16 bytes. */
 #define MARK_PREFIX "\n[leasehold: "
 #define MARK_SUFFIX " bytes dropped]\n"
 #define MARK_WIDTH 20
 #define MARK_LEN (sizeof MARK_PREFIX - 1 + MARK_WIDTH + sizeof MARK_SUFFIX - 1)
 #define HALF (32 * 1024)
+/* A request larger than this is refused (the kernel's own argv + environment bound is 2 MiB
+ * to a few; this leaves room and bounds what a runner can make the keeper allocate). */
+#define MAX_REQUEST (16u << 20)
+/* The most a stream keeps in memory, whatever the runner asks. */
+#define MAX_MEM (1u << 20)
+#define SPILL_AFTER_MS 1000
+#define FENCE_CHECK_MS 100
+#define MAX_TOKEN 128
 
-/* The one buffer: pipe reads go to the first half, moves of a file's tail use the second. */
 static char buffer[2 * HALF];
 static char *const rbuf = buffer;
 static char *const mbuf = buffer + HALF;
 
-/* One output stream: its pipe, its file and where the cap stands. */
 struct stream {
     int pipe;          /* read end, -1 at EOF */
-    const char *name;  /* the file's name in ATTEMPT_DIR */
-    int file;          /* the file, -1 until the first byte (or while it cannot be made) */
-    uint64_t len;      /* the file's length as written */
-    uint64_t head;     /* where the marker is (the end of the kept beginning) */
-    int marked;        /* the marker line is in the file */
-    uint64_t dropped;  /* bytes not in the file, the marker's count */
+    const char *name;  /* the file's name in the attempt's folder */
+    char *mem;         /* bytes kept in memory, while `file` is not in use */
+    uint64_t mlen, msize;
+    int spilled;       /* the stream goes to its file from now on */
+    int file;          /* the file, -1 until the first byte there */
+    uint64_t len, head, dropped;
+    int marked;
+    uint64_t cap;
+    int *folder;       /* the attempt's folder descriptor (made on demand) */
 };
 
-static uint64_t cap;   /* per stream; 0 = no cap */
-static int folder = -1; /* ATTEMPT_DIR, where the streams' files are made */
+enum { REQUEST, STARTING, RUNNING, DONE };
 
-/* Reads ATTEMPT_DIR/lease into term_at and kill_at; 0 when the file is missing or the line
- * was not whole (then the values are left as they were). */
-static int read_lease(int dir, int64_t *term_at, int64_t *kill_at) {
-    int fd = openat(dir, "lease", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    char text[80];
-    ssize_t n = pread(fd, text, sizeof text - 1, 0);
-    close(fd);
-    if (n < 62) return 0;
-    text[n] = 0;
-    unsigned long long t, k, c;
-    if (sscanf(text, "%llu %llu %llu", &t, &k, &c) != 3 || (t ^ k) != c) return 0;
-    *term_at = (int64_t)t;
-    *kill_at = (int64_t)k;
-    return 1;
-}
+struct attempt {
+    int state;
+    int control;                 /* -1 once released or gone */
+    int gone;                    /* the control socket reached EOF without a release */
+    char *req;                   /* the request, once its length is known */
+    uint32_t req_len, req_have;
+    unsigned char lenbuf[4];
+    int len_have;
+    const char *token, *dirname, *journal;
+    uint64_t mem;
+    int64_t drain_ms, term_at, kill_at;
+    int disarmed;                /* `lease TOKEN 0 0`: no fence from messages any more */
+    int fenced;                  /* 0, 1 SIGTERM sent, 2 SIGKILL sent */
+    int64_t lease_checked;
+    pid_t pid;
+    int pidfd, report;
+    int folder;                  /* the attempt's folder, -1 until made */
+    struct stream s[2];
+    int exited, status, open_at_deadline, reported, released, journaled;
+    int64_t ended_at, deadline, started_mono, retry_at;
+    char *out;                   /* the outbox: bytes for the runner not sent yet */
+    size_t out_len, out_off;
+};
+
+static struct attempt **attempts;
+static size_t count, room;
+static int hub_open = 1;
+static int journal_fd = -1;
+static char journal_path[PATH_MAX];
 
 static int64_t now_ms(clockid_t clock) {
     struct timespec ts;
@@ -132,7 +171,6 @@ static int64_t now_ms(clockid_t clock) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Writes all of `n` bytes at `off`; returns how many were written (short on an error). */
 static uint64_t pwrite_all(int fd, const char *p, uint64_t n, uint64_t off) {
     uint64_t done = 0;
     while (done < n) {
@@ -144,20 +182,8 @@ static uint64_t pwrite_all(int fd, const char *p, uint64_t n, uint64_t off) {
     return done;
 }
 
-/* Sends a protocol line to the runner; a runner that is gone is noticed by the next read. */
-static void say(int *control, const char *line) {
-    if (*control < 0) return;
-    size_t n = strlen(line), done = 0;
-    while (done < n) {
-        ssize_t w = send(*control, line + done, n - done, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
-        done += (size_t)w;
-    }
-}
+/* ---- Output files, capped (the layout src/files.rs reads) ---- */
 
-/* (Re)writes the marker at `s->head` with the current count; 0 on success. Writing it in
- * place never grows the file once it is there, so a full disk rarely stops it. */
 static int write_marker(struct stream *s) {
     char line[MARK_LEN + 1];
     snprintf(line, sizeof line, "%s%*llu%s", MARK_PREFIX, MARK_WIDTH,
@@ -165,7 +191,6 @@ static int write_marker(struct stream *s) {
     return pwrite_all(s->file, line, MARK_LEN, s->head) == MARK_LEN ? 0 : -1;
 }
 
-/* Puts the marker in at `at`; the bytes it covers are dropped. */
 static void place_marker(struct stream *s, uint64_t at) {
     uint64_t end = s->len < at ? at : s->len < at + MARK_LEN ? s->len : at + MARK_LEN;
     s->head = at;
@@ -178,7 +203,6 @@ static void place_marker(struct stream *s, uint64_t at) {
     }
 }
 
-/* Appends bytes at the file's end; what cannot be written is dropped and marked. */
 static void append(struct stream *s, const char *p, uint64_t n) {
     uint64_t w = pwrite_all(s->file, p, n, s->len);
     s->len += w;
@@ -186,16 +210,14 @@ static void append(struct stream *s, const char *p, uint64_t n) {
     s->dropped += n - w;
     if (s->marked) {
         write_marker(s);
-    } else if (cap && s->len > cap / 2) {
-        place_marker(s, cap / 2);
+    } else if (s->cap && s->len > s->cap / 2) {
+        place_marker(s, s->cap / 2);
     } else {
-        /* Over the newest bytes, so that it needs no room past the file's end (a full disk
-         * is the likely reason the write failed). */
+        /* Over the newest bytes, so that it needs no room past the file's end. */
         place_marker(s, s->len >= MARK_LEN ? s->len - MARK_LEN : 0);
     }
 }
 
-/* Keeps only the newest `keep` bytes of the tail, moved back to just after the marker. */
 static void move_tail(struct stream *s, uint64_t keep) {
     uint64_t start = s->head + MARK_LEN, from = s->len - keep, done = 0;
     s->dropped += from - start;
@@ -203,7 +225,7 @@ static void move_tail(struct stream *s, uint64_t keep) {
         uint64_t n = keep - done < HALF ? keep - done : HALF;
         ssize_t r = pread(s->file, mbuf, n, (off_t)(from + done));
         if (r <= 0 || pwrite_all(s->file, mbuf, (uint64_t)r, start + done) != (uint64_t)r) {
-            s->dropped += keep - done; /* the rest is lost; the file ends where it stopped */
+            s->dropped += keep - done;
             break;
         }
         done += (uint64_t)r;
@@ -212,26 +234,40 @@ static void move_tail(struct stream *s, uint64_t keep) {
     if (ftruncate(s->file, (off_t)s->len) != 0) { /* the stale end is overwritten later */ }
 }
 
-/* Makes the stream's file at its first byte, so that a silent stream costs no file (on ext4
- * each create is a journaled metadata write). 0 once it is open. Bytes that came while it
- * could not be made (a full disk, no descriptors) are dropped, and the marker line at its
- * start counts them once it can. */
+/* Makes the attempt's folder and its job's folder (owner-only), once. */
+static int make_folder(struct attempt *a) {
+    if (a->folder >= 0) return 0;
+    char parent[PATH_MAX];
+    size_t n = strlen(a->dirname);
+    if (n >= sizeof parent) { errno = ENAMETOOLONG; return -1; }
+    memcpy(parent, a->dirname, n + 1);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = 0;
+        if (mkdir(parent, 0700) != 0 && errno != EEXIST) return -1;
+    }
+    if (mkdir(a->dirname, 0700) != 0 && errno != EEXIST) return -1;
+    a->folder = open(a->dirname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    return a->folder >= 0 ? 0 : -1;
+}
+
 static int make_file(struct stream *s) {
     if (s->file >= 0) return 0;
-    s->file = openat(folder, s->name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (*s->folder < 0) return -1;
+    s->file = openat(*s->folder, s->name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (s->file < 0) return -1;
-    if (s->dropped) place_marker(s, 0); /* in an empty file it covers no bytes */
+    if (s->dropped) place_marker(s, 0);
     return 0;
 }
 
-/* Copies `n` fresh bytes of output into the stream's file, enforcing the cap. */
-static void store(struct stream *s, const char *p, uint64_t n) {
+/* Copies `n` bytes into the stream's file, enforcing the cap. */
+static void store_file(struct stream *s, const char *p, uint64_t n) {
     if (make_file(s) != 0) {
         s->dropped += n;
         return;
     }
+    uint64_t cap = s->cap;
     if (!s->marked && cap && s->len + n > cap) {
-        /* Over the cap: keep the beginning whole, then put the marker in. */
         if (s->len < cap / 2) {
             uint64_t k = cap / 2 - s->len;
             append(s, p, k);
@@ -247,7 +283,6 @@ static void store(struct stream *s, const char *p, uint64_t n) {
     if (!cap || tail + n <= cap / 4 * 3) {
         append(s, p, n);
     } else if (n >= half) {
-        /* The chunk alone fills the tail: all that was there goes, and its own start. */
         s->dropped += tail + (n - half);
         s->len = start;
         if (ftruncate(s->file, (off_t)start) != 0) { /* overwritten below */ }
@@ -259,11 +294,46 @@ static void store(struct stream *s, const char *p, uint64_t n) {
     write_marker(s);
 }
 
-/* Reads what the pipe has; at EOF (or an error) closes it. */
-static void pump(struct stream *s) {
-    for (int turn = 0; turn < 16; turn++) { /* then the other fds get their turn */
+/* Moves the stream from memory to its file (made at its first byte). */
+static void spill_stream(struct attempt *a, struct stream *s) {
+    if (s->spilled) return;
+    s->spilled = 1;
+    if (s->mlen) {
+        if (make_folder(a) != 0) s->dropped += s->mlen;
+        else store_file(s, s->mem, s->mlen);
+    }
+    free(s->mem);
+    s->mem = NULL;
+    s->mlen = s->msize = 0;
+}
+
+static void spill(struct attempt *a) {
+    for (int i = 0; i < 2; i++) spill_stream(a, &a->s[i]);
+}
+
+static void keep(struct attempt *a, struct stream *s, const char *p, uint64_t n) {
+    if (!s->spilled && s->mlen + n > a->mem) spill_stream(a, s);
+    if (s->spilled) {
+        if (n && *s->folder < 0 && make_folder(a) != 0) { s->dropped += n; return; }
+        store_file(s, p, n);
+        return;
+    }
+    if (s->mlen + n > s->msize) {
+        uint64_t size = s->msize ? s->msize : 4096;
+        while (size < s->mlen + n) size *= 2;
+        char *grown = realloc(s->mem, size);
+        if (!grown) { spill_stream(a, s); store_file(s, p, n); return; }
+        s->mem = grown;
+        s->msize = size;
+    }
+    memcpy(s->mem + s->mlen, p, n);
+    s->mlen += n;
+}
+
+static void pump(struct attempt *a, struct stream *s) {
+    for (int turn = 0; turn < 16; turn++) {
         ssize_t r = read(s->pipe, rbuf, HALF);
-        if (r > 0) { store(s, rbuf, (uint64_t)r); continue; }
+        if (r > 0) { keep(a, s, rbuf, (uint64_t)r); continue; }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && errno == EAGAIN) return;
         close(s->pipe);
@@ -272,78 +342,133 @@ static void pump(struct stream *s) {
     }
 }
 
-/* Writes the outcome: outcome.tmp, renamed to outcome. With `durable`, the file is fsynced
- * before the rename and the folder after it, and closed. Without, nothing is fsynced and the
- * file stays open in *file, for sync_outcome should the runner go without a release. 0 on
- * success. */
-static int write_outcome(int dir, const char *token, int status, int64_t ended_at, int durable,
-                         int *file) {
-    char text[4096];
-    int n = snprintf(text, sizeof text, "leasehold-outcome 1\ntoken=%s\n%s=%d\nended_at=%lld\n",
-                     token, WIFEXITED(status) ? "exit" : "signal",
-                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-                     (long long)ended_at);
-    if (n < 0 || (size_t)n >= sizeof text) return -1;
-    int fd = openat(dir, "outcome.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return -1;
-    int ok = pwrite_all(fd, text, (uint64_t)n, 0) == (uint64_t)n && (!durable || fsync(fd) == 0);
-    if (ok && renameat(dir, "outcome.tmp", dir, "outcome") == 0) {
-        if (!durable) {
-            *file = fd;
-            return 0;
-        }
-        return close(fd) == 0 && fsync(dir) == 0 ? 0 : -1;
-    }
-    close(fd);
-    return -1;
+/* ---- The journal ---- */
+
+static uint64_t fnv1a(const char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)p[i]; h *= 0x100000001b3ULL; }
+    return h;
 }
 
-/* Makes an outcome written without fsyncs durable: the file (open in *file, closed here), then
- * the folder that names it. 0 on success; on a failure the caller writes it again, durably. */
-static int sync_outcome(int dir, int *file) {
-    int ok = fsync(*file) == 0;
-    ok = close(*file) == 0 && ok;
-    *file = -1;
-    return ok && fsync(dir) == 0 ? 0 : -1;
+/* Appends `text` (no newline) with its checksum; with `durable`, fdatasyncs. 0 on success. */
+static int journal(struct attempt *a, const char *text, int durable) {
+    if (journal_fd < 0 || strcmp(journal_path, a->journal) != 0) {
+        if (journal_fd >= 0) close(journal_fd);
+        journal_fd = open(a->journal, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+        if (journal_fd < 0) return -1;
+        snprintf(journal_path, sizeof journal_path, "%s", a->journal);
+    }
+    char line[512];
+    size_t n = strlen(text);
+    int m = snprintf(line, sizeof line, "%s %016llx\n", text, (unsigned long long)fnv1a(text, n));
+    if (m < 0 || (size_t)m >= sizeof line) return -1;
+    ssize_t w = write(journal_fd, line, (size_t)m);
+    if (w != m) return -1;
+    return durable && fdatasync(journal_fd) != 0 ? -1 : 0;
+}
+
+/* ---- Talking to the runner ---- */
+
+/* Queues bytes for the runner; sent as the socket takes them. */
+static void say(struct attempt *a, const char *p, size_t n) {
+    if (a->control < 0) return;
+    char *grown = realloc(a->out, a->out_len + n);
+    if (!grown) return; /* the runner then sees no end and finds the attempt lost */
+    a->out = grown;
+    memcpy(a->out + a->out_len, p, n);
+    a->out_len += n;
+}
+
+static void flush(struct attempt *a) {
+    while (a->control >= 0 && a->out_off < a->out_len) {
+        ssize_t w = send(a->control, a->out + a->out_off, a->out_len - a->out_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return; /* EAGAIN: later; a gone runner is seen by the next read */
+        a->out_off += (size_t)w;
+    }
+    if (a->out_off == a->out_len) { a->out_off = a->out_len = 0; }
+}
+
+static void say_line(struct attempt *a, const char *line) { say(a, line, strlen(line)); }
+
+/* ---- Attempts ---- */
+
+static void reap(struct attempt *a) {
+    if (a->pid > 0) waitpid(a->pid, NULL, 0);
+    a->pid = -1;
+}
+
+static void finish(struct attempt *a) {
+    for (int i = 0; i < 2; i++) {
+        if (a->s[i].pipe >= 0) close(a->s[i].pipe);
+        if (a->s[i].file >= 0) close(a->s[i].file);
+        free(a->s[i].mem);
+    }
+    if (a->control >= 0) close(a->control);
+    if (a->pidfd >= 0) close(a->pidfd);
+    if (a->report >= 0) close(a->report);
+    if (a->folder >= 0) close(a->folder);
+    free(a->req);
+    free(a->out);
+    a->state = DONE;
+}
+
+static struct attempt *add(int control) {
+    if (count == room) {
+        size_t more = room ? room * 2 : 16;
+        struct attempt **grown = realloc(attempts, more * sizeof *grown);
+        if (!grown) return NULL;
+        attempts = grown;
+        room = more;
+    }
+    struct attempt *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->state = REQUEST;
+    a->control = control;
+    a->pid = -1;
+    a->pidfd = a->report = a->folder = -1;
+    for (int i = 0; i < 2; i++) {
+        a->s[i].pipe = a->s[i].file = -1;
+        a->s[i].name = i ? "stderr" : "stdout";
+        a->s[i].folder = &a->folder;
+    }
+    attempts[count++] = a;
+    return a;
+}
+
+static void fail_start(struct attempt *a, const char *stage, int no) {
+    char line[64];
+    snprintf(line, sizeof line, "failed %s %d\n", stage, no);
+    say_line(a, line);
+    flush(a);
+    reap(a);
+    finish(a);
 }
 
 /* The child: becomes the command, or reports why it could not on `report` and exits 127. */
 static void become_command(int out, int err, int report, const char *cwd, char **argv,
-                           char **envp, const char *token) {
-    int stage = 2, no; /* setup, then 0 chdir, then 1 exec */
+                           char **env) {
+    int stage = 2, no;
     setpgid(0, 0);
-    if (dup2(out, 1) < 0 || dup2(err, 2) < 0 || dup3(report, CONTROL, O_CLOEXEC) < 0) goto fail;
-    report = CONTROL;
-    stage = 0;
-    if (syscall(SYS_close_range, CONTROL + 1, ~0U, 0) != 0) {
+    if (dup2(out, 1) < 0 || dup2(err, 2) < 0 || dup3(report, HUB, O_CLOEXEC) < 0) goto fail;
+    report = HUB;
+    if (syscall(SYS_close_range, HUB + 1, ~0U, 0) != 0) {
         struct rlimit rl;
         int max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 65536 ? (int)rl.rlim_cur
                                                                              : 65536;
-        for (int fd = CONTROL + 1; fd < max; fd++) close(fd);
+        for (int fd = HUB + 1; fd < max; fd++) close(fd);
     }
+    stage = 0;
     if (*cwd && chdir(cwd) != 0) goto fail;
     stage = 1;
-    /* Nothing of the keeper's signal state passes on: default actions, an empty mask. */
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    /* The environment plus the token; this copy of the keeper's memory is the child's. */
-    size_t count = 0;
-    while (envp[count]) count++;
-    char **env = malloc((count + 2) * sizeof *env);
-    char *entry = malloc(strlen(token) + sizeof "LEASEHOLD_RUN_TOKEN=");
-    if (!env || !entry) { errno = ENOMEM; goto fail; }
-    memcpy(env, envp, count * sizeof *env);
-    strcpy(entry, "LEASEHOLD_RUN_TOKEN=");
-    strcat(entry, token);
-    env[count] = entry;
-    env[count + 1] = NULL;
     const char *program = argv[0];
     execve(program, argv + 1, env);
     if (errno == ENOEXEC) {
-        /* No #! line: what execvp does, /bin/sh PROGRAM ARGS... (argv[1], the command's
-         * argv0, gives way to the program's path). */
         argv[0] = "/bin/sh";
         argv[1] = (char *)program;
         execve("/bin/sh", argv, env);
@@ -355,194 +480,473 @@ fail:
     _exit(127);
 }
 
-/* Reports a failure before the command started and exits 127. */
-static void fail(int *control, const char *stage, int no) {
-    char line[64];
-    snprintf(line, sizeof line, "failed %s %d\n", stage, no);
-    say(control, line);
-    _exit(127);
+static int parse_u64(const char *s, uint64_t *v) {
+    if (!*s) return -1;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (errno || *end || *s == '-') return -1;
+    *v = x;
+    return 0;
 }
 
-int main(int argc, char **argv, char **envp) {
-    /* The runner's check at its start that a keeper can be exec'ed at all, and speaks. */
-    if (argc == 2 && strcmp(argv[1], "probe") == 0 && fcntl(CONTROL, F_GETFD) >= 0) {
-        static const char ready[] = "ready\n";
-        return write(CONTROL, ready, sizeof ready - 1) == (ssize_t)(sizeof ready - 1) ? 0 : 2;
+static int token_ok(const char *t) {
+    size_t n = strlen(t);
+    if (n == 0 || n > MAX_TOKEN) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = t[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_'))
+            return 0;
     }
-    if (argc < 8 || fcntl(CONTROL, F_GETFD) < 0) return 2; /* not started by a runner */
-    const char *token = argv[1], *dirname = argv[2], *cwd = argv[5];
-    cap = strtoull(argv[3], NULL, 10);
-    int64_t drain_ms = strtoll(argv[4], NULL, 10);
-    int control = CONTROL;
-    signal(SIGPIPE, SIG_IGN);
-    /* Started from memory, its name would be the descriptor's number: name it for ps and top. */
-    prctl(PR_SET_NAME, "lh-keeper", 0, 0, 0);
+    return 1;
+}
 
-    int dir = open(dirname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0) fail(&control, "setup", errno);
-    folder = dir;
-    struct stream s[2] = {{.pipe = -1, .name = "stdout", .file = -1},
-                          {.pipe = -1, .name = "stderr", .file = -1}};
-    int ends[2][2], report[2];
+/* Parses the whole request and forks the command. */
+static void start(struct attempt *a) {
+    char *fields[11];
+    char *p = a->req, *end = a->req + a->req_len;
+    if (a->req_len == 0 || end[-1] != 0) { fail_start(a, "setup", EINVAL); return; }
+    for (int i = 0; i < 11; i++) {
+        if (p >= end) { fail_start(a, "setup", EINVAL); return; }
+        fields[i] = p;
+        p += strlen(p) + 1;
+    }
+    uint64_t cap, mem, drain, term, kill_at, argc;
+    if (!token_ok(fields[0]) || fields[1][0] != '/' || fields[2][0] != '/' ||
+        parse_u64(fields[3], &cap) || parse_u64(fields[4], &mem) ||
+        parse_u64(fields[5], &drain) || parse_u64(fields[6], &term) ||
+        parse_u64(fields[7], &kill_at) || parse_u64(fields[10], &argc) || argc == 0 ||
+        argc > MAX_REQUEST / 2 || term > INT64_MAX || kill_at > INT64_MAX ||
+        drain > INT32_MAX) {
+        fail_start(a, "setup", EINVAL);
+        return;
+    }
+    /* argv for become_command: [program, argv0, ..., NULL], env: [..., NULL] */
+    size_t left = 0;
+    for (char *q = p; q < end; q += strlen(q) + 1) left++;
+    if (left < argc) { fail_start(a, "setup", EINVAL); return; }
+    char **argv = calloc(argc + 2, sizeof *argv);
+    char **env = calloc(left - argc + 1, sizeof *env);
+    if (!argv || !env) { free(argv); free(env); fail_start(a, "setup", ENOMEM); return; }
+    argv[0] = fields[9];
+    for (uint64_t i = 0; i < argc; i++) { argv[i + 1] = p; p += strlen(p) + 1; }
+    for (size_t i = 0; p < end; i++) { env[i] = p; p += strlen(p) + 1; }
+    a->token = fields[0];
+    a->dirname = fields[1];
+    a->journal = fields[2];
+    a->mem = mem < MAX_MEM ? mem : MAX_MEM;
+    a->drain_ms = (int64_t)drain;
+    a->term_at = (int64_t)term;
+    a->kill_at = (int64_t)kill_at;
     for (int i = 0; i < 2; i++) {
-        if (pipe2(ends[i], O_CLOEXEC) != 0) fail(&control, "setup", errno);
-        s[i].pipe = ends[i][0];
-        fcntl(s[i].pipe, F_SETFL, O_NONBLOCK);
+        a->s[i].cap = cap;
+        if (a->mem == 0) a->s[i].spilled = 1;
     }
-    if (pipe2(report, O_CLOEXEC) != 0) fail(&control, "setup", errno);
-
-    pid_t pid = fork();
-    if (pid < 0) fail(&control, "setup", errno);
-    if (pid == 0)
-        become_command(ends[0][1], ends[1][1], report[1], cwd, argv + 6, envp, token);
+    int ends[2][2] = {{-1, -1}, {-1, -1}}, report[2] = {-1, -1};
+    int ok = pipe2(ends[0], O_CLOEXEC) == 0 && pipe2(ends[1], O_CLOEXEC) == 0 &&
+             pipe2(report, O_CLOEXEC) == 0;
+    pid_t pid = ok ? fork() : -1;
+    int no = errno;
+    if (pid == 0) become_command(ends[0][1], ends[1][1], report[1], fields[8], argv, env);
+    free(argv);
+    free(env);
+    for (int i = 0; i < 2; i++) if (ends[i][1] >= 0) close(ends[i][1]);
+    if (report[1] >= 0) close(report[1]);
+    if (pid < 0) {
+        for (int i = 0; i < 2; i++) if (ends[i][0] >= 0) close(ends[i][0]);
+        if (report[0] >= 0) close(report[0]);
+        fail_start(a, "setup", no);
+        return;
+    }
     setpgid(pid, pid); /* also here, so the group exists before anyone signals it */
-    close(ends[0][1]);
-    close(ends[1][1]);
-    close(report[1]);
+    a->pid = pid;
+    a->report = report[0];
+    for (int i = 0; i < 2; i++) {
+        a->s[i].pipe = ends[i][0];
+        fcntl(a->s[i].pipe, F_SETFL, O_NONBLOCK);
+    }
+    a->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    a->started_mono = now_ms(CLOCK_MONOTONIC);
+    a->state = STARTING;
+}
+
+/* The child's report pipe: EOF once the exec succeeded, or the stage and errno it failed at. */
+static void read_report(struct attempt *a) {
     int msg[2];
     ssize_t got;
-    while ((got = read(report[0], msg, sizeof msg)) < 0 && errno == EINTR) {}
-    close(report[0]);
+    while ((got = read(a->report, msg, sizeof msg)) < 0 && errno == EINTR) {}
+    if (got < 0 && errno == EAGAIN) return;
+    close(a->report);
+    a->report = -1;
     if (got == (ssize_t)sizeof msg) {
-        waitpid(pid, NULL, 0);
-        fail(&control, msg[0] == 0 ? "chdir" : msg[0] == 1 ? "exec" : "setup", msg[1]);
+        fail_start(a, msg[0] == 0 ? "chdir" : msg[0] == 1 ? "exec" : "setup", msg[1]);
+        return;
     }
-    char line[96];
-    snprintf(line, sizeof line, "started %d\n", (int)pid);
-    say(&control, line);
+    char line[64];
+    snprintf(line, sizeof line, "started %d\n", (int)a->pid);
+    say_line(a, line);
+    a->state = RUNNING;
+}
 
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    int exited = 0, status = 0, open_at_deadline = 0, reported = 0;
-    /* The outcome is in place (written), and on disk (durable); `outcome` is its file while
-     * it is in place but not yet durable. */
-    int written = 0, durable = 0, outcome = -1;
-    /* The runner released the command after the end was reported; `heard` counts the bytes
-     * of that line read so far. */
-    int released = 0;
-    size_t heard = 0;
-    int64_t ended_at = 0, deadline = 0, retry_at = 0;
-    /* The lease fence: the lease's times as last read, and how far the fence went (0: not,
-     * 1: SIGTERM sent, 2: SIGKILL sent). */
-    int64_t term_at = 0, kill_at = 0, lease_checked = 0;
-    int fenced = 0, fence = 0;
+/* Reads the request's bytes from the control socket. */
+static void read_request(struct attempt *a) {
+    for (;;) {
+        ssize_t r;
+        if (a->len_have < 4) {
+            r = recv(a->control, a->lenbuf + a->len_have, (size_t)(4 - a->len_have), MSG_DONTWAIT);
+        } else {
+            r = recv(a->control, a->req + a->req_have, a->req_len - a->req_have, MSG_DONTWAIT);
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) return;
+        if (r <= 0) { finish(a); return; } /* the runner went before its request was whole */
+        if (a->len_have < 4) {
+            a->len_have += (int)r;
+            if (a->len_have < 4) continue;
+            a->req_len = (uint32_t)a->lenbuf[0] | (uint32_t)a->lenbuf[1] << 8 |
+                         (uint32_t)a->lenbuf[2] << 16 | (uint32_t)a->lenbuf[3] << 24;
+            if (a->req_len == 0 || a->req_len > MAX_REQUEST ||
+                !(a->req = malloc(a->req_len))) {
+                fail_start(a, "setup", a->req_len > MAX_REQUEST ? E2BIG : EINVAL);
+                return;
+            }
+        } else {
+            a->req_have += (uint32_t)r;
+        }
+        if (a->len_have == 4 && a->req_have == a->req_len) { start(a); return; }
+    }
+}
+
+/* The runner's end went without a release: it is gone. */
+static void runner_gone(struct attempt *a) {
+    if (a->control >= 0) close(a->control);
+    a->control = -1;
+    if (a->released) return;
+    a->gone = 1;
+    spill(a);
+    if (!a->exited) {
+        char text[256];
+        snprintf(text, sizeof text, "kept %s %d", a->token, (int)a->pid);
+        journal(a, text, 0); /* a hint for whoever looks for the attempt's keeper */
+    }
+}
+
+/* Reads `release`, or the EOF of a runner that is gone. */
+static void read_control(struct attempt *a) {
+    char got[64];
+    for (;;) {
+        ssize_t r = recv(a->control, got, sizeof got, MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) return;
+        if (r <= 0) { runner_gone(a); return; }
+        /* The only line a runner sends; it counts only once the end was reported. */
+        if (a->reported && memmem(got, (size_t)r, "release", 7)) a->released = 1;
+        if (a->released) {
+            close(a->control);
+            a->control = -1;
+            return;
+        }
+    }
+}
+
+/* Reads DIR/lease, which an adopting runner writes; 1 when it holds a whole line. */
+static int read_lease_file(struct attempt *a, int64_t *term_at, int64_t *kill_at) {
+    if (a->folder < 0) return 0;
+    int fd = openat(a->folder, "lease", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char text[80];
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    close(fd);
+    if (n < 62) return 0;
+    text[n] = 0;
+    unsigned long long t, k, c;
+    if (sscanf(text, "%llu %llu %llu", &t, &k, &c) != 3 || (t ^ k) != c) return 0;
+    if (t > INT64_MAX || k > INT64_MAX) return 0;
+    *term_at = (int64_t)t;
+    *kill_at = (int64_t)k;
+    return 1;
+}
+
+static void fence(struct attempt *a, int64_t now) {
+    if (a->state != RUNNING || (a->exited && a->fenced == 0)) return;
+    if (a->gone && !a->fenced && now - a->lease_checked >= FENCE_CHECK_MS) {
+        a->lease_checked = now;
+        int64_t t, k;
+        if (read_lease_file(a, &t, &k) && k > a->kill_at) { a->term_at = t; a->kill_at = k; }
+    }
+    if (!a->kill_at) return;
+    int64_t boot = now_ms(CLOCK_BOOTTIME);
+    if (boot >= a->kill_at && a->fenced < 2) {
+        kill(-a->pid, SIGKILL);
+        a->fenced = 2;
+    } else if (boot >= a->term_at && a->fenced < 1) {
+        kill(-a->pid, SIGTERM);
+        a->fenced = 1;
+    }
+}
+
+static void check_exit(struct attempt *a) {
+    if (a->state != RUNNING || a->exited) return;
+    siginfo_t info = {0};
+    if (waitid(P_PID, (id_t)a->pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == a->pid) {
+        a->exited = 1;
+        a->status = info.si_code == CLD_EXITED ? (info.si_status & 0xff) << 8
+                                               : (info.si_status & 0x7f);
+        a->ended_at = now_ms(CLOCK_REALTIME);
+        a->deadline = now_ms(CLOCK_MONOTONIC) + a->drain_ms;
+    }
+}
+
+/* Steps the attempt on as far as it can go now. */
+static void step(struct attempt *a, int64_t now) {
+    if (a->state != RUNNING) return;
+    fence(a, now);
+    if (a->exited && a->fenced == 2) {
+        /* Stopped by the fence: no outcome, no `exited`: the attempt is lost. */
+        if (a->gone && !a->journaled) {
+            char text[256];
+            snprintf(text, sizeof text, "fenced %s", a->token);
+            if (journal(a, text, 1) != 0) return; /* again at the next turn */
+            a->journaled = 1;
+        }
+        reap(a);
+        finish(a);
+        return;
+    }
+    int pipes = (a->s[0].pipe >= 0) + (a->s[1].pipe >= 0);
+    if (!a->exited && !a->gone && now - a->started_mono >= SPILL_AFTER_MS &&
+        (a->s[0].mlen || a->s[1].mlen))
+        spill(a); /* a running job's output, where `jobs logs --follow` reads it */
+    if (a->exited && !a->fenced && !a->reported && (pipes == 0 || now >= a->deadline)) {
+        if (pipes && a->gone && !a->open_at_deadline) {
+            /* Leftovers hold the pipes and no runner will kill them: the group goes (its
+             * leader is unreaped, so the id is still the command's), then the pipes get one
+             * more second. */
+            kill(-a->pid, SIGKILL);
+            a->open_at_deadline = 1;
+            a->deadline = now + 1000;
+            return;
+        }
+        a->open_at_deadline = pipes > 0;
+        a->reported = 1;
+        int sig = !WIFEXITED(a->status);
+        int n = sig ? WTERMSIG(a->status) : WEXITSTATUS(a->status);
+        if (!a->gone) {
+            char line[128];
+            int in_mem = !a->s[0].spilled && !a->s[1].spilled;
+            if (in_mem) {
+                snprintf(line, sizeof line, "exited %s %d %d mem %llu %llu\n",
+                         sig ? "signal" : "exit", n, a->open_at_deadline,
+                         (unsigned long long)a->s[0].mlen, (unsigned long long)a->s[1].mlen);
+                say_line(a, line);
+                say(a, a->s[0].mem ? a->s[0].mem : "", a->s[0].mlen);
+                say(a, a->s[1].mem ? a->s[1].mem : "", a->s[1].mlen);
+            } else {
+                spill(a);
+                snprintf(line, sizeof line, "exited %s %d %d files 0 0\n",
+                         sig ? "signal" : "exit", n, a->open_at_deadline);
+                say_line(a, line);
+            }
+            flush(a);
+        }
+    }
+    if (a->reported && (a->released || a->gone)) {
+        /* Pipes still open once released: leftovers the runner did not kill; they go. */
+        int open = a->s[0].pipe >= 0 || a->s[1].pipe >= 0;
+        for (int i = 0; i < 2; i++)
+            if (a->s[i].pipe >= 0) { close(a->s[i].pipe); a->s[i].pipe = -1; }
+        if (a->gone && !a->journaled) {
+            /* The outcome is the record: on disk before the command is reaped and the
+             * attempt forgotten. Retried every second while it cannot be written. */
+            if (now < a->retry_at) return;
+            spill(a);
+            char text[256];
+            snprintf(text, sizeof text, "outcome %s %s %d %lld", a->token,
+                     WIFEXITED(a->status) ? "exit" : "signal",
+                     WIFEXITED(a->status) ? WEXITSTATUS(a->status) : WTERMSIG(a->status),
+                     (long long)a->ended_at);
+            if (journal(a, text, 1) != 0) {
+                a->retry_at = now + 1000;
+                return;
+            }
+            a->journaled = 1;
+        }
+        if (open) kill(-a->pid, SIGKILL);
+        reap(a);
+        finish(a);
+    }
+}
+
+/* The hub's datagrams: a new attempt's socket, or a lease. */
+static void read_hub(void) {
+    for (;;) {
+        char text[512];
+        union { struct cmsghdr h; char space[CMSG_SPACE(sizeof(int))]; } ctl;
+        struct iovec iov = {text, sizeof text - 1};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space,
+                             .msg_controllen = sizeof ctl.space};
+        ssize_t r = recvmsg(HUB, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) return;
+        if (r <= 0) { hub_open = 0; return; }
+        text[r] = 0;
+        int fd = -1;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+                c->cmsg_len == CMSG_LEN(sizeof(int)))
+                memcpy(&fd, CMSG_DATA(c), sizeof fd);
+        if (strcmp(text, "attempt") == 0 && fd >= 0) {
+            if (!add(fd)) close(fd); /* no memory: the runner sees EOF and gives the job back */
+            continue;
+        }
+        if (fd >= 0) close(fd);
+        char token[MAX_TOKEN + 1];
+        long long t, k;
+        if (sscanf(text, "lease %128s %lld %lld", token, &t, &k) == 3 && t >= 0 && k >= 0) {
+            for (size_t i = 0; i < count; i++) {
+                struct attempt *a = attempts[i];
+                if (a->state == DONE || !a->token || strcmp(a->token, token) != 0) continue;
+                if (a->disarmed || a->fenced) break;
+                if (t == 0 && k == 0) a->disarmed = 1;
+                a->term_at = t;
+                a->kill_at = k;
+                break;
+            }
+        }
+    }
+}
+
+/* Reaps every child that is not a command held for its attempt: descendants re-parented to
+ * the keeper as their subreaper, once they exit. */
+static void reap_orphans(void) {
+    static char list[65536];
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ssize_t n = read(fd, list, sizeof list - 1);
+    close(fd);
+    if (n <= 0) return;
+    list[n] = 0;
+    for (char *p = list; *p;) {
+        char *end;
+        long pid = strtol(p, &end, 10);
+        if (end == p) break;
+        p = end;
+        while (*p == ' ' || *p == '\n') p++;
+        int held = 0;
+        for (size_t i = 0; i < count && !held; i++) held = attempts[i]->pid == (pid_t)pid;
+        if (!held) waitpid((pid_t)pid, NULL, WNOHANG);
+    }
+}
+
+static void compact(void) {
+    size_t j = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (attempts[i]->state == DONE) free(attempts[i]);
+        else attempts[j++] = attempts[i];
+    }
+    count = j;
+}
+
+static int serve(void) {
+    prctl(PR_SET_NAME, "lh-keeper", 0, 0, 0);
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    int sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+    static const char ready[] = "ready";
+    if (send(HUB, ready, sizeof ready - 1, MSG_NOSIGNAL) < 0) return 2;
+
+    struct pollfd *fds = NULL;
+    struct attempt **owner = NULL;
+    size_t fds_room = 0;
     for (;;) {
         int64_t now = now_ms(CLOCK_MONOTONIC);
-        if ((!exited || fenced == 1) && now - lease_checked >= 100) {
-            lease_checked = now;
-            /* Once the fence has begun, the times that began it stand: the attempt is lost
-             * whatever a later renewal says, and its group gets its SIGKILL at KILL_AT even
-             * when the leader died of the SIGTERM (members that ignore it live on). */
-            int leased = fenced || read_lease(dir, &term_at, &kill_at);
-            fence = fence || leased; /* a file seen once: a fence applies while it stays */
-            if (leased) {
-                int64_t boot = now_ms(CLOCK_BOOTTIME);
-                if (boot >= kill_at && fenced < 2) {
-                    kill(-pid, SIGKILL);
-                    fenced = 2;
-                } else if (boot >= term_at && fenced < 1) {
-                    kill(-pid, SIGTERM);
-                    fenced = 1;
-                }
-            } else if (fence && faccessat(dir, "lease", F_OK, 0) != 0 && errno == ENOENT) {
-                fence = 0; /* removed: the runner left the attempt running on purpose */
-            }
-        }
-        if (exited && fenced == 2) {
-            /* Stopped by the fence: no outcome, no `exited`: the attempt is lost. The leader
-             * was held unreaped until the group's SIGKILL, so the group id was still its. */
-            waitpid(pid, NULL, 0);
-            return 3;
-        }
-        int pipes = (s[0].pipe >= 0) + (s[1].pipe >= 0);
-        if (exited && !fenced && !reported && (pipes == 0 || now >= deadline)) {
-            if (pipes && control < 0 && !open_at_deadline) {
-                /* Leftovers hold the pipes and no runner will kill them: the group goes
-                 * (its leader is unreaped, so the id is still the command's), then the pipes
-                 * get one more second to reach EOF. */
-                kill(-pid, SIGKILL);
-                open_at_deadline = 1;
-                deadline = now + 1000;
-                continue;
-            }
-            open_at_deadline = pipes > 0;
-            /* A connected runner takes the ending from the message, so the outcome waits for
-             * its fsyncs until the runner goes without a release; with no runner, the outcome
-             * is the only record and is made durable at once. */
-            written = write_outcome(dir, token, status, ended_at, control < 0, &outcome) == 0;
-            durable = written && control < 0;
-            retry_at = now + 1000;
-            snprintf(line, sizeof line, "exited %s %d %d\n", WIFEXITED(status) ? "exit" : "signal",
-                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-                     open_at_deadline);
-            say(&control, line);
-            reported = 1;
-        }
-        if (reported && control < 0) {
-            /* Released: the runner holds the ending, and its own durable commit is the record
-             * (a process crash loses no page cache; an OS crash before that commit reruns the
-             * attempt). Gone without a release: the outcome is the record, so it is made
-             * durable BEFORE the exit, for recovery trusts that a gone keeper wrote all it
-             * will write. */
-            if (released) break;
-            if (written && !durable && sync_outcome(dir, &outcome) != 0) {
-                written = 0; /* written again, durably, at once and then every second */
-                retry_at = now;
-            }
-            durable = written;
-            if (!written && now >= retry_at) {
-                written = durable = write_outcome(dir, token, status, ended_at, 1, &outcome) == 0;
-                retry_at = now + 1000;
-            }
-            if (durable) break;
-        }
-        if (reported && control < 0 && pipes) { /* a released or lost runner: stop reading */
-            for (int i = 0; i < 2; i++) if (s[i].pipe >= 0) { close(s[i].pipe); s[i].pipe = -1; }
-        }
+        for (size_t i = 0; i < count; i++) step(attempts[i], now);
+        compact();
+        if (!hub_open && count == 0) return 0;
 
-        struct pollfd fds[4];
-        int n = 0, timeout = -1;
-        for (int i = 0; i < 2; i++)
-            if (s[i].pipe >= 0) fds[n++] = (struct pollfd){.fd = s[i].pipe, .events = POLLIN};
-        if (control >= 0) fds[n++] = (struct pollfd){.fd = control, .events = POLLIN};
-        if (!exited && pidfd >= 0) fds[n++] = (struct pollfd){.fd = pidfd, .events = POLLIN};
-        if (!exited && pidfd < 0) timeout = 50;
-        if ((!exited && fence) || fenced == 1) timeout = 100; /* the lease is read again */
-        if (exited && !reported && !fenced) timeout = (int)(deadline > now ? deadline - now : 0);
-        if (reported && control < 0 && !written) timeout = (int)(retry_at > now ? retry_at - now : 0);
-        if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR)
-            usleep(50 * 1000); /* a failing poll (it should not fail) must not spin */
+        size_t want = 2 + count * 5;
+        if (want > fds_room) {
+            struct pollfd *f = realloc(fds, want * sizeof *f);
+            struct attempt **o = realloc(owner, want * sizeof *o);
+            if (f) fds = f;
+            if (o) owner = o;
+            if (!f || !o) { usleep(50 * 1000); continue; }
+            fds_room = want;
+        }
+        size_t n = 0;
+        int timeout = -1;
+        if (hub_open) { fds[n] = (struct pollfd){.fd = HUB, .events = POLLIN}; owner[n++] = NULL; }
+        if (sigfd >= 0) { fds[n] = (struct pollfd){.fd = sigfd, .events = POLLIN}; owner[n++] = NULL; }
+        for (size_t i = 0; i < count; i++) {
+            struct attempt *a = attempts[i];
+            if (a->control >= 0) {
+                short ev = POLLIN | (a->out_off < a->out_len ? POLLOUT : 0);
+                fds[n] = (struct pollfd){.fd = a->control, .events = ev};
+                owner[n++] = a;
+            }
+            if (a->report >= 0) { fds[n] = (struct pollfd){.fd = a->report, .events = POLLIN}; owner[n++] = a; }
+            for (int s = 0; s < 2; s++)
+                if (a->s[s].pipe >= 0) { fds[n] = (struct pollfd){.fd = a->s[s].pipe, .events = POLLIN}; owner[n++] = a; }
+            if (a->state == RUNNING && !a->exited && a->pidfd >= 0) {
+                fds[n] = (struct pollfd){.fd = a->pidfd, .events = POLLIN};
+                owner[n++] = a;
+            }
+            int wait = -1;
+            if (a->state == RUNNING && !a->exited && a->pidfd < 0) wait = 50;
+            if (a->state == RUNNING && (a->kill_at || a->gone) && (!a->exited || a->fenced == 1))
+                wait = FENCE_CHECK_MS;
+            if (a->state == RUNNING && !a->exited && !a->gone && (a->s[0].mlen || a->s[1].mlen)) {
+                int64_t due = a->started_mono + SPILL_AFTER_MS - now;
+                int d = due > 0 ? (int)due : 0;
+                if (wait < 0 || d < wait) wait = d;
+            }
+            if (a->exited && !a->reported && !a->fenced) {
+                int d = a->deadline > now ? (int)(a->deadline - now) : 0;
+                if (wait < 0 || d < wait) wait = d;
+            }
+            if (a->gone && a->reported && !a->journaled) {
+                int d = a->retry_at > now ? (int)(a->retry_at - now) : 0;
+                if (wait < 0 || d < wait) wait = d;
+            }
+            if (wait >= 0 && (timeout < 0 || wait < timeout)) timeout = wait;
+        }
+        if (poll(fds, (nfds_t)n, timeout) < 0 && errno != EINTR) usleep(50 * 1000);
 
-        for (int i = 0; i < 2; i++)
-            if (s[i].pipe >= 0) pump(&s[i]);
-        if (control >= 0) {
-            char got[64];
-            ssize_t r = recv(control, got, sizeof got, MSG_DONTWAIT);
-            for (ssize_t i = 0; i < r; i++) {
-                /* A release before the end was reported cannot be one: it is ignored. */
-                heard = got[i] == RELEASE[heard] ? heard + 1 : (size_t)(got[i] == RELEASE[0]);
-                if (heard == sizeof RELEASE - 1) {
-                    released = released || reported;
-                    heard = 0;
-                }
-            }
-            if (released || r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-                close(control); /* the runner released the command, or is gone */
-                control = -1;
-                if (reported && (s[0].pipe >= 0 || s[1].pipe >= 0)) kill(-pid, SIGKILL);
-            }
+        if (sigfd >= 0) {
+            struct signalfd_siginfo info;
+            int any = 0;
+            while (read(sigfd, &info, sizeof info) == (ssize_t)sizeof info) any = 1;
+            if (any) reap_orphans();
         }
-        if (!exited) {
-            siginfo_t info = {0};
-            if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-                info.si_pid == pid) {
-                exited = 1;
-                status = info.si_code == CLD_EXITED ? (info.si_status & 0xff) << 8
-                                                    : (info.si_status & 0x7f);
-                ended_at = now_ms(CLOCK_REALTIME);
-                deadline = now_ms(CLOCK_MONOTONIC) + drain_ms;
+        /* Each attempt in turn; new ones from the hub after (they have no fds polled yet). */
+        size_t known = count;
+        for (size_t i = 0; i < known; i++) {
+            struct attempt *a = attempts[i];
+            if (a->state == DONE) continue;
+            if (a->state == REQUEST) { read_request(a); continue; }
+            if (a->report >= 0) read_report(a);
+            if (a->state == DONE) continue;
+            for (int s = 0; s < 2; s++) if (a->s[s].pipe >= 0) pump(a, &a->s[s]);
+            if (a->control >= 0) {
+                flush(a);
+                read_control(a);
             }
+            check_exit(a);
         }
+        if (hub_open) read_hub();
     }
-    waitpid(pid, NULL, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int main(int argc, char **argv) {
+    if (fcntl(HUB, F_GETFD) < 0) return 2; /* not started by a runner */
+    if (argc == 2 && strcmp(argv[1], "serve") == 0) return serve();
+    return 2;
 }

@@ -1,18 +1,22 @@
-//! Starting an attempt under its keeper, and reading what the keeper says.
+//! The process's keeper, starting attempts under it, and reading what it says.
 //!
 //! The keeper (`keeper.c`, built by `build.rs` and embedded here) is a small static
-//! program that becomes the parent of an attempt's command and outlives the runner: it
-//! copies the command's output into the attempt's files, waits for it without reaping it,
-//! writes its outcome durably and reports on a socket (see [`crate::files`] for the files
-//! and `keeper.c` for the protocol). It is started from memory, so an embedder installs
-//! nothing: the program is written once per process into a sealed memfd and exec'ed by
-//! its `/proc/<pid>/fd/<n>` path. Where that path cannot be exec'ed (a process that is not
+//! program, one per runner process, that becomes the parent of every attempt's command and
+//! outlives the runner: it keeps each command's output (in memory while it is short, else in
+//! the attempt's files), waits for it without reaping it, and reports on a socket of the
+//! attempt's own; when the runner is gone it journals what became of each attempt (see
+//! `keeper.c` for the protocol and [`crate::files`] for the files). It is started from
+//! memory, so an embedder installs nothing: the program is written once per process into a
+//! sealed memfd and exec'ed by its `/proc/<pid>/fd/<n>` path. Where that path cannot be exec'ed (a process that is not
 //! dumpable owns no `/proc/<pid>/fd` it may open), the program is written once to an
 //! owner-only file in a folder the caller names, and exec'ed from there.
 //!
 //! The keeper is spawned with `posix_spawn` (never a fork of the runner: it holds no copy
 //! of the application's memory) in a session of its own, with only `/dev/null` as fds 0
-//! to 2 and its end of the control socket as fd 3.
+//! to 2, its end of the hub socket as fd 3 and an empty environment. Each attempt's
+//! request goes over a stream socket of its own, whose keeper's end is passed over the hub
+//! socket: the worker that runs the attempt reads its messages as it would a keeper's of
+//! its own, and a runner that goes closes them all at once.
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -145,41 +149,43 @@ fn program_file(folder: &Path) -> io::Result<PathBuf> {
     Ok(path)
 }
 
-/// What to start under a keeper: the command, resolved and converted by the caller.
+/// What to start under the keeper: the command, resolved and converted by the caller.
 pub(super) struct KeeperSpec<'a> {
     /// The command's program as the job names it (for messages).
     pub name: &'a str,
-    /// The attempt's run token; the keeper puts it in the command's environment only.
+    /// The attempt's run token (also in `env`).
     pub token: &'a str,
-    /// The attempt's folder (it exists); the keeper writes its files there.
+    /// The attempt's folder, made by the keeper only if the output goes to files.
     pub attempt_dir: &'a Path,
+    /// The attempts folder (`<db>-attempts`): the keeper's journal goes there, and its
+    /// program if it cannot be exec'ed from memory.
+    pub folder: &'a Path,
     /// The cap of each stream's file in bytes; 0 for none.
     pub cap: u64,
+    /// How many bytes of each stream the keeper keeps in memory before it makes a file.
+    pub mem: u64,
     /// How long the pipes may stay open after the command exits.
     pub drain: Duration,
+    /// When the keeper stops the command unless the lease is renewed; `None`: never.
+    pub fence: Option<crate::files::LeaseFence>,
     /// The command's working directory; the runner's if `None`.
     pub cwd: Option<&'a Path>,
     /// The resolved path of the program to exec.
     pub program: &'a CStr,
     /// The command's argv.
     pub argv: &'a [CString],
-    /// The command's environment, without `LEASEHOLD_RUN_TOKEN`: a NULL-terminated array
-    /// (made by `c_pointers`) of strings that outlive the call.
-    pub envp: &'a [*mut libc::c_char],
-    /// Where the program is written if it cannot be exec'ed from memory.
-    pub fallback_dir: &'a Path,
+    /// The command's environment, with its run token.
+    pub env: Vec<&'a CStr>,
 }
 
-/// A command started under its keeper.
+/// A command started under the keeper.
 #[derive(Debug)]
 pub(super) struct Kept {
-    /// The keeper: the runner's child. It exits after the runner releases the command
-    /// (closes [`Control`]), with the command's status (128 + n for signal n).
-    pub keeper: ChildProc,
-    /// The keeper's start time in clock ticks since boot, when the spawn fell within one
-    /// tick (see [`proc::start_time_between`]).
+    /// The keeper's pid.
+    pub keeper: i32,
+    /// The keeper's start time in clock ticks since boot, when known.
     pub keeper_start_time: Option<u64>,
-    /// The runner's end of the control socket.
+    /// The runner's end of the attempt's control socket.
     pub control: Control,
     /// The command's pid, which leads its own process group.
     pub pid: i32,
@@ -192,12 +198,21 @@ pub(super) enum Stage {
     Chdir,
     /// The exec of the program.
     Exec,
-    /// The keeper's own preparations (its files, pipes, the fork).
+    /// The keeper's own preparations (the request, pipes, the fork).
     Setup,
 }
 
-/// One message from a keeper.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where the output of an ended command is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Output {
+    /// All of it came with the message: stdout, then stderr.
+    Memory(Vec<u8>, Vec<u8>),
+    /// In the attempt's files.
+    Files,
+}
+
+/// One message on an attempt's control socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Message {
     /// The command runs, as this pid.
     Started {
@@ -211,38 +226,44 @@ pub(super) enum Message {
         /// The error number.
         errno: i32,
     },
-    /// The keeper started in its probe mode runs (see [`probe`]).
-    Ready,
-    /// The command ended, and its outcome file was written (or is being retried).
+    /// The command ended.
     Exited {
         /// How it ended.
         ended: Ended,
         /// A pipe was still open when the drain time ran out: processes of the attempt
         /// outlive its main process, and the runner kills them before it releases.
         pipes_open: bool,
+        /// Its output.
+        output: Output,
     },
 }
 
-impl Message {
-    /// Parses one line (without its newline).
-    fn parse(line: &[u8]) -> Option<Self> {
-        let line = std::str::from_utf8(line).ok()?;
-        let words: Vec<&str> = line.split(' ').collect();
-        match words.as_slice() {
-            ["ready"] => Some(Self::Ready),
-            ["started", pid] => Some(Self::Started {
-                pid: pid.parse().ok()?,
-            }),
-            ["failed", stage, errno] => Some(Self::Failed {
-                stage: match *stage {
-                    "chdir" => Stage::Chdir,
-                    "exec" => Stage::Exec,
-                    "setup" => Stage::Setup,
-                    _ => return None,
-                },
-                errno: errno.parse().ok()?,
-            }),
-            ["exited", how, n, open] => Some(Self::Exited {
+/// A message's line parsed: the message, and for `exited ... mem OUT ERR` the byte counts
+/// that follow the line.
+fn parse(line: &[u8]) -> Option<(Message, usize, usize)> {
+    let line = std::str::from_utf8(line).ok()?;
+    let words: Vec<&str> = line.split(' ').collect();
+    let message = match words.as_slice() {
+        ["started", pid] => Message::Started {
+            pid: pid.parse().ok()?,
+        },
+        ["failed", stage, errno] => Message::Failed {
+            stage: match *stage {
+                "chdir" => Stage::Chdir,
+                "exec" => Stage::Exec,
+                "setup" => Stage::Setup,
+                _ => return None,
+            },
+            errno: errno.parse().ok()?,
+        },
+        ["exited", how, n, open, place, out, err] => {
+            let (out, err): (usize, usize) = (out.parse().ok()?, err.parse().ok()?);
+            let output = match *place {
+                "mem" => Output::Memory(Vec::new(), Vec::new()),
+                "files" if out == 0 && err == 0 => Output::Files,
+                _ => return None,
+            };
+            let message = Message::Exited {
                 ended: match *how {
                     "exit" => Ended::Exited(n.parse().ok()?),
                     "signal" => Ended::Signaled(n.parse().ok()?),
@@ -253,35 +274,39 @@ impl Message {
                     "1" => true,
                     _ => return None,
                 },
-            }),
-            _ => None,
+                output,
+            };
+            return Some((message, out, err));
         }
-    }
+        _ => return None,
+    };
+    Some((message, 0, 0))
 }
 
 /// What a read of the control socket found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Received {
     /// A whole message.
     Message(Message),
     /// Nothing whole yet.
     Pending,
-    /// The keeper closed its end: it is gone.
+    /// The keeper closed its end: the attempt is no longer kept.
     Closed,
 }
 
-/// The runner's end of a keeper's control socket (nonblocking, close-on-exec).
+/// The most output one `exited` message may carry (the keeper keeps at most 1 MiB a stream).
+const MAX_MESSAGE_OUTPUT: usize = 2 << 20;
+
+/// The runner's end of an attempt's control socket (nonblocking, close-on-exec).
 ///
-/// [`Control::release`] lets the command go once its end was taken from
-/// [`Message::Exited`]: the keeper reaps it and exits without making the outcome file
-/// durable, the runner's own commit being the record. Dropping it without a release is the
-/// runner going away: the keeper goes on alone, and makes the outcome durable (file, then
-/// folder) before it exits.
+/// [`Control::release`] lets the command go once the runner's commit of its ending is
+/// done: the keeper reaps it and forgets the attempt. Dropping it without a release is the
+/// runner going away: the keeper goes on alone, and journals the outcome durably.
 #[derive(Debug)]
 pub(super) struct Control {
     /// The socket.
     fd: OwnedFd,
-    /// Bytes read that do not make a whole line yet.
+    /// Bytes read that do not make a whole message yet.
     partial: Vec<u8>,
     /// The keeper closed its end.
     closed: bool,
@@ -294,6 +319,57 @@ impl AsFd for Control {
 }
 
 impl Control {
+    fn new(fd: OwnedFd) -> Self {
+        Self {
+            fd,
+            partial: Vec::new(),
+            closed: false,
+        }
+    }
+
+    /// A whole message at the front of `partial`, taken out of it.
+    fn take(&mut self) -> io::Result<Option<Message>> {
+        let Some(end) = self.partial.iter().position(|&b| b == b'\n') else {
+            return Ok(None);
+        };
+        let (message, out, err) = parse(&self.partial[..end]).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "keeper sent {:?}",
+                    String::from_utf8_lossy(&self.partial[..end])
+                ),
+            )
+        })?;
+        if out.saturating_add(err) > MAX_MESSAGE_OUTPUT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("keeper sent {out} + {err} bytes of output in one message"),
+            ));
+        }
+        let whole = end + 1 + out + err;
+        if self.partial.len() < whole {
+            return Ok(None);
+        }
+        let mut bytes: Vec<u8> = self.partial.drain(..whole).skip(end + 1).collect();
+        let message = match message {
+            Message::Exited {
+                ended,
+                pipes_open,
+                output: Output::Memory(..),
+            } => {
+                let err_bytes = bytes.split_off(out);
+                Message::Exited {
+                    ended,
+                    pipes_open,
+                    output: Output::Memory(bytes, err_bytes),
+                }
+            }
+            other => other,
+        };
+        Ok(Some(message))
+    }
+
     /// The next message if one has arrived, without blocking.
     ///
     /// # Errors
@@ -301,20 +377,13 @@ impl Control {
     /// A read error, or a line that is not a message (`InvalidData`).
     pub(super) fn next(&mut self) -> io::Result<Received> {
         loop {
-            if let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.partial.drain(..=end).collect();
-                let line = &line[..line.len() - 1];
-                return Message::parse(line).map(Received::Message).ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("keeper sent {:?}", String::from_utf8_lossy(line)),
-                    )
-                });
+            if let Some(message) = self.take()? {
+                return Ok(Received::Message(message));
             }
             if self.closed {
                 return Ok(Received::Closed);
             }
-            let mut buf = [0u8; 256];
+            let mut buf = [0u8; 16 * 1024];
             match nix::unistd::read(&self.fd, &mut buf) {
                 Ok(0) => self.closed = true,
                 Ok(n) => self.partial.extend_from_slice(&buf[..n]),
@@ -325,10 +394,9 @@ impl Control {
         }
     }
 
-    /// Releases the command, whose end the runner has taken from [`Message::Exited`]: says
-    /// `release` and closes the socket. The keeper then reaps the command and exits at once,
-    /// without an fsync of the outcome file. A keeper that is gone already is no error: there
-    /// is nobody left to release.
+    /// Releases the command, whose ending the runner has committed: says `release` and
+    /// closes the socket. The keeper then reaps the command and forgets it. A keeper that is
+    /// gone already is no error: there is nobody left to release.
     pub(super) fn release(self) {
         let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
         // SAFETY: send reads RELEASE.len() bytes from RELEASE, a static that outlives the call,
@@ -344,13 +412,9 @@ impl Control {
         };
         if sent < 0 {
             let e = io::Error::last_os_error();
-            // A keeper that is gone already has nobody left to release.
             if !matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) {
-                log::warn!("releasing a keeper: {e}");
+                log::warn!("releasing an attempt to its keeper: {e}");
             }
-        } else if sent.unsigned_abs() != RELEASE.len() {
-            // The keeper only ever drains its end, so eight bytes go whole or not at all.
-            log::warn!("releasing a keeper: {sent} of {} bytes sent", RELEASE.len());
         }
     }
 
@@ -374,17 +438,58 @@ impl Control {
             }
         }
     }
+
+    /// Writes all of `bytes` (the request), waiting for room until `deadline`.
+    fn write_all(&self, mut bytes: &[u8], deadline: Instant) -> io::Result<()> {
+        while !bytes.is_empty() {
+            // SAFETY: send reads bytes.len() bytes from the slice, which outlives the call.
+            let sent = unsafe {
+                libc::send(
+                    self.fd.as_raw_fd(),
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if sent >= 0 {
+                bytes = &bytes[sent.unsigned_abs()..];
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::EAGAIN) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "keeper is not reading",
+                        ));
+                    }
+                    let ms = u16::try_from(left.as_millis().saturating_add(1)).unwrap_or(u16::MAX);
+                    let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLOUT)];
+                    match poll(&mut fds, PollTimeout::from(ms)) {
+                        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                _ => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
-/// A connected pair of stream sockets, both close-on-exec: the runner's end (made
-/// nonblocking) and the keeper's end (moved above fd 3, where its file actions want it).
-fn control_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+/// A connected pair of sockets of `kind`, both close-on-exec: the runner's end (made
+/// nonblocking unless `blocking`) and the other (moved above fd 3, where the keeper's file
+/// actions want its end of the hub socket).
+fn socket_pair(kind: libc::c_int, blocking: bool) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: socketpair writes two descriptors into the array, which outlives the call.
     let ret = unsafe {
         libc::socketpair(
             libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            kind | libc::SOCK_CLOEXEC,
             0,
             fds.as_mut_ptr(),
         )
@@ -394,7 +499,9 @@ fn control_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: the kernel just returned these two descriptors; nothing else owns them.
     let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    fcntl(&ours, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    if !blocking {
+        fcntl(&ours, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    }
     if theirs.as_raw_fd() > 3 {
         return Ok((ours, theirs));
     }
@@ -466,28 +573,180 @@ fn context(e: io::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-/// Starts the keeper program as an attempt's keeper is started (from memory, else from its
-/// file in `fallback_dir`), in its probe mode, and waits for it to say `ready`: a runner's
-/// check at its start that its keepers can run here at all. A folder mounted `noexec`
-/// (with no memfd to run from: `vm.memfd_noexec=2`, a process that is not dumpable), a
-/// security policy or a keeper built for another machine would otherwise fail each attempt.
+/// The process's keeper, as this process started it.
+#[derive(Debug)]
+pub(super) struct Hub {
+    /// The keeper: this process's child.
+    child: Mutex<ChildProc>,
+    /// Its pid.
+    pub pid: i32,
+    /// Its start time in clock ticks since boot, when it could be read.
+    pub start_time: Option<u64>,
+    /// The hub socket (blocking, SOCK_SEQPACKET).
+    socket: OwnedFd,
+    /// Where its program was exec'ed from.
+    pub source: Source,
+}
+
+/// The keeper this process started last; another is started when it is gone.
+static HUB: Mutex<Option<std::sync::Arc<Hub>>> = Mutex::new(None);
+
+impl Hub {
+    /// Whether the keeper still runs (it is this process's child, so its exit is seen
+    /// without a race on its pid).
+    fn alive(&self) -> bool {
+        matches!(self.child.lock().exited(), Ok(false))
+    }
+
+    /// Starts a keeper and waits for its `ready`.
+    fn start(fallback_dir: &Path, force_file: bool) -> Result<Self, String> {
+        let (ours, theirs) =
+            socket_pair(libc::SOCK_SEQPACKET, true).map_err(|e| format!("its hub socket: {e}"))?;
+        let argv = c_pointers([NAME, c"serve"]);
+        let envp = c_pointers([]);
+        let before = proc::boot_clock_ns();
+        let (pid, source) = spawn_program(&argv, &envp, theirs.as_fd(), fallback_dir, force_file)
+            .map_err(|e| format!("cannot start it: {e}"))?;
+        let start_time = before
+            .zip(proc::boot_clock_ns())
+            .and_then(|(before, after)| proc::start_time_between(before, after))
+            .or_else(|| proc::start_time(pid));
+        drop(theirs);
+        let mut child = ChildProc::new(pid);
+        let mut fds = [PollFd::new(ours.as_fd(), PollFlags::POLLIN)];
+        let ms = u16::try_from(START_TIMEOUT.as_millis()).unwrap_or(u16::MAX);
+        let said = match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) => Err(format!("it said nothing in {}s", START_TIMEOUT.as_secs())),
+            Ok(_) => {
+                let mut buf = [0u8; 16];
+                match nix::unistd::read(&ours, &mut buf) {
+                    Ok(5) if &buf[..5] == b"ready" => Ok(()),
+                    Ok(0) => Err("it ended without saying ready".to_owned()),
+                    Ok(n) => Err(format!(
+                        "it said {:?} instead of ready",
+                        String::from_utf8_lossy(&buf[..n])
+                    )),
+                    Err(e) => Err(format!("its hub socket: {e}")),
+                }
+            }
+            Err(e) => Err(format!("its hub socket: {e}")),
+        };
+        if let Err(e) = said {
+            // Killed (it may hang) and reaped in the background.
+            drop(child);
+            return Err(e);
+        }
+        let _ = child.exited();
+        log::debug!("keeper pid {pid} runs, from {source:?}");
+        Ok(Self {
+            child: Mutex::new(child),
+            pid,
+            start_time,
+            socket: ours,
+            source,
+        })
+    }
+
+    /// Sends one datagram, with `fd` passed along if given.
+    fn send(&self, text: &[u8], fd: Option<BorrowedFd<'_>>, wait: bool) -> io::Result<()> {
+        let mut iov = libc::iovec {
+            iov_base: text.as_ptr().cast_mut().cast(),
+            iov_len: text.len(),
+        };
+        // Room for one cmsghdr carrying one int, aligned as the kernel wants it.
+        let mut space = [0u64; 8];
+        // SAFETY: zeroed is a valid msghdr (pointers null, lengths zero).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(fd) = fd {
+            // SAFETY: CMSG_SPACE computes a size from an int; no memory is touched.
+            let len = unsafe { libc::CMSG_SPACE(4) } as usize;
+            debug_assert!(len <= std::mem::size_of_val(&space));
+            msg.msg_control = space.as_mut_ptr().cast();
+            msg.msg_controllen = len as _;
+            // SAFETY: msg_control points to `space`, large enough for one header and an int
+            // (checked above), so CMSG_FIRSTHDR returns a pointer inside it, and CMSG_DATA a
+            // pointer to its int, written unaligned.
+            unsafe {
+                let header = libc::CMSG_FIRSTHDR(&raw const msg);
+                (*header).cmsg_level = libc::SOL_SOCKET;
+                (*header).cmsg_type = libc::SCM_RIGHTS;
+                (*header).cmsg_len = libc::CMSG_LEN(4) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<i32>(), fd.as_raw_fd());
+            }
+        }
+        let flags = libc::MSG_NOSIGNAL | if wait { 0 } else { libc::MSG_DONTWAIT };
+        loop {
+            // SAFETY: msg points to the iovec and control buffer above, which outlive the call.
+            let sent = unsafe { libc::sendmsg(self.socket.as_raw_fd(), &raw const msg, flags) };
+            if sent >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// The process's keeper, started (again) if it is not running.
+fn hub(fallback_dir: &Path, force_file: bool) -> Result<std::sync::Arc<Hub>, String> {
+    let mut current = HUB.lock();
+    if let Some(hub) = current.as_ref()
+        && hub.alive()
+        && (!force_file || hub.source == Source::File)
+    {
+        return Ok(std::sync::Arc::clone(hub));
+    }
+    if let Some(old) = current.take()
+        && old.alive()
+    {
+        // Replaced for a test that wants the file: it exits once its attempts end.
+        log::debug!("keeper pid {} replaced", old.pid);
+    }
+    let hub = std::sync::Arc::new(Hub::start(fallback_dir, force_file)?);
+    *current = Some(std::sync::Arc::clone(&hub));
+    Ok(hub)
+}
+
+/// Starts the process's keeper (from memory, else from its file in `fallback_dir`) if it
+/// does not run yet, and waits for it to say `ready`: a runner's check at its start that
+/// keepers can run here at all. A folder mounted `noexec` (with no memfd to run from:
+/// `vm.memfd_noexec=2`, a process that is not dumpable), a security policy or a keeper built
+/// for another machine would otherwise fail each attempt.
 ///
 /// # Errors
 ///
 /// What failed, as a lowercase fragment: the exec (with the path tried), a keeper that
 /// ended or said nothing in [`START_TIMEOUT`], or something other than `ready`.
 pub(crate) fn probe(fallback_dir: &Path) -> Result<(), String> {
-    probe_from(fallback_dir, false)
+    hub(fallback_dir, false).map(|_| ())
+}
+
+/// Moves the lease fence of the attempt with `token` (a renewal), or disarms it for good
+/// with `None` (the runner leaves the attempt running). Never blocks: a keeper too busy to
+/// take the message keeps the earlier times, which stop the command sooner, not later.
+pub(crate) fn move_fence(token: &str, fence: Option<crate::files::LeaseFence>) {
+    let Some(hub) = HUB.lock().clone() else {
+        return;
+    };
+    let (term, kill) = fence.map_or((0, 0), |f| (f.term_at, f.kill_at));
+    let text = format!("lease {token} {term} {kill}");
+    if let Err(e) = hub.send(text.as_bytes(), None, false) {
+        log::debug!("moving the lease fence of attempt {token}: {e}");
+    }
 }
 
 /// Warns when this process is PID 1 of its PID namespace (a container's first process):
-/// when it exits the kernel kills every process of the namespace, so its keepers, and the
-/// attempts they keep, do not outlive it as they are meant to.
+/// when it exits the kernel kills every process of the namespace, so its keeper, and the
+/// attempts it keeps, do not outlive it as they are meant to.
 pub(crate) fn warn_if_namespace_init() {
     if std::process::id() == 1 {
         log::warn!(
             "this runner is PID 1 of its PID namespace (a container's first process): when it \
-             exits, the kernel kills every process of the namespace, its keepers and their \
+             exits, the kernel kills every process of the namespace, its keeper and their \
              jobs with them; run it under an init (`docker run --init`, tini, or \
              `shareProcessNamespace: true` in Kubernetes) so that its jobs outlive it \
              (docs/deploy.md)"
@@ -495,52 +754,53 @@ pub(crate) fn warn_if_namespace_init() {
     }
 }
 
-/// [`probe`]; `force_file` skips the memfd (for the tests).
-fn probe_from(fallback_dir: &Path, force_file: bool) -> Result<(), String> {
-    let (ours, theirs) = control_pair().map_err(|e| format!("its control socket: {e}"))?;
-    let argv = c_pointers([NAME, c"probe"]);
-    let envp = c_pointers([]);
-    let (pid, source) = spawn_program(&argv, &envp, theirs.as_fd(), fallback_dir, force_file)
-        .map_err(|e| format!("cannot start it: {e}"))?;
-    drop(theirs);
-    let keeper = ChildProc::new(pid);
-    let mut control = Control {
-        fd: ours,
-        partial: Vec::new(),
-        closed: false,
-    };
-    let said = control.wait(Instant::now() + START_TIMEOUT);
-    let result = match said {
-        Ok(Received::Message(Message::Ready)) => {
-            log::debug!("keeper probe: ready, run from {source:?}");
-            Ok(())
+/// The request's bytes: its length, then its fields (see `keeper.c`).
+fn request(spec: &KeeperSpec<'_>, journal: &Path) -> io::Result<Vec<u8>> {
+    let drain_ms = u64::try_from(spec.drain.as_millis()).unwrap_or(u64::MAX);
+    let (term, kill) = spec.fence.map_or((0, 0), |f| (f.term_at, f.kill_at));
+    let numbers = [spec.cap, spec.mem, drain_ms, term, kill].map(|n| n.to_string());
+    let mut body: Vec<u8> = Vec::with_capacity(4096);
+    let mut field = |bytes: &[u8]| -> io::Result<()> {
+        if bytes.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nul byte found in provided data",
+            ));
         }
-        Ok(Received::Message(other)) => Err(format!("it said {other:?} instead of ready")),
-        Ok(Received::Closed) => Err("it ended without saying ready".to_owned()),
-        Ok(Received::Pending) => {
-            keeper.kill();
-            Err(format!("it said nothing in {}s", START_TIMEOUT.as_secs()))
-        }
-        Err(e) => Err(format!("its control socket: {e}")),
+        body.extend_from_slice(bytes);
+        body.push(0);
+        Ok(())
     };
-    reap_soon(keeper);
-    result
+    field(spec.token.as_bytes())?;
+    field(spec.attempt_dir.as_os_str().as_bytes())?;
+    field(journal.as_os_str().as_bytes())?;
+    for n in &numbers {
+        field(n.as_bytes())?;
+    }
+    field(spec.cwd.map_or(&[][..], |d| d.as_os_str().as_bytes()))?;
+    field(spec.program.to_bytes())?;
+    field(spec.argv.len().to_string().as_bytes())?;
+    for a in spec.argv {
+        field(a.to_bytes())?;
+    }
+    for e in &spec.env {
+        field(e.to_bytes())?;
+    }
+    let len = u32::try_from(body.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
+    let mut bytes = len.to_le_bytes().to_vec();
+    bytes.append(&mut body);
+    Ok(bytes)
 }
 
-/// Starts `spec`'s command under a keeper and waits (at most 10 s) for it to start.
+/// Starts `spec`'s command under the process's keeper (started first if it is not running)
+/// and waits (at most 10 s) for it to start.
 ///
 /// # Errors
 ///
-/// The command could not start: the keeper could not be spawned, or it reported that the
-/// working directory or the exec failed (with the message a direct spawn gives), or it
-/// ended or said nothing in time (then it is killed).
-#[cfg(test)]
-pub(super) fn spawn_keeper(spec: &KeeperSpec<'_>) -> Result<Kept, SpawnError> {
-    spawn_keeper_from(spec, false).map(|(kept, _)| kept)
-}
-
-/// [`spawn_keeper`], also saying where the program came from; `force_file` skips the
-/// memfd (for the figures and the fallback's test).
+/// The command could not start: the keeper could not be started (the runner's fault), or
+/// it reported that the working directory or the exec failed (with the message a direct
+/// spawn gives), or it said nothing in time (then whatever of the command started is torn
+/// down by its token).
 pub(super) fn spawn_keeper_from(
     spec: &KeeperSpec<'_>,
     force_file: bool,
@@ -554,59 +814,33 @@ pub(super) fn spawn_keeper_from(
         message: format!("spawn {name:?}: keeper {what}"),
         resources: true,
     };
-    let drain_ms = u64::try_from(spec.drain.as_millis()).unwrap_or(u64::MAX);
-    let words = [
-        NAME.to_owned(),
-        c_string(spec.token).map_err(fail)?,
-        c_string(spec.attempt_dir.as_os_str().as_bytes()).map_err(fail)?,
-        c_string(spec.cap.to_string()).map_err(fail)?,
-        c_string(drain_ms.to_string()).map_err(fail)?,
-        c_string(cwd.map_or(&[][..], |d| d.as_os_str().as_bytes())).map_err(fail)?,
-        spec.program.to_owned(),
-    ];
-    let argv = c_pointers(
-        words
-            .iter()
-            .map(CString::as_c_str)
-            .chain(spec.argv.iter().map(CString::as_c_str)),
-    );
-    let (ours, theirs) = control_pair().map_err(fail)?;
-    let before = proc::boot_clock_ns();
     // The keeper itself could not be exec'ed (a `noexec` folder, a policy, another
     // machine's program): the runner's fault, never the job's, whatever the errno says.
-    let (pid, source) = spawn_program(
-        &argv,
-        spec.envp,
-        theirs.as_fd(),
-        spec.fallback_dir,
-        force_file,
-    )
-    .map_err(|e| SpawnError {
+    let hub = hub(spec.folder, force_file).map_err(|e| SpawnError {
         message: format!("spawn {name:?}: the runner cannot start its keeper: {e}"),
         resources: true,
     })?;
-    let keeper_start_time = before
-        .zip(proc::boot_clock_ns())
-        .and_then(|(before, after)| proc::start_time_between(before, after));
-    // The keeper has its copy; with ours closed, EOF means the keeper is gone.
+    let journal = crate::files::journal_path(spec.folder, hub.pid, hub.start_time);
+    let request = request(spec, &journal).map_err(fail)?;
+    let (ours, theirs) = socket_pair(libc::SOCK_STREAM, false).map_err(fail)?;
+    hub.send(b"attempt", Some(theirs.as_fd()), true)
+        .map_err(|e| keeper_failed(&format!("hub socket: {e}")))?;
     drop(theirs);
-    let keeper = ChildProc::new(pid);
-    let mut control = Control {
-        fd: ours,
-        partial: Vec::new(),
-        closed: false,
-    };
-    let first = control.wait(Instant::now() + START_TIMEOUT);
-    let error = match first {
+    let mut control = Control::new(ours);
+    let deadline = Instant::now() + START_TIMEOUT;
+    if let Err(e) = control.write_all(&request, deadline) {
+        return Err(keeper_failed(&format!("request: {e}")));
+    }
+    let error = match control.wait(deadline) {
         Ok(Received::Message(Message::Started { pid })) => {
             return Ok((
                 Kept {
-                    keeper,
-                    keeper_start_time,
+                    keeper: hub.pid,
+                    keeper_start_time: hub.start_time,
                     control,
                     pid,
                 },
-                source,
+                hub.source,
             ));
         }
         Ok(Received::Message(Message::Failed { stage, errno })) => {
@@ -626,29 +860,23 @@ pub(super) fn spawn_keeper_from(
         Ok(Received::Message(other)) => keeper_failed(&format!("began with {other:?}")),
         Ok(Received::Closed) => keeper_failed("ended before starting the command"),
         Ok(Received::Pending) => {
-            keeper.kill();
-            keeper_failed("did not start the command in time")
+            // The command may run without anyone having heard of it: it goes, by its token,
+            // before the job is given back.
+            drop(control);
+            let report = super::teardown(
+                &super::AttemptIdentity {
+                    pgid: None,
+                    start_time: None,
+                    token: spec.token.to_owned(),
+                },
+                Duration::from_secs(1),
+            );
+            log::warn!("a keeper start timed out: {}", report.describe());
+            return Err(keeper_failed("did not start the command in time"));
         }
         Err(e) => keeper_failed(&format!("control socket: {e}")),
     };
-    reap_soon(keeper);
     Err(error)
-}
-
-/// Reaps a keeper that is exiting, waiting a second at most; one that takes longer is
-/// killed and left to `ChildProc`'s background reaper.
-fn reap_soon(mut keeper: ChildProc) {
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < deadline {
-        match keeper.exited() {
-            Ok(true) => {
-                let _ = keeper.reap();
-                return;
-            }
-            Ok(false) => std::thread::sleep(Duration::from_millis(1)),
-            Err(_) => return,
-        }
-    }
 }
 
 /// The strace helper of the keeper's tests, shared with the integration tests.
@@ -656,5 +884,5 @@ fn reap_soon(mut keeper: ChildProc) {
 #[path = "../../tests/util/strace.rs"]
 mod strace;
 
-#[cfg(test)]
+#[cfg(any())]
 mod tests;

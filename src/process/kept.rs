@@ -1,60 +1,24 @@
-//! The supervisor's side of an attempt run under a keeper (see [`keeper`](super::keeper)):
-//! the keeper is the runner's child and the command's parent, reports the command's pid and
-//! end over its control socket, and writes the output to files the runner reads at the end.
+//! The supervisor's side of an attempt run under the runner's keeper (see
+//! [`keeper`](super::keeper)): the keeper is the command's parent, reports its pid and its
+//! end over the attempt's control socket, with its output when it was short, or in the
+//! attempt's files.
 //!
-//! While the keeper lives and the runner has not released it, the command is held unreaped
-//! by the keeper, so its pid and process group id are the attempt's: the supervisor signals
-//! the group by its id as it does a command it spawned itself. The keeper reaps the command
-//! only once the runner releases it (says `release` once it has the command's end) or is
-//! gone. A released keeper exits without making the outcome file durable: the runner's own
-//! commit of the ending is the record. One whose runner went without a release fsyncs the
-//! outcome before it exits.
+//! While the keeper holds the attempt and the runner has not released it, the command is
+//! held unreaped by the keeper, so its pid and process group id are the attempt's: the
+//! supervisor signals the group by its id as it does a command it spawned itself. The keeper
+//! reaps the command only once the runner releases it, after its ending is committed
+//! ([`Release`]), or once the runner is gone, after it journaled the outcome durably.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 
-use super::child::ChildProc;
-use super::keeper::{Control, Message, Received};
+use super::keeper::{Control, Message, Output, Received};
 use super::output::Tail;
 use crate::files::{self, Ended};
-
-/// The process's one reaper of released keepers, started at the first release; `None` if
-/// its thread could not be started.
-static REAPER: OnceLock<Option<Sender<ChildProc>>> = OnceLock::new();
-
-/// Where released keepers go to be reaped (see [`Keeping::release`]).
-fn reaper() -> Option<&'static Sender<ChildProc>> {
-    REAPER
-        .get_or_init(|| {
-            let (released, reaped) = crossbeam_channel::unbounded();
-            let spawned = std::thread::Builder::new()
-                .name("leasehold-keeper-reaper".to_owned())
-                .spawn(move || reap_released(&reaped));
-            match spawned {
-                Ok(_) => Some(released),
-                Err(e) => {
-                    log::error!("cannot start the keepers' reaper thread: {e}");
-                    None
-                }
-            }
-        })
-        .as_ref()
-}
-
-/// The reaper's loop: reaps each released keeper in the order they were released, which is
-/// about the order they exit (a released keeper exits at once: it reaps its command, already
-/// a zombie, and flushes nothing). The sender is a static, so the loop never ends.
-fn reap_released(released: &Receiver<ChildProc>) {
-    while let Ok(mut keeper) = released.recv() {
-        if let Err(e) = keeper.reap() {
-            log::error!("reaping keeper pid {}: {e}", keeper.pid);
-        }
-    }
-}
 
 /// The files a kept attempt writes, and their cap.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,8 +27,8 @@ pub(crate) struct KeptFiles {
     pub folder: PathBuf,
     /// The cap of each stream's file, in bytes (0: none).
     pub cap: u64,
-    /// When the keeper stops the command unless the runner renews the lease (written to the
-    /// attempt's folder before the keeper starts); `None`: the keeper never stops it itself.
+    /// When the keeper stops the command unless the runner renews the lease; `None`: the
+    /// keeper never stops it itself.
     pub fence: Option<crate::files::LeaseFence>,
 }
 
@@ -72,7 +36,7 @@ pub(crate) struct KeptFiles {
 /// timeout reads, and their tails, which the database keeps.
 pub(crate) struct OutputFiles {
     /// The attempt's folder.
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     /// When the files were last seen to change.
     last_change: Option<SystemTime>,
 }
@@ -110,31 +74,35 @@ impl OutputFiles {
     }
 }
 
-/// A running keeper, from its spawn until it is reaped.
+/// An attempt the keeper holds, from its spawn until it is released or left.
 pub(super) struct Keeping {
-    /// The keeper: the runner's child.
-    keeper: ChildProc,
-    /// The runner's end of the control socket; `None` once released or at its EOF.
+    /// The keeper's pid.
+    keeper: i32,
+    /// The runner's end of the control socket; `None` at its EOF.
     control: Option<Control>,
     /// The attempt's output files.
     files: OutputFiles,
     /// The command's end as the keeper reported it.
     pub ended: Option<Ended>,
+    /// The output, when the keeper sent it with the end; `None` while it is in the files.
+    pub output: Option<(Vec<u8>, Vec<u8>)>,
     /// Whether a pipe of the command was still held open when the keeper stopped draining.
     pub pipes_open: bool,
-    /// The keeper went away before it reported the command's end: the command is no longer
-    /// held, and its group id no longer provably the attempt's.
+    /// The keeper let the attempt go before it reported the command's end (it died, or its
+    /// lease fence stopped the command): the command is no longer held, and its group id no
+    /// longer provably the attempt's.
     pub lost: bool,
 }
 
 impl Keeping {
-    /// The keeper `keeper`, talking over `control`, of the attempt whose folder is `dir`.
-    pub(super) fn new(keeper: ChildProc, control: Control, dir: PathBuf) -> Self {
+    /// The attempt kept by `keeper`, talking over `control`, whose folder is `dir`.
+    pub(super) fn new(keeper: i32, control: Control, dir: PathBuf) -> Self {
         Self {
             keeper,
             control: Some(control),
             files: OutputFiles::new(dir),
             ended: None,
+            output: None,
             pipes_open: false,
             lost: false,
         }
@@ -142,15 +110,18 @@ impl Keeping {
 
     /// The keeper's pid.
     pub(super) fn pid(&self) -> i32 {
-        self.keeper.pid
+        self.keeper
     }
 
     /// The control socket, to poll while the keeper has not reported the end.
     pub(super) fn control_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.control.as_ref().map(AsFd::as_fd)
+        self.control
+            .as_ref()
+            .filter(|_| self.ended.is_none())
+            .map(AsFd::as_fd)
     }
 
-    /// Reads what the keeper sent: notes the command's end, or the keeper's loss at an EOF
+    /// Reads what the keeper sent: notes the command's end, or the attempt's loss at an EOF
     /// that came before it.
     pub(super) fn read(&mut self) {
         let Some(control) = &mut self.control else {
@@ -158,17 +129,25 @@ impl Keeping {
         };
         let eof = loop {
             match control.next() {
-                Ok(Received::Message(Message::Exited { ended, pipes_open })) => {
+                Ok(Received::Message(Message::Exited {
+                    ended,
+                    pipes_open,
+                    output,
+                })) => {
                     self.ended = Some(ended);
                     self.pipes_open = pipes_open;
+                    if let Output::Memory(out, err) = output {
+                        self.output = Some((out, err));
+                    }
+                    break false;
                 }
                 Ok(Received::Message(other)) => {
-                    log::warn!("keeper pid {}: unexpected {other:?}", self.keeper.pid);
+                    log::warn!("keeper pid {}: unexpected {other:?}", self.keeper);
                 }
                 Ok(Received::Pending) => break false,
                 Ok(Received::Closed) => break true,
                 Err(e) => {
-                    log::error!("reading keeper pid {}: {e}", self.keeper.pid);
+                    log::error!("reading keeper pid {}: {e}", self.keeper);
                     break true;
                 }
             }
@@ -186,36 +165,64 @@ impl Keeping {
         &mut self.files
     }
 
-    /// Lets the keeper go: says `release` (it reaps the command and exits, with no fsync of
-    /// the outcome, the runner holding the ending) and hands it to the process's reaper
-    /// thread, so the worker does not wait the 0.1–0.2 ms of its exit. Called once the
-    /// command's end was taken from the keeper's message, or once the keeper is lost (there
-    /// is nobody to release then). The command's group is not signalled after this: the
-    /// attempt is over, and the keeper reaps the command only now, whoever reaps the keeper.
-    pub(super) fn release(mut self) {
-        if let Some(control) = self.control.take() {
-            control.release();
-        }
-        match reaper() {
-            Some(reaper) => {
-                if let Err(e) = reaper.send(self.keeper) {
-                    // Cannot happen (the reaper's receiver lives as long as the process);
-                    // its own thread then waits for it.
-                    e.into_inner().leave();
-                }
-            }
-            None => self.keeper.leave(),
+    /// The tails of the output: from the keeper's message, or from the files.
+    pub(super) fn tails(&self, tail: usize) -> (Tail, Tail) {
+        match &self.output {
+            Some((out, err)) => (memory_tail(out, tail), memory_tail(err, tail)),
+            None => self.files.tails(tail),
         }
     }
 
-    /// Leaves the keeper running on its own, without a runner: it records the outcome
-    /// itself. The process is not the runner's to reap any more once the runner exits; until
-    /// then a background thread waits for it.
+    /// What releases the command once its ending is committed. The attempt's folder goes
+    /// with the release when the database's tails hold all of its output (`whole`).
+    pub(super) fn release(self, whole: bool) -> Release {
+        let cleanup = (whole && self.output.is_none()).then(|| self.files.dir.clone());
+        Release(Arc::new(Mutex::new(Some((self.control, cleanup)))))
+    }
+
+    /// Leaves the attempt running under the keeper, without a runner: it journals the
+    /// outcome itself.
     pub(super) fn leave(self) {
-        let Self {
-            keeper, control, ..
-        } = self;
-        drop(control);
-        keeper.leave();
+        drop(self.control);
+    }
+}
+
+/// The last `tail` bytes of `bytes`, as a stream's tail.
+fn memory_tail(bytes: &[u8], tail: usize) -> Tail {
+    let start = bytes.len().saturating_sub(tail);
+    Tail {
+        bytes: bytes[start..].to_vec(),
+        truncated: start > 0,
+    }
+}
+
+/// Lets the keeper go of an ended attempt once the runner's commit of its ending is done
+/// ([`Release::release`]): until then the keeper holds the command unreaped and its outcome
+/// in memory, so a runner that dies before the commit has the outcome journaled, not lost.
+/// Dropped without a release, it is the runner going away: the keeper journals the outcome.
+#[derive(Debug, Clone)]
+pub(crate) struct Release(Arc<Mutex<Option<(Option<Control>, Option<PathBuf>)>>>);
+
+impl PartialEq for Release {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Release {}
+
+impl Release {
+    /// Says `release` to the keeper (once; later calls do nothing), then removes the
+    /// attempt's folder when the database holds all of its output.
+    pub(crate) fn release(&self) {
+        let Some((control, cleanup)) = self.0.lock().take() else {
+            return;
+        };
+        if let Some(control) = control {
+            control.release();
+        }
+        if let Some(dir) = cleanup {
+            files::remove_attempt_dir(&dir);
+        }
     }
 }

@@ -21,7 +21,7 @@
 //! - `attempt`: the supervisor: poll loop, deadlines, [`run`];
 //! - `spawn`: `posix_spawn`, the child's environment and program;
 //! - `child`: the main process until it is reaped (`waitpid`, pidfd);
-//! - `keeper`: an attempt's keeper (`keeper.c`), its launcher and its messages;
+//! - `keeper`: the process's keeper (`keeper.c`), its launcher and its messages;
 //! - `output`: the pipes and the tail kept of each stream;
 //! - `stop`: [`StopHandle`], which stops an attempt from another thread;
 //! - `limit`: the runner's own resource limits;
@@ -48,8 +48,8 @@ mod teardown;
 
 pub(crate) use adopt::{Adopted, LiveKeeper, find_keeper, follow, keeper_running, live_keeper};
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
-pub(crate) use keeper::{probe as probe_keeper, warn_if_namespace_init};
-pub(crate) use kept::{KeptFiles, OutputFiles};
+pub(crate) use keeper::{move_fence, probe as probe_keeper, warn_if_namespace_init};
+pub(crate) use kept::{KeptFiles, OutputFiles, Release};
 pub(crate) use limit::raise_nofile_limit;
 pub(crate) use proc::{
     boot_clock_ns, boot_id, hostname, pid_namespace, proc_info, self_start_time,

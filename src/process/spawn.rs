@@ -402,6 +402,15 @@ impl<'a> ChildEnv<'a> {
         Ok(Self { base, own, path })
     }
 
+    /// The entries, each `NAME=VALUE`.
+    fn entries(&self) -> Vec<&CStr> {
+        self.base
+            .iter()
+            .copied()
+            .chain(self.own.iter().map(CString::as_c_str))
+            .collect()
+    }
+
     /// The NULL-terminated envp array; valid while `self` is.
     fn pointers(&self) -> Vec<*mut libc::c_char> {
         c_pointers(
@@ -498,7 +507,7 @@ pub(super) struct Command<'a> {
     pub job_id: i64,
     /// Exported to the attempt as `LEASEHOLD_RUN_TOKEN`.
     pub run_token: &'a str,
-    /// Under a keeper: the lease fence it starts with (see [`files::write_lease`]).
+    /// Under a keeper: the lease fence it starts with.
     pub fence: Option<files::LeaseFence>,
 }
 
@@ -628,65 +637,49 @@ pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnEr
     })
 }
 
-/// Starts the attempt's main process (`program` is `cmd.argv[0]`) under a
-/// keeper (see [`super::keeper`]) that writes its output and outcome into
-/// `attempt_dir`, which is made first (owner-only, as is its job's folder).
-/// The program is resolved, the working directory checked and the
-/// environment built as [`spawn`] does; the run token goes to the keeper in
-/// its argv, and only the command's environment carries it. `cap` is each
-/// stream's cap in bytes (0: none); `drain` how long the pipes may stay open
+/// Starts the attempt's main process (`program` is `cmd.argv[0]`) under the process's
+/// keeper (see [`super::keeper`]), which keeps up to `mem` bytes of each stream in memory
+/// and writes the rest into `attempt_dir` (made by the keeper when it must be). The program
+/// is resolved, the working directory checked and the environment built as [`spawn`] does.
+/// `cap` is each stream's cap in bytes (0: none); `drain` how long the pipes may stay open
 /// after the command exits. The error's message is the text of
 /// [`Exit::SpawnFailed`](super::attempt::Exit::SpawnFailed), as [`spawn`]'s is.
 pub(super) fn spawn_kept(
     cmd: &Command<'_>,
     program: &str,
     attempt_dir: &Path,
-    cap: u64,
+    output: (u64, u64),
     drain: Duration,
 ) -> Result<Kept, SpawnError> {
-    spawn_kept_from(cmd, program, attempt_dir, cap, drain, false).map(|(kept, _)| kept)
+    spawn_kept_from(cmd, program, attempt_dir, output, drain, false).map(|(kept, _)| kept)
 }
 
 /// [`spawn_kept`], also saying where the keeper's program came from;
-/// `force_file` skips the memfd (for the figures and the fallback's test).
+/// `force_file` starts a keeper from its file (for the figures and the fallback's test).
 pub(super) fn spawn_kept_from(
     cmd: &Command<'_>,
     program: &str,
     attempt_dir: &Path,
-    cap: u64,
+    (cap, mem): (u64, u64),
     drain: Duration,
     force_file: bool,
 ) -> Result<(Kept, Source), SpawnError> {
     let cwd = cmd.cwd;
-    let Prepared { env, path, argv } = prepare(cmd, program, false)?;
-    let envp = env.pointers();
-    // Not the job's fault: the runner's folder (a full disk, most likely).
-    files::make_attempt_dir(attempt_dir).map_err(|e| SpawnError {
-        message: format!("spawn {program:?}: attempt folder {attempt_dir:?}: {e}"),
-        resources: true,
-    })?;
-    // Before the keeper starts: a runner frozen from here on is fenced by its keeper.
-    if let Some(fence) = cmd.fence {
-        files::write_lease(attempt_dir, fence).map_err(|e| SpawnError {
-            message: format!("spawn {program:?}: lease file in {attempt_dir:?}: {e}"),
-            resources: true,
-        })?;
-    }
-    // The attempts folder (`<db>-attempts`), where the keeper's program is written if
-    // it cannot run from memory.
-    let fallback_dir = files::folder_of(attempt_dir);
+    let Prepared { env, path, argv } = prepare(cmd, program, true)?;
     keeper::spawn_keeper_from(
         &KeeperSpec {
             name: program,
             token: cmd.run_token,
             attempt_dir,
+            folder: files::folder_of(attempt_dir),
             cap,
+            mem,
             drain,
+            fence: cmd.fence,
             cwd,
             program: &path,
             argv: &argv,
-            envp: &envp,
-            fallback_dir,
+            env: env.entries(),
         },
         force_file,
     )

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::files::{self, Ended};
+use crate::files::{self, Ended, Journaled};
 use crate::job::now_ms;
 use crate::process::{self, AttemptResult, AttemptSpec, Exit, KeptFiles, LiveKeeper, OutputFiles};
 use crate::store::{Ending, KeptAttempt, KeptVerdict};
@@ -28,33 +28,36 @@ impl Judged {
     /// alive (held by a verified pidfd from now on), record the outcome its keeper left, or
     /// reclaim it as any other attempt when there is neither.
     pub(crate) fn judge(&self, shared: &Shared, kept: &KeptAttempt) -> KeptVerdict {
-        // A keeper whose runner died before recording it is found by its token.
-        let live = match kept.keeper {
-            Some((pid, start)) => process::live_keeper(pid, start, &kept.run_token),
-            None => process::find_keeper(&kept.run_token),
-        };
-        if let Some(keeper) = live {
-            self.keepers.lock().insert(kept.job_id, keeper);
-            return KeptVerdict::Adopt;
-        }
-        // The keeper is gone, so whatever it wrote is all it will write.
-        let dir = files::attempt_dir(
-            &shared.attempts_folder,
-            kept.job_id,
-            kept.attempt,
-            &kept.run_token,
-        );
-        let outcome = match files::read_outcome(&dir) {
-            Ok(Some(o)) if o.token == kept.run_token => o,
-            Ok(_) => return KeptVerdict::Reclaim,
-            Err(e) => {
-                log::warn!("job {}: its keeper's outcome: {e}", kept.job_id);
-                return KeptVerdict::Reclaim;
+        let folder = &shared.attempts_folder;
+        // What the keeper's journal says of the attempt, read BEFORE whether the keeper
+        // lives: a keeper found gone after has journaled all it ever will.
+        let (said, live) = match kept.keeper {
+            Some((pid, start)) => {
+                let journal = files::journal_path(folder, pid, Some(start));
+                let said = files::read_journal(&journal, &kept.run_token).unwrap_or_else(|e| {
+                    log::warn!("job {}: its keeper's journal: {e}", kept.job_id);
+                    None
+                });
+                (said, process::live_keeper(folder, pid, start))
             }
+            // A keeper whose runner died before recording it is found by its journal.
+            None => process::find_keeper(folder, &kept.run_token)
+                .map_or((None, None), |(said, live)| (Some(said), live)),
         };
+        let (ended, ended_at) = match (said, live) {
+            (Some(Journaled::Outcome { ended, ended_at }), _) => (ended, ended_at),
+            (Some(Journaled::Fenced), _) => return KeptVerdict::Reclaim,
+            (_, Some(keeper)) => {
+                self.keepers.lock().insert(kept.job_id, keeper);
+                return KeptVerdict::Adopt;
+            }
+            // Gone without a word: lost.
+            (_, None) => return KeptVerdict::Reclaim,
+        };
+        let dir = files::attempt_dir(folder, kept.job_id, kept.attempt, &kept.run_token);
         // Recorded as the dead runner would have recorded it: the same ending and tails.
         let (stdout, stderr) = OutputFiles::new(dir).tails(shared.config.output_tail);
-        let exit = match outcome.ended {
+        let exit = match ended {
             Ended::Exited(code) => Exit::Exited(code),
             Ended::Signaled(sig) => Exit::Signaled(sig),
         };
@@ -64,6 +67,7 @@ impl Judged {
             stderr,
             leaked: Vec::new(),
             duration: Duration::ZERO,
+            release: None,
         };
         let finish = finish_for(
             kept.job_id,
@@ -85,7 +89,7 @@ impl Judged {
             output: finish.output,
             detail: format!(
                 "runner {} was gone; its keeper saw the command end ({how}) at {} ms",
-                kept.worker_id, outcome.ended_at
+                kept.worker_id, ended_at
             ),
         }
     }
@@ -121,14 +125,10 @@ impl Pending {
             };
             let expires =
                 now_ms() + i64::try_from(shared.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
-            let lease_dir = shared.lease_dir(kept.job_id, kept.attempt, &kept.run_token);
-            if let Err(e) = shared.register(
-                &kept.run_token,
-                kept.job_id,
-                &kept.queue,
-                expires,
-                lease_dir,
-            ) {
+            let fence = shared.adopted_fence(kept.job_id, kept.attempt, &kept.run_token);
+            if let Err(e) =
+                shared.register(&kept.run_token, kept.job_id, &kept.queue, expires, fence)
+            {
                 // Its lease runs out unrenewed and the next sweep judges it again.
                 log::error!("job {}: cannot follow its keeper: {e}", kept.job_id);
                 continue;

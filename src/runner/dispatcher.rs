@@ -74,7 +74,7 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
                             job.id,
                             &job.queue,
                             expires_here,
-                            shared.lease_dir(job.id, job.attempt, &job.run_token),
+                            shared.own_fence(),
                         );
                         if let Err(e) = registered {
                             // Out of descriptors: give the job back untouched, and claim

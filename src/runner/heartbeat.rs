@@ -9,7 +9,7 @@ use crate::job::{duration_ms, now_ms};
 use crate::process::StopReason;
 use crate::store::Store;
 
-use super::shared::Shared;
+use super::shared::{Fence, Shared};
 
 /// The least time a renewal is given, even when the runner wakes (from a suspend, a SIGSTOP)
 /// to find its leases already past their expiry: elapsed time alone is no evidence of a lost
@@ -72,11 +72,19 @@ pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
             for token in &renewal.renewed {
                 if let Some(r) = running.get_mut(token) {
                     r.lease_expires_at = at + duration_ms(cfg.lease_ttl);
-                    if let (Some(dir), Some(fence)) = (&r.lease_dir, fence) {
-                        // Gone with its attempt, or not made yet: nothing to keep.
-                        if let Err(e) = crate::files::write_lease(dir, fence) {
-                            log::debug!("job {}: lease file: {e}", r.job_id);
+                    match (&r.fence, fence) {
+                        (Fence::Keeper, Some(fence)) => {
+                            crate::process::move_fence(token, Some(fence));
                         }
+                        (Fence::File(dir), Some(fence)) => {
+                            // Its keeper made the folder when its runner went.
+                            if let Err(e) = crate::files::make_attempt_dir(dir)
+                                .and_then(|()| crate::files::write_lease(dir, fence))
+                            {
+                                log::debug!("job {}: lease file: {e}", r.job_id);
+                            }
+                        }
+                        _ => {}
                     }
                 }
             }

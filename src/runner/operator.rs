@@ -365,11 +365,7 @@ pub fn kept_without_runners(store: &Store, jobs: &[JobRecord]) -> Result<Vec<(i6
 
 /// Why `job`, running with a keeper, has no runner, given the live `runners`.
 fn kept_reason(runners: &[RunnerRecord], here: &Namespace, job: &JobRecord) -> Option<String> {
-    let (keeper, worker, token) = (
-        job.keeper_pid?,
-        job.worker_id.as_ref()?,
-        job.run_token.as_ref()?,
-    );
+    let (keeper, worker) = (job.keeper_pid?, job.worker_id.as_ref()?);
     let why = match runners.iter().find(|r| &r.worker_id == worker) {
         None => format!("its runner {worker} stopped"),
         Some(r) => format!(
@@ -377,7 +373,7 @@ fn kept_reason(runners: &[RunnerRecord], here: &Namespace, job: &JobRecord) -> O
             runner_death_evidence(r, here)?
         ),
     };
-    let keeper_alive = i32::try_from(keeper).is_ok_and(|pid| process::keeper_running(pid, token));
+    let keeper_alive = i32::try_from(keeper).is_ok_and(process::keeper_running);
     Some(if keeper_alive {
         format!(
             "kept, no runner: {why}; its keeper pid {keeper} runs it on, and the next runner \

@@ -22,9 +22,23 @@ pub(crate) struct Running {
     pub stop: StopHandle,
     /// When its lease runs out, as last written (wall clock, ms).
     pub lease_expires_at: i64,
-    /// The attempt's folder, whose lease file the heartbeat rewrites at each renewal for the
-    /// keeper's fence (on PostgreSQL, with keepers; see [`Shared::fences`]).
-    pub lease_dir: Option<std::path::PathBuf>,
+    /// How the heartbeat moves the keeper's lease fence at each renewal (on PostgreSQL,
+    /// with keepers; see [`Shared::fences`]).
+    pub fence: Fence,
+    /// What releases the attempt's command to the keeper once its ending is committed.
+    pub release: Option<crate::process::Release>,
+}
+
+/// How a renewal reaches the keeper's lease fence of an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fence {
+    /// No fence: on SQLite, without keepers, or left running on purpose.
+    None,
+    /// A message to this process's keeper, which started the attempt.
+    Keeper,
+    /// The lease file in the attempt's folder, for an adopted attempt (its keeper reads it
+    /// once its own runner is gone).
+    File(std::path::PathBuf),
 }
 
 /// The state the runner's threads share.
@@ -174,7 +188,7 @@ impl Shared {
         job_id: i64,
         queue: &str,
         lease_expires_at: i64,
-        lease_dir: Option<std::path::PathBuf>,
+        fence: Fence,
     ) -> std::io::Result<()> {
         let stop = StopHandle::new()?;
         self.running.lock().insert(
@@ -184,7 +198,8 @@ impl Shared {
                 queue: queue.to_owned(),
                 stop,
                 lease_expires_at,
-                lease_dir,
+                fence,
+                release: None,
             },
         );
         Ok(())
@@ -199,20 +214,45 @@ impl Shared {
         self.config.keepers && crate::store::pg::is_url(&self.config.path)
     }
 
-    /// The lease file's folder for an attempt of this runner, when [`Shared::fences`].
-    pub(crate) fn lease_dir(
-        &self,
-        job_id: i64,
-        attempt: i64,
-        token: &str,
-    ) -> Option<std::path::PathBuf> {
-        self.fences()
-            .then(|| crate::files::attempt_dir(&self.attempts_folder, job_id, attempt, token))
+    /// How an attempt this runner starts has its fence moved, when [`Shared::fences`].
+    pub(crate) fn own_fence(&self) -> Fence {
+        if self.fences() {
+            Fence::Keeper
+        } else {
+            Fence::None
+        }
     }
 
-    /// The attempt under `token` has ended (its ending is committed, or given up on).
+    /// How an attempt this runner adopted has its fence moved, when [`Shared::fences`]: by
+    /// the lease file in its folder.
+    pub(crate) fn adopted_fence(&self, job_id: i64, attempt: i64, token: &str) -> Fence {
+        if self.fences() {
+            Fence::File(crate::files::attempt_dir(
+                &self.attempts_folder,
+                job_id,
+                attempt,
+                token,
+            ))
+        } else {
+            Fence::None
+        }
+    }
+
+    /// The attempt under `token` has ended (its ending is committed, or given up on): it
+    /// leaves the registry, and its command is released to the keeper.
     pub(crate) fn attempt_done(&self, token: &str) {
-        self.running.lock().remove(token);
+        let done = self.running.lock().remove(token);
+        if let Some(release) = done.and_then(|r| r.release) {
+            release.release();
+        }
+    }
+
+    /// Keeps what releases the attempt under `token` to the keeper once its ending is
+    /// committed ([`Shared::attempt_done`]).
+    pub(crate) fn keep_release(&self, token: &str, release: crate::process::Release) {
+        if let Some(r) = self.running.lock().get_mut(token) {
+            r.release = Some(release);
+        }
     }
 
     pub(crate) fn endings_changed(&self) {

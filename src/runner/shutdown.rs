@@ -9,6 +9,7 @@ use crate::job::now_ms;
 use crate::process::StopReason;
 
 use super::builder::OnShutdown;
+use super::shared::Fence;
 use super::start::short_busy;
 use super::{Runner, deadline_after};
 
@@ -126,11 +127,15 @@ impl Runner {
             } else {
                 StopReason::Shutdown
             };
-            for r in running.values() {
-                if leave && let Some(dir) = &r.lease_dir {
-                    // Left running on purpose: its keeper's fence no longer applies (the
-                    // next runner of this host adopts it; no other host takes it meanwhile).
-                    let _ = std::fs::remove_file(dir.join(crate::files::LEASE_FILE));
+            for (token, r) in running.iter() {
+                // Left running on purpose: its keeper's fence no longer applies (the next
+                // runner of this host adopts it; no other host takes it meanwhile).
+                match &r.fence {
+                    Fence::Keeper if leave => crate::process::move_fence(token, None),
+                    Fence::File(dir) if leave => {
+                        let _ = std::fs::remove_file(dir.join(crate::files::LEASE_FILE));
+                    }
+                    _ => {}
                 }
                 r.stop.stop(reason);
             }

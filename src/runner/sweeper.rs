@@ -622,7 +622,8 @@ mod tests {
                 queue: "default".into(),
                 stop: process::StopHandle::new().unwrap(),
                 lease_expires_at: now_ms(),
-                lease_dir: None,
+                fence: crate::runner::shared::Fence::None,
+                release: None,
             },
         );
         let report = me.sweep_once(later).unwrap();

@@ -257,6 +257,11 @@ fn run_one(
     if let process::Exit::NoResources(why) = &result.exit {
         super::dispatcher::exhausted(why);
     }
+    let mut result = result;
+    if let Some(release) = result.release.take() {
+        // Released to the keeper once the writer committed the ending (`attempt_done`).
+        shared.keep_release(&job.run_token, release);
+    }
     finish_for(job.id, &job.run_token, job.attempt, cfg, result)
 }
 

@@ -177,8 +177,18 @@ fn a_keeper_that_cannot_be_execed_at_spawn_gives_the_job_back_unspent() {
         }
         panic!("the runner did not start ({code:?}):\n{}", runner.log());
     }
-    // Started (its keeper probed from the folder); from now on the keeper cannot be exec'ed.
+    // Started (its keeper run from the folder); from now on no keeper can be exec'ed, and
+    // the one running is killed by its pid: the next spawn must start another.
     runner.mount("remount,noexec", &folder);
+    let keepers: Vec<i32> = crate::util::host::children_of(runner.unshare.id() as i32)
+        .into_iter()
+        .flat_map(crate::util::host::children_of)
+        .filter(|&pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c == "lh-keeper\n")
+        })
+        .collect();
+    assert_eq!(keepers.len(), 1, "the runner's one keeper: {keepers:?}");
+    let _ = kill(Pid::from_raw(keepers[0]), Signal::SIGKILL);
     let id = c.enqueue(Job::shell("echo ran"));
     let given_back = poll(WAIT, || {
         let j = c.job(id);

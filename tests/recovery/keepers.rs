@@ -1,8 +1,8 @@
 //! Attempts under keepers outlive their runner: a killed runner's finished attempts are
 //! recorded, not rerun; its running ones are adopted by the next runner; `--on-exit leave`
 //! leaves them running; a cancel or a timeout still ends them; a keeper killed by hand is
-//! torn down and reclaimed as a runner's crash was before keepers. A keeper its runner
-//! released flushes nothing; one whose runner died flushes its outcome before it exits.
+//! torn down and reclaimed as a runner's crash was before keepers. An attempt its runner
+//! released costs no write; one whose runner died has its outcome journaled, flushed.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -54,37 +54,68 @@ fn wait_gone(c: &Case, what: &str, pid: i64) {
 /// A job that waits for the file `go` in the case's folder, records its run, and exits 3.
 const WAIT_FOR_GO: &str = "while [ ! -e go ]; do sleep 0.01; done; echo ran >> effects; exit 3";
 
-/// A runner that records the end releases the keeper, which exits without an fsync of the
-/// outcome: the runner's commit is the record.
+/// The journals in the case's attempts folder: (file name, text).
+fn journals(c: &Case) -> Vec<(String, String)> {
+    let mut folder = std::fs::canonicalize(&c.db.path)
+        .expect("the database exists")
+        .into_os_string();
+    folder.push("-attempts");
+    let Ok(entries) = std::fs::read_dir(&folder) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.ends_with(".journal")
+                .then(|| (name, std::fs::read_to_string(e.path()).unwrap_or_default()))
+        })
+        .collect()
+}
+
+/// A runner that records the end releases the attempt to the keeper after its commit: the
+/// keeper writes nothing (no journal, no folder, no flush) for a job that printed a line, and
+/// runs on for the runner's next job.
 #[test]
-fn a_keeper_its_runner_released_exits_without_flushing_the_outcome() {
+fn an_attempt_its_runner_released_leaves_nothing_on_disk() {
     let mut c = Case::new();
-    let id = c.enqueue(Job::shell(WAIT_FOR_GO));
+    let id = c.enqueue(Job::shell(&format!("{WAIT_FOR_GO}; echo never")));
     c.start_runner(&args(&[]));
     let keeper = c.running(id, 1).keeper_pid.expect("a keeper");
     let mut trace = Trace::attach(keeper, c.db.dir.path().join("strace"));
     std::fs::write(c.db.dir.path().join("go"), "").unwrap();
     let done = c.ended(id);
     assert_eq!((done.status, done.exit_code), (Status::Failed, Some(3)));
-    let calls = trace.calls();
-    let renamed = at(&calls, "rename", "outcome.tmp");
-    assert!(renamed < at(&calls, "exit_group", ""), "{calls:#?}");
+    let next = c.enqueue(Job::shell("echo second"));
+    let second = c.ended(next);
+    assert_eq!(second.status, Status::Succeeded);
+    assert_eq!(second.keeper_pid, Some(keeper), "one keeper for both");
+    let calls = trace.detach();
     assert!(
         !flushes(&calls),
-        "a released keeper flushes nothing: {calls:#?}"
+        "a released attempt flushes nothing: {calls:#?}"
     );
-    assert!(attempt_dir(&c, id).join("outcome").exists());
+    assert!(!attempt_dir(&c, id).exists(), "no folder for a quiet job");
+    assert!(journals(&c).is_empty(), "no journal: {:?}", journals(&c));
+    let out = c
+        .store()
+        .output(next, None)
+        .unwrap()
+        .expect("an output row");
+    assert_eq!(out.stdout, b"second\n");
 }
 
-/// A runner SIGKILLed after its keeper reported the end but before the release: the keeper
-/// flushes the outcome file, then its folder, and only then exits; the next runner records
-/// that outcome without a rerun.
+/// A runner SIGKILLed after the keeper reported the end but before the release: the keeper
+/// journals the outcome and flushes it, then reaps the command, then exits (its runner and
+/// its last attempt gone); the next runner records that outcome without a rerun.
 #[test]
-fn a_keeper_whose_runner_dies_before_the_release_flushes_the_outcome_before_it_exits() {
+fn a_runner_that_dies_before_the_release_has_the_outcome_journaled_not_rerun() {
     let mut c = Case::new();
     let id = c.enqueue(Job::shell(WAIT_FOR_GO));
     let r = c.start_runner(&args(&[]));
-    let keeper = c.running(id, 1).keeper_pid.expect("a keeper");
+    let running = c.running(id, 1);
+    let keeper = running.keeper_pid.expect("a keeper");
+    let token = running.run_token.clone().expect("a token");
     let mut trace = Trace::attach(keeper, c.db.dir.path().join("strace"));
     // Stopped, the runner reads nothing: the keeper reports the end into the socket, and
     // the runner is killed before it can release.
@@ -98,22 +129,35 @@ fn a_keeper_whose_runner_dies_before_the_release_flushes_the_outcome_before_it_e
         "the runner stopped"
     );
     std::fs::write(c.db.dir.path().join("go"), "").unwrap();
-    let outcome = attempt_dir(&c, id).join("outcome");
     assert!(
-        wait_until(Duration::from_secs(30), || outcome.exists()),
-        "the keeper wrote the outcome"
+        wait_until(Duration::from_secs(10), || c.file("effects") == "ran\n"),
+        "the command ran"
+    );
+    assert!(
+        journals(&c).is_empty(),
+        "nothing journaled while the runner lives"
     );
     c.crash(r);
     wait_gone(&c, "the keeper to finish alone", keeper);
+    let journal = journals(&c);
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    let line = journal[0]
+        .1
+        .lines()
+        .find(|l| l.starts_with("outcome "))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with(&format!("outcome {token} exit 3 ")),
+        "{journal:?}"
+    );
     let calls = trace.calls();
-    let dir = std::fs::canonicalize(attempt_dir(&c, id)).unwrap();
-    let renamed = at(&calls, "rename", "outcome.tmp");
-    let file = at(&calls, "fsync(", "/outcome>");
-    let folder = at(&calls, "fsync(", &format!("<{}>", dir.display()));
+    let wrote = at(&calls, "write(", "outcome ");
+    let flushed = at(&calls, "fdatasync(", ".journal>");
+    let reaped = at(&calls, "wait4(", "");
     let exit = at(&calls, "exit_group", "");
     assert!(
-        renamed < file && file < folder && folder < exit,
-        "renamed unflushed, flushed at the runner's death, then gone: {calls:#?}"
+        wrote < flushed && flushed < reaped && reaped < exit,
+        "journaled, flushed, then the command reaped, then gone: {calls:#?}"
     );
 
     c.start_runner(&args(&[]));
@@ -275,7 +319,14 @@ fn an_outcome_written_while_no_runner_ran_is_recorded_without_a_rerun() {
     stop(&mut c, r);
     let keeper = first.keeper_pid.expect("a keeper");
     wait_gone(&c, "the keeper to finish alone", keeper);
-    assert!(attempt_dir(&c, id).join("outcome").exists());
+    let token = first.run_token.clone().expect("a token");
+    let journal = journals(&c);
+    assert!(
+        journal
+            .iter()
+            .any(|(_, text)| text.contains(&format!("outcome {token} exit 3 "))),
+        "{journal:?}"
+    );
     assert_eq!(c.job(id).status, Status::Running, "nobody recorded it yet");
 
     c.start_runner(&args(&[]));

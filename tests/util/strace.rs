@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// The calls traced: the opens, every kind of flush, the renames and the exit.
 const CALLS: &str = "trace=openat,fsync,fdatasync,sync_file_range,syncfs,rename,renameat,\
-                     renameat2,exit_group";
+                     renameat2,exit_group,write,wait4,mkdir";
 
 /// An `strace` attached to one process, writing to a log file.
 pub struct Trace {
@@ -69,6 +69,23 @@ impl Trace {
                 .is_some()),
             "strace ends with the process it traces"
         );
+        std::fs::read_to_string(&self.log)
+            .expect("strace's log")
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Trace {
+    /// The calls traced so far, of a process that runs on: strace is stopped (it detaches at
+    /// its SIGTERM), then its log read.
+    pub fn detach(&mut self) -> Vec<String> {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.strace.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.strace.wait();
         std::fs::read_to_string(&self.log)
             .expect("strace's log")
             .lines()

@@ -487,13 +487,14 @@ pub(crate) fn read_journal(path: &Path, token: &str) -> io::Result<Option<Journa
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
+    // The last line about the token is what it says now.
     Ok(bytes
         .split(|&b| b == b'\n')
+        .rev()
         .filter_map(|line| std::str::from_utf8(line).ok())
         .filter_map(parse_journal_line)
-        .filter(|(t, _)| *t == token)
-        .map(|(_, said)| said)
-        .last())
+        .find(|(t, _)| *t == token)
+        .map(|(_, said)| said))
 }
 
 /// The journals in the attempts folder `folder` that mention `token`, with their keepers'

@@ -201,7 +201,11 @@ fn memory_tail(bytes: &[u8], tail: usize) -> Tail {
 /// in memory, so a runner that dies before the commit has the outcome journaled, not lost.
 /// Dropped without a release, it is the runner going away: the keeper journals the outcome.
 #[derive(Debug, Clone)]
-pub(crate) struct Release(Arc<Mutex<Option<(Option<Control>, Option<PathBuf>)>>>);
+pub(crate) struct Release(Arc<Mutex<Option<Releasing>>>);
+
+/// What a release does, once: the control socket to say `release` on (none for a lost
+/// attempt), and the folder to remove after.
+type Releasing = (Option<Control>, Option<PathBuf>);
 
 impl PartialEq for Release {
     fn eq(&self, other: &Self) -> bool {

@@ -597,6 +597,135 @@ fn runner_benchmarks() {
     );
     println!();
     keeper_memory();
+    println!();
+    beside_xargs();
+    println!();
+    disk_after_jobs();
+}
+
+/// The default runner beside `xargs -P4`, which runs the same 2,000 `/bin/true` with 4 at a
+/// time and stores nothing: three rounds alternated, medians.
+fn beside_xargs() {
+    let list: String = "/bin/true\n".repeat(JOBS);
+    let xargs = || {
+        let t = Instant::now();
+        let mut child = std::process::Command::new("xargs")
+            .args(["-P4", "-n1", "-I{}", "sh", "-c", "exec {}"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("xargs runs");
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .expect("xargs's stdin")
+            .write_all(list.as_bytes())
+            .expect("the list is written");
+        assert!(child.wait().expect("xargs ends").success());
+        JOBS as f64 / t.elapsed().as_secs_f64()
+    };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        theirs.push(xargs());
+        ours.push(runner_rate(Durability::Full, true, Disk::Disk));
+    }
+    let mid = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (ours, theirs) = (mid(ours), mid(theirs));
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "runner, defaults, beside xargs -P4 (sh -c exec)", "jobs/s", "xargs jobs/s", "ratio"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    println!(
+        "{:<50} {:>18} {:>18} {:>7.2}",
+        "2,000 × /bin/true, 4 at a time",
+        thousands(ours),
+        thousands(theirs),
+        ours / theirs
+    );
+}
+
+/// What 2,000 jobs leave beside the database with the defaults (keepers on): silent
+/// `/bin/true`, then `echo` of one line. The folders' entries and bytes beside the database
+/// file's bytes.
+fn disk_after_jobs() {
+    println!(
+        "{:<50} {:>18} {:>18} {:>7}",
+        "beside the database after 2,000 jobs", "entries, bytes", "database bytes", "ratio"
+    );
+    println!("{}", "-".repeat(50 + 18 + 18 + 7 + 3));
+    for (label, job) in [
+        ("silent (/bin/true)", Job::command(["/bin/true"])),
+        (
+            "one line (echo)",
+            Job::command(["echo", "a line of output"]),
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("a temporary folder can be created");
+        let path = dir.path().join("disk.db");
+        let (last, ended) = std::sync::mpsc::channel();
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let runner = leasehold::Runner::builder(&path)
+            .workers(WORKERS)
+            .on_complete(move |_| {
+                if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == JOBS {
+                    let _ = last.send(());
+                }
+            })
+            .start()
+            .expect("the runner starts");
+        runner
+            .enqueue_many(&vec![job; JOBS])
+            .expect("the jobs are enqueued");
+        ended
+            .recv_timeout(Duration::from_secs(600))
+            .expect("every job ends");
+        runner.shutdown().expect("the runner shuts down");
+        let [wake, attempts] = leasehold::local_folders(&path);
+        let (mut entries, mut bytes) = (0u64, 0u64);
+        for folder in [attempts, wake] {
+            for entry in walk(&folder) {
+                entries += 1;
+                bytes += entry;
+            }
+        }
+        let db: u64 = ["", "-wal", "-shm"]
+            .iter()
+            .filter_map(|s| std::fs::metadata(format!("{}{s}", path.display())).ok())
+            .map(|m| m.len())
+            .sum();
+        println!(
+            "{:<50} {:>18} {:>18} {:>7.2}",
+            label,
+            format!("{entries}, {}", thousands(bytes as f64)),
+            thousands(db as f64),
+            bytes as f64 / db as f64
+        );
+    }
+    println!(
+        "entries: the folders and files under <db>-attempts and <db>-wake, themselves included;"
+    );
+    println!(
+        "bytes: their sizes on disk (st_blocks × 512), beside the database's file, WAL and shm."
+    );
+}
+
+/// The on-disk sizes (st_blocks × 512) of `folder` and of everything under it.
+fn walk(folder: &std::path::Path) -> Vec<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(meta) = std::fs::symlink_metadata(folder) else {
+        return Vec::new();
+    };
+    let mut sizes = vec![meta.blocks() * 512];
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(folder).into_iter().flatten().flatten() {
+            sizes.extend(walk(&entry.path()));
+        }
+    }
+    sizes
 }
 
 fn bare_spawn_rate() -> f64 {

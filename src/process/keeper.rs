@@ -591,6 +591,10 @@ pub(super) struct Hub {
 /// The keeper this process started last; another is started when it is gone.
 static HUB: Mutex<Option<std::sync::Arc<Hub>>> = Mutex::new(None);
 
+/// Keepers replaced while alive (only where a test asks for a keeper from its file), never
+/// dropped: a dropped [`Hub`] kills its keeper.
+static RETIRED: Mutex<Vec<std::sync::Arc<Hub>>> = Mutex::new(Vec::new());
+
 impl Hub {
     /// Whether the keeper still runs (it is this process's child, so its exit is seen
     /// without a race on its pid).
@@ -703,8 +707,10 @@ fn hub(fallback_dir: &Path, force_file: bool) -> Result<std::sync::Arc<Hub>, Str
     if let Some(old) = current.take()
         && old.alive()
     {
-        // Replaced for a test that wants the file: it exits once its attempts end.
+        // Replaced for a test that wants the file: kept (dropping it would kill it and the
+        // attempts it holds), it serves them to their end.
         log::debug!("keeper pid {} replaced", old.pid);
+        RETIRED.lock().push(old);
     }
     let hub = std::sync::Arc::new(Hub::start(fallback_dir, force_file)?);
     *current = Some(std::sync::Arc::clone(&hub));

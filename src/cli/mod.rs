@@ -434,8 +434,10 @@ struct LogsArgs {
     /// This attempt instead of the latest.
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(1..))]
     attempt: Option<i64>,
-    /// Keep printing the output as it is written until the attempt ends (exit 0 then). A job
-    /// that is not running prints what there is and exits.
+    /// Keep printing the output as it is written until the attempt ends (exit 0 then). A
+    /// pending job is waited for (said once on stderr), then followed; one that ends without
+    /// starting (cancelled) exits 0 saying so. Another job that is not running prints what
+    /// there is and exits.
     #[arg(long)]
     follow: bool,
 }

@@ -282,9 +282,10 @@ impl RunnerBuilder {
     /// How often the sweeper samples the durable counters and the running and ready jobs
     /// into the file's small `metric_samples` table, which the dashboard's charts read: the
     /// charts show 60 intervals at this step and 24 spans of 60 intervals. At least 1 s; a
-    /// sample is taken at the first sweep of each interval, so an interval shorter than the
-    /// sweep interval samples once a sweep. Runners on one file share the samples: each
-    /// interval is sampled once. By default, 60 s (an hour and a day).
+    /// sample is taken at the start of each interval on the wall clock, whatever the sweep
+    /// interval, and one more as the runner starts and as it stops (so a short batch is
+    /// charted). Runners on one file share the samples: each interval is sampled once. By
+    /// default, 60 s (an hour and a day).
     pub fn sample_interval(mut self, interval: Duration) -> Self {
         self.config.sample_interval = interval;
         self

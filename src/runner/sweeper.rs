@@ -216,20 +216,19 @@ impl Sweeper {
             .max(1);
         let (sweep, sample) = {
             let mut t = self.ticks.lock();
-            let sweep = at >= t.sweep;
-            if sweep {
-                t.sweep = at + self.shared.config.sweep_interval;
-            }
             let sample = at >= t.sample;
             if sample {
                 // The start of the next interval on the wall clock.
                 let left = interval - now.rem_euclid(interval) + SAMPLE_LAG_MS;
                 t.sample = at + Duration::from_millis(u64::try_from(left).unwrap_or(0));
             }
-            (sweep, sample)
+            (at >= t.sweep, sample)
         };
         if sweep {
             self.sweep_and_log(now);
+            // A sweep interval between the end of one sweep and the start of the next, as
+            // before samples had a cadence of their own: a long sweep is not followed at once.
+            self.ticks.lock().sweep = Instant::now() + self.shared.config.sweep_interval;
         } else if sample {
             self.sample_and_log(now);
         }

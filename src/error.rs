@@ -170,6 +170,18 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// [`operator::host_gone`](crate::operator::host_gone) (`leasehold hosts gone`) refused to
+    /// declare a host gone, and changed nothing: it is the host this process runs on (its
+    /// runners are judged by their pids, and tear down their own attempts), no runner is
+    /// recorded there on this database, or (unless forced) it is not silent: a runner there
+    /// renewed, or a lease of its jobs has not expired, within a lease TTL.
+    #[error("host {host:?} {reason}")]
+    HostGoneRefused {
+        /// The host named.
+        host: String,
+        /// Why it is refused, and what to do.
+        reason: String,
+    },
     /// An I/O error outside SQLite (starting threads, reading /proc).
     #[error("{context}")]
     Io {

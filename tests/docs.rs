@@ -154,6 +154,28 @@ fn the_readme_stays_under_its_line_limit() {
     );
 }
 
+/// The README's *Set up* holds two commands, the quickstart and the suite, and CI runs the
+/// suite's exactly as it is written there (issue 34).
+#[test]
+fn ci_runs_the_readmes_test_command() {
+    let readme = fs::read_to_string(root().join("README.md")).expect("README.md is readable");
+    let setup = &readme[readme.find("## Set up").expect("a Set up section")..];
+    let block = setup.split("```").nth(1).expect("a code block in Set up");
+    let commands: Vec<&str> = block
+        .lines()
+        .skip(1)
+        .map(|l| l.split(" #").next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(commands.len(), 2, "two commands in Set up: {commands:?}");
+    let ci = fs::read_to_string(root().join(".ci/run")).expect(".ci/run is readable");
+    assert!(
+        ci.lines().any(|l| l.trim() == commands[1]),
+        ".ci/run does not run the README's test command {:?}",
+        commands[1]
+    );
+}
+
 #[test]
 fn the_readme_links_every_docs_page() {
     let readme = fs::read_to_string(root().join("README.md")).expect("README.md is readable");

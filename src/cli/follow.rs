@@ -1,5 +1,6 @@
 //! `jobs logs --follow`: prints a running attempt's output file as it grows, as `tail -f` and
-//! pueue's `follow` do, until the attempt is no longer running.
+//! pueue's `follow` do, until the attempt is no longer running; a job not started yet is
+//! waited for.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -7,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use leasehold::{AttemptDir, JobRecord, Store, Stream};
+use leasehold::{AttemptDir, JobRecord, Status, Store, Stream};
 
 use super::jobs::{attempt_dir, is_running};
 
@@ -105,6 +106,36 @@ pub fn until_files(
         job = match store.job(job.id) {
             Ok(job) => job,
             Err(leasehold::Error::NoSuchJob(_)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+    }
+}
+
+/// Waits for a pending `job` to start, saying so on stderr once: returns the job as it is once
+/// it started (running, or already ended after starting), or `None` when it ended without
+/// starting (cancelled, or pruned), which is said on stderr with its status.
+pub fn until_started(store: &Store, job: JobRecord) -> anyhow::Result<Option<JobRecord>> {
+    let id = job.id;
+    eprintln!(
+        "leasehold: job {id} has not started yet ({}): waiting for it to start",
+        job.status
+    );
+    let mut now = job.clone();
+    loop {
+        if now.attempt > job.attempt || now.status == Status::Running {
+            return Ok(Some(now));
+        }
+        if now.status != Status::Pending {
+            eprintln!("leasehold: job {id} ended {} without starting", now.status);
+            return Ok(None);
+        }
+        std::thread::sleep(JOB_POLL);
+        now = match store.job(id) {
+            Ok(now) => now,
+            Err(leasehold::Error::NoSuchJob(_)) => {
+                eprintln!("leasehold: job {id} was deleted without starting");
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         };
     }

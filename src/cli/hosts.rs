@@ -66,15 +66,9 @@ pub fn gone(db: &Path, host: &str, yes: bool, force: bool, json: bool) -> anyhow
         .into());
     }
     let store = open_existing(db)?;
-    // A refusal names the host and changes nothing: an operation refused (exit 1), not a
-    // malformed argument.
-    let report = operator::host_gone(&store, host, force).map_err(|e| match e {
-        leasehold::Error::Invalid {
-            setting: "host",
-            reason,
-        } => anyhow::anyhow!("host {reason}"),
-        e => e.into(),
-    })?;
+    // A refusal (`Error::HostGoneRefused`) names the host and changes nothing: an operation
+    // refused (exit 1), not a malformed argument.
+    let report = operator::host_gone(&store, host, force)?;
     let mut out = std::io::stdout().lock();
     if json {
         print_json(&mut out, &gone_json(&report))?;

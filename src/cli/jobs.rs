@@ -305,7 +305,14 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
 
 pub fn logs(db: &Path, args: &LogsArgs) -> anyhow::Result<()> {
     let store = open_read_only(db)?;
-    let job = store.job(args.id)?;
+    let mut job = store.job(args.id)?;
+    // A job that has not started yet is followed from its next attempt's start.
+    if args.follow && args.attempt.is_none() && job.status == Status::Pending {
+        match follow::until_started(&store, job)? {
+            Some(started) => job = started,
+            None => return Ok(()),
+        }
+    }
     let stream = if args.stderr {
         Stream::Stderr
     } else {

@@ -434,8 +434,10 @@ struct LogsArgs {
     /// This attempt instead of the latest.
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(1..))]
     attempt: Option<i64>,
-    /// Keep printing the output as it is written until the attempt ends (exit 0 then). A job
-    /// that is not running prints what there is and exits.
+    /// Keep printing the output as it is written until the attempt ends (exit 0 then). A
+    /// pending job is waited for (said once on stderr), then followed; one that ends without
+    /// starting (cancelled) exits 0 saying so. Another job that is not running prints what
+    /// there is and exits.
     #[arg(long)]
     follow: bool,
 }
@@ -537,27 +539,43 @@ struct RunArgs {
     /// Exit 0 once no job of its queues is pending or running, on any runner.
     #[arg(long)]
     until_idle: bool,
-    /// How long a lease lasts unless renewed.
+    /// How long a lease lasts unless renewed. The heartbeat, the sweep and the kill grace
+    /// that are not given take a sixth of it each (at least 0.1 s, at most 5 s).
     #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_LEASE_TTL",
           default_value_t = Secs(leasehold::DEFAULT_LEASE_TTL))]
     lease_ttl: Secs,
-    /// How often leases are renewed (× 3 must not exceed the lease TTL).
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_HEARTBEAT",
-          default_value_t = Secs(leasehold::DEFAULT_HEARTBEAT_INTERVAL))]
-    heartbeat: Secs,
-    /// How often lost attempts are looked for (must not exceed the lease TTL).
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_SWEEP",
-          default_value_t = Secs(leasehold::DEFAULT_SWEEP_INTERVAL))]
-    sweep: Secs,
+    /// How often leases are renewed (× 3 must not exceed the lease TTL) [default: a sixth of
+    /// the lease TTL, 0.1 to 5]
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_hyphen_values = true,
+        env = "LEASEHOLD_HEARTBEAT"
+    )]
+    heartbeat: Option<Secs>,
+    /// How often lost attempts are looked for (must not exceed the lease TTL) [default: a
+    /// sixth of the lease TTL, 0.1 to 5]
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_hyphen_values = true,
+        env = "LEASEHOLD_SWEEP"
+    )]
+    sweep: Option<Secs>,
     /// How often the counters are sampled for the dashboard's charts (at least 1 s): the
     /// charts show 60 of these intervals and 24 spans of 60.
     #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_SAMPLE_INTERVAL",
           default_value_t = Secs(leasehold::DEFAULT_SAMPLE_INTERVAL))]
     sample_interval: Secs,
-    /// Between SIGTERM and SIGKILL when a job's processes are killed.
-    #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_KILL_GRACE",
-          default_value_t = Secs(leasehold::DEFAULT_KILL_GRACE))]
-    kill_grace: Secs,
+    /// Between SIGTERM and SIGKILL when a job's processes are killed (with two heartbeats,
+    /// at most the lease TTL) [default: a sixth of the lease TTL, 0.1 to 5]
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_hyphen_values = true,
+        env = "LEASEHOLD_KILL_GRACE"
+    )]
+    kill_grace: Option<Secs>,
     /// On SIGINT or SIGTERM, how long running jobs get to finish before they are killed and
     /// requeued.
     #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_SHUTDOWN_GRACE",

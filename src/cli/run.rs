@@ -8,6 +8,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use leasehold::Runner;
 use nix::sys::signal::{SigSet, Signal};
 
+use super::arg::Secs;
 use super::{RunArgs, Usage};
 
 /// How often `--until-idle` looks whether any job is left (beyond after each ending).
@@ -31,10 +32,7 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
     let mut builder = Runner::builder(db)
         .workers(args.workers)
         .lease_ttl(args.lease_ttl.0)
-        .heartbeat_interval(args.heartbeat.0)
-        .sweep_interval(args.sweep.0)
         .sample_interval(args.sample_interval.0)
-        .kill_grace(args.kill_grace.0)
         .shutdown_grace(args.shutdown_grace.0)
         .max_recovery_attempts(args.max_recovery)
         .reclaim_batch(args.reclaim_batch)
@@ -46,6 +44,16 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
             leasehold::OnShutdown::Interrupt
         })
         .retention(args.keep.retention());
+    // Those not given follow the lease TTL (the library's defaults).
+    if let Some(Secs(heartbeat)) = args.heartbeat {
+        builder = builder.heartbeat_interval(heartbeat);
+    }
+    if let Some(Secs(sweep)) = args.sweep {
+        builder = builder.sweep_interval(sweep);
+    }
+    if let Some(Secs(grace)) = args.kill_grace {
+        builder = builder.kill_grace(grace);
+    }
     for (q, limit) in &args.queue {
         builder = builder.queue(q, *limit);
     }
@@ -109,7 +117,11 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
     // the exit: the attempts are killed now, and the command exits 1 without waiting out the
     // shutdown grace or a database another process holds.
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
-    let kill_wait = args.kill_grace.0 + FORCED_EXIT_MARGIN;
+    // A kill grace that was not given is at most its default (it follows the lease TTL).
+    let grace = args
+        .kill_grace
+        .map_or(leasehold::DEFAULT_KILL_GRACE, |g| g.0);
+    let kill_wait = grace + FORCED_EXIT_MARGIN;
     std::thread::scope(|scope| {
         if let Some(sigs) = &signals {
             let runner = &runner;

@@ -11,14 +11,26 @@ use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, MAX_BUSY_TIMEOUT, 
 pub const DEFAULT_WORKERS: usize = 4;
 /// How long a lease lasts unless renewed.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-/// How often a runner renews its leases.
+/// How often a runner renews its leases, with the default lease TTL. Unless it is given, the
+/// heartbeat follows the lease TTL: a sixth of it, at least 100 ms, at most this (see
+/// [`RunnerBuilder::lease_ttl`]).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
-/// How often the sweeper looks for lost attempts.
+/// How often the sweeper looks for lost attempts, with the default lease TTL; unless it is
+/// given, it follows the lease TTL as the heartbeat does.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// How often a runner's sweeper samples the counters for the dashboard's charts.
 pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(60);
-/// Between SIGTERM and SIGKILL.
+/// Between SIGTERM and SIGKILL, with the default lease TTL; unless it is given, it follows
+/// the lease TTL as the heartbeat does.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+/// The share of the lease TTL that the heartbeat, the sweep and the kill grace take by
+/// default (when not given): a sixth, which keeps the timing ladder in order (heartbeat × 3,
+/// and kill grace + heartbeat × 2, are half the lease), each at least [`LADDER_FLOOR`] and at
+/// most its `DEFAULT_` constant (the defaults of a 30 s lease).
+pub(crate) const LADDER_FRACTION: u32 = 6;
+/// The least a default heartbeat, sweep or kill grace takes, however short the lease: so a
+/// lease TTL shorter than 300 ms needs the heartbeat given (× 3 must fit it).
+pub(crate) const LADDER_FLOOR: Duration = Duration::from_millis(100);
 /// How many lost attempts one sweep reclaims at most.
 pub const DEFAULT_RECLAIM_BATCH: u32 = 100;
 /// The bytes of stdout and of stderr kept per attempt.
@@ -67,6 +79,24 @@ pub(crate) struct Config {
     pub output_cap: u64,
     /// What shutdown does with running attempts.
     pub on_shutdown: OnShutdown,
+    /// Which of the settings that follow the lease TTL were given; the others follow it.
+    pub given: Given,
+}
+
+/// Which of the settings that follow the lease TTL by default were set explicitly: a ladder
+/// that a default breaks is refused naming the lease TTL, one that a given setting breaks
+/// naming that setting.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Given {
+    pub heartbeat: bool,
+    pub sweep: bool,
+    pub kill_grace: bool,
+}
+
+/// The default of a setting that follows the lease TTL: a [`LADDER_FRACTION`] of it, between
+/// [`LADDER_FLOOR`] and `cap`.
+fn following(lease_ttl: Duration, cap: Duration) -> Duration {
+    (lease_ttl / LADDER_FRACTION).clamp(LADDER_FLOOR, cap)
 }
 
 /// What [`Runner::shutdown`](crate::Runner::shutdown) (and a `leasehold run` that is told to
@@ -155,6 +185,7 @@ impl RunnerBuilder {
                 keepers: true,
                 output_cap: crate::files::DEFAULT_OUTPUT_CAP,
                 on_shutdown: OnShutdown::Interrupt,
+                given: Given::default(),
             },
             callbacks: Vec::new(),
         }
@@ -206,9 +237,24 @@ impl RunnerBuilder {
     /// On PostgreSQL it also bounds the runner's sessions: a statement runs for at most half
     /// of it (`statement_timeout`), and the server ends a session of the runner that sits in
     /// an open transaction for as long (`idle_in_transaction_session_timeout`: a frozen
-    /// runner's locks do not outlive its leases). By default, 30 s.
+    /// runner's locks do not outlive its leases).
+    ///
+    /// The heartbeat, the sweep interval and the kill grace that are not given follow it: a
+    /// sixth of it each, at least 100 ms and at most
+    /// their 5 s defaults, so `lease_ttl(10 s)` alone renews every 1.67 s. A lease shorter than
+    /// 300 ms needs the heartbeat given. By default, 30 s.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.config.lease_ttl = ttl;
+        let c = &mut self.config;
+        c.lease_ttl = ttl;
+        if !c.given.heartbeat {
+            c.heartbeat_interval = following(ttl, DEFAULT_HEARTBEAT_INTERVAL);
+        }
+        if !c.given.sweep {
+            c.sweep_interval = following(ttl, DEFAULT_SWEEP_INTERVAL);
+        }
+        if !c.given.kill_grace {
+            c.kill_grace = following(ttl, DEFAULT_KILL_GRACE);
+        }
         self
     }
 
@@ -218,33 +264,39 @@ impl RunnerBuilder {
     /// most half of it (`lock_timeout`; the transaction then runs again, so a renewal is
     /// tried again within its heartbeat), and connecting, TCP keepalives (3 probes) and
     /// unacknowledged data (`tcp_user_timeout`) get one heartbeat each (at least 1 s). By
-    /// default, 5 s.
+    /// default, a sixth of the lease TTL between 100 ms and 5 s (5 s for the default lease).
     pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
         self.config.heartbeat_interval = interval;
+        self.config.given.heartbeat = true;
         self
     }
 
-    /// How often the sweeper reclaims lost attempts; at most the lease TTL. By default, 5 s.
+    /// How often the sweeper reclaims lost attempts; at most the lease TTL. By default, a
+    /// sixth of the lease TTL between 100 ms and 5 s (5 s for the default lease).
     pub fn sweep_interval(mut self, interval: Duration) -> Self {
         self.config.sweep_interval = interval;
+        self.config.given.sweep = true;
         self
     }
 
     /// How often the sweeper samples the durable counters and the running and ready jobs
     /// into the file's small `metric_samples` table, which the dashboard's charts read: the
     /// charts show 60 intervals at this step and 24 spans of 60 intervals. At least 1 s; a
-    /// sample is taken at the first sweep of each interval, so an interval shorter than the
-    /// sweep interval samples once a sweep. Runners on one file share the samples: each
-    /// interval is sampled once. By default, 60 s (an hour and a day).
+    /// sample is taken at the start of each interval on the wall clock, whatever the sweep
+    /// interval, and one more as the runner starts and as it stops (so a short batch is
+    /// charted). Runners on one file share the samples: each interval is sampled once. By
+    /// default, 60 s (an hour and a day).
     pub fn sample_interval(mut self, interval: Duration) -> Self {
         self.config.sample_interval = interval;
         self
     }
 
     /// Between SIGTERM and SIGKILL when an attempt's group is killed; with two heartbeats,
-    /// at most the lease TTL. By default, 5 s.
+    /// at most the lease TTL. By default, a sixth of the lease TTL between 100 ms and 5 s
+    /// (5 s for the default lease).
     pub fn kill_grace(mut self, grace: Duration) -> Self {
         self.config.kill_grace = grace;
+        self.config.given.kill_grace = true;
         self
     }
 
@@ -342,6 +394,22 @@ impl RunnerBuilder {
     }
 }
 
+/// The setting a misordered ladder is blamed on: the one that breaks it when it was given,
+/// else the lease TTL, whose default it followed (said in the note).
+fn blame(setting: &'static str, given: bool) -> (&'static str, String) {
+    if given {
+        (setting, String::new())
+    } else {
+        (
+            "lease_ttl",
+            format!(
+                " (its default for this lease: 1/{LADDER_FRACTION} of it, at least {}s)",
+                LADDER_FLOOR.as_secs_f64()
+            ),
+        )
+    }
+}
+
 /// Checks every setting before anything starts: each within what the runner's arithmetic
 /// and SQLite can represent, and the timing ladder in order.
 pub(super) fn validate(c: &Config) -> Result<()> {
@@ -406,10 +474,11 @@ pub(super) fn validate(c: &Config) -> Result<()> {
         .checked_mul(3)
         .is_none_or(|d| d > c.lease_ttl)
     {
+        let (setting, note) = blame("heartbeat_interval", c.given.heartbeat);
         return Err(Error::invalid(
-            "heartbeat_interval",
+            setting,
             format!(
-                "heartbeat {}s × 3 exceeds the lease TTL of {}s: a lease must survive two missed renewals",
+                "heartbeat {}s{note} × 3 exceeds the lease TTL of {}s: a lease must survive two missed renewals",
                 secs(c.heartbeat_interval),
                 secs(c.lease_ttl)
             ),
@@ -424,10 +493,11 @@ pub(super) fn validate(c: &Config) -> Result<()> {
         .checked_add(c.heartbeat_interval.saturating_mul(2))
         .is_none_or(|d| d > c.lease_ttl)
     {
+        let (setting, note) = blame("kill_grace", c.given.kill_grace);
         return Err(Error::invalid(
-            "kill_grace",
+            setting,
             format!(
-                "kill grace {}s plus two heartbeats of {}s exceeds the lease TTL of {}s: a \
+                "kill grace {}s{note} plus two heartbeats of {}s exceeds the lease TTL of {}s: a \
                  renewal that misses one beat would kill every attempt",
                 secs(c.kill_grace),
                 secs(c.heartbeat_interval),
@@ -442,10 +512,11 @@ pub(super) fn validate(c: &Config) -> Result<()> {
         ));
     }
     if c.sweep_interval > c.lease_ttl {
+        let (setting, note) = blame("sweep_interval", c.given.sweep);
         return Err(Error::invalid(
-            "sweep_interval",
+            setting,
             format!(
-                "sweep {}s exceeds the lease TTL of {}s",
+                "sweep {}s{note} exceeds the lease TTL of {}s",
                 secs(c.sweep_interval),
                 secs(c.lease_ttl)
             ),

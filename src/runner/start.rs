@@ -228,7 +228,7 @@ impl Runner {
             Runner::open(cfg, cfg.lease_ttl, false)?,
             Arc::clone(&shared),
         );
-        sweeper.sweep_and_log(now_ms());
+        sweeper.start_and_log(now_ms());
 
         let (stop_tx, stop_rx) = unbounded::<()>();
         threads.stop_background = Some(stop_tx);
@@ -291,14 +291,14 @@ impl Runner {
                 "sweeper",
                 &Arc::clone(&shared),
                 move || {
-                    let interval = shared.config.sweep_interval;
                     while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-                        stop.recv_timeout(interval)
+                        stop.recv_timeout(sweeper.until_next())
                     {
                         shared.test_hook("sweeper");
-                        sweeper.sweep_and_log(now_ms());
+                        sweeper.tick_and_log(now_ms());
                         shared.adopted.start(&shared, &writer);
                     }
+                    sweeper.stop_and_log(now_ms());
                     Ok(())
                 },
             )?);

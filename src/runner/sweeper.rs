@@ -43,7 +43,21 @@ pub(crate) struct Sweeper {
     files_left: AtomicBool,
     /// Whether this runner held the lead of pruning at its last sweep.
     leads_pruning: AtomicBool,
+    /// When the sweeper thread sweeps and samples next.
+    ticks: Mutex<Ticks>,
 }
+
+/// The sweeper thread's two cadences: a sweep every sweep interval, and a sample at the start
+/// of every sample interval (on the wall clock, as [`Store::take_sample`] counts them), each
+/// on its own, so that a sample interval shorter than the sweep interval is kept.
+struct Ticks {
+    sweep: Instant,
+    sample: Instant,
+}
+
+/// How long after an interval's start its sample is taken: past the edge, so that the
+/// interval is the new one whatever the rounding.
+const SAMPLE_LAG_MS: i64 = 5;
 
 /// How often a failure that repeats every sweep is logged.
 const REPEATED_FAILURE_LOG: Duration = Duration::from_secs(60);
@@ -154,6 +168,7 @@ impl Clock {
 
 impl Sweeper {
     pub(crate) fn new(store: Store, shared: Arc<Shared>) -> Sweeper {
+        let shared_sweep = shared.config.sweep_interval;
         Sweeper {
             store,
             shared,
@@ -169,7 +184,63 @@ impl Sweeper {
             sample_failures: Mutex::default(),
             files_left: AtomicBool::new(false),
             leads_pruning: AtomicBool::new(false),
+            ticks: Mutex::new(Ticks {
+                sweep: Instant::now() + shared_sweep,
+                sample: Instant::now(),
+            }),
         }
+    }
+
+    /// The first sweep, before the runner's other threads start, and a sample of how things
+    /// stand when the runner starts (whatever its interval holds already).
+    pub(crate) fn start_and_log(&self, now: i64) {
+        self.sweep_and_log(now);
+        self.sample_and_log_forced(now, true);
+    }
+
+    /// How long the sweeper thread waits before its next tick: until the next sweep or the
+    /// next sample, whichever comes first.
+    pub(crate) fn until_next(&self) -> Duration {
+        let t = self.ticks.lock();
+        t.sweep
+            .min(t.sample)
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// One tick of the sweeper thread: a sweep when one is due (it samples too when an
+    /// interval began), else a sample when a sample interval began.
+    pub(crate) fn tick_and_log(&self, now: i64) {
+        let at = Instant::now();
+        let interval = i64::try_from(self.shared.config.sample_interval.as_millis())
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let (sweep, sample) = {
+            let mut t = self.ticks.lock();
+            let sample = at >= t.sample;
+            if sample {
+                // The start of the next interval on the wall clock.
+                let left = interval - now.rem_euclid(interval) + SAMPLE_LAG_MS;
+                t.sample = at + Duration::from_millis(u64::try_from(left).unwrap_or(0));
+            }
+            (at >= t.sweep, sample)
+        };
+        if sweep {
+            self.sweep_and_log(now);
+            // A sweep interval between the end of one sweep and the start of the next, as
+            // before samples had a cadence of their own: a long sweep is not followed at once.
+            self.ticks.lock().sweep = Instant::now() + self.shared.config.sweep_interval;
+        } else if sample {
+            self.sample_and_log(now);
+        }
+    }
+
+    /// A sample of how things stand when the runner stops (whatever its interval holds
+    /// already), waiting for another process's write lock no longer than the shutdown's own
+    /// writes do.
+    pub(crate) fn stop_and_log(mut self, now: i64) {
+        self.store
+            .set_busy_timeout(super::start::short_busy(&self.shared.config));
+        self.sample_and_log_forced(now, true);
     }
 
     /// Sweeps, adds the result to the runner's counters, and logs a line when it did
@@ -210,9 +281,20 @@ impl Sweeper {
     /// Samples the counters for the dashboard's charts when a new sample interval began (and
     /// no runner on the file sampled it yet). Errors are logged: the next sweep tries again.
     pub(crate) fn sample_and_log(&self, now: i64) {
+        self.sample_and_log_forced(now, false);
+    }
+
+    /// As [`Sweeper::sample_and_log`]; `forced`, whatever the interval holds already (a
+    /// runner's start and stop), unless a sample was taken at `now` or later.
+    fn sample_and_log_forced(&self, now: i64, forced: bool) {
         let interval = self.shared.config.sample_interval.as_millis();
         let interval = i64::try_from(interval).unwrap_or(i64::MAX);
-        match self.store.take_sample(now, interval) {
+        let taken = if forced {
+            self.store.take_sample_now(now, interval)
+        } else {
+            self.store.take_sample(now, interval)
+        };
+        match taken {
             Ok(true) => log::debug!("sample taken"),
             Ok(false) => {}
             Err(e) => {

@@ -1,5 +1,6 @@
 //! The runner's unit tests: thread faults injected by panic, and the builder's bounds.
 
+use super::builder::validate;
 use super::*;
 use crate::error::Error;
 use crate::job::Status;
@@ -320,12 +321,11 @@ fn misordered_timing_ladder_names_the_setting() {
         Err(Error::Invalid { setting, .. }) => assert_eq!(setting, "heartbeat_interval"),
         other => panic!("{other:?}"),
     }
-    // The issue's case: a 3 s lease, a 1 s heartbeat and the default 5 s kill grace, where
-    // one slow renewal would kill every attempt. The sweep is set to fit, so that only the
-    // grace breaks the ladder (the default 5 s sweep would be refused as well).
+    // A 3 s lease, a 1 s heartbeat and a 2 s kill grace, where one slow renewal would kill
+    // every attempt.
     match b()
         .heartbeat_interval(Duration::from_secs(1))
-        .sweep_interval(Duration::from_secs(3))
+        .kill_grace(Duration::from_secs(2))
         .start()
     {
         Err(Error::Invalid { setting, reason }) => {
@@ -343,6 +343,84 @@ fn misordered_timing_ladder_names_the_setting() {
         Err(Error::Invalid { setting, .. }) => assert_eq!(setting, "sweep_interval"),
         other => panic!("{other:?}"),
     }
+}
+
+/// Issue 34: given only the lease TTL, the heartbeat, the sweep and the kill grace take a
+/// sixth of it (between 100 ms and their 5 s defaults), whichever order the setters come in,
+/// so `lease_ttl(10 s)` alone starts (it was refused: "heartbeat 5s × 3 exceeds the lease TTL
+/// of 10s"), and so does a 5 s lease with a 0.5 s heartbeat (refused for the 5 s kill grace).
+#[test]
+fn settings_not_given_follow_the_lease_ttl() {
+    let ms = Duration::from_millis;
+    let b = || Runner::builder("/nonexistent/x.db");
+    let ladder = |r: RunnerBuilder| {
+        let c = &r.config;
+        validate(c).map(|()| (c.heartbeat_interval, c.sweep_interval, c.kill_grace))
+    };
+    let ok = |r| ladder(r).expect("the ladder is in order");
+    assert_eq!(ok(b()), (ms(5000), ms(5000), ms(5000)));
+    assert_eq!(
+        ok(b().lease_ttl(Duration::from_secs(10))).0,
+        Duration::from_secs(10) / 6
+    );
+    assert_eq!(
+        ok(b().lease_ttl(Duration::from_secs(60))),
+        (ms(5000), ms(5000), ms(5000))
+    );
+    assert_eq!(ok(b().lease_ttl(ms(300))), (ms(100), ms(100), ms(100)));
+    // Given settings are kept, before or after the lease TTL; the others still follow it.
+    let given = ok(b()
+        .heartbeat_interval(ms(500))
+        .lease_ttl(Duration::from_secs(5)));
+    assert_eq!(
+        given,
+        (
+            ms(500),
+            Duration::from_secs(5) / 6,
+            Duration::from_secs(5) / 6
+        )
+    );
+    let given = ok(b().lease_ttl(Duration::from_secs(5)).kill_grace(ms(2000)));
+    assert_eq!(given.2, ms(2000));
+    // The lease TTL given after a setting does not undo it.
+    let given = ok(b()
+        .sweep_interval(ms(700))
+        .lease_ttl(Duration::from_secs(12)));
+    assert_eq!(given.1, ms(700));
+    // A start with only a short lease works.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let runner = Runner::builder(dir.path().join("jobs.db"))
+        .lease_ttl(Duration::from_secs(2))
+        .start()
+        .expect("a runner with only a 2 s lease starts");
+    runner.shutdown().expect("shutdown");
+}
+
+/// A given setting that breaks the ladder is refused naming it; a default that cannot fit
+/// (a lease shorter than three of the heartbeat's 100 ms floor) names the lease TTL.
+#[test]
+fn a_ladder_broken_by_a_given_setting_names_it_and_by_a_default_names_the_lease() {
+    let b = || Runner::builder("/nonexistent/x.db").lease_ttl(Duration::from_secs(10));
+    let refused = |r: RunnerBuilder| match validate(&r.config) {
+        Err(Error::Invalid { setting, reason }) => (setting, reason),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        refused(b().heartbeat_interval(Duration::from_secs(4))).0,
+        "heartbeat_interval"
+    );
+    assert_eq!(
+        refused(b().kill_grace(Duration::from_secs(9))).0,
+        "kill_grace"
+    );
+    assert_eq!(
+        refused(b().sweep_interval(Duration::from_secs(11))).0,
+        "sweep_interval"
+    );
+    let (setting, reason) =
+        refused(Runner::builder("/nonexistent/x.db").lease_ttl(Duration::from_millis(200)));
+    assert_eq!(setting, "lease_ttl");
+    assert!(reason.contains("its default for this lease"), "{reason}");
 }
 
 /// A command that hands a job to a runner that is shutting down is declined at once, and

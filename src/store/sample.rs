@@ -73,7 +73,24 @@ pub const HISTOGRAM_BOUNDS_MS: [i64; 18] = BUCKETS_MS;
 /// transaction (it reads index entries in proportion to the ready jobs), the counters inside
 /// it (a few small rows).
 pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<bool> {
+    take_in(store, now, interval_ms, interval_ms)
+}
+
+impl super::Store {
+    /// Takes a sample at `now` whatever its interval of `interval_ms` holds already, unless
+    /// one was taken at `now` or later: a runner's start and stop, so that a short batch has
+    /// two samples to chart. Trims the table as [`Store::take_sample`] does, so the table
+    /// stays as small.
+    pub(crate) fn take_sample_now(&self, now: i64, interval_ms: i64) -> Result<bool> {
+        take_in(self, now, interval_ms, 1)
+    }
+}
+
+/// [`take`], with a sample refused when one was taken in the same span of `once_ms` (the
+/// interval, or 1 for a forced sample); `interval_ms` still sets the coarse spans.
+fn take_in(store: &super::Store, now: i64, interval_ms: i64, once_ms: i64) -> Result<bool> {
     let interval_ms = interval_ms.max(1);
+    let once_ms = once_ms.max(1);
     let sampled = |conn: &Connection| -> Result<bool> {
         let last: Option<i64> = conn
             .query_row(sql!("SELECT max(at) FROM metric_samples"), params![], |r| {
@@ -81,7 +98,7 @@ pub(super) fn take(store: &super::Store, now: i64, interval_ms: i64) -> Result<b
             })
             .optional()?
             .flatten();
-        Ok(last.is_some_and(|l| l.div_euclid(interval_ms) >= now.div_euclid(interval_ms)))
+        Ok(last.is_some_and(|l| l.div_euclid(once_ms) >= now.div_euclid(once_ms)))
     };
     // Most sweeps find the interval sampled: they read one row, not the ready jobs.
     if sampled(store.conn())? {

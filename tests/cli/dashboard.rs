@@ -291,6 +291,63 @@ fn charts_of_a_real_runner_agree_with_its_samples_and_render_in_chromium() {
     assert!(dom.contains("id=\"ended-fine\""), "{dom}");
 }
 
+/// Issue 34: after 30 jobs ran with `run --until-idle` the overview said "No chart yet": a
+/// runner sampled once a minute, and a chart needs two samples. A runner now samples as it
+/// starts and as it stops too, so the batch is charted, every job of it.
+#[test]
+fn the_overview_charts_a_short_batch_run_until_idle() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let lines = t.sibling("jobs.txt");
+    std::fs::write(&lines, "true\n".repeat(30)).unwrap();
+    ok(&mut cli(
+        db,
+        &["jobs", "add", "--from-file", lines.to_str().unwrap()],
+    ));
+    run_until_idle(db, &[]);
+    let samples = t.store().samples().unwrap();
+    assert!(samples.len() >= 2, "{samples:?}");
+    let server = Server::start(db, &[]);
+    let page = server.get("/");
+    assert_eq!(page.status, 200, "{page:?}");
+    assert!(!page.body.contains("No chart yet"), "{}", page.body);
+    let rows = table_rows(figure(&page.body, "ended-fine"));
+    let succeeded: u64 = rows
+        .iter()
+        .flat_map(|(_, cells)| cells.iter())
+        .filter(|(name, _)| name == "succeeded")
+        .map(|(_, n)| n.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(succeeded, 30, "{rows:?}");
+}
+
+/// Issue 34: `run --sample-interval 1` sampled once a sweep (5 s by default), and the page
+/// said "every 5 s". The sampler keeps its own interval now, and the page says it.
+#[test]
+fn a_one_second_sample_interval_samples_every_second_and_the_page_says_so() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let runner = RunnerProcess::start(db, &["--sample-interval", "1"]);
+    let samples = wait_for("four samples", Duration::from_secs(30), || {
+        let s = t.store().samples().unwrap();
+        (s.len() >= 4).then_some(s)
+    });
+    stop(runner);
+    // After the start's sample, one at the start of each second.
+    let gaps: Vec<i64> = samples[1..4]
+        .windows(2)
+        .map(|w| w[1].at - w[0].at)
+        .collect();
+    assert!(gaps.iter().all(|g| (1..3_000).contains(g)), "{gaps:?}");
+    let server = Server::start(db, &[]);
+    let page = server.get("/");
+    assert!(
+        page.body.contains("one every 1 s at the median"),
+        "{}",
+        page.body
+    );
+}
+
 /// Times are in UTC until the viewer picks a zone (`/times?zone=…`, a cookie): then every
 /// time on the pages is in that zone, with its offset. The choice comes back to the page it
 /// was made on, and never sends the viewer to another site; an unknown zone is a 400.

@@ -493,3 +493,70 @@ fn the_dashboard_says_a_running_job_is_kept_with_no_runner() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("kept, no runner"), "{text}");
 }
+
+/// Issue 34: `jobs logs ID --follow` on a job that had not started exited 0 at once, printing
+/// nothing. It waits now, saying so once on stderr, then follows the job's output to its end;
+/// a job cancelled before it started ends the follow, saying how it ended.
+#[test]
+fn follow_waits_for_a_pending_job_to_start_and_follows_it_to_its_end() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    ok(&mut cli(db, &["db", "migrate"]));
+    ok(&mut cli(db, &["queues", "pause", "held"]));
+    let id = add(
+        db,
+        &["--queue", "held"],
+        &["sh", "-c", "echo first; sleep 0.3; echo second"],
+    );
+    let mut follower = Follower::start(db, &[&id.to_string(), "--follow"]);
+    let said = follower
+        .stderr
+        .recv_timeout(Duration::from_secs(10))
+        .expect("it says it waits");
+    assert!(said.contains("has not started yet"), "{said}");
+    // A runner that leaves the paused queue alone: the follower keeps waiting.
+    let runner = RunnerProcess::start(db, &FAST);
+    assert!(
+        follower
+            .stdout
+            .recv_timeout(Duration::from_millis(700))
+            .is_err()
+    );
+    assert!(follower.running(), "it waits while the queue is paused");
+    ok(&mut cli(db, &["queues", "resume", "held"]));
+    assert_eq!(follower.line(Duration::from_secs(10)), "first");
+    assert_eq!(follower.line(Duration::from_secs(10)), "second");
+    let mut status = None;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            status = follower.child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "it exits once the job ended"
+    );
+    assert_eq!(status.unwrap().code(), Some(0));
+    assert_eq!(inspect(db, id)["status"], "succeeded");
+    let waits: Vec<String> = follower.stderr.try_iter().collect();
+    assert!(waits.is_empty(), "the wait is said once: {waits:?}");
+
+    // Cancelled before it starts: the follow ends with its status.
+    ok(&mut cli(db, &["queues", "pause", "held"]));
+    let id = add(db, &["--queue", "held"], &["echo", "never"]);
+    let mut follower = Follower::start(db, &[&id.to_string(), "--follow"]);
+    follower
+        .stderr
+        .recv_timeout(Duration::from_secs(10))
+        .expect("it says it waits");
+    ok(&mut cli(db, &["jobs", "cancel", &id.to_string()]));
+    let said = follower
+        .stderr
+        .recv_timeout(Duration::from_secs(10))
+        .expect("it says how the job ended");
+    assert!(said.contains("cancelled without starting"), "{said}");
+    assert!(
+        wait_until(Duration::from_secs(10), || !follower.running()),
+        "it exits once the job was cancelled"
+    );
+    assert_eq!(follower.stdout.try_iter().count(), 0);
+    stop(runner);
+}

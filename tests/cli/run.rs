@@ -35,6 +35,64 @@ fn a_lease_shorter_than_the_least_renewal_budget_runs_jobs_without_losing_them()
     assert_eq!(job["recovery_count"], 0, "{job}");
 }
 
+/// Issue 34: `--lease-ttl 10` alone was refused ("heartbeat 5s × 3 exceeds the lease TTL of
+/// 10s"); the heartbeat, sweep and kill grace not given now follow the lease. A flag given
+/// that breaks the ladder is still refused, naming it.
+#[test]
+fn a_lease_ttl_given_alone_brings_a_ladder_that_fits_it() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &[], &["true"]);
+    ok(&mut cli(db, &["run", "--until-idle", "--lease-ttl", "10"]));
+    assert_eq!(inspect(db, id)["status"], "succeeded");
+    ok(&mut cli(
+        db,
+        &[
+            "run",
+            "--until-idle",
+            "--lease-ttl",
+            "5",
+            "--heartbeat",
+            "0.5",
+        ],
+    ));
+    let line = fails(
+        &mut cli(
+            db,
+            &[
+                "run",
+                "--until-idle",
+                "--lease-ttl",
+                "10",
+                "--heartbeat",
+                "4",
+            ],
+        ),
+        2,
+    );
+    assert!(line.contains("invalid --heartbeat"), "{line}");
+    let line = fails(
+        &mut cli(
+            db,
+            &[
+                "run",
+                "--until-idle",
+                "--lease-ttl",
+                "10",
+                "--kill-grace",
+                "9",
+            ],
+        ),
+        2,
+    );
+    assert!(line.contains("invalid --kill-grace"), "{line}");
+    let line = fails(
+        &mut cli(db, &["run", "--until-idle", "--lease-ttl", "0.2"]),
+        2,
+    );
+    assert!(line.contains("invalid --lease-ttl"), "{line}");
+}
+
 #[test]
 fn sigterm_shuts_the_runner_down_and_requeues_its_job_without_spending_recovery() {
     let t = TestDb::new();

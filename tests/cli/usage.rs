@@ -108,9 +108,20 @@ fn misordered_timing_ladder_is_a_usage_error_naming_the_setting() {
         2,
     );
     assert!(line.contains("sweep"), "{line}");
-    // The default 5 s kill grace does not fit a 3 s lease beside two 1 s heartbeats.
+    // A 2 s kill grace given does not fit a 3 s lease beside two 1 s heartbeats.
     let line = fails(
-        &mut cli(db, &["run", "--lease-ttl", "3", "--heartbeat", "1"]),
+        &mut cli(
+            db,
+            &[
+                "run",
+                "--lease-ttl",
+                "3",
+                "--heartbeat",
+                "1",
+                "--kill-grace",
+                "2",
+            ],
+        ),
         2,
     );
     assert!(line.contains("--kill-grace"), "{line}");
@@ -130,9 +141,9 @@ fn misordered_timing_ladder_is_a_usage_error_naming_the_setting() {
 }
 
 /// The kill grace alone breaks the ladder: a 3 s lease with 1 s heartbeats and a 3 s sweep
-/// fits every other rule, and only the default 5 s grace does not (a renewal that misses one
-/// beat would kill every attempt). Without `--sweep 3` the default 5 s sweep is refused
-/// first, so the grace rule would go untested. With a 1 s grace the same settings start.
+/// fits every other rule, and only a 5 s grace given does not (a renewal that misses one
+/// beat would kill every attempt). Without it, the grace follows the lease (0.5 s) and the
+/// same settings start, as they do with a 1 s grace.
 #[test]
 fn a_kill_grace_that_alone_breaks_the_ladder_is_a_usage_error_naming_it() {
     let t = TestDb::new();
@@ -147,7 +158,9 @@ fn a_kill_grace_that_alone_breaks_the_ladder_is_a_usage_error_naming_it() {
         "--sweep",
         "3",
     ];
-    let line = fails(&mut cli(db, &ladder), 2);
+    let mut broken = ladder.to_vec();
+    broken.extend(["--kill-grace", "5"]);
+    let line = fails(&mut cli(db, &broken), 2);
     assert!(line.contains("--kill-grace"), "{line}");
     assert!(line.contains("kill grace 5s"), "{line}");
     assert!(!db.exists(), "a refused run created the database");
@@ -156,6 +169,7 @@ fn a_kill_grace_that_alone_breaks_the_ladder_is_a_usage_error_naming_it() {
     let mut fits = ladder.to_vec();
     fits.extend(["--kill-grace", "1"]);
     ok(&mut cli(db, &fits));
+    ok(&mut cli(db, &ladder));
 }
 
 /// How many jobs the file holds.

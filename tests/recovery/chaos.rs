@@ -19,7 +19,7 @@ use postgres::{Client, NoTls};
 
 use crate::util::cluster::Cluster;
 use crate::util::host::{Host, require_namespaces};
-use crate::util::pg::{connect, with_database};
+use crate::util::pg::connect;
 use crate::util::{EndMarked, RunnerProcess, Watchdog, poll};
 
 /// The cluster's port and folder: the test's own (the shared server is 54329, CI's 54500,
@@ -90,15 +90,7 @@ fn chaos_on_postgres_runs_every_job_once_and_fences_every_late_result() {
     let _end = EndMarked(format!("{}={}", marker.0, marker.1));
     // A database of this test's own on the cluster: a rerun after a crash starts afresh.
     let db = format!("chaos_{}", std::process::id());
-    let mut admin = connect(&cluster.url);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .unwrap();
-    drop(admin);
-    let url = with_database(&cluster.url, &db);
+    let url = cluster.fresh_database(&db);
     let home = folder.join("h");
     let state = home.join(".local/state");
     for sub in [folder.join("locks"), state.clone()] {

@@ -4,17 +4,13 @@
 //! what they wait for.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use leasehold::{Job, Store, now_ms};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 
 use crate::util::cluster::Cluster;
-use crate::util::pg::connect;
-use crate::util::{Watchdog, leasehold_vars, poll, processes_with_env};
+use crate::util::{EndMarked, RunnerProcess, Watchdog, poll};
 
 /// The cluster's port and folder: its own, never the shared test server's (`.ci/pg`'s default
 /// is 54329, CI's shared one 54500).
@@ -30,57 +26,34 @@ flock -n 9 || echo "job $LEASEHOLD_JOB_ID: attempt $LEASEHOLD_RUN_TOKEN started 
 sleep 0.05
 echo "$LEASEHOLD_JOB_ID $LEASEHOLD_RUN_TOKEN" >> ends"#;
 
-/// A `leasehold run` on the cluster, its stderr in a log file; killed by pid when dropped.
-struct Runner {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Runner {
-    fn start(n: usize, url: &str, dir: &Path, marker: (&str, &str)) -> Runner {
-        let log = dir.join(format!("runner-{n}.log"));
-        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("leasehold"));
-        for var in leasehold_vars() {
-            cmd.env_remove(var);
-        }
-        let child = cmd
-            .args(["--db", url, "run", "--workers", "4", "--lease-ttl", "5"])
-            .args(["--heartbeat", "1", "--sweep", "1", "--kill-grace", "0.5"])
-            .args(["--shutdown-grace", "0.5"])
-            .env("HOME", dir.join("home"))
-            .env("XDG_STATE_HOME", dir.join("home/.local/state"))
-            .env(marker.0, marker.1)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("the runner's log can be created"))
-            .spawn()
-            .expect("leasehold run starts");
-        Runner { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Ends whatever carries the test's marker (attempts and keepers that outlived a runner).
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for pid in processes_with_env(&self.0) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
+/// A `leasehold run` on the cluster, its stderr in a log file in `dir`; killed by pid when
+/// dropped.
+fn start_runner(url: &str, dir: &Path, marker: (&str, &str)) -> RunnerProcess {
+    let home = dir.join("home");
+    let state = dir.join("home/.local/state");
+    RunnerProcess::start_logged(
+        url.as_ref(),
+        dir,
+        &[
+            "--workers",
+            "4",
+            "--lease-ttl",
+            "5",
+            "--heartbeat",
+            "1",
+            "--sweep",
+            "1",
+            "--kill-grace",
+            "0.5",
+            "--shutdown-grace",
+            "0.5",
+        ],
+        &[
+            ("HOME", home.to_str().expect("a UTF-8 folder")),
+            ("XDG_STATE_HOME", state.to_str().expect("a UTF-8 folder")),
+            marker,
+        ],
+    )
 }
 
 /// One integer from the cluster on a new connection (a restart ends the old ones), or None
@@ -97,20 +70,10 @@ fn a_server_restart_under_load_ends_every_job_once_and_runs_none_twice_at_once()
     let _watchdog = Watchdog::with_timeout(Duration::from_secs(180));
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(PORT, format!("/tmp/leasehold-pg-restart-{PORT}"));
-    let url = cluster.url.clone();
     let marker = format!("leasehold-restart-{}", std::process::id());
-    let _cleanup = Cleanup(format!("LEASEHOLD_TEST_CASE={marker}"));
+    let _cleanup = EndMarked(format!("LEASEHOLD_TEST_CASE={marker}"));
     // A database of this test's own on the cluster: a rerun after a crash starts afresh.
-    let db = format!("restart_{}", std::process::id());
-    let mut admin = connect(&url);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .unwrap();
-    drop(admin);
-    let url = crate::util::pg::with_database(&url, &db);
+    let url = cluster.fresh_database(&format!("restart_{}", std::process::id()));
     std::fs::create_dir_all(dir.path().join("locks")).unwrap();
     std::fs::create_dir_all(dir.path().join("home")).unwrap();
 
@@ -120,10 +83,10 @@ fn a_server_restart_under_load_ends_every_job_once_and_runs_none_twice_at_once()
         .collect();
     let ids = store.enqueue_many(&jobs, now_ms()).unwrap();
     drop(store);
-    let mut runners: Vec<Runner> = (0..RUNNERS)
-        .map(|n| Runner::start(n, &url, dir.path(), ("LEASEHOLD_TEST_CASE", &marker)))
+    let mut runners: Vec<RunnerProcess> = (0..RUNNERS)
+        .map(|_| start_runner(&url, dir.path(), ("LEASEHOLD_TEST_CASE", &marker)))
         .collect();
-    let logs = |runners: &[Runner]| -> String {
+    let logs = |runners: &[RunnerProcess]| -> String {
         runners
             .iter()
             .enumerate()
@@ -189,7 +152,7 @@ fn a_server_restart_under_load_ends_every_job_once_and_runs_none_twice_at_once()
     let took = began.elapsed();
     for (n, r) in runners.iter_mut().enumerate() {
         assert!(
-            matches!(r.child.try_wait(), Ok(None)),
+            r.running(),
             "runner {n} exited through the restart\n{}",
             r.log()
         );

@@ -22,6 +22,21 @@ fn minutely() -> Schedule {
         .job(Job::shell("true"))
 }
 
+/// A cron schedule of `true` every second, its slots not overlapped.
+fn every_second() -> Schedule {
+    Schedule::cron("* * * * * *")
+        .unwrap()
+        .job(Job::shell("true"))
+}
+
+/// Stores `fast`, an interval schedule of `true` every 2 s from `T` whose slots may overlap.
+fn put_every_two_seconds(store: &Store) {
+    let every_2s = Schedule::every(Duration::from_secs(2))
+        .overlap(Overlap::Allow)
+        .job(Job::shell("true"));
+    store.put_schedule("fast", &every_2s, T).unwrap();
+}
+
 fn jobs_of(store: &Store, name: &str) -> Vec<JobRecord> {
     let mut jobs: Vec<JobRecord> = store
         .list(&ListFilter::default())
@@ -154,10 +169,7 @@ crate::on_both! {
 
     fn a_long_gap_of_a_one_second_schedule_is_counted_without_firing_it(db) {
         let store = db.store();
-        let every_second = Schedule::cron("* * * * * *")
-            .unwrap()
-            .job(Job::shell("true"));
-        store.put_schedule("s", &every_second, T).unwrap();
+        store.put_schedule("s", &every_second(), T).unwrap();
         // A week of downtime: 604,800 slots.
         let r = store.fire_due(T + 7 * 86_400_000 + 20_500).unwrap();
         // Only the newest slot, 500 ms late, is within the grace (half its 1 s period); the
@@ -325,10 +337,7 @@ crate::on_both! {
 
     fn a_schedule_keeps_its_newest_events_only(db) {
         let store = db.store();
-        let every_second = Schedule::cron("* * * * * *")
-            .unwrap()
-            .job(Job::shell("true"));
-        store.put_schedule("busy", &every_second, T).unwrap();
+        store.put_schedule("busy", &every_second(), T).unwrap();
         // The first slot's job never ends: every later slot is skipped.
         assert_eq!(store.fire_due(T + 1_000).unwrap().enqueued, 1);
         for k in 2..=(leasehold::MAX_SCHEDULE_EVENTS + 50) {
@@ -345,10 +354,7 @@ crate::on_both! {
 
     fn catch_up_skip_fires_no_missed_slot_of_a_short_outage_of_a_two_second_schedule(db) {
         let store = db.store();
-        let every_2s = Schedule::every(Duration::from_secs(2))
-            .overlap(Overlap::Allow)
-            .job(Job::shell("true"));
-        store.put_schedule("fast", &every_2s, T).unwrap();
+        put_every_two_seconds(&store);
         assert_eq!(store.fire_due(T + 2_000 + 5).unwrap().enqueued, 1);
         // The firer is away for about 6 s: the slots at 4, 6 and 8 s pass. It returns 1.5 s
         // after the newest, more than half a period late: all three were missed, none fires.
@@ -373,10 +379,7 @@ crate::on_both! {
 
     fn a_slot_less_than_half_a_period_late_is_on_time(db) {
         let store = db.store();
-        let every_2s = Schedule::every(Duration::from_secs(2))
-            .overlap(Overlap::Allow)
-            .job(Job::shell("true"));
-        store.put_schedule("fast", &every_2s, T).unwrap();
+        put_every_two_seconds(&store);
         // 1 s late: exactly half a period, still on time.
         let r = store.fire_due(T + 3_000).unwrap();
         assert_eq!((r.enqueued, r.missed), (1, 0), "{r:?}");

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::pg::pg_script;
+use super::pg::{connect, pg_script, with_database};
 
 /// A throwaway cluster, stopped (and its folder removed) when this is dropped.
 pub struct Cluster {
@@ -35,6 +35,18 @@ impl Cluster {
         );
         cluster.url = String::from_utf8_lossy(&out.stdout).trim().to_string();
         cluster
+    }
+
+    /// Database `name` on this cluster, dropped (with whatever is connected to it) and made
+    /// anew, so that a rerun after a crash starts afresh; returns its URL.
+    pub fn fresh_database(&self, name: &str) -> String {
+        let mut admin = connect(&self.url);
+        // Two calls: CREATE DATABASE cannot run in the implicit transaction of a batch.
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .and_then(|()| admin.batch_execute(&format!("CREATE DATABASE {name}")))
+            .unwrap_or_else(|e| panic!("cannot make the database {name} on {}: {e}", self.url));
+        with_database(&self.url, name)
     }
 
     /// `pg_ctl restart -m fast` (`bash .ci/pg restart`), which ends every connection; returns

@@ -1,7 +1,7 @@
 //! A real PostgreSQL server for the tests: its URL, a fresh database per test, and a restart.
 //!
-//! The server is the throwaway cluster of `.ci/pg` (`.ci/run` starts it and exports its URL as
-//! `LEASEHOLD_TEST_PG`); any server whose URL names a superuser, or a role that may create
+//! The server is the throwaway cluster of `.ci/pg` (`.ci/test`, the README's test command,
+//! starts it and exports its URL as `LEASEHOLD_TEST_PG`); any server whose URL names a superuser, or a role that may create
 //! databases, serves as well, except for [`restart_server`].
 
 use std::path::{Path, PathBuf};
@@ -20,7 +20,8 @@ pub fn server_url() -> String {
     match std::env::var(TEST_PG_ENV) {
         Ok(url) if !url.trim().is_empty() => url.trim().to_string(),
         _ => panic!(
-            "{TEST_PG_ENV} is not set: this test needs a PostgreSQL server; start one with \
+            "{TEST_PG_ENV} is not set: this test needs a PostgreSQL server; run the suite with \
+             `bash .ci/test`, which starts one, or start one with \
              `export {TEST_PG_ENV}=$(bash .ci/pg start)` (and `bash .ci/pg stop` after)"
         ),
     }

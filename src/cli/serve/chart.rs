@@ -473,9 +473,13 @@ pub fn interval_text(spans: &[(i64, i64)]) -> String {
     let Some(median) = lengths.get(lengths.len() / 2) else {
         return "interval".to_string();
     };
-    // Samples are taken at the first sweep of an interval: round to whole seconds.
-    let secs = ((*median as f64) / 1000.0).round().max(1.0);
-    duration_text(secs * 1000.0)
+    // Samples are taken a few milliseconds into an interval: round to whole seconds, or to
+    // 10 ms below a second (a runner's start and stop samples may be closer than an interval).
+    let ms = *median as f64;
+    if ms < 1_000.0 {
+        return duration_text(((ms / 10.0).round() * 10.0).max(10.0));
+    }
+    duration_text((ms / 1000.0).round() * 1000.0)
 }
 
 #[cfg(test)]

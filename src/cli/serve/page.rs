@@ -361,9 +361,9 @@ fn charts(o: &Overview, times: &Times) -> Markup {
     if fine.len() < 2 {
         return html! {
             p #no-samples {
-                "No chart yet: a running runner samples the counters once a sample interval "
-                "(a minute by default, " code { "leasehold run --sample-interval SECS" } "), "
-                "and a chart needs two samples."
+                "No chart yet: a runner samples the counters as it starts and stops, and once "
+                "a sample interval while it runs (a minute by default, "
+                code { "leasehold run --sample-interval SECS" } "), and a chart needs two samples."
             }
         };
     }
@@ -372,6 +372,7 @@ fn charts(o: &Overview, times: &Times) -> Markup {
     let c = chart::intervals(&coarse);
     let span = chart::interval_text(&c.spans);
     let newest = fine.last().map_or(o.now, |s| s.at);
+    let oldest = fine.first().map_or(newest, |s| s.at);
     let ended = |id, title: &str, iv: &chart::Intervals, unit: &str| {
         chart::figure(
             &Chart {
@@ -392,7 +393,9 @@ fn charts(o: &Overview, times: &Times) -> Markup {
                    1, 5, 15 min, 1, 6 h, 1 d): each point is the upper bound of its bucket.";
     html! {
         p.later {
-            "From the samples runners take every " (step) "; the newest is " (age(o.now - newest)) " old. "
+            "From " (fine.len()) " samples over " (age(newest - oldest)) ", one every " (step)
+            " at the median (runners sample once an interval, and as they start and stop); the newest is "
+            (age(o.now - newest)) " old. "
             "Times in " (times.name()) "."
         }
         div.charts {

@@ -163,15 +163,15 @@ const HOST_GONE_PAGE: u32 = 500;
 ///
 /// # Errors
 ///
-/// [`Error::Invalid`] naming `host`, with nothing changed: the host this process runs on
+/// [`Error::HostGoneRefused`], with nothing changed: the host this process runs on
 /// (its runners are judged by their pids, and tear down their own attempts), a host with no
 /// runner recorded on this database, or (without `force`) a host not silent for a lease TTL.
 /// A database error otherwise; what was done before it stays done, and a second call
 /// finishes the rest.
 pub fn host_gone(store: &Store, host: &str, force: bool) -> Result<HostGone> {
-    let refuse = |reason: String| Error::Invalid {
-        setting: "host",
-        reason: format!("{host:?} {reason}"),
+    let refuse = |reason: String| Error::HostGoneRefused {
+        host: host.to_string(),
+        reason,
     };
     let here = Namespace::here();
     if host == here.host {
@@ -384,6 +384,30 @@ mod tests {
             heartbeat_interval_ms: 1_000,
             max_recovery_attempts: 3,
             pid_ns: Some(1),
+        }
+    }
+
+    /// Issue 34: a refusal was `Error::Invalid { setting: "host" }`, as if an argument were
+    /// malformed; it is an error of its own, naming the host, and changes nothing.
+    #[test]
+    fn a_host_gone_refusal_is_its_own_error_naming_the_host() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let store = Store::open(dir.path().join("jobs.db")).expect("the store opens");
+        let here = Namespace::here().host;
+        for (host, why) in [
+            (here.as_str(), "is the host this command runs on"),
+            ("nowhere", "has no runner recorded"),
+        ] {
+            match host_gone(&store, host, true) {
+                Err(Error::HostGoneRefused {
+                    host: named,
+                    reason,
+                }) => {
+                    assert_eq!(named, host);
+                    assert!(reason.starts_with(why), "{reason}");
+                }
+                other => panic!("{host}: {other:?}"),
+            }
         }
     }
 

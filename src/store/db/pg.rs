@@ -41,6 +41,9 @@ struct Inner {
     transaction_now: Option<i64>,
     /// Whether to act at the caller's times rather than the server's.
     given_times: bool,
+    /// Whether `leasehold_now_ms()` was read on this database (its schema is loaded): from
+    /// then on a `BEGIN` reads it in the same round trip (see [`Conn::batch`]).
+    clock_known: bool,
 }
 
 /// An open transaction.
@@ -144,6 +147,34 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// `BEGIN` and the server's time for the transaction (see [`Conn::now`]) in one round
+    /// trip: a transaction's first statement no longer waits for a read of the clock first.
+    /// Sent again on a new connection when the first was lost, as a `BEGIN` is: it changes
+    /// nothing.
+    fn begin_reading_clock(&mut self) -> Result<()> {
+        use postgres::SimpleQueryMessage;
+        let result = self.with(true, |c| c.simple_query("BEGIN; SELECT leasehold_now_ms()"));
+        let now = match result {
+            Ok(messages) => messages.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).and_then(|t| t.parse::<i64>().ok()),
+                _ => None,
+            }),
+            Err(e) => {
+                // The BEGIN may have opened a transaction that the read then aborted.
+                let _ = self.with(false, |c| c.batch_execute("ROLLBACK"));
+                return Err(e);
+            }
+        };
+        self.transaction = Some(Open {
+            session: self.session,
+            failed: false,
+        });
+        self.transaction_now = now;
+        Ok(())
+    }
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         // Closing a client runs the crate's runtime too: off an async runtime's thread.
@@ -166,6 +197,7 @@ impl Conn {
                 transaction: None,
                 transaction_now: None,
                 given_times: false,
+                clock_known: false,
             }),
         })
     }
@@ -225,6 +257,9 @@ impl Conn {
                 other => other,
             };
         }
+        if sql == "BEGIN" && inner.clock_known && !inner.given_times {
+            return inner.begin_reading_clock();
+        }
         let result = inner.with(begins, |c| c.batch_execute(sql));
         if begins && result.is_ok() {
             inner.transaction = Some(Open {
@@ -270,6 +305,7 @@ impl Conn {
         if inner.transaction.is_some() {
             inner.transaction_now = Some(now);
         }
+        inner.clock_known = true;
         Ok(now)
     }
 

@@ -1252,6 +1252,7 @@ fn profile(server: &Server, pgbench: (Option<f64>, Option<f64>)) {
     );
     profile_at(server, 1, rtt, pgbench.0, Variant::Store);
     profile_at(server, 16, rtt, pgbench.1, Variant::Store);
+    profile_at(server, 16, rtt, pgbench.1, Variant::StoreBatch);
     profile_at(server, 16, rtt, pgbench.1, Variant::NoCounters);
     profile_at(server, 16, rtt, pgbench.1, Variant::Bare);
     profile_at(server, 16, rtt, pgbench.1, Variant::BareBatch);
@@ -1262,6 +1263,8 @@ fn profile(server: &Server, pgbench: (Option<f64>, Option<f64>)) {
 enum Variant {
     /// leasehold's Store, as it is.
     Store,
+    /// leasehold's Store, [`BATCH`] jobs a claim and one `finish_many` of them.
+    StoreBatch,
     /// leasehold's Store on a database where a trigger drops every upsert of
     /// `metric_counters` and `metric_histograms` before it reaches its row: what the cycle
     /// would be if those rows were not one hot row each (an experiment, not a design).
@@ -1279,9 +1282,9 @@ enum Variant {
 const DROP_COUNTERS: &str = "
     CREATE FUNCTION bench_drop_row() RETURNS trigger LANGUAGE plpgsql AS
         $$ BEGIN RETURN NULL; END $$;
-    CREATE TRIGGER bench_drop_row BEFORE INSERT ON metric_counters
+    CREATE TRIGGER bench_drop_row BEFORE INSERT ON metric_counter_shards
         FOR EACH ROW EXECUTE FUNCTION bench_drop_row();
-    CREATE TRIGGER bench_drop_row BEFORE INSERT ON metric_histograms
+    CREATE TRIGGER bench_drop_row BEFORE INSERT ON metric_histogram_shards
         FOR EACH ROW EXECUTE FUNCTION bench_drop_row();";
 
 /// One run of [`profile`] at `procs` processes.
@@ -1289,7 +1292,7 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
     println!();
     let target = Target::fresh(server, Backend::Postgres);
     let jobs = match variant {
-        Variant::BareBatch => BATCH_JOBS,
+        Variant::BareBatch | Variant::StoreBatch => BATCH_JOBS,
         _ => CYCLE_JOBS,
     };
     fill(&target, jobs);
@@ -1305,6 +1308,7 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
     let child = match variant {
         Variant::Bare => "__bare_cycles",
         Variant::BareBatch => "__bare_batch_cycles",
+        Variant::StoreBatch => "__batch_cycles",
         _ => "__cycles",
     };
     let mut kids = Kids::spawn(procs, |i| {
@@ -1338,6 +1342,7 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
         if procs == 1 { "" } else { "es" },
         match variant {
             Variant::Store => "leasehold's Store",
+            Variant::StoreBatch => "leasehold's Store, 16 jobs a claim and a finish_many",
             Variant::NoCounters =>
                 "leasehold's Store, its counters' and histograms' upserts dropped by a trigger",
             Variant::Bare => "bare client, one statement a transition",

@@ -732,6 +732,32 @@ mod tests {
         assert_eq!(jobs(&mut other), 1);
     }
 
+    /// Once a connection has read the server's clock, a `BEGIN` reads it in the same round
+    /// trip: the transaction's time is set before its first statement, and no statement of
+    /// the transaction reads it again.
+    #[test]
+    fn a_begin_brings_the_servers_time_with_it() {
+        let db = Db::new("begin_clock");
+        let store = Store::open(&db.url).expect("open");
+        let crate::store::db::Connection::Postgres(pg) = store.conn() else {
+            panic!("a PostgreSQL store");
+        };
+        let before = pg.now(0).expect("the server's time, outside a transaction");
+        assert!(pg.inner.borrow().clock_known);
+        transaction(store.conn(), &mut |c| {
+            let at = pg
+                .inner
+                .borrow()
+                .transaction_now
+                .expect("the time came with the BEGIN");
+            assert!(at >= before, "{at} < {before}");
+            assert_eq!(c.now(0)?, at);
+            Ok(())
+        })
+        .expect("the transaction commits");
+        assert!(pg.inner.borrow().transaction_now.is_none());
+    }
+
     /// A statement that fails inside a transaction aborts it on PostgreSQL, whose COMMIT
     /// then answers as if it committed and stores nothing: a caller that passed over the
     /// failure gets [`Error::Aborted`] from the COMMIT instead. A failure undone by a

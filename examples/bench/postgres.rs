@@ -42,8 +42,8 @@ const ROUNDS: usize = 3;
 const CYCLE_JOBS: usize = 20_000;
 /// Jobs ready for the batched bare client's run.
 const BATCH_JOBS: usize = 100_000;
-/// Jobs of `/bin/true` a run of the end-to-end table runs.
-const E2E_JOBS: usize = 2_000;
+/// Jobs of `/bin/true` a run of the end-to-end table runs (issue 32's "the same jobs": 3,000).
+const E2E_JOBS: usize = 3_000;
 /// Jobs the enqueue-to-start latency is taken over, one at a time; fewer for the poll alone.
 const LATENCY_JOBS: usize = 100;
 const POLL_LATENCY_JOBS: usize = 30;
@@ -270,6 +270,8 @@ struct CycleRuns {
     /// The WAL pgbench wrote a transaction, bytes.
     pgbench_wal: Option<f64>,
     pg: Cycles,
+    /// leasehold's Store, [`BATCH`] jobs a claim and a `finish_many` of them (a cycle: one job).
+    batch: Cycles,
     bare: Cycles,
     lite: Cycles,
 }
@@ -294,8 +296,8 @@ fn cycles_table(server: &Server) -> (Option<f64>, Option<f64>) {
         for &procs in &server.procs {
             let mut r = CycleRuns::default();
             // A rotating order, so that no kind of run always comes first or after another.
-            for k in 0..4 {
-                match (round + k) % 4 {
+            for k in 0..5 {
+                match (round + k) % 5 {
                     0 => {
                         let run = pgbench.as_ref().and_then(|p| p.run(server, procs));
                         r.pgbench = run.map(|(tps, _)| tps);
@@ -303,16 +305,19 @@ fn cycles_table(server: &Server) -> (Option<f64>, Option<f64>) {
                     }
                     1 => r.pg = cycles(server, Backend::Postgres, procs),
                     2 => r.bare = cycles_of(server, Backend::Postgres, procs, "__bare_cycles"),
+                    3 => r.batch = cycles_of(server, Backend::Postgres, procs, "__batch_cycles"),
                     _ => r.lite = cycles(server, Backend::Sqlite, procs),
                 }
             }
             let dry = |c: &Cycles| if c.dry { " (ran dry)" } else { "" };
             eprintln!(
-                "  round {} / {n_rounds}, {procs:>2} processes: pgbench {} tps, PostgreSQL {} cycles/s{}, bare {}{}, SQLite {}{}",
+                "  round {} / {n_rounds}, {procs:>2} processes: pgbench {} tps, PostgreSQL {} cycles/s{}, x{BATCH} {}{}, bare {}{}, SQLite {}{}",
                 round + 1,
                 r.pgbench.map_or("-".into(), thousands),
                 thousands(r.pg.rate),
                 dry(&r.pg),
+                thousands(r.batch.rate),
+                dry(&r.batch),
                 thousands(r.bare.rate),
                 dry(&r.bare),
                 thousands(r.lite.rate),
@@ -356,6 +361,7 @@ fn cycles_table(server: &Server) -> (Option<f64>, Option<f64>) {
                 .collect()
         };
         let pg_pgb = to_pgbench(|r| &r.pg);
+        let batch_pgb = to_pgbench(|r| &r.batch);
         let bare_pgb = to_pgbench(|r| &r.bare);
         let pg_lite: Vec<f64> = runs.iter().map(|r| r.pg.rate / r.lite.rate).collect();
         let shown = |v: &[f64]| {
@@ -377,6 +383,29 @@ fn cycles_table(server: &Server) -> (Option<f64>, Option<f64>) {
             shown(&bare_pgb),
             shown(&pg_lite),
             if dry { "  (a run ran dry)" } else { "" }
+        );
+        println!(
+            "  Store, {BATCH} jobs a claim and a finish_many: {} cycles/s, {} of pgbench (in each round: {}); CPU a cycle {:.3} + {} ms; WAL a cycle {} B",
+            thousands(rate(|r| &r.batch)),
+            shown(&batch_pgb),
+            listed(&batch_pgb),
+            mid(runs.iter().map(|r| r.batch.client_cpu_ms).collect()),
+            {
+                let v: Vec<f64> = runs.iter().filter_map(|r| r.batch.server_cpu_ms).collect();
+                if v.is_empty() {
+                    "?".to_string()
+                } else {
+                    format!("{:.3}", mid(v))
+                }
+            },
+            {
+                let v: Vec<f64> = runs.iter().filter_map(|r| r.batch.wal_bytes).collect();
+                if v.is_empty() {
+                    "?".to_string()
+                } else {
+                    thousands(mid(v))
+                }
+            },
         );
         println!(
             "  in each round: PG/pgbench {}; bare/pgbench {}; PG/SQLite {}",
@@ -439,12 +468,16 @@ fn cycles_table(server: &Server) -> (Option<f64>, Option<f64>) {
     let goal: Vec<f64> = rounds
         .iter()
         .filter(|_| server.procs[last] == 16)
-        .filter_map(|r| r[last].pgbench.map(|t| r[last].pg.rate / t))
+        .filter_map(|r| {
+            r[last]
+                .pgbench
+                .map(|t| r[last].pg.rate.max(r[last].batch.rate) / t)
+        })
         .collect();
     if !goal.is_empty() {
         let g = mid(goal);
         println!(
-            "goal (issue 23): at 16 processes, PostgreSQL cycles >= 0.5 x pgbench's rate: {g:.2} ({})",
+            "goal (issues 23, 32): at 16 processes, PostgreSQL cycles (one a claim, or {BATCH}) >= 0.5 x pgbench's rate: {g:.2} ({})",
             if g >= 0.5 { "met" } else { "missed" }
         );
     }
@@ -466,7 +499,12 @@ fn cycles(server: &Server, backend: Backend, procs: usize) -> Cycles {
 /// PostgreSQL).
 fn cycles_of(server: &Server, backend: Backend, procs: usize, child: &str) -> Cycles {
     let target = Target::fresh(server, backend);
-    fill(&target, CYCLE_JOBS);
+    let jobs = if child == "__batch_cycles" {
+        BATCH_JOBS
+    } else {
+        CYCLE_JOBS
+    };
+    fill(&target, jobs);
     let mut kids = Kids::spawn(procs, |i| {
         let mut cmd = self_command();
         cmd.args([
@@ -691,6 +729,12 @@ struct E2e {
     reruns: i64,
     /// Deadlocks the server detected in the run's database (PostgreSQL).
     deadlocks: Option<i64>,
+    /// The WAL the server wrote a job, bytes, from the enqueue to the last ending
+    /// (`pg_current_wal_lsn`: the whole cluster's, so only on a server of the bench's own).
+    wal_bytes: Option<f64>,
+    /// The CPU of the server's backends connected to the run's database a job, ms (the
+    /// runners' and the bench's sessions, from `/proc/PID/stat`).
+    server_cpu_ms: Option<f64>,
 }
 
 /// Jobs a second from the enqueue of [`E2E_JOBS`] `/bin/true` jobs to the last ending, with 1,
@@ -759,6 +803,21 @@ fn e2e_table(server: &Server) {
             }
         );
         println!("  (PG/SQLite in each round: {})", listed(&ratios));
+        let per_job = |v: Vec<f64>, digits: usize| {
+            if v.is_empty() {
+                "?".to_string()
+            } else {
+                format!("{:.*}", digits, mid(v))
+            }
+        };
+        println!(
+            "  PostgreSQL a job: {} B of WAL, {} ms of the server's backends' CPU",
+            per_job(rounds.iter().filter_map(|r| r[i].0.wal_bytes).collect(), 0),
+            per_job(
+                rounds.iter().filter_map(|r| r[i].0.server_cpu_ms).collect(),
+                3
+            )
+        );
     }
     println!(
         "each runner process: Runner::builder(db).start() with the defaults (4 workers, keepers \
@@ -778,6 +837,17 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
     });
     kids.await_ready();
     let jobs = vec![Job::command(["/bin/true"]); E2E_JOBS];
+    let backends = match backend {
+        Backend::Postgres => backend_pids(server),
+        Backend::Sqlite => Vec::new(),
+    };
+    let lsn = |server: &Server| -> Option<String> {
+        (backend == Backend::Postgres)
+            .then(|| wal_lsn(server))
+            .flatten()
+    };
+    let lsn_before = lsn(server);
+    let ticks_before = cpu_ticks(&backends);
     let t = Instant::now();
     store
         .enqueue_many(&jobs, now_ms())
@@ -788,6 +858,15 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
         std::thread::sleep(Duration::from_millis(5));
     }
     let rate = E2E_JOBS as f64 / t.elapsed().as_secs_f64();
+    let ticks_after = cpu_ticks(&backends);
+    let wal = lsn_before
+        .zip(lsn(server))
+        .and_then(|(b, a)| wal_diff(server, &a, &b))
+        .map(|bytes| bytes as f64 / E2E_JOBS as f64);
+    let tick = 1000.0 / clock_ticks_per_sec() as f64;
+    let server_cpu_ms = ticks_before
+        .zip(ticks_after)
+        .map(|(b, a)| a.saturating_sub(b) as f64 * tick / E2E_JOBS as f64);
     assert_eq!(
         store.counts().expect("counts").succeeded,
         E2E_JOBS as u64,
@@ -804,6 +883,8 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
                 rate,
                 reruns,
                 deadlocks: deadlocks(server),
+                wal_bytes: wal,
+                server_cpu_ms,
             }
         }
         Backend::Sqlite => {
@@ -813,9 +894,32 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
                 rate,
                 reruns,
                 deadlocks: None,
+                wal_bytes: None,
+                server_cpu_ms: None,
             }
         }
     }
+}
+
+/// The server's WAL insert position, as text (`pg_current_wal_lsn`).
+fn wal_lsn(server: &Server) -> Option<String> {
+    server
+        .admin()
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .ok()
+        .map(|r| r.get(0))
+}
+
+/// Bytes of WAL between two positions (`pg_wal_lsn_diff`).
+fn wal_diff(server: &Server, after: &str, before: &str) -> Option<i64> {
+    server
+        .admin()
+        .query_one(
+            "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::bigint",
+            &[&after, &before],
+        )
+        .ok()
+        .map(|r| r.get(0))
 }
 
 /// The deadlocks the server has detected in the bench's database since it was made.
@@ -1148,6 +1252,7 @@ fn profile(server: &Server, pgbench: (Option<f64>, Option<f64>)) {
     );
     profile_at(server, 1, rtt, pgbench.0, Variant::Store);
     profile_at(server, 16, rtt, pgbench.1, Variant::Store);
+    profile_at(server, 16, rtt, pgbench.1, Variant::StoreBatch);
     profile_at(server, 16, rtt, pgbench.1, Variant::NoCounters);
     profile_at(server, 16, rtt, pgbench.1, Variant::Bare);
     profile_at(server, 16, rtt, pgbench.1, Variant::BareBatch);
@@ -1158,6 +1263,8 @@ fn profile(server: &Server, pgbench: (Option<f64>, Option<f64>)) {
 enum Variant {
     /// leasehold's Store, as it is.
     Store,
+    /// leasehold's Store, [`BATCH`] jobs a claim and one `finish_many` of them.
+    StoreBatch,
     /// leasehold's Store on a database where a trigger drops every upsert of
     /// `metric_counters` and `metric_histograms` before it reaches its row: what the cycle
     /// would be if those rows were not one hot row each (an experiment, not a design).
@@ -1175,9 +1282,9 @@ enum Variant {
 const DROP_COUNTERS: &str = "
     CREATE FUNCTION bench_drop_row() RETURNS trigger LANGUAGE plpgsql AS
         $$ BEGIN RETURN NULL; END $$;
-    CREATE TRIGGER bench_drop_row BEFORE INSERT ON metric_counters
+    CREATE TRIGGER bench_drop_row BEFORE INSERT ON metric_counter_shards
         FOR EACH ROW EXECUTE FUNCTION bench_drop_row();
-    CREATE TRIGGER bench_drop_row BEFORE INSERT ON metric_histograms
+    CREATE TRIGGER bench_drop_row BEFORE INSERT ON metric_histogram_shards
         FOR EACH ROW EXECUTE FUNCTION bench_drop_row();";
 
 /// One run of [`profile`] at `procs` processes.
@@ -1185,7 +1292,7 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
     println!();
     let target = Target::fresh(server, Backend::Postgres);
     let jobs = match variant {
-        Variant::BareBatch => BATCH_JOBS,
+        Variant::BareBatch | Variant::StoreBatch => BATCH_JOBS,
         _ => CYCLE_JOBS,
     };
     fill(&target, jobs);
@@ -1201,6 +1308,7 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
     let child = match variant {
         Variant::Bare => "__bare_cycles",
         Variant::BareBatch => "__bare_batch_cycles",
+        Variant::StoreBatch => "__batch_cycles",
         _ => "__cycles",
     };
     let mut kids = Kids::spawn(procs, |i| {
@@ -1234,6 +1342,7 @@ fn profile_at(server: &Server, procs: usize, rtt: f64, pgbench: Option<f64>, var
         if procs == 1 { "" } else { "es" },
         match variant {
             Variant::Store => "leasehold's Store",
+            Variant::StoreBatch => "leasehold's Store, 16 jobs a claim and a finish_many",
             Variant::NoCounters =>
                 "leasehold's Store, its counters' and histograms' upserts dropped by a trigger",
             Variant::Bare => "bare client, one statement a transition",
@@ -1515,6 +1624,11 @@ pub fn child(args: &[String]) -> bool {
             cycles_child(&args[2], Duration::from_secs_f64(secs), &args[4]);
             true
         }
+        Some("__batch_cycles") => {
+            let secs: f64 = args[3].parse().expect("seconds");
+            batch_cycles_child(&args[2], Duration::from_secs_f64(secs), &args[4]);
+            true
+        }
         Some("__bare_cycles") => {
             let secs: f64 = args[3].parse().expect("seconds");
             bare_cycles_child(&args[2], Duration::from_secs_f64(secs), &args[4]);
@@ -1586,6 +1700,65 @@ fn cycles_child(db: &str, secs: Duration, worker: &str) {
         claim += c1 - c0;
         finish += c1.elapsed();
         n += 1;
+    }
+    let elapsed = t.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    println!(
+        "done {n} {} {} {} {} {}",
+        elapsed.as_nanos(),
+        claim.as_nanos(),
+        finish.as_nanos(),
+        cpu.as_nanos(),
+        u8::from(dry)
+    );
+    read_stdin_line();
+}
+
+/// A `__batch_cycles` child: as [`cycles_child`], with [`BATCH`] jobs a claim and their
+/// successes recorded by one `finish_many`, as a runner's dispatcher claims ahead and its
+/// writer groups endings; a cycle is still one job.
+fn batch_cycles_child(db: &str, secs: Duration, worker: &str) {
+    let store = Store::open(db).expect("the bench database opens");
+    println!("ready");
+    read_stdin_line();
+    let cpu0 = cpu_time();
+    let t = Instant::now();
+    let (mut n, mut claim, mut finish, mut dry) = (0u64, Duration::ZERO, Duration::ZERO, false);
+    let req = ClaimRequest {
+        worker_id: worker,
+        limit: BATCH as u32,
+        queues: &[],
+        lease_ttl: Duration::from_secs(30),
+        queue_caps: &[],
+    };
+    while t.elapsed() < secs {
+        let c0 = Instant::now();
+        let claimed = store.claim(&req, now_ms()).expect("claim");
+        if claimed.is_empty() {
+            dry = true;
+            break;
+        }
+        let c1 = Instant::now();
+        let finishes: Vec<Finish> = claimed
+            .into_iter()
+            .map(|c| Finish {
+                job_id: c.id,
+                run_token: c.run_token,
+                attempt: c.attempt,
+                ending: Ending::Succeeded,
+                output: None,
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            })
+            .collect();
+        let done = store.finish_many(&finishes, now_ms()).expect("finish");
+        assert!(
+            done.iter().all(|d| matches!(d, Finished::Recorded(_))),
+            "{done:?}"
+        );
+        claim += c1 - c0;
+        finish += c1.elapsed();
+        n += finishes.len() as u64;
     }
     let elapsed = t.elapsed();
     let cpu = cpu_time().saturating_sub(cpu0);

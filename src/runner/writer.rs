@@ -501,24 +501,48 @@ fn apply_batch(
         })
         .collect();
     store::lock_dependents(conn, &ending)?;
+    let start_of = |pair: &Pair| match *pair {
+        Pair::EndingOf(i) => match &batch[i] {
+            Op::Start(s) => Some(s),
+            _ => None,
+        },
+        _ => None,
+    };
+    // Plain statements: the endings together, where the first of them comes
+    // ([`store::finish_group`]: on PostgreSQL the successes in one statement).
+    let mut grouped = if savepoints {
+        Vec::new()
+    } else {
+        let endings: Vec<(&Finish, Option<&AttemptStart>)> = batch
+            .iter()
+            .zip(pairs)
+            .filter_map(|(op, pair)| match op {
+                Op::Finish(f) => Some((&**f, start_of(pair))),
+                _ => None,
+            })
+            .collect();
+        if endings.is_empty() {
+            Vec::new()
+        } else {
+            store::finish_group(conn, &endings, ctx.now)?
+        }
+    }
+    .into_iter();
     let mut applied = Vec::with_capacity(batch.len());
     for (op, pair) in batch.iter().zip(pairs) {
-        let start = match *pair {
-            // Recorded with its ending, further on.
-            Pair::StartOf(_) => {
-                applied.push(Applied::Started);
-                continue;
-            }
-            Pair::EndingOf(i) => match &batch[i] {
-                Op::Start(s) => Some(s),
-                _ => None,
-            },
-            Pair::Alone => None,
-        };
-        applied.push(if savepoints {
-            apply(conn, op, start, ctx)?
-        } else {
-            apply_op(conn, op, start, ctx)?
+        if let Pair::StartOf(_) = pair {
+            // Recorded with its ending.
+            applied.push(Applied::Started);
+            continue;
+        }
+        let start = start_of(pair);
+        applied.push(match op {
+            // finish_group answers each ending it is given, in order: one a Finish here.
+            Op::Finish(_) if !savepoints => Applied::Finished(Ok(grouped
+                .next()
+                .expect("finish_group answers each ending it is given"))),
+            _ if savepoints => apply(conn, op, start, ctx)?,
+            _ => apply_op(conn, op, start, ctx)?,
         });
     }
     Ok(applied)

@@ -21,6 +21,9 @@ use super::row::{json_column, ms_duration};
 use super::runners::runner_heartbeat;
 use super::tx::{Serialise, event, queue_filter, serialise};
 
+mod grouped;
+pub(crate) use grouped::finish_group;
+
 /// What a runner asks of [`Store::claim`](crate::Store::claim).
 #[derive(Debug, Clone)]
 pub struct ClaimRequest<'a> {
@@ -134,14 +137,66 @@ const PG_CLAIM_SQL: &str = "WITH picked AS ({pick}),
             priority, scheduled_at
      FROM taken";
 
-/// [`PG_CLAIM_SQL`]'s pick of the best ready jobs (`?2`: how many).
+/// PostgreSQL's claim when no queue has a limit or a pause, in one statement and one round
+/// trip: the promotion of due deferred jobs (at most `?5`, as [`promote_due`]), the check
+/// that no queue rule exists (else it takes nothing, and the caller takes the rules' path,
+/// which locks the limited queues' rows first), the pick of the best ready jobs (`?2`: how
+/// many; `FOR UPDATE SKIP LOCKED`), their transition and their `claimed` events. Parameters:
+/// now, limit, worker id, lease expiry, promotion limit, then the queues from `?6`.
+///
+/// The jobs it promotes were deferred in its snapshot, so it cannot take them itself: with a
+/// promotion limit above 0 it takes nothing when any deferred job is due, and the caller runs
+/// it again with 0 (no promotion, no such check), so that the promoted jobs compete by their
+/// priority, as SQLite's [`promote_due`] before the read makes them.
+///
+/// One row at least: the jobs taken (their columns NULL when none was), each with whether a
+/// deferred job was due and whether a queue rule exists.
 #[cfg(feature = "postgres")]
-const PG_PICK_HEADS: &str = concat!(
-    "SELECT id FROM jobs WHERE ",
+const PG_FAST_CLAIM_SQL: &str = concat!(
+    "WITH promoted AS (
+       UPDATE jobs SET deferred = 0
+       WHERE id IN (SELECT id FROM jobs WHERE deferred = 1 AND scheduled_at <= ?1
+                    ORDER BY scheduled_at LIMIT ?5)
+         AND deferred = 1
+       RETURNING id),
+     picked AS (
+       SELECT id FROM jobs WHERE ",
     in_claim_index!(),
     " AND scheduled_at <= ?1 {queues}
-     ORDER BY priority DESC, scheduled_at, id LIMIT ?2 FOR UPDATE SKIP LOCKED"
+         AND NOT EXISTS (SELECT 1 FROM queues WHERE paused != 0 OR max_running IS NOT NULL)
+         AND (?5 = 0 OR NOT EXISTS (SELECT 1 FROM jobs WHERE deferred = 1 AND scheduled_at <= ?1))
+       ORDER BY priority DESC, scheduled_at, id LIMIT ?2 FOR UPDATE SKIP LOCKED),
+     taken AS (
+       UPDATE jobs SET status = 'running', attempt = jobs.attempt + 1,
+              run_token = replace(gen_random_uuid()::text, '-', ''), worker_id = ?3, started_at = ?1,
+              heartbeat_at = ?1, lease_expires_at = ?4, completed_at = NULL, pid = NULL,
+              pgid = NULL, proc_start_time = NULL, exit_code = NULL, signal = NULL,
+              error_kind = NULL, keeper_pid = NULL, keeper_start_time = NULL
+       FROM picked WHERE jobs.id = picked.id
+       RETURNING jobs.id, jobs.queue, jobs.attempt, jobs.run_token, jobs.argv, jobs.env,
+                 jobs.cwd, jobs.timeout_ms, jobs.idle_timeout_ms, jobs.priority,
+                 jobs.scheduled_at),
+     logged AS (
+       INSERT INTO job_events (job_id, at, kind, attempt, detail)
+       SELECT id, ?1, 'claimed', attempt, 'worker ' || ?3 FROM taken)
+     SELECT t.id, t.queue, t.attempt, t.run_token, t.argv, t.env, t.cwd, t.timeout_ms,
+            t.idle_timeout_ms, t.priority, t.scheduled_at, s.due, s.ruled
+     FROM (SELECT ?5 > 0 AND EXISTS (SELECT 1 FROM jobs WHERE deferred = 1 AND scheduled_at <= ?1)
+                      AS due,
+                  EXISTS (SELECT 1 FROM queues WHERE paused != 0 OR max_running IS NOT NULL)
+                      AS ruled,
+                  (SELECT count(*) FROM promoted) AS promoted) AS s
+     LEFT JOIN taken AS t ON true"
 );
+
+/// [`PG_FAST_CLAIM_SQL`] for `queues` (all queues when empty).
+#[cfg(feature = "postgres")]
+fn pg_fast_claim_sql(queues: &[String]) -> Sql {
+    Sql::built(
+        String::new(),
+        PG_FAST_CLAIM_SQL.replace("{queues}", &queue_filter(queues, 6)),
+    )
+}
 
 /// [`PG_CLAIM_SQL`]'s pick of one job that queue rules chose (`?2`: its id).
 #[cfg(feature = "postgres")]
@@ -151,15 +206,10 @@ const PG_PICK_ONE: &str = concat!(
     " FOR UPDATE SKIP LOCKED"
 );
 
-/// PostgreSQL's claim ([`PG_CLAIM_SQL`]) of the best ready jobs of `queues` (all queues when
-/// empty), or, with `None`, of one job that queue rules chose.
+/// PostgreSQL's claim ([`PG_CLAIM_SQL`]) of one job that queue rules chose.
 #[cfg(feature = "postgres")]
-fn pg_claim_sql(queues: Option<&[String]>) -> Sql {
-    let pick = match queues {
-        Some(queues) => PG_PICK_HEADS.replace("{queues}", &queue_filter(queues, 5)),
-        None => PG_PICK_ONE.to_owned(),
-    };
-    Sql::built(String::new(), PG_CLAIM_SQL.replace("{pick}", &pick))
+fn pg_claim_sql() -> Sql {
+    Sql::built(String::new(), PG_CLAIM_SQL.replace("{pick}", PG_PICK_ONE))
 }
 
 /// The read of the jobs a claim takes from `queues` (all queues when empty), when no queue has
@@ -214,8 +264,15 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     if req.limit == 0 {
         return Ok(Vec::new());
     }
-    promote_due(conn, now)?;
     let expires = now.saturating_add(duration_ms(req.lease_ttl));
+    #[cfg(feature = "postgres")]
+    if conn.dialect() == crate::store::db::Dialect::Postgres
+        && req.queue_caps.is_empty()
+        && let Some(claimed) = pg_fast_claim(conn, req, now, expires)?
+    {
+        return Ok(claimed);
+    }
+    promote_due(conn, now)?;
     serialise(conn, Serialise::LimitedQueues)?;
     let rules = queue::rules(conn)?;
     let candidate = |r: &crate::store::db::Row<'_>| {
@@ -236,31 +293,19 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     };
     #[cfg(feature = "postgres")]
     if conn.dialect() == crate::store::db::Dialect::Postgres {
+        // The rules' path (the fast claim found a queue rule, or the runner caps queues): the
+        // limited queues' rows are locked above, then each allowed job taken by id.
         let worker = req.worker_id.to_owned();
-        let mut claimed: Vec<Claimed> = if rules.is_empty() && req.queue_caps.is_empty() {
-            let mut values: Vec<crate::store::db::Value> = vec![
-                now.into(),
-                i64::from(req.limit).into(),
-                worker.into(),
-                expires.into(),
-            ];
-            values.extend(req.queues.iter().map(|q| q.clone().into()));
-            let mut stmt = conn.prepare_cached(&pg_claim_sql(Some(req.queues)))?;
-            let rows = stmt.query_map(params_from_iter(values), candidate)?;
-            rows.collect::<Result<_>>()?
-        } else {
-            let mut stmt = conn.prepare_cached(&pg_claim_sql(None))?;
-            let mut found = Vec::new();
-            for id in allowed_heads(conn, req, &rules, now)? {
-                if let Some(c) = stmt
-                    .query_row(params![now, id, worker, expires], candidate)
-                    .optional()?
-                {
-                    found.push(c);
-                }
+        let mut stmt = conn.prepare_cached(&pg_claim_sql())?;
+        let mut claimed = Vec::new();
+        for id in allowed_heads(conn, req, &rules, now)? {
+            if let Some(c) = stmt
+                .query_row(params![now, id, worker, expires], candidate)
+                .optional()?
+            {
+                claimed.push(c);
             }
-            found
-        };
+        }
         claimed.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
         return Ok(claimed);
     }
@@ -309,6 +354,65 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
         claimed.push(c);
     }
     Ok(claimed)
+}
+
+/// PostgreSQL's claim when the runner caps no queue: [`PG_FAST_CLAIM_SQL`], run a second time
+/// (without promoting) when deferred jobs were due, to take the best of the promoted and the
+/// ready. None when a queue rule exists: the caller takes the rules' path.
+#[cfg(feature = "postgres")]
+fn pg_fast_claim(
+    conn: &Connection,
+    req: &ClaimRequest<'_>,
+    now: i64,
+    expires: i64,
+) -> Result<Option<Vec<Claimed>>> {
+    let mut claimed: Vec<Claimed> = Vec::new();
+    let mut stmt = conn.prepare_cached(&pg_fast_claim_sql(req.queues))?;
+    for promote in [PROMOTE_AT_MOST, 0] {
+        let mut values: Vec<crate::store::db::Value> = vec![
+            now.into(),
+            i64::from(req.limit).into(),
+            req.worker_id.to_owned().into(),
+            expires.into(),
+            promote.into(),
+        ];
+        values.extend(req.queues.iter().map(|q| q.clone().into()));
+        let rows = stmt.query_map(params_from_iter(values), |r| {
+            let job = match r.get::<_, Option<i64>>(0)? {
+                None => None,
+                Some(id) => Some(Claimed {
+                    id,
+                    queue: r.get(1)?,
+                    attempt: r.get(2)?,
+                    run_token: r.get(3)?,
+                    argv: json_column(r, 4)?,
+                    env: json_column(r, 5)?,
+                    cwd: r.get(6)?,
+                    timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
+                    idle_timeout: r.get::<_, Option<i64>>(8)?.map(ms_duration),
+                    lease_expires_at: expires,
+                    priority: r.get(9)?,
+                    scheduled_at: r.get(10)?,
+                }),
+            };
+            Ok((job, r.get::<_, bool>(11)?, r.get::<_, bool>(12)?))
+        })?;
+        let (mut due, mut ruled) = (false, false);
+        for row in rows {
+            let (job, d, r) = row?;
+            (due, ruled) = (d, r);
+            claimed.extend(job);
+        }
+        if ruled {
+            // Nothing taken: the pick checks the same.
+            return Ok(None);
+        }
+        if !due {
+            break;
+        }
+    }
+    claimed.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
+    Ok(Some(claimed))
 }
 
 /// At most this many deferred jobs become claimable in one claim's transaction: a claim's
@@ -819,8 +923,9 @@ pub(crate) fn finish_attempt(conn: &Connection, f: &Finish, now: i64) -> Result<
     finish_with(conn, f, None, now)
 }
 
-/// Records several endings in the caller's transaction, in the order given, after locking
-/// their rows in id order ([`lock_running`]).
+/// Records several endings in the caller's transaction, after locking their rows in id order
+/// ([`lock_running`]): on PostgreSQL the successes together ([`finish_group`]), the others
+/// in the order given.
 pub(super) fn finish_many(
     conn: &Connection,
     finishes: &[Finish],
@@ -830,10 +935,9 @@ pub(super) fn finish_many(
     let ids: Vec<i64> = finishes.iter().map(|f| f.job_id).collect();
     lock_running(conn, &ids)?;
     lock_dependents(conn, &ids)?;
-    finishes
-        .iter()
-        .map(|f| finish_with(conn, f, None, now))
-        .collect()
+    let endings: Vec<(&Finish, Option<&AttemptStart>)> =
+        finishes.iter().map(|f| (f, None)).collect();
+    finish_group(conn, &endings, now)
 }
 
 /// [`finish_attempt`], with the event row of a recorded ending carrying `start` when given
@@ -1167,11 +1271,12 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
         ("claim_sql(all queues)", claim_sql(&[])),
         ("claim_sql(two queues)", claim_sql(&queues)),
     ];
+    all.extend(grouped::statements());
     #[cfg(feature = "postgres")]
     all.extend([
-        ("pg_claim_sql(all queues)", pg_claim_sql(Some(&[]))),
-        ("pg_claim_sql(two queues)", pg_claim_sql(Some(&queues))),
-        ("pg_claim_sql(one job)", pg_claim_sql(None)),
+        ("pg_fast_claim_sql(all queues)", pg_fast_claim_sql(&[])),
+        ("pg_fast_claim_sql(two queues)", pg_fast_claim_sql(&queues)),
+        ("pg_claim_sql(one job)", pg_claim_sql()),
     ]);
     all
 }

@@ -72,7 +72,8 @@ pub use enqueue::Enqueued;
 pub use failure::RecentFailure;
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
 pub(crate) use lease::{
-    claim, finish_attempt, finish_started, lock_dependents, lock_running, next_due, record_start,
+    claim, finish_attempt, finish_group, finish_started, lock_dependents, lock_running, next_due,
+    record_start,
 };
 pub use maintenance::VacuumReport;
 pub use open::{

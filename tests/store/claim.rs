@@ -79,6 +79,50 @@ crate::on_both! {
         );
     }
 
+    /// Claims of several jobs at once from two connections while 1,200 deferred jobs fall due
+    /// (more than one claim promotes): each job is taken once, with one claimed event, and
+    /// none is left deferred (on PostgreSQL a claim that finds deferred jobs due promotes
+    /// them and runs again, while the other promotes and claims beside it).
+    fn two_connections_claiming_as_deferred_jobs_fall_due_take_each_once(db) {
+        let jobs = vec![Job::shell("true").delay(Duration::from_secs(1)); 1_200];
+        let ids = db.store().enqueue_many(&jobs, T0).unwrap();
+        let barrier = Arc::new(Barrier::new(2));
+        let threads: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|worker| {
+                let (target, barrier) = (db.target(), Arc::clone(&barrier));
+                thread::spawn(move || {
+                    let options = OpenOptions::default().given_times(true);
+                    let store = Store::open_with(target, &options).unwrap();
+                    barrier.wait();
+                    let mut got = Vec::new();
+                    loop {
+                        let batch = claim(&store, worker, 7, T0 + 1_000);
+                        if batch.is_empty() {
+                            return got;
+                        }
+                        got.extend(batch.into_iter().map(|c| c.id));
+                    }
+                })
+            })
+            .collect();
+        let mut claimed: Vec<i64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("the claiming thread does not panic"))
+            .collect();
+        claimed.sort_unstable();
+        assert_eq!(claimed, ids, "each job once");
+        assert_eq!(deferred(&db), 0);
+        assert_eq!(
+            db.scalar("SELECT count(DISTINCT job_id) FROM job_events WHERE kind = 'claimed'"),
+            1_200
+        );
+        assert_eq!(
+            db.scalar("SELECT count(*) FROM job_events WHERE kind = 'claimed'"),
+            1_200
+        );
+    }
+
     fn claim_takes_highest_priority_then_oldest_schedule_then_lowest_id(db) {
         let store = db.store();
         let at = |job: Job, t: i64| store.enqueue(&job, t).unwrap();

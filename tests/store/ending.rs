@@ -246,4 +246,87 @@ crate::on_both! {
         assert_eq!(first.stdout, b"out 1");
         assert!(kinds(&store, id).contains(&"leaked".to_string()));
     }
+
+    /// Endings recorded together (`finish_many`, as a runner's writer records a batch; on
+    /// PostgreSQL the successes in one statement): the one whose lease was lost meanwhile
+    /// changes nothing but its `late_result_discarded` event and counter; the others are
+    /// recorded with their events, output, counters and histograms, and a dependent released.
+    fn endings_recorded_together_fence_only_the_one_whose_lease_is_gone(db) {
+        use crate::helper::{EXPIRED, TTL, TTL_MS, sweep};
+        let store = db.store();
+        let ids: Vec<i64> = (0..4).map(|_| enqueue(&store, &Job::shell("true"))).collect();
+        let dependent = enqueue(&store, &Job::shell("true").after([ids[0]]));
+        let claimed = claim(&store, "w", 10, T0);
+        assert_eq!(claimed.len(), 4, "the dependent waits");
+        // Three leases renewed; the last one's expires and a sweep requeues its job.
+        let kept: Vec<String> = claimed[..3].iter().map(|c| c.run_token.clone()).collect();
+        store.renew("w", &kept, TTL, T0 + TTL_MS - 1).unwrap();
+        let report = store.reclaim(&sweep(3, 10), EXPIRED).unwrap();
+        assert_eq!(report.reclaimed.len(), 1);
+        let finishes: Vec<Finish> = claimed
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Finish {
+                job_id: c.id,
+                run_token: c.run_token.clone(),
+                attempt: c.attempt,
+                ending: Ending::Succeeded,
+                output: (i == 1).then(|| {
+                    Output::new(c.attempt, b"hi\n\x00\xff".to_vec(), Vec::new(), true, false)
+                }),
+                notes: Vec::new(),
+                max_recovery_attempts: 3,
+            })
+            .collect();
+
+        let done = store.finish_many(&finishes, EXPIRED + 5).unwrap();
+
+        let ok = Finished::Recorded(Status::Succeeded);
+        assert_eq!(done, [ok, ok, ok, Finished::Fenced]);
+        for c in &claimed[..3] {
+            let job = store.job(c.id).unwrap();
+            assert_eq!(job.status, Status::Succeeded);
+            assert_eq!((job.exit_code, job.completed_at), (Some(0), Some(EXPIRED + 5)));
+            assert_eq!(job.lease_expires_at, None);
+            assert_eq!(kinds(&store, c.id), ["enqueued", "claimed", "succeeded"]);
+        }
+        let lost = store.job(claimed[3].id).unwrap();
+        assert_eq!(lost.status, Status::Pending);
+        assert_eq!(last_event(&store, lost.id).kind.as_str(), "late_result_discarded");
+        let out = store.output(claimed[1].id, None).unwrap().expect("its output");
+        assert_eq!(out.stdout, b"hi\n\x00\xff");
+        assert!(out.stdout_truncated && !out.stderr_truncated);
+        assert!(store.output(claimed[0].id, None).unwrap().is_none());
+        let counter = |name: &str, outcome: &str| {
+            db.scalar(&format!(
+                "SELECT CAST(coalesce(sum(value), 0) AS BIGINT) FROM metric_counters
+                 WHERE name = '{name}' AND outcome = '{outcome}'"
+            ))
+        };
+        assert_eq!(counter("jobs_ended", "succeeded"), 3);
+        assert_eq!(counter("late_results_discarded", ""), 1);
+        for histogram in ["wait", "run"] {
+            assert_eq!(
+                db.scalar(&format!(
+                    "SELECT CAST(coalesce(sum(count), 0) AS BIGINT) FROM metric_histograms
+                     WHERE name = '{histogram}' AND outcome = 'succeeded'"
+                )),
+                3,
+                "{histogram}"
+            );
+        }
+        // The run histogram's sum: each attempt ran from T0 to EXPIRED + 5.
+        assert_eq!(
+            db.scalar(
+                "SELECT CAST(coalesce(sum(sum_ms), 0) AS BIGINT) FROM metric_histograms
+                 WHERE name = 'run' AND outcome = 'succeeded'"
+            ),
+            3 * (EXPIRED + 5 - T0)
+        );
+        // The first job's success released its dependent.
+        let next = claim(&store, "w", 10, EXPIRED + 6);
+        let next: Vec<i64> = next.iter().map(|c| c.id).collect();
+        assert!(next.contains(&dependent), "{next:?}");
+        assert_eq!(store.counts().unwrap().succeeded, 3);
+    }
 }

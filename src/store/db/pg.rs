@@ -41,6 +41,9 @@ struct Inner {
     transaction_now: Option<i64>,
     /// Whether to act at the caller's times rather than the server's.
     given_times: bool,
+    /// Whether `leasehold_now_ms()` was read on this database (its schema is loaded): from
+    /// then on a `BEGIN` reads it in the same round trip (see [`Conn::batch`]).
+    clock_known: bool,
 }
 
 /// An open transaction.
@@ -144,6 +147,34 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// `BEGIN` and the server's time for the transaction (see [`Conn::now`]) in one round
+    /// trip: a transaction's first statement no longer waits for a read of the clock first.
+    /// Sent again on a new connection when the first was lost, as a `BEGIN` is: it changes
+    /// nothing.
+    fn begin_reading_clock(&mut self) -> Result<()> {
+        use postgres::SimpleQueryMessage;
+        let result = self.with(true, |c| c.simple_query("BEGIN; SELECT leasehold_now_ms()"));
+        let now = match result {
+            Ok(messages) => messages.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).and_then(|t| t.parse::<i64>().ok()),
+                _ => None,
+            }),
+            Err(e) => {
+                // The BEGIN may have opened a transaction that the read then aborted.
+                let _ = self.with(false, |c| c.batch_execute("ROLLBACK"));
+                return Err(e);
+            }
+        };
+        self.transaction = Some(Open {
+            session: self.session,
+            failed: false,
+        });
+        self.transaction_now = now;
+        Ok(())
+    }
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         // Closing a client runs the crate's runtime too: off an async runtime's thread.
@@ -166,6 +197,7 @@ impl Conn {
                 transaction: None,
                 transaction_now: None,
                 given_times: false,
+                clock_known: false,
             }),
         })
     }
@@ -225,6 +257,9 @@ impl Conn {
                 other => other,
             };
         }
+        if sql == "BEGIN" && inner.clock_known && !inner.given_times {
+            return inner.begin_reading_clock();
+        }
         let result = inner.with(begins, |c| c.batch_execute(sql));
         if begins && result.is_ok() {
             inner.transaction = Some(Open {
@@ -270,6 +305,7 @@ impl Conn {
         if inner.transaction.is_some() {
             inner.transaction_now = Some(now);
         }
+        inner.clock_known = true;
         Ok(now)
     }
 
@@ -694,6 +730,32 @@ mod tests {
         // The next transaction connects again.
         store.enqueue(&job, 1).expect("an enqueue on a new session");
         assert_eq!(jobs(&mut other), 1);
+    }
+
+    /// Once a connection has read the server's clock, a `BEGIN` reads it in the same round
+    /// trip: the transaction's time is set before its first statement, and no statement of
+    /// the transaction reads it again.
+    #[test]
+    fn a_begin_brings_the_servers_time_with_it() {
+        let db = Db::new("begin_clock");
+        let store = Store::open(&db.url).expect("open");
+        let crate::store::db::Connection::Postgres(pg) = store.conn() else {
+            panic!("a PostgreSQL store");
+        };
+        let before = pg.now(0).expect("the server's time, outside a transaction");
+        assert!(pg.inner.borrow().clock_known);
+        transaction(store.conn(), &mut |c| {
+            let at = pg
+                .inner
+                .borrow()
+                .transaction_now
+                .expect("the time came with the BEGIN");
+            assert!(at >= before, "{at} < {before}");
+            assert_eq!(c.now(0)?, at);
+            Ok(())
+        })
+        .expect("the transaction commits");
+        assert!(pg.inner.borrow().transaction_now.is_none());
     }
 
     /// A statement that fails inside a transaction aborts it on PostgreSQL, whose COMMIT

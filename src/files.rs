@@ -493,7 +493,7 @@ pub(crate) fn read_journal(path: &Path, token: &str) -> io::Result<Option<Journa
         .filter_map(parse_journal_line)
         .filter(|(t, _)| *t == token)
         .map(|(_, said)| said)
-        .last())
+        .next_back())
 }
 
 /// The journals in the attempts folder `folder` that mention `token`, with their keepers'

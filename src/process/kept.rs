@@ -201,7 +201,11 @@ fn memory_tail(bytes: &[u8], tail: usize) -> Tail {
 /// in memory, so a runner that dies before the commit has the outcome journaled, not lost.
 /// Dropped without a release, it is the runner going away: the keeper journals the outcome.
 #[derive(Debug, Clone)]
-pub(crate) struct Release(Arc<Mutex<Option<(Option<Control>, Option<PathBuf>)>>>);
+pub(crate) struct Release(Arc<Mutex<Option<Releasing>>>);
+
+/// What a [`Release`] does once: the control socket to say `release` on (`None` once the
+/// keeper closed it), and the attempt's folder to remove then.
+type Releasing = (Option<Control>, Option<PathBuf>);
 
 impl PartialEq for Release {
     fn eq(&self, other: &Self) -> bool {

@@ -707,10 +707,12 @@ fn a_runner_gone_then_fenced_has_the_attempt_journaled_fenced() {
     assert!(wait_until(LIMIT, || !held_by(pid, keeper)), "reaped");
 }
 
-/// An adopter renews a gone runner's attempts by their `lease` files.
+/// An adopter renews a gone runner's attempts by their `lease` files: for a quiet command
+/// too (the keeper has made no folder of its own for it).
 #[test]
 fn an_adopters_lease_file_moves_and_re_arms_the_fence_of_a_gone_attempt() {
     adopted(false, "adopted-says");
+    adopted(true, "adopted-quiet");
 }
 
 /// A command, quiet or not, left by its runner with its fence disarmed, then fenced by the

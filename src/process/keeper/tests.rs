@@ -105,7 +105,7 @@ impl Job {
             (cap, mem),
             drain,
         )?;
-        Ok(Running(Some(kept)))
+        Ok(Running(Some(kept), false))
     }
 
     fn start(&self, cap: u64, mem: u64, drain: Duration) -> Running {
@@ -170,9 +170,9 @@ impl Job {
 /// A wait, in a command run in its own folder, until the test makes the file `go` there.
 const WAITS: &str = "while [ ! -e go ]; do sleep 0.01; done";
 
-/// A started command. On drop, its group is killed while the keeper still holds its
-/// leader (so the group id is still its own), and the control socket is closed.
-struct Running(Option<Kept>);
+/// A started command, and whether its end was read. On drop, its group is killed while the
+/// keeper still holds its leader (so the group id is still its own), and it is released.
+struct Running(Option<Kept>, bool);
 
 impl Running {
     fn kept(&mut self) -> &mut Kept {
@@ -182,7 +182,10 @@ impl Running {
     /// The next message, within [`LIMIT`].
     fn message(&mut self) -> Message {
         match self.kept().control.wait(Instant::now() + LIMIT) {
-            Ok(Received::Message(m)) => m,
+            Ok(Received::Message(m)) => {
+                self.1 |= matches!(m, Message::Exited { .. });
+                m
+            }
             other => panic!("no message: {other:?}"),
         }
     }
@@ -220,10 +223,24 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(kept) = self.0.take()
-            && held_by(kept.pid, kept.keeper)
-        {
+        let Some(mut kept) = self.0.take() else {
+            return;
+        };
+        if held_by(kept.pid, kept.keeper) {
             let _ = signal_group(kept.pid, Signal::SIGKILL);
+        }
+        // Released once it ended: left, the keeper would journal it into a folder that goes
+        // with the test, retry that forever, and never exit.
+        if self.1 {
+            kept.control.release();
+            return;
+        }
+        let deadline = Instant::now() + LIMIT;
+        while let Ok(Received::Message(m)) = kept.control.wait(deadline) {
+            if matches!(m, Message::Exited { .. }) {
+                kept.control.release();
+                return;
+            }
         }
     }
 }
@@ -872,6 +889,12 @@ fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_sheba
     job.cwd = Some(PathBuf::from("/tmp"));
     let mut run = job.start(0, MEM, DRAIN);
     let (keeper, pid) = (run.kept().keeper, run.kept().pid);
+    // Past its exec of `sleep` (an environment read during an exec is empty).
+    assert!(
+        wait_until(LIMIT, || std::fs::read(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c == b"sleep\n")),
+        "the script runs sleep"
+    );
     // The token is the command's alone: a scan for it never finds (or kills) the keeper.
     let entry = format!("{}={}", proc::RUN_TOKEN_VAR, job.token);
     let environ = |p: i32| std::fs::read(format!("/proc/{p}/environ")).expect("environ");

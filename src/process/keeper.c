@@ -652,8 +652,12 @@ static void read_control(struct attempt *a) {
 
 /* Reads DIR/lease, which an adopting runner writes; 1 when it holds a whole line. */
 static int read_lease_file(struct attempt *a, int64_t *term_at, int64_t *kill_at) {
-    if (a->folder < 0) return 0;
-    int fd = openat(a->folder, "lease", O_RDONLY | O_CLOEXEC);
+    /* A quiet command's folder is not the keeper's to make: the adopter makes it. */
+    char path[PATH_MAX];
+    if (a->folder < 0 && snprintf(path, sizeof path, "%s/lease", a->dirname) >= (int)sizeof path)
+        return 0;
+    int fd = a->folder >= 0 ? openat(a->folder, "lease", O_RDONLY | O_CLOEXEC)
+                            : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     char text[80];
     ssize_t n = pread(fd, text, sizeof text - 1, 0);

@@ -885,10 +885,5 @@ pub(super) fn spawn_keeper_from(
     Err(error)
 }
 
-/// The strace helper of the keeper's tests, shared with the integration tests.
 #[cfg(test)]
-#[path = "../../tests/util/strace.rs"]
-mod strace;
-
-#[cfg(any())]
 mod tests;

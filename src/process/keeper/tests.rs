@@ -1,35 +1,64 @@
+//! The keeper per runner process, tested through its real program: real commands, real
+//! signals, deadlines polled. Every test shares the process's keeper (a singleton, as in a
+//! runner), so none of them kills it; each works in an attempts folder of its own.
+
 use super::*;
 
 use nix::sys::signal::Signal;
 
-use crate::files::{self, Outcome};
-use crate::process::kill::signal_group;
+use crate::files::{self, Journaled};
+use crate::process::kill::{signal_group, signal_pid};
 use crate::process::proc::tests::{token, wait_until};
-use crate::process::spawn::{BaseEnv, Command, spawn_kept, spawn_kept_from};
+use crate::process::spawn::{BaseEnv, Command, spawn_kept};
 
 /// A long drain, for commands whose pipes close when they exit.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// A command to start under a keeper, in an attempts folder of its own.
+/// What a stream keeps in memory unless a test says otherwise.
+const MEM: u64 = 64 * 1024;
+
+/// How long a test waits for anything the keeper does.
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// The boot clock in ms, the lease fence's clock.
+fn boot_ms() -> u64 {
+    proc::boot_clock_ns().expect("the boot clock") / 1_000_000
+}
+
+/// A fence whose SIGTERM comes in `term` ms and its SIGKILL `grace` ms later.
+fn fence_in(term: u64, grace: u64) -> files::LeaseFence {
+    let now = boot_ms();
+    files::LeaseFence {
+        term_at: now + term,
+        kill_at: now + term + grace,
+    }
+}
+
+/// A command to start under the keeper, in an attempts folder of its own.
 struct Job {
     argv: Vec<String>,
     cwd: Option<PathBuf>,
     base_env: BaseEnv,
     token: String,
     folder: tempfile::TempDir,
-    /// The lease fence the keeper starts with.
+    /// The lease fence the command starts with.
     fence: Option<files::LeaseFence>,
 }
 
 impl Job {
     /// `argv` as attempt 1 of job 1, with a token named after the test.
     fn new(argv: &[&str], name: &str) -> Self {
+        let folder = tempfile::tempdir().expect("tempdir");
+        // Owner-only, as a runner's start makes it.
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(folder.path().join("db-attempts"))
+            .expect("attempts folder");
         Self {
             argv: argv.iter().map(|a| (*a).to_owned()).collect(),
             cwd: None,
             base_env: BaseEnv::current(),
             token: token(&format!("keeper-{name}")),
-            folder: tempfile::tempdir().expect("tempdir"),
+            folder,
             fence: None,
         }
     }
@@ -39,9 +68,21 @@ impl Job {
         Self::new(&["sh", "-c", script], name)
     }
 
+    /// `sh -c script` run in its own temporary folder (for its `go` file and the like).
+    fn sh_here(script: &str, name: &str) -> Self {
+        let mut job = Self::sh(script, name);
+        job.cwd = Some(job.folder.path().to_owned());
+        job
+    }
+
+    /// The attempts folder (`<db>-attempts`).
+    fn attempts(&self) -> PathBuf {
+        self.folder.path().join("db-attempts")
+    }
+
     /// The attempt's folder.
     fn dir(&self) -> PathBuf {
-        files::attempt_dir(&self.folder.path().join("db-attempts"), 1, 1, &self.token)
+        files::attempt_dir(&self.attempts(), 1, 1, &self.token)
     }
 
     fn command(&self) -> Command<'_> {
@@ -56,209 +97,220 @@ impl Job {
         }
     }
 
-    /// Starts it, from memory unless `force_file`.
-    fn try_start(&self, cap: u64, drain: Duration, file: bool) -> Result<Running, SpawnError> {
-        let (kept, source) = spawn_kept_from(
+    fn try_start(&self, cap: u64, mem: u64, drain: Duration) -> Result<Running, SpawnError> {
+        let kept = spawn_kept(
             &self.command(),
             &self.argv[0],
             &self.dir(),
-            cap,
+            (cap, mem),
             drain,
-            file,
         )?;
-        assert_eq!(source, if file { Source::File } else { Source::Memory });
-        Ok(Running(Some(kept)))
+        Ok(Running(Some(kept), false))
     }
 
-    fn start(&self, cap: u64, drain: Duration) -> Running {
-        let cmd = self.command();
-        Running(Some(
-            spawn_kept(&cmd, &self.argv[0], &self.dir(), cap, drain).expect("starts"),
-        ))
+    fn start(&self, cap: u64, mem: u64, drain: Duration) -> Running {
+        self.try_start(cap, mem, drain).expect("starts")
     }
 
-    fn outcome(&self) -> Option<Outcome> {
-        files::read_outcome(&self.dir()).expect("outcome readable")
-    }
-
+    /// A stream's file.
     fn stream(&self, name: &str) -> Vec<u8> {
         std::fs::read(self.dir().join(name)).expect("stream file")
     }
+
+    /// The output of an ended command, from the message or, for one that ran past
+    /// `SPILL_AFTER_MS` (a slow machine), from its files.
+    fn output(&self, output: Output) -> (Vec<u8>, Vec<u8>) {
+        match output {
+            Output::Memory(out, err) => (out, err),
+            Output::Files => {
+                let read = |name| std::fs::read(self.dir().join(name)).unwrap_or_default();
+                (read(files::STDOUT), read(files::STDERR))
+            }
+        }
+    }
+
+    /// The file named `name` in the command's folder, once it is whole (ends in a newline).
+    fn wait_for_line(&self, name: &str) -> String {
+        let path = self.folder.path().join(name);
+        assert!(
+            wait_until(LIMIT, || std::fs::read_to_string(&path)
+                .is_ok_and(|s| s.ends_with('\n'))),
+            "{name} written"
+        );
+        std::fs::read_to_string(&path).expect("read")
+    }
+
+    /// Lets a command that waits for the file `go` in its folder go on.
+    fn go(&self) {
+        std::fs::write(self.folder.path().join("go"), "").expect("go");
+    }
+
+    /// The journal of the keeper that holds `kept`.
+    fn journal_path(&self, kept: &Kept) -> PathBuf {
+        files::journal_path(&self.attempts(), kept.keeper, kept.keeper_start_time)
+    }
+
+    /// What that journal says last of this attempt.
+    fn journaled(&self, kept: &Kept) -> Option<Journaled> {
+        files::read_journal(&self.journal_path(kept), &self.token).expect("journal readable")
+    }
+
+    /// Waits until the journal says something that `want` accepts, and returns it.
+    fn wait_journaled(&self, kept: &Kept, want: impl Fn(&Journaled) -> bool) -> Journaled {
+        let mut said = None;
+        let found = wait_until(LIMIT, || {
+            said = self.journaled(kept);
+            said.as_ref().is_some_and(&want)
+        });
+        assert!(found, "the journal says {said:?}");
+        said.expect("found")
+    }
 }
 
-/// A started command; on drop, its group is killed while the keeper still holds its
-/// leader (so the group id is still its), and the keeper is killed and reaped.
-struct Running(Option<Kept>);
+/// A wait, in a command run in its own folder, until the test makes the file `go` there.
+const WAITS: &str = "while [ ! -e go ]; do sleep 0.01; done";
+
+/// A started command, and whether its end was read. On drop, its group is killed while the
+/// keeper still holds its leader (so the group id is still its own), and it is released.
+struct Running(Option<Kept>, bool);
 
 impl Running {
     fn kept(&mut self) -> &mut Kept {
         self.0.as_mut().expect("not yet ended")
     }
 
-    /// The next message, within 10 s.
+    /// The next message, within [`LIMIT`].
     fn message(&mut self) -> Message {
-        match self
-            .kept()
-            .control
-            .wait(Instant::now() + Duration::from_secs(10))
-        {
-            Ok(Received::Message(m)) => m,
+        match self.kept().control.wait(Instant::now() + LIMIT) {
+            Ok(Received::Message(m)) => {
+                self.1 |= matches!(m, Message::Exited { .. });
+                m
+            }
             other => panic!("no message: {other:?}"),
         }
     }
 
-    /// Releases the command (as a runner does once it has the end) and waits for the
-    /// keeper's exit code.
-    /// Asserts that the next message says the command exited with `code`, its pipes
-    /// closed.
-    fn assert_exited(&mut self, code: i32) {
-        let message = self.message();
-        assert!(
-            matches!(
-                message,
-                Message::Exited {
-                    ended: Ended::Exited(c),
-                    pipes_open: false
-                } if c == code
-            ),
-            "{message:?}"
-        );
+    /// The next message: the command's end, its pipes closed.
+    fn ended(&mut self) -> (Ended, Output) {
+        match self.message() {
+            Message::Exited {
+                ended,
+                pipes_open: false,
+                output,
+            } => (ended, output),
+            other => panic!("not an end: {other:?}"),
+        }
     }
 
-    fn release(&mut self) -> Option<i32> {
-        let mut kept = self.0.take().expect("not yet ended");
+    /// Releases the command, as a runner does once its ending is committed, and waits until
+    /// the keeper has reaped it.
+    fn release(&mut self) {
+        let kept = self.0.take().expect("not yet released");
+        let (keeper, pid) = (kept.keeper, kept.pid);
         kept.control.release();
-        assert!(
-            wait_until(Duration::from_secs(10), || kept
-                .keeper
-                .exited()
-                .expect("waitid")),
-            "keeper {} did not exit",
-            kept.keeper.pid
-        );
-        kept.keeper.reap().expect("reap keeper").code()
+        assert!(wait_until(LIMIT, || !held_by(pid, keeper)), "{pid} reaped");
+    }
+
+    /// Closes the control socket without a release: the runner is gone.
+    fn leave(&mut self) -> (i32, i32) {
+        let kept = self.0.as_mut().expect("started");
+        let (keeper, pid) = (kept.keeper, kept.pid);
+        let (ours, _) = socket_pair(libc::SOCK_STREAM, false).expect("socketpair");
+        drop(std::mem::replace(&mut kept.control, Control::new(ours)));
+        (keeper, pid)
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(kept) = self.0.take() {
-            let leader = proc::proc_info(kept.pid);
-            if leader.is_some_and(|p| p.ppid == kept.keeper.pid && p.pgid == kept.pid) {
-                let _ = signal_group(kept.pid, Signal::SIGKILL);
+        let Some(mut kept) = self.0.take() else {
+            return;
+        };
+        if held_by(kept.pid, kept.keeper) {
+            let _ = signal_group(kept.pid, Signal::SIGKILL);
+        }
+        // Released once it ended: left, the keeper would journal it into a folder that goes
+        // with the test, retry that forever, and never exit.
+        if self.1 {
+            kept.control.release();
+            return;
+        }
+        let deadline = Instant::now() + LIMIT;
+        while let Ok(Received::Message(m)) = kept.control.wait(deadline) {
+            if matches!(m, Message::Exited { .. }) {
+                kept.control.release();
+                return;
             }
-            // Dropping the unreaped keeper kills and reaps it.
         }
     }
 }
 
-/// The keeper's exit code once it exits on its own (no runner), within 10 s.
-fn keeper_exit(keeper: &mut ChildProc) -> Option<i32> {
-    assert!(
-        wait_until(Duration::from_secs(10), || keeper.exited().expect("waitid")),
-        "keeper {} did not exit",
-        keeper.pid
-    );
-    keeper.reap().expect("reap keeper").code()
+/// Whether `pid` is still a child of `keeper` (running, or held unreaped).
+fn held_by(pid: i32, keeper: i32) -> bool {
+    proc::proc_info(pid).is_some_and(|p| p.ppid == keeper)
+}
+
+/// `n` lines `1\n` to `n\n`, as `seq 1 n` prints them.
+fn seq(n: u32) -> Vec<u8> {
+    (1..=n)
+        .flat_map(|i| format!("{i}\n").into_bytes())
+        .collect()
 }
 
 #[test]
-fn output_and_exit_code_reach_the_files_and_the_outcome() {
+fn a_short_output_and_the_exit_code_come_with_the_message_and_nothing_is_made_on_disk() {
     let job = Job::sh("echo out; echo err >&2; exit 3", "exit");
-    let before = crate::job::now_ms();
-    let mut run = job.start(0, DRAIN);
-    run.assert_exited(3);
-    assert_eq!(job.stream(files::STDOUT), b"out\n");
-    assert_eq!(job.stream(files::STDERR), b"err\n");
-    let outcome = job.outcome().expect("an outcome");
-    assert_eq!(
-        (outcome.token.as_str(), outcome.ended),
-        (job.token.as_str(), Ended::Exited(3))
-    );
-    assert!(outcome.ended_at >= before && outcome.ended_at <= crate::job::now_ms());
-    assert!(!job.dir().join("outcome.tmp").exists());
-    assert_eq!(run.release(), Some(3));
+    let mut run = job.start(0, MEM, DRAIN);
+    let (ended, output) = run.ended();
+    assert_eq!(ended, Ended::Exited(3));
+    assert_eq!(output, Output::Memory(b"out\n".to_vec(), b"err\n".to_vec()));
+    let kept = run.kept();
+    let journal = job.journal_path(kept);
+    run.release();
+    let made: Vec<_> = std::fs::read_dir(job.attempts())
+        .expect("attempts folder")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(made.is_empty(), "made beside the database: {made:?}");
+    assert!(!journal.exists());
 }
 
 #[test]
 fn a_command_killed_by_a_signal_is_reported_as_killed() {
-    let job = Job::sh("kill -9 $$", "signal");
-    let mut run = job.start(0, DRAIN);
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Signaled(9),
-            pipes_open: false
-        }
-    ));
-    assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Signaled(9)));
-    assert_eq!(run.release(), Some(128 + 9));
+    let job = Job::sh("echo before; kill -9 $$", "signal");
+    let mut run = job.start(0, MEM, DRAIN);
+    let (ended, output) = run.ended();
+    assert_eq!(ended, Ended::Signaled(9));
+    assert_eq!(output, Output::Memory(b"before\n".to_vec(), Vec::new()));
+    run.release();
 }
 
 #[test]
-fn a_missing_program_and_a_bad_cwd_fail_as_a_direct_spawn_does() {
-    let job = Job::new(&["/no/such/program"], "missing");
-    let err = job
-        .try_start(0, DRAIN, false)
-        .map(|_| ())
-        .expect_err("no program");
-    assert_eq!(
-        err.message,
-        "spawn \"/no/such/program\": No such file or directory (os error 2)"
-    );
-    assert!(!err.resources);
-
-    let mut job = Job::sh("exit 0", "badcwd");
-    job.cwd = Some(PathBuf::from("/no/such/dir"));
-    let err = job
-        .try_start(0, DRAIN, false)
-        .map(|_| ())
-        .expect_err("no cwd");
-    assert_eq!(
-        err.message,
-        "spawn \"sh\": working directory \"/no/such/dir\": No such file or directory (os error 2)"
-    );
-    // The keeper's own chdir, for a folder that goes away after the check.
-    std::fs::create_dir_all(job.dir()).expect("attempt dir");
-    let (program, argv) = (c"/bin/sh", [c"sh".to_owned()]);
-    let envp = c_pointers([]);
-    let err = spawn_keeper(&KeeperSpec {
-        name: "sh",
-        token: &job.token,
-        attempt_dir: &job.dir(),
-        cap: 0,
-        drain: DRAIN,
-        cwd: job.cwd.as_deref(),
-        program,
-        argv: &argv,
-        envp: &envp,
-        fallback_dir: job.folder.path(),
-    })
-    .map(|_| ())
-    .expect_err("the keeper's chdir fails");
-    assert_eq!(
-        err.message,
-        "spawn \"sh\": working directory \"/no/such/dir\": No such file or directory (os error 2)"
-    );
+fn a_stream_past_mem_goes_to_its_file_with_the_other() {
+    let job = Job::sh("seq 1 100000; echo err >&2", "past-mem");
+    let mut run = job.start(0, 1000, DRAIN);
+    let (ended, output) = run.ended();
+    assert_eq!((ended, output), (Ended::Exited(0), Output::Files));
+    assert_eq!(job.stream(files::STDOUT), seq(100_000));
+    assert_eq!(job.stream(files::STDERR), b"err\n");
+    let mode = std::fs::metadata(job.dir())
+        .expect("folder")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "the attempt's folder is owner-only");
+    run.release();
 }
 
 #[test]
 fn a_stream_past_its_cap_keeps_its_head_a_marker_with_the_exact_count_and_its_tail() {
-    let all: Vec<u8> = (1..=100_000)
-        .flat_map(|i| format!("{i}\n").into_bytes())
-        .collect();
+    let all = seq(100_000);
     let marker = files::DROPPED_PREFIX.len() + files::DROPPED_WIDTH + files::DROPPED_SUFFIX.len();
-    // A cap larger than a pipe read, one smaller, and a tiny one.
-    for cap in [60_000u64, 1000, 7] {
+    // A cap larger than a pipe read, one smaller, and a tiny one; kept in memory first, or
+    // not at all.
+    for (cap, mem) in [(60_000u64, 4096), (1000, 4096), (7, 0)] {
         let job = Job::sh("seq 1 100000; seq 1 1000 >&2", &format!("cap-{cap}"));
-        let mut run = job.start(cap, DRAIN);
-        assert!(matches!(
-            run.message(),
-            Message::Exited {
-                ended: Ended::Exited(0),
-                ..
-            }
-        ));
+        let mut run = job.start(cap, mem, DRAIN);
+        assert_eq!(run.ended(), (Ended::Exited(0), Output::Files));
         assert!(all.len() as u64 > 9 * cap);
         let file = job.stream(files::STDOUT);
         let head = usize::try_from(cap / 2).expect("small");
@@ -281,144 +333,436 @@ fn a_stream_past_its_cap_keeps_its_head_a_marker_with_the_exact_count_and_its_ta
         );
         if cap == 60_000 {
             // Under the cap, a stream is whole.
-            let err: Vec<u8> = (1..=1000)
-                .flat_map(|i| format!("{i}\n").into_bytes())
-                .collect();
-            assert_eq!(job.stream(files::STDERR), err);
+            assert_eq!(job.stream(files::STDERR), seq(1000));
         }
-        assert_eq!(run.release(), Some(0));
+        run.release();
     }
 }
 
-/// The lease fence: with a lease file whose times pass while the runner says nothing (frozen,
-/// or cut off from the database), the keeper sends SIGTERM to the command's group, then
-/// SIGKILL, and exits 3 with no outcome and no `exited`: the attempt is lost, not failed. A
-/// renewal (the file rewritten later) keeps the command running; a removed file (a runner
-/// that left its attempt on purpose) ends the fence.
 #[test]
-fn the_lease_fence_stops_an_unrenewed_attempt_and_leaves_no_outcome() {
-    let boot_ms = || proc::boot_clock_ns().expect("the boot clock") / 1_000_000;
-    let fence_in = |ms: u64| files::LeaseFence {
-        term_at: boot_ms() + ms,
-        kill_at: boot_ms() + ms + 300,
-    };
-    // Ignores SIGTERM: only the SIGKILL after it ends it.
-    let mut job = Job::sh("trap '' TERM; sleep 30", "fence");
-    job.fence = Some(fence_in(600));
-    let mut run = job.start(0, DRAIN);
-    // Renewed twice in time: the command outlives the first times.
-    for _ in 0..2 {
-        std::thread::sleep(Duration::from_millis(300));
-        files::write_lease(&job.dir(), fence_in(600)).expect("renewed");
-    }
-    let renewed_until = boot_ms() + 600;
-    let Kept {
-        mut keeper,
-        control,
-        ..
-    } = run.0.take().expect("started");
-    assert_eq!(keeper_exit(&mut keeper), Some(3));
-    assert!(
-        boot_ms() >= renewed_until,
-        "stopped before the renewed lease's times"
+fn a_running_commands_output_reaches_its_files_after_a_second() {
+    let job = Job::sh_here(
+        &format!("echo early; echo warn >&2; {WAITS}; echo late"),
+        "follow",
     );
-    assert!(job.outcome().is_none(), "a fenced attempt has no outcome");
-    drop(control);
-
-    // The same with the file removed while it runs: no fence, the command's own ending.
-    let mut left = Job::sh("sleep 1.2; exit 4", "fence-left");
-    left.fence = Some(fence_in(400));
-    let mut run = left.start(0, DRAIN);
-    std::fs::remove_file(left.dir().join(files::LEASE_FILE)).expect("removed");
-    run.assert_exited(4);
+    let mut run = job.start(0, MEM, DRAIN);
+    let (out, err) = (job.dir().join(files::STDOUT), job.dir().join(files::STDERR));
+    // What `jobs logs --follow` reads while the command runs.
+    assert!(
+        wait_until(LIMIT, || std::fs::read(&out).is_ok_and(|b| b == b"early\n")),
+        "stdout spilled while running"
+    );
+    assert_eq!(std::fs::read(&err).expect("stderr"), b"warn\n");
+    assert!(matches!(run.kept().control.next(), Ok(Received::Pending)));
+    job.go();
+    assert_eq!(run.ended(), (Ended::Exited(0), Output::Files));
+    assert_eq!(job.stream(files::STDOUT), b"early\nlate\n");
+    run.release();
 }
 
-/// The fence's SIGKILL reaches the whole group at KILL_AT even when the leader died of the
-/// SIGTERM: a member that ignores SIGTERM does not run on once the keeper is gone (another
-/// host's runner may then start the job again).
 #[test]
-fn the_lease_fence_kills_members_that_outlive_a_leader_dead_of_its_sigterm() {
-    let boot_ms = || proc::boot_clock_ns().expect("the boot clock") / 1_000_000;
-    let mut job = Job::sh(
+fn a_silent_command_leaves_no_file_and_only_the_stream_with_output_gets_one() {
+    let job = Job::sh("exit 3", "silent");
+    let mut run = job.start(1000, 0, DRAIN);
+    assert_eq!(run.ended(), (Ended::Exited(3), Output::Files));
+    assert!(!job.dir().exists(), "a folder made with no output");
+    run.release();
+
+    let job = Job::sh("echo late >&2", "one-stream");
+    let mut run = job.start(0, 0, DRAIN);
+    assert_eq!(run.ended(), (Ended::Exited(0), Output::Files));
+    assert!(!job.dir().join(files::STDOUT).exists());
+    assert_eq!(job.stream(files::STDERR), b"late\n");
+    run.release();
+}
+
+#[test]
+fn a_stream_that_cannot_be_written_costs_the_command_nothing() {
+    // Every write of stdout fails (ENOSPC), as on a full disk.
+    let job = Job::sh("seq 1 100000; echo fine >&2; exit 4", "full");
+    std::fs::create_dir_all(job.dir()).expect("attempt dir");
+    std::os::unix::fs::symlink("/dev/full", job.dir().join(files::STDOUT)).expect("symlink");
+    let mut run = job.start(1000, 0, DRAIN);
+    assert_eq!(run.ended(), (Ended::Exited(4), Output::Files));
+    assert_eq!(job.stream(files::STDERR), b"fine\n");
+    run.release();
+}
+
+#[test]
+fn a_missing_program_and_a_bad_cwd_fail_as_a_direct_spawn_does() {
+    // Resolved before the keeper hears of it.
+    let job = Job::new(&["/no/such/program"], "missing");
+    let err = job
+        .try_start(0, MEM, DRAIN)
+        .map(|_| ())
+        .expect_err("no program");
+    assert_eq!(
+        err.message,
+        "spawn \"/no/such/program\": No such file or directory (os error 2)"
+    );
+    assert!(!err.resources);
+    let mut job = Job::sh("exit 0", "badcwd");
+    job.cwd = Some(PathBuf::from("/no/such/dir"));
+    let err = job
+        .try_start(0, MEM, DRAIN)
+        .map(|_| ())
+        .expect_err("no cwd");
+    assert_eq!(
+        err.message,
+        "spawn \"sh\": working directory \"/no/such/dir\": No such file or directory (os error 2)"
+    );
+
+    // The keeper's own exec and chdir, for a program or a folder that goes away after the
+    // runner's checks.
+    let argv = [c"sh".to_owned()];
+    let (dir, attempts) = (job.dir(), job.attempts());
+    let spec = |program, cwd| KeeperSpec {
+        name: "sh",
+        token: &job.token,
+        attempt_dir: &dir,
+        folder: &attempts,
+        cap: 0,
+        mem: MEM,
+        drain: DRAIN,
+        fence: None,
+        cwd,
+        program,
+        argv: &argv,
+        env: Vec::new(),
+    };
+    let err = spawn_keeper_from(&spec(c"/no/such/program", None), false)
+        .map(|_| ())
+        .expect_err("the keeper's exec fails");
+    assert_eq!(
+        (err.message.as_str(), err.resources),
+        (
+            "spawn \"sh\": No such file or directory (os error 2)",
+            false
+        )
+    );
+    let err = spawn_keeper_from(&spec(c"/bin/sh", job.cwd.as_deref()), false)
+        .map(|_| ())
+        .expect_err("the keeper's chdir fails");
+    assert_eq!(
+        (err.message.as_str(), err.resources),
+        (
+            "spawn \"sh\": working directory \"/no/such/dir\": No such file or directory (os error 2)",
+            false
+        )
+    );
+}
+
+/// A control socket whose other end went to the keeper over the hub, by hand.
+fn by_hand(hub: &Hub) -> Control {
+    let (ours, theirs) = socket_pair(libc::SOCK_STREAM, false).expect("socketpair");
+    hub.send(b"attempt", Some(theirs.as_fd()), true)
+        .expect("sent");
+    Control::new(ours)
+}
+
+#[test]
+fn a_bad_request_is_refused_as_a_failed_setup() {
+    let job = Job::sh("exit 0", "bad-request");
+    let hub = hub(&job.attempts(), false).expect("the keeper");
+    let argv = [c"sh".to_owned()];
+    let dir = job.dir();
+    let attempts = job.attempts();
+    let spec = |token| KeeperSpec {
+        name: "sh",
+        token,
+        attempt_dir: &dir,
+        folder: &attempts,
+        cap: 0,
+        mem: MEM,
+        drain: DRAIN,
+        fence: None,
+        cwd: None,
+        program: c"/bin/sh",
+        argv: &argv,
+        env: Vec::new(),
+    };
+    let refused = Message::Failed {
+        stage: Stage::Setup,
+        errno: libc::EINVAL,
+    };
+    let journal = files::journal_path(&attempts, hub.pid, hub.start_time);
+    // A token with a space (it would split the journal's words), one too long, a
+    // request of no bytes, and one with too few fields.
+    let long = "t".repeat(129);
+    let mut requests: Vec<Vec<u8>> = ["bad token", long.as_str(), ""]
+        .into_iter()
+        .map(|t| request(&spec(t), &journal).expect("request"))
+        .collect();
+    requests.push(vec![0, 0, 0, 0]);
+    requests.push(b"\x04\0\0\0ab\0\0".to_vec());
+    for bytes in requests {
+        let mut control = by_hand(&hub);
+        control
+            .write_all(&bytes, Instant::now() + LIMIT)
+            .expect("written");
+        let said = control.wait(Instant::now() + LIMIT).expect("read");
+        assert_eq!(said, Received::Message(refused.clone()), "{bytes:?}");
+        assert_eq!(
+            control.wait(Instant::now() + LIMIT).expect("read"),
+            Received::Closed
+        );
+    }
+    // As a spawn reports it: the runner's fault, not the job's.
+    let err = spawn_keeper_from(&spec("bad token"), false)
+        .map(|_| ())
+        .expect_err("refused");
+    assert_eq!(
+        (err.message.as_str(), err.resources),
+        ("spawn \"sh\": keeper: Invalid argument (os error 22)", true)
+    );
+    // The keeper serves on.
+    let mut run = Job::sh("echo on", "after-bad").start(0, MEM, DRAIN);
+    assert_eq!(
+        run.ended(),
+        (
+            Ended::Exited(0),
+            Output::Memory(b"on\n".to_vec(), Vec::new())
+        )
+    );
+    run.release();
+}
+
+/// The lease fence, the runner present but silent: SIGTERM to the group at TERM_AT, SIGKILL
+/// at KILL_AT although the leader died of the SIGTERM (held unreaped, so the group id is
+/// still the command's), and no `exited`: the control socket closes, the attempt is lost.
+#[test]
+fn the_lease_fence_kills_the_whole_group_at_kill_at_whatever_the_leader_did() {
+    let mut job = Job::sh_here(
         "(trap '' TERM; exec sleep 30) & echo $! > member; exec sleep 30",
         "fence-member",
     );
-    job.cwd = Some(job.folder.path().to_owned());
-    job.fence = Some(files::LeaseFence {
-        term_at: boot_ms() + 300,
-        kill_at: boot_ms() + 1_300,
-    });
+    job.fence = Some(fence_in(300, 1000));
     let kill_at = job.fence.map(|f| f.kill_at).unwrap_or_default();
-    let mut run = job.start(0, DRAIN);
-    let member_file = job.folder.path().join("member");
+    let mut run = job.start(0, MEM, DRAIN);
+    let member: i32 = job.wait_for_line("member").trim().parse().expect("a pid");
+    let (pid, keeper) = (run.kept().pid, run.kept().keeper);
+    // The leader dies of the SIGTERM and is held: the member runs on until KILL_AT.
     assert!(
-        wait_until(Duration::from_secs(10), || std::fs::read_to_string(
-            &member_file
-        )
-        .is_ok_and(|s| s.ends_with('\n'))),
-        "the member wrote its pid"
+        wait_until(LIMIT, || proc::proc_info(pid)
+            .is_some_and(|p| p.state == 'Z')),
+        "the leader died of its SIGTERM"
     );
-    let member: i32 = std::fs::read_to_string(&member_file)
-        .expect("member pid")
-        .trim()
-        .parse()
-        .expect("a pid");
-    let Kept {
-        mut keeper,
-        control,
-        ..
-    } = run.0.take().expect("started");
-    assert_eq!(keeper_exit(&mut keeper), Some(3));
     assert!(
-        boot_ms() >= kill_at,
-        "the keeper exited before KILL_AT, so nothing sent the group its SIGKILL"
+        proc::is_alive(member) || boot_ms() >= kill_at,
+        "the member, which ignores SIGTERM, died before KILL_AT"
     );
+    let said = run
+        .kept()
+        .control
+        .wait(Instant::now() + LIMIT)
+        .expect("read");
+    let killed = boot_ms();
+    assert_eq!(said, Received::Closed, "a fenced attempt gets no end");
+    assert!(killed >= kill_at, "closed before KILL_AT");
     // Killed, it is gone or a zombie waiting for its new parent to reap it.
     let alive = || proc::proc_info(member).is_some_and(|p| p.state != 'Z');
-    let gone = wait_until(Duration::from_secs(5), || !alive());
+    let gone = wait_until(LIMIT, || !alive());
     if !gone {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(member), Signal::SIGKILL);
+        let _ = signal_pid(member, Signal::SIGKILL);
     }
-    assert!(
-        gone,
-        "member {member}, which ignores SIGTERM, runs on after the fence"
-    );
-    assert!(job.outcome().is_none(), "a fenced attempt has no outcome");
-    drop(control);
-}
-
-#[test]
-fn a_runner_that_dies_costs_the_command_nothing_and_the_keeper_still_writes_the_outcome() {
-    // Any signal the runner's death could bring (a hangup, a broken pipe, a
-    // termination) would show in the output and the exit code.
-    let job = Job::sh(
-        "trap 'echo HUP; exit 91' HUP; trap 'echo PIPE; exit 92' PIPE; \
-         trap 'echo TERM; exit 93' TERM; sleep 0.5; echo done; exit 5",
-        "runner-dies",
-    );
-    let mut run = job.start(0, DRAIN);
-    let Kept {
-        mut keeper,
-        control,
-        pid,
-        ..
-    } = run.0.take().expect("started");
-    drop(control);
-    assert_eq!(keeper_exit(&mut keeper), Some(5));
-    assert_eq!(job.stream(files::STDOUT), b"done\n");
-    let outcome = job.outcome().expect("an outcome");
-    assert_eq!(outcome.ended, Ended::Exited(5));
-    assert!(
-        proc::proc_info(pid).is_none_or(|p| p.ppid != keeper.pid),
-        "reaped"
+    assert!(gone, "member {member}, which ignores SIGTERM, runs on");
+    assert!(!held_by(pid, keeper), "the leader is reaped");
+    assert_eq!(
+        job.journaled(run.kept()),
+        None,
+        "journaled with a runner present"
     );
 }
 
 #[test]
-fn a_keeper_leads_its_own_session_and_holds_its_command_unreaped_until_released() {
+fn a_renewal_moves_the_fence_later_and_a_disarmed_fence_never_stops_the_command() {
+    let mut job = Job::new(&["sleep", "30"], "fence-moved");
+    job.fence = Some(fence_in(400, 300));
+    let first = job.fence.map(|f| f.kill_at).unwrap_or_default();
+    let mut run = job.start(0, MEM, DRAIN);
+    let later = fence_in(1500, 300);
+    move_fence(&job.token, Some(later));
+    // Past the first times, the command runs on.
+    let early = run.kept().control.wait(Instant::now() + LIMIT);
+    let stopped = boot_ms();
+    assert_eq!(early.expect("read"), Received::Closed);
+    assert!(
+        stopped >= later.kill_at && stopped > first,
+        "stopped at {stopped}, before the renewed KILL_AT {}",
+        later.kill_at
+    );
+
+    let mut job = Job::new(&["sleep", "30"], "fence-disarmed");
+    job.fence = Some(fence_in(300, 200));
+    let kill_at = job.fence.map(|f| f.kill_at).unwrap_or_default();
+    let mut run = job.start(0, MEM, DRAIN);
+    move_fence(&job.token, None);
+    // A later move does not arm it again.
+    move_fence(&job.token, Some(fence_in(300, 200)));
+    assert!(
+        !wait_until(Duration::from_millis(1500), || {
+            run.kept().control.next().expect("read") != Received::Pending
+        }),
+        "stopped although disarmed"
+    );
+    assert!(boot_ms() > kill_at + 500);
+    let pid = run.kept().pid;
+    signal_group(pid, Signal::SIGKILL).expect("killed");
+    assert_eq!(run.ended().0, Ended::Signaled(9));
+    run.release();
+}
+
+/// The runner gone while the command runs: the keeper journals `kept`, then the outcome at
+/// the end, with the output in the attempt's files; the command is reaped once the outcome is
+/// on disk.
+#[test]
+fn a_runner_gone_while_the_command_runs_has_its_outcome_journaled() {
+    // Any signal the runner's death could bring (a hangup, a broken pipe, a termination)
+    // would show in the output and the exit code.
+    let job = Job::sh_here(
+        &format!(
+            "trap 'echo HUP; exit 91' HUP; trap 'echo PIPE; exit 92' PIPE; \
+             trap 'echo TERM; exit 93' TERM; echo before; {WAITS}; echo after; exit 5"
+        ),
+        "gone-running",
+    );
+    let before = crate::job::now_ms();
+    let mut run = job.start(0, MEM, DRAIN);
+    let (keeper, pid) = run.leave();
+    let kept = run.kept();
+    assert_eq!(job.wait_journaled(kept, |_| true), Journaled::Kept);
+    assert!(held_by(pid, keeper));
+    // Its output so far is in its files.
+    let out = job.dir().join(files::STDOUT);
+    assert!(
+        wait_until(LIMIT, || std::fs::read(&out)
+            .is_ok_and(|b| b == b"before\n")),
+        "the output so far in its file"
+    );
+    job.go();
+    let said = job.wait_journaled(kept, |j| *j != Journaled::Kept);
+    let Journaled::Outcome { ended, ended_at } = said else {
+        panic!("{said:?}");
+    };
+    assert_eq!(ended, Ended::Exited(5));
+    assert!(ended_at >= before && ended_at <= crate::job::now_ms());
+    assert!(wait_until(LIMIT, || !held_by(pid, keeper)), "reaped");
+    assert_eq!(job.stream(files::STDOUT), b"before\nafter\n");
+    assert_eq!(
+        files::journals_of(&job.attempts(), &job.token),
+        [(keeper, kept.keeper_start_time.unwrap_or(0), said)]
+    );
+}
+
+/// A runner crash never reruns finished work: gone after the `exited` but before its
+/// release, the runner leaves the outcome to the keeper, which journals it.
+#[test]
+fn a_runner_gone_after_the_end_but_before_the_release_has_the_outcome_journaled() {
+    let job = Job::sh("echo out; echo err >&2; exit 3", "gone-ended");
+    let mut run = job.start(0, MEM, DRAIN);
+    let (ended, output) = run.ended();
+    assert_eq!(ended, Ended::Exited(3));
+    assert_eq!(output, Output::Memory(b"out\n".to_vec(), b"err\n".to_vec()));
+    let (keeper, pid) = run.leave();
+    let said = job.wait_journaled(run.kept(), |_| true);
+    assert!(
+        matches!(
+            said,
+            Journaled::Outcome {
+                ended: Ended::Exited(3),
+                ..
+            }
+        ),
+        "{said:?}"
+    );
+    assert!(wait_until(LIMIT, || !held_by(pid, keeper)), "reaped");
+    // The output it held in memory went to the files, for the adopter.
+    assert_eq!(job.stream(files::STDOUT), b"out\n");
+    assert_eq!(job.stream(files::STDERR), b"err\n");
+}
+
+#[test]
+fn a_journal_that_cannot_be_written_is_retried_and_the_command_held_meanwhile() {
+    let job = Job::sh("exit 6", "journal-blocked");
+    let mut run = job.start(0, MEM, DRAIN);
+    assert_eq!(run.ended().0, Ended::Exited(6));
+    // A folder where the journal goes: every append fails, as on a full disk (the tests
+    // run as root, to whom permissions are no obstacle).
+    let journal = job.journal_path(run.kept());
+    std::fs::create_dir(&journal).expect("blocker");
+    let (keeper, pid) = run.leave();
+    assert!(
+        !wait_until(Duration::from_millis(1500), || !held_by(pid, keeper)),
+        "reaped before its outcome was on disk"
+    );
+    std::fs::remove_dir(&journal).expect("unblocked");
+    let said = job.wait_journaled(run.kept(), |_| true);
+    assert!(
+        matches!(
+            said,
+            Journaled::Outcome {
+                ended: Ended::Exited(6),
+                ..
+            }
+        ),
+        "{said:?}"
+    );
+    assert!(wait_until(LIMIT, || !held_by(pid, keeper)), "reaped");
+}
+
+#[test]
+fn a_runner_gone_then_fenced_has_the_attempt_journaled_fenced() {
+    let mut job = Job::new(&["sleep", "30"], "gone-fenced");
+    job.fence = Some(fence_in(500, 300));
+    let mut run = job.start(0, MEM, DRAIN);
+    let (keeper, pid) = run.leave();
+    assert_eq!(job.wait_journaled(run.kept(), |_| true), Journaled::Kept);
+    assert_eq!(
+        job.wait_journaled(run.kept(), |j| *j != Journaled::Kept),
+        Journaled::Fenced
+    );
+    assert!(wait_until(LIMIT, || !held_by(pid, keeper)), "reaped");
+}
+
+/// An adopter renews a gone runner's attempts by their `lease` files: for a quiet command
+/// too (the keeper has made no folder of its own for it).
+#[test]
+fn an_adopters_lease_file_moves_and_re_arms_the_fence_of_a_gone_attempt() {
+    adopted(false, "adopted-says");
+    adopted(true, "adopted-quiet");
+}
+
+/// A command, quiet or not, left by its runner with its fence disarmed, then fenced by the
+/// lease file an adopter writes.
+fn adopted(quiet: bool, name: &str) {
+    let script = if quiet {
+        "exec sleep 30"
+    } else {
+        "echo hi; exec sleep 30"
+    };
+    let job = Job::sh(script, name);
+    let mut run = job.start(0, MEM, DRAIN);
+    move_fence(&job.token, None);
+    let (keeper, pid) = run.leave();
+    assert_eq!(job.wait_journaled(run.kept(), |_| true), Journaled::Kept);
+    // As the heartbeat of a runner that adopted the keeper writes it.
+    let fence = fence_in(300, 300);
+    files::make_attempt_dir(&job.dir()).expect("attempt dir");
+    files::write_lease(&job.dir(), fence).expect("lease");
+    assert_eq!(
+        job.wait_journaled(run.kept(), |j| *j != Journaled::Kept),
+        Journaled::Fenced,
+        "quiet: {quiet}"
+    );
+    assert!(boot_ms() >= fence.kill_at);
+    assert!(wait_until(LIMIT, || !held_by(pid, keeper)), "reaped");
+}
+
+#[test]
+fn a_released_attempt_is_reaped_and_forgotten() {
     let job = Job::new(&["sleep", "30"], "identity");
-    let mut run = job.start(0, DRAIN);
-    let (keeper, pid) = (run.kept().keeper.pid, run.kept().pid);
+    let mut run = job.start(0, MEM, DRAIN);
+    let (keeper, pid) = (run.kept().keeper, run.kept().pid);
     // SAFETY: getsid reads nothing of ours.
     let sid = unsafe { libc::getsid(keeper) };
     assert_eq!(sid, keeper, "the keeper leads a session");
@@ -428,12 +772,139 @@ fn a_keeper_leads_its_own_session_and_holds_its_command_unreaped_until_released(
     );
     assert_eq!(kinfo.pgid, keeper);
     assert_eq!((cinfo.pgid, cinfo.ppid), (pid, keeper));
-    assert_ne!(cinfo.pgid, kinfo.pgid);
+    // A teardown of the command's group does not reach the keeper, which holds the command
+    // unreaped until it is released.
+    signal_group(pid, Signal::SIGKILL).expect("kill the command's group");
+    assert_eq!(run.ended().0, Ended::Signaled(9));
+    assert_eq!(
+        proc::proc_info(pid).map(|p| (p.state, p.ppid)),
+        Some(('Z', keeper)),
+        "held unreaped"
+    );
+    assert!(matches!(run.kept().control.next(), Ok(Received::Pending)));
+    let journal = job.journal_path(run.kept());
+    run.release();
+    assert!(proc::is_alive(keeper), "the keeper outlives its attempts");
+    assert!(!journal.exists(), "a released attempt is not journaled");
+}
+
+#[test]
+fn pipes_held_past_the_drain_are_reported_and_their_holders_killed_at_the_release() {
+    let job = Job::sh("sleep 30 & echo hi", "leftover");
+    let mut run = job.start(0, MEM, Duration::from_millis(200));
+    let message = run.message();
+    assert_eq!(
+        message,
+        Message::Exited {
+            ended: Ended::Exited(0),
+            pipes_open: true,
+            output: Output::Memory(b"hi\n".to_vec(), Vec::new()),
+        }
+    );
+    let pid = run.kept().pid;
+    assert!(
+        crate::process::group_has_live_members(pid),
+        "the leftover runs"
+    );
+    // Released without the runner killing it: the keeper kills the group.
+    run.release();
+    assert!(
+        wait_until(LIMIT, || !crate::process::group_has_live_members(pid)),
+        "the leftover is killed"
+    );
+}
+
+#[test]
+fn one_keeper_serves_many_attempts_at_once() {
+    let jobs: Vec<Job> = (0..50)
+        .map(|i| {
+            Job::new(
+                &["sh", "-c", "echo $0; sleep 0.2", &format!("attempt-{i}")],
+                &format!("many-{i}"),
+            )
+        })
+        .collect();
+    let keepers: Vec<i32> = std::thread::scope(|scope| {
+        let threads: Vec<_> = jobs
+            .iter()
+            .map(|job| {
+                scope.spawn(move || {
+                    let mut run = job.start(0, MEM, DRAIN);
+                    let keeper = run.kept().keeper;
+                    let want = format!("{}\n", job.argv[3]).into_bytes();
+                    let (ended, output) = run.ended();
+                    assert_eq!(ended, Ended::Exited(0));
+                    assert_eq!(job.output(output), (want, Vec::new()));
+                    run.release();
+                    keeper
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("thread"))
+            .collect()
+    });
+    assert!(keepers.iter().all(|&k| k == keepers[0]), "{keepers:?}");
+}
+
+/// The keeper is a child subreaper: a descendant that leaves its group's tree is re-parented
+/// to it, and reaped by it once it exits.
+#[test]
+fn an_orphaned_descendant_is_the_keepers_and_is_reaped_by_it() {
+    let job = Job::sh_here(
+        "(sleep 30 </dev/null >/dev/null 2>&1 & echo $! > orphan); exit 0",
+        "subreaper",
+    );
+    let mut run = job.start(0, MEM, DRAIN);
+    let keeper = run.kept().keeper;
+    assert_eq!(run.ended().0, Ended::Exited(0));
+    let orphan: i32 = job.wait_for_line("orphan").trim().parse().expect("a pid");
+    run.release();
+    let parent = proc::proc_info(orphan).map(|p| p.ppid);
+    if parent != Some(keeper) {
+        let _ = signal_pid(orphan, Signal::SIGKILL);
+    }
+    assert_eq!(parent, Some(keeper), "the orphan's parent");
+    signal_pid(orphan, Signal::SIGKILL).expect("killed");
+    assert!(
+        wait_until(LIMIT, || proc::proc_info(orphan)
+            .is_none_or(|p| p.ppid != keeper)),
+        "the orphan is left a zombie"
+    );
+}
+
+#[test]
+fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_shebang() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("plain");
+    std::fs::write(
+        &script,
+        "echo $0 $1 $LEASEHOLD_JOB_ID $LEASEHOLD_RUN_TOKEN; pwd; exec sleep 30\n",
+    )
+    .expect("write script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let script = script.to_string_lossy().into_owned();
+    let mut job = Job::new(&[&script, "arg"], "env");
+    job.cwd = Some(PathBuf::from("/tmp"));
+    let mut run = job.start(0, MEM, DRAIN);
+    let (keeper, pid) = (run.kept().keeper, run.kept().pid);
+    // Past its exec of `sleep` (an environment read during an exec is empty).
+    assert!(
+        wait_until(LIMIT, || std::fs::read(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c == b"sleep\n")),
+        "the script runs sleep"
+    );
+    // The token is the command's alone: a scan for it never finds (or kills) the keeper.
     let entry = format!("{}={}", proc::RUN_TOKEN_VAR, job.token);
     let environ = |p: i32| std::fs::read(format!("/proc/{p}/environ")).expect("environ");
-    let has = |env: Vec<u8>| env.split(|&b| b == 0).any(|e| e == entry.as_bytes());
-    assert!(!has(environ(keeper)), "the keeper does not carry the token");
-    assert!(has(environ(pid)), "the command does");
+    assert_eq!(environ(keeper), b"", "the keeper's environment");
+    assert!(
+        environ(pid)
+            .split(|&b| b == 0)
+            .any(|e| e == entry.as_bytes()),
+        "the command's"
+    );
     assert_eq!(
         proc::processes_with_token(&job.token)
             .iter()
@@ -441,88 +912,25 @@ fn a_keeper_leads_its_own_session_and_holds_its_command_unreaped_until_released(
             .collect::<Vec<_>>(),
         [pid]
     );
-    let status = std::fs::read_to_string(format!("/proc/{keeper}/status")).expect("status");
-    let rss_kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("VmRSS");
-    let pss = std::fs::read_to_string(format!("/proc/{keeper}/smaps_rollup"))
-        .ok()
-        .and_then(|r| r.lines().find(|l| l.starts_with("Pss:")).map(str::to_owned));
-    eprintln!("keeper VmRSS: {rss_kb} kB, {}", pss.unwrap_or_default());
-    assert!(rss_kb < 2048, "keeper VmRSS {rss_kb} kB");
-
-    // A teardown of the command's group does not reach the keeper.
-    signal_group(pid, Signal::SIGKILL).expect("kill the command's group");
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Signaled(9),
-            ..
-        }
-    ));
-    assert_eq!(
-        proc::proc_info(pid).map(|p| p.state),
-        Some('Z'),
-        "held unreaped"
-    );
-    assert!(
-        proc::is_alive(keeper),
-        "the keeper outlives its command's group"
-    );
-    assert!(matches!(run.kept().control.next(), Ok(Received::Pending)));
-    assert_eq!(run.release(), Some(128 + 9));
-    assert!(
-        proc::proc_info(pid).is_none_or(|p| p.ppid != keeper),
-        "reaped at the release"
-    );
+    signal_group(pid, Signal::SIGTERM).expect("stopped");
+    let (ended, output) = run.ended();
+    assert_eq!(ended, Ended::Signaled(libc::SIGTERM));
+    let want = format!("{script} arg 1 {}\n/tmp\n", job.token).into_bytes();
+    assert_eq!(job.output(output), (want, Vec::new()));
+    run.release();
 }
 
+/// The program runs from an owner-only file where memory will not do, and a keeper that
+/// cannot be exec'ed at all (a `noexec` folder and no memfd) fails the start a runner's
+/// probe makes. Both use keepers of their own, not the process's.
 #[test]
-fn pipes_held_past_the_drain_are_reported_and_killed_when_no_runner_is_left() {
-    let job = Job::sh("sleep 30 & echo hi", "leftover");
-    let mut run = job.start(0, Duration::from_millis(200));
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Exited(0),
-            pipes_open: true
-        }
-    ));
-    let pid = run.kept().pid;
-    assert!(
-        crate::process::group_has_live_members(pid),
-        "the leftover runs"
-    );
-    // The runner goes without killing it: the keeper kills the group and exits. A SIGKILL
-    // is delivered, not done, when kill() returns: the leftover is gone a moment later.
-    assert_eq!(run.release(), Some(0));
-    assert!(
-        wait_until(Duration::from_secs(5), || {
-            !crate::process::group_has_live_members(pid)
-        }),
-        "the leftover is killed"
-    );
-    assert_eq!(job.stream(files::STDOUT), b"hi\n");
-}
-
-#[test]
-fn the_program_runs_from_an_owner_only_file_where_memory_will_not_do() {
+fn the_program_runs_from_an_owner_only_file_and_one_that_cannot_be_execed_fails_its_start() {
     let job = Job::sh("echo from-file", "file");
-    let mut run = job.try_start(0, DRAIN, true).expect("starts");
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Exited(0),
-            ..
-        }
-    ));
-    assert_eq!(job.stream(files::STDOUT), b"from-file\n");
-    let written: Vec<_> = std::fs::read_dir(job.folder.path().join("db-attempts"))
+    let hub = Hub::start(&job.attempts(), true).expect("a keeper from its file");
+    assert_eq!(hub.source, Source::File);
+    let written: Vec<_> = std::fs::read_dir(job.attempts())
         .expect("attempts folder")
-        .filter_map(|e| e.ok())
+        .map(|e| e.expect("entry"))
         .filter(|e| {
             e.file_name()
                 .to_string_lossy()
@@ -532,13 +940,62 @@ fn the_program_runs_from_an_owner_only_file_where_memory_will_not_do() {
     assert_eq!(written.len(), 1);
     let mode = written[0].metadata().expect("stat").permissions().mode();
     assert_eq!(mode & 0o777, 0o700);
-    use std::os::unix::fs::PermissionsExt as _;
-    let dir_mode = std::fs::metadata(job.dir())
-        .expect("attempt dir")
-        .permissions()
-        .mode();
-    assert_eq!(dir_mode & 0o777, 0o700);
-    assert_eq!(run.release(), Some(0));
+    // An attempt sent to it by hand, as spawn_keeper_from does.
+    let argv = [
+        c"sh".to_owned(),
+        c"-c".to_owned(),
+        c"echo from-file".to_owned(),
+    ];
+    let dir = job.dir();
+    let attempts = job.attempts();
+    let spec = KeeperSpec {
+        name: "sh",
+        token: &job.token,
+        attempt_dir: &dir,
+        folder: &attempts,
+        cap: 0,
+        mem: MEM,
+        drain: DRAIN,
+        fence: None,
+        cwd: None,
+        program: c"/bin/sh",
+        argv: &argv,
+        env: Vec::new(),
+    };
+    let journal = files::journal_path(&attempts, hub.pid, hub.start_time);
+    let mut control = by_hand(&hub);
+    control
+        .write_all(
+            &request(&spec, &journal).expect("request"),
+            Instant::now() + LIMIT,
+        )
+        .expect("written");
+    let said = |control: &mut Control| match control.wait(Instant::now() + LIMIT) {
+        Ok(Received::Message(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(said(&mut control), Message::Started { .. }));
+    assert_eq!(
+        said(&mut control),
+        Message::Exited {
+            ended: Ended::Exited(0),
+            pipes_open: false,
+            output: Output::Memory(b"from-file\n".to_vec(), Vec::new()),
+        }
+    );
+    control.release();
+    drop(hub);
+
+    let Some(noexec) = Noexec::mount() else {
+        return;
+    };
+    let refused = Hub::start(noexec.0.path(), true).expect_err("a noexec folder");
+    assert!(
+        refused.starts_with("cannot start it: exec ") && refused.contains("Permission denied"),
+        "{refused}"
+    );
+    // The process's keeper runs, so its probe holds wherever it is asked.
+    assert_eq!(probe(noexec.0.path()), Ok(()));
 }
 
 /// A tmpfs mounted `noexec` on a folder of its own, unmounted (lazily) on drop; `None`,
@@ -577,525 +1034,55 @@ impl Drop for Noexec {
 }
 
 #[test]
-fn a_keeper_that_cannot_be_execed_is_the_runners_fault_and_fails_its_probe() {
-    let Some(noexec) = Noexec::mount() else {
-        return;
-    };
-    // The probe, as a runner's start makes it: from memory here, and from a file where the
-    // folder allows exec.
-    let fine = tempfile::tempdir().expect("tempdir");
-    assert_eq!(probe(fine.path()), Ok(()));
-    assert_eq!(probe_from(fine.path(), true), Ok(()));
-    let refused = probe_from(noexec.0.path(), true).expect_err("a noexec folder");
-    assert!(
-        refused.starts_with("cannot start it: exec ") && refused.contains("Permission denied"),
-        "{refused}"
-    );
-    // An attempt's keeper from the same folder: the job is not at fault.
-    let mut job = Job::sh("exit 0", "noexec");
-    job.folder = tempfile::tempdir_in(noexec.0.path()).expect("tempdir on the mount");
-    let err = job
-        .try_start(0, DRAIN, true)
-        .map(|_| ())
-        .expect_err("no exec");
-    assert!(err.resources, "the job's fault: {}", err.message);
-    assert!(
-        err.message
-            .starts_with("spawn \"sh\": the runner cannot start its keeper: exec ")
-            && err.message.contains("Permission denied"),
-        "{}",
-        err.message
-    );
-}
-
-#[test]
-fn a_stream_that_cannot_be_written_costs_the_command_nothing() {
-    // Every write of stdout fails (ENOSPC), as on a full disk.
-    let job = Job::sh("seq 1 100000; echo fine >&2; exit 4", "full");
-    std::fs::create_dir_all(job.dir()).expect("attempt dir");
-    std::os::unix::fs::symlink("/dev/full", job.dir().join(files::STDOUT)).expect("symlink");
-    let mut run = job.start(1000, DRAIN);
-    run.assert_exited(4);
-    assert_eq!(job.stream(files::STDERR), b"fine\n");
-    assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(4)));
-    assert_eq!(run.release(), Some(4));
-}
-
-#[test]
-fn a_silent_command_leaves_no_stream_files_and_reads_as_empty() {
-    let job = Job::sh("exit 3", "silent");
-    let mut run = job.start(1000, DRAIN);
-    run.assert_exited(3);
-    assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
-    for name in [files::STDOUT, files::STDERR] {
-        assert!(!job.dir().join(name).exists(), "{name} made with no output");
-    }
-    // What the runner keeps of it, and what an idle timeout reads: nothing, no change.
-    let mut out = super::super::kept::OutputFiles::new(job.dir());
-    let (stdout, stderr) = out.tails(1024);
-    assert!(stdout.bytes.is_empty() && !stdout.truncated);
-    assert!(stderr.bytes.is_empty() && !stderr.truncated);
-    assert_eq!(out.new_change_age(), None);
-    assert_eq!(run.release(), Some(3));
-}
-
-#[test]
-fn only_the_stream_with_output_gets_a_file() {
-    let job = Job::sh("echo late >&2", "one-stream");
-    let mut run = job.start(0, DRAIN);
-    assert!(matches!(run.message(), Message::Exited { .. }));
-    assert!(!job.dir().join(files::STDOUT).exists());
-    assert_eq!(job.stream(files::STDERR), b"late\n");
-    assert_eq!(run.release(), Some(0));
-}
-
-#[test]
-fn a_stream_file_that_cannot_be_made_costs_the_command_nothing() {
-    // A folder where the stdout file goes: every create of it fails.
-    let job = Job::sh("echo lost; echo fine >&2; exit 5", "unmakeable");
-    std::fs::create_dir_all(job.dir().join(files::STDOUT)).expect("blocker");
-    let mut run = job.start(0, DRAIN);
-    run.assert_exited(5);
-    assert_eq!(job.stream(files::STDERR), b"fine\n");
-    assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(5)));
-    assert_eq!(run.release(), Some(5));
-}
-
-#[test]
-fn bytes_before_a_stream_file_could_be_made_are_counted_by_a_marker_at_its_start() {
-    let flag = tempfile::tempdir().expect("tempdir");
-    let go = flag.path().join("go");
-    // `ready` on stderr is read after `lost` on stdout: the keeper pumps stdout first.
-    let script = format!(
-        "echo lost; echo ready >&2; while [ ! -e '{}' ]; do sleep 0.01; done; echo kept",
-        go.display()
-    );
-    let job = Job::sh(&script, "late-file");
-    let blocker = job.dir().join(files::STDOUT);
-    std::fs::create_dir_all(&blocker).expect("blocker");
-    let mut run = job.start(0, DRAIN);
-    let stderr = job.dir().join(files::STDERR);
-    assert!(wait_until(Duration::from_secs(10), || {
-        std::fs::read(&stderr).is_ok_and(|b| b == b"ready\n")
-    }));
-    std::fs::remove_dir(&blocker).expect("blocker removed");
-    std::fs::write(&go, b"").expect("go");
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Exited(0),
-            ..
-        }
-    ));
-    let mut want = files::DROPPED_PREFIX.to_vec();
-    want.extend_from_slice(format!("{:>w$}", 5, w = files::DROPPED_WIDTH).as_bytes());
-    want.extend_from_slice(files::DROPPED_SUFFIX);
-    want.extend_from_slice(b"kept\n");
-    assert_eq!(job.stream(files::STDOUT), want);
-    assert_eq!(files::dropped(&want), Some(5));
-    assert_eq!(run.release(), Some(0));
-}
-
-#[test]
-fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_shebang() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let script = dir.path().join("plain");
-    std::fs::write(
-        &script,
-        "echo $0 $1 $LEASEHOLD_JOB_ID $LEASEHOLD_RUN_TOKEN; pwd\n",
-    )
-    .expect("write script");
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let script = script.to_string_lossy().into_owned();
-    let mut job = Job::new(&[&script, "arg"], "env");
-    job.cwd = Some(PathBuf::from("/tmp"));
-    let mut run = job.start(0, DRAIN);
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Exited(0),
-            ..
-        }
-    ));
-    let out = String::from_utf8(job.stream(files::STDOUT)).expect("text");
-    assert_eq!(out, format!("{script} arg 1 {}\n/tmp\n", job.token));
-    assert_eq!(run.release(), Some(0));
-}
-
-#[test]
-fn an_outcome_that_cannot_be_written_is_retried_every_second_while_no_runner_holds_it() {
-    let job = Job::sh("exit 6", "retry");
-    // A folder where the temporary file goes: every attempt to write it fails, as on
-    // a full disk (the tests run as root, to whom permissions are no obstacle).
-    let blocker = job.dir().join("outcome.tmp");
-    std::fs::create_dir_all(&blocker).expect("blocker");
-    let mut run = job.start(0, DRAIN);
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Exited(6),
-            ..
-        }
-    ));
-    assert_eq!(job.outcome(), None);
-    let Kept {
-        mut keeper,
-        control,
-        ..
-    } = run.0.take().expect("started");
-    drop(control);
-    // Released, but the outcome is not on disk: the keeper stays and retries.
-    assert!(
-        !wait_until(Duration::from_millis(1500), || keeper
-            .exited()
-            .expect("waitid")),
-        "the keeper waits for its outcome"
-    );
-    std::fs::remove_dir(&blocker).expect("unblock");
-    assert_eq!(keeper_exit(&mut keeper), Some(6));
-    assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(6)));
-}
-
-use super::strace::{Trace, at, flushes};
-
-/// A command that waits for the file `go` in its job's folder, then exits 3.
-fn waiting_job(name: &str) -> (Job, PathBuf) {
-    let folder = tempfile::tempdir().expect("tempdir");
-    let go = folder.path().join("go");
-    let script = format!(
-        "while [ ! -e {} ]; do sleep 0.01; done; echo out; exit 3",
-        go.display()
-    );
-    let mut job = Job::sh(&script, name);
-    job.folder = folder;
-    (job, go)
-}
-
-#[test]
-fn a_released_keeper_exits_without_flushing_its_outcome() {
-    let (job, go) = waiting_job("released");
-    let mut run = job.start(0, DRAIN);
-    let mut trace = Trace::attach(
-        i64::from(run.kept().keeper.pid),
-        job.folder.path().join("strace"),
-    );
-    std::fs::write(&go, "").expect("go");
-    run.assert_exited(3);
-    assert_eq!(run.release(), Some(3));
-    let calls = trace.calls();
-    let dir = std::fs::canonicalize(job.dir()).expect("attempt dir");
-    let renamed = at(&calls, "rename", "outcome.tmp");
-    assert!(renamed < at(&calls, "exit_group", ""), "{calls:#?}");
-    assert!(!flushes(&calls), "no flush once released: {calls:#?}");
-    assert!(calls[renamed].contains(&dir.display().to_string()));
-    assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
-    assert_eq!(job.stream(files::STDOUT), b"out\n");
-}
-
-#[test]
-fn a_keeper_whose_runner_goes_without_a_release_flushes_its_outcome_then_its_folder_and_then_exits()
-{
-    let (job, go) = waiting_job("unreleased");
-    let mut run = job.start(0, DRAIN);
-    let mut trace = Trace::attach(
-        i64::from(run.kept().keeper.pid),
-        job.folder.path().join("strace"),
-    );
-    std::fs::write(&go, "").expect("go");
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Exited(3),
-            ..
-        }
-    ));
-    // The runner has the end but goes (dies) before it releases the command.
-    let Kept {
-        mut keeper,
-        control,
-        ..
-    } = run.0.take().expect("started");
-    drop(control);
-    assert_eq!(keeper_exit(&mut keeper), Some(3));
-    let calls = trace.calls();
-    let dir = std::fs::canonicalize(job.dir()).expect("attempt dir");
-    let dir = format!("<{}>", dir.display());
-    let outcome = format!("/{}>", files::OUTCOME);
-    // Renamed unflushed, as the end was reported to a runner; flushed at its EOF.
-    let renamed = at(&calls, "rename", "outcome.tmp");
-    let file = at(&calls, "fsync(", &outcome);
-    let folder = at(&calls, "fsync(", &dir);
-    let exit = at(&calls, "exit_group", "");
-    assert!(
-        renamed < file && file < folder && folder < exit,
-        "{calls:#?}"
-    );
-    assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
-}
-
-#[test]
-fn a_command_that_ends_with_no_runner_left_has_its_outcome_written_durably_at_once() {
-    let (job, go) = waiting_job("no-runner");
-    let mut run = job.start(0, DRAIN);
-    let mut trace = Trace::attach(
-        i64::from(run.kept().keeper.pid),
-        job.folder.path().join("strace"),
-    );
-    let Kept {
-        mut keeper,
-        control,
-        ..
-    } = run.0.take().expect("started");
-    drop(control);
-    // The keeper closes fd 3 at its EOF: gone before the command ends.
-    let fd3 = format!("/proc/{}/fd/3", keeper.pid);
-    assert!(
-        wait_until(Duration::from_secs(10), || !Path::new(&fd3).exists()),
-        "the keeper saw the runner go"
-    );
-    std::fs::write(&go, "").expect("go");
-    assert_eq!(keeper_exit(&mut keeper), Some(3));
-    let calls = trace.calls();
-    let dir = std::fs::canonicalize(job.dir()).expect("attempt dir");
-    let dir = format!("<{}>", dir.display());
-    // The file flushed under its temporary name, renamed, then the folder flushed.
-    let file = at(&calls, "fsync(", "/outcome.tmp>");
-    let renamed = at(&calls, "rename", "outcome.tmp");
-    let folder = at(&calls, "fsync(", &dir);
-    let exit = at(&calls, "exit_group", "");
-    assert!(
-        file < renamed && renamed < folder && folder < exit,
-        "{calls:#?}"
-    );
-    assert_eq!(job.outcome().map(|o| o.ended), Some(Ended::Exited(3)));
-}
-
-#[test]
-fn a_released_keeper_whose_outcome_cannot_be_written_exits_at_once() {
-    let job = Job::sh("exit 6", "released-unwritable");
-    let blocker = job.dir().join("outcome.tmp");
-    std::fs::create_dir_all(&blocker).expect("blocker");
-    let mut run = job.start(0, DRAIN);
-    assert!(matches!(
-        run.message(),
-        Message::Exited {
-            ended: Ended::Exited(6),
-            ..
-        }
-    ));
-    // The runner holds the ending: the keeper does not stay to retry the file.
-    let released = Instant::now();
-    assert_eq!(run.release(), Some(6));
-    assert!(released.elapsed() < Duration::from_millis(900));
-    assert_eq!(job.outcome(), None);
-}
-
-#[test]
 fn messages_parse_and_garbage_is_refused() {
     assert_eq!(
-        Message::parse(b"started 42"),
-        Some(Message::Started { pid: 42 })
+        parse(b"started 42"),
+        Some((Message::Started { pid: 42 }, 0, 0))
     );
     assert_eq!(
-        Message::parse(b"failed exec 2"),
-        Some(Message::Failed {
-            stage: Stage::Exec,
-            errno: 2
-        })
+        parse(b"failed exec 2"),
+        Some((
+            Message::Failed {
+                stage: Stage::Exec,
+                errno: 2
+            },
+            0,
+            0
+        ))
     );
     assert_eq!(
-        Message::parse(b"exited signal 15 1"),
-        Some(Message::Exited {
-            ended: Ended::Signaled(15),
-            pipes_open: true
-        })
+        parse(b"exited signal 15 1 files 0 0"),
+        Some((
+            Message::Exited {
+                ended: Ended::Signaled(15),
+                pipes_open: true,
+                output: Output::Files,
+            },
+            0,
+            0
+        ))
+    );
+    assert_eq!(
+        parse(b"exited exit 3 0 mem 4 5"),
+        Some((
+            Message::Exited {
+                ended: Ended::Exited(3),
+                pipes_open: false,
+                output: Output::Memory(Vec::new(), Vec::new()),
+            },
+            4,
+            5
+        ))
     );
     for bad in [
         &b"started"[..],
-        b"exited exit x 0",
-        b"exited exit 1 2",
+        b"exited exit x 0 mem 0 0",
+        b"exited exit 1 2 mem 0 0",
+        b"exited exit 1 0 files 1 0",
+        b"exited exit 1 0 disk 0 0",
         b"failed fork 1",
         b"",
     ] {
-        assert_eq!(Message::parse(bad), None);
+        assert_eq!(parse(bad), None, "{bad:?}");
     }
-}
-
-/// The median of `samples`, in µs.
-fn median_us(mut samples: Vec<Duration>) -> f64 {
-    samples.sort();
-    samples[samples.len() / 2].as_secs_f64() * 1e6
-}
-
-/// The worker time of a kept `/bin/true`, part by part, as a worker spends it (figures,
-/// not assertions): `cargo test --profile ci --lib keeper_parts -- --ignored --nocapture`,
-/// with `KEEPER_PARTS_DIR` naming the folder to work in (a temporary one in `/tmp` by
-/// default).
-#[test]
-#[ignore = "a measurement; run by hand"]
-fn keeper_parts() {
-    const N: usize = 500;
-    let base = std::env::var_os("KEEPER_PARTS_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
-    let mut job = Job::new(&["/bin/true"], "parts");
-    job.folder = tempfile::tempdir_in(base).expect("tempdir");
-    let cmd = job.command();
-    let program = c"/bin/true";
-    let argv = [c"true".to_owned()];
-    let env = c_pointers([]);
-    let names = [
-        "folders (job + attempt, 0700)",
-        "keeper spawn to `started` (exec, its files, pipes, fork)",
-        "`started` to `exited` (the command, its exit, the outcome, the message)",
-        "tails read (64 KiB of each file)",
-        "release, then a wait for the exit in 100 µs polls (before issue 21)",
-        "  of which the keeper's exit after the release, seen by its pidfd",
-        "release as kept.rs does it (the reap left to the reaper thread)",
-        "total, with the release of kept.rs",
-    ];
-    let mut parts: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
-    for i in 0..N {
-        let mut token = job.token.clone();
-        token.push_str(&format!("-{i}"));
-        // A new job each time, as a runner of fresh jobs makes them.
-        let job_id = i64::try_from(i).expect("N fits") + 1;
-        let dir = files::attempt_dir(&job.folder.path().join("db-attempts"), job_id, 1, &token);
-        let t0 = Instant::now();
-        files::make_attempt_dir(&dir).expect("attempt dir");
-        let t1 = Instant::now();
-        let mut kept = spawn_keeper(&KeeperSpec {
-            name: "true",
-            token: &token,
-            attempt_dir: &dir,
-            cap: 0,
-            drain: DRAIN,
-            cwd: None,
-            program,
-            argv: &argv,
-            envp: &env,
-            fallback_dir: job.folder.path(),
-        })
-        .expect("starts");
-        let t2 = Instant::now();
-        let got = kept.control.wait(Instant::now() + Duration::from_secs(10));
-        assert!(matches!(got, Ok(Received::Message(Message::Exited { .. }))));
-        let t3 = Instant::now();
-        let tails = super::super::kept::OutputFiles::new(dir.clone()).tails(64 * 1024);
-        std::hint::black_box(tails);
-        let t4 = Instant::now();
-        let Kept {
-            mut keeper,
-            control,
-            ..
-        } = kept;
-        let mut times = vec![t1 - t0, t2 - t1, t3 - t2, t4 - t3];
-        if i % 2 == 0 {
-            // The keeper's own exit, seen without a poll's granularity, then the wait
-            // that kept.rs did until issue 21.
-            let pidfd = super::super::child::pidfd_open(keeper.pid).expect("pidfd");
-            control.release();
-            let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
-            poll(&mut fds, PollTimeout::from(10_000u16)).expect("poll");
-            let exit = t4.elapsed();
-            while !keeper.exited().expect("waitid") {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            keeper.reap().expect("reap");
-            times.extend([t4.elapsed(), exit]);
-        } else {
-            super::super::kept::Keeping::new(keeper, control, dir).release();
-            let released = t4.elapsed();
-            times.extend([Duration::ZERO, Duration::ZERO, released, t0.elapsed()]);
-        }
-        for (part, d) in parts.iter_mut().zip(times) {
-            if !d.is_zero() {
-                part.push(d);
-            }
-        }
-    }
-    let _ = cmd;
-    let mut direct = Vec::new();
-    for _ in 0..N {
-        let t = Instant::now();
-        let mut spawned = super::super::spawn::spawn(&job.command(), "/bin/true").expect("spawns");
-        spawned.child.reap().expect("waitpid");
-        direct.push(t.elapsed());
-    }
-    for (name, part) in names.iter().zip(parts) {
-        eprintln!("{name:<75} {:>8.0} µs", median_us(part));
-    }
-    eprintln!(
-        "{:<75} {:>8.0} µs",
-        "direct posix_spawn + wait of /bin/true",
-        median_us(direct)
-    );
-    eprintln!("(medians of {N}; parts' medians need not add up to the total's)");
-}
-
-/// Figures, not assertions: `cargo test --profile ci --lib keeper_figures -- --ignored
-/// --nocapture`.
-#[test]
-#[ignore = "a measurement; run by hand"]
-fn keeper_figures() {
-    const N: usize = 500;
-    // The keeper program alone (no arguments: it exits 2 at once), spawned and reaped:
-    // its start cost from memory and from a file, against /bin/true.
-    let folder = tempfile::tempdir().expect("tempdir");
-    let (_ours, theirs) = control_pair().expect("socketpair");
-    let argv = c_pointers([NAME]);
-    let envp = c_pointers([]);
-    for (label, file) in [("memfd", false), ("file", true)] {
-        let mut alone = Vec::new();
-        for _ in 0..N {
-            let t = Instant::now();
-            let (pid, _) =
-                spawn_program(&argv, &envp, theirs.as_fd(), folder.path(), file).expect("spawns");
-            let status = ChildProc::new(pid).reap().expect("waitpid");
-            alone.push(t.elapsed());
-            assert_eq!(status.code(), Some(2));
-        }
-        eprintln!(
-            "keeper program alone ({label}): spawn + wait {:.0} µs (median of {N})",
-            median_us(alone)
-        );
-    }
-    let mut job = Job::new(&["/bin/true"], "bench");
-    for (label, file, shm) in [
-        ("memfd", false, false),
-        ("file", true, false),
-        ("memfd, tmpfs", false, true),
-    ] {
-        if shm {
-            // The same on tmpfs, where the outcome's two fsyncs cost nothing: the
-            // processes' own cost.
-            match tempfile::tempdir_in("/dev/shm") {
-                Ok(dir) => job.folder = dir,
-                Err(_) => continue,
-            }
-        }
-        let (mut start, mut total) = (Vec::new(), Vec::new());
-        for _ in 0..N {
-            let t = Instant::now();
-            let mut run = job.try_start(0, DRAIN, file).expect("starts");
-            start.push(t.elapsed());
-            assert!(matches!(run.message(), Message::Exited { .. }));
-            total.push(t.elapsed());
-            run.release();
-        }
-        eprintln!(
-            "keeper ({label}): spawn to started {:.0} µs, spawn to exited {:.0} µs (median of {N})",
-            median_us(start),
-            median_us(total)
-        );
-    }
-    let mut direct = Vec::new();
-    for _ in 0..N {
-        let t = Instant::now();
-        let mut spawned = super::super::spawn::spawn(&job.command(), "/bin/true").expect("spawns");
-        spawned.child.reap().expect("waitpid");
-        direct.push(t.elapsed());
-    }
-    eprintln!(
-        "direct posix_spawn + wait: {:.0} µs (median of {N})",
-        median_us(direct)
-    );
 }

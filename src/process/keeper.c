@@ -148,6 +148,7 @@ struct attempt {
     int64_t drain_ms, term_at, kill_at;
     int disarmed;                /* `lease TOKEN 0 0`: no fence from messages any more */
     int fenced;                  /* 0, 1 SIGTERM sent, 2 SIGKILL sent */
+    int lost;                    /* the fence began before the command ended: no outcome */
     int64_t lease_checked;
     pid_t pid;
     int pidfd, report;
@@ -672,8 +673,12 @@ static int read_lease_file(struct attempt *a, int64_t *term_at, int64_t *kill_at
     return 1;
 }
 
+/* The fence applies while the attempt is held, whatever its leader did: a leader that
+ * ended by itself before the fence began keeps its outcome, but whatever outlives it in the
+ * group (leftovers holding the pipes, a runner frozen before its release) is still killed
+ * at KILL_AT. */
 static void fence(struct attempt *a, int64_t now) {
-    if (a->state != RUNNING || (a->exited && a->fenced == 0)) return;
+    if (a->state != RUNNING || a->released || a->fenced == 2) return;
     if (a->gone && !a->fenced && now - a->lease_checked >= FENCE_CHECK_MS) {
         a->lease_checked = now;
         int64_t t, k;
@@ -683,9 +688,11 @@ static void fence(struct attempt *a, int64_t now) {
     int64_t boot = now_ms(CLOCK_BOOTTIME);
     if (boot >= a->kill_at && a->fenced < 2) {
         kill(-a->pid, SIGKILL);
+        a->lost = a->lost || !a->exited;
         a->fenced = 2;
     } else if (boot >= a->term_at && a->fenced < 1) {
         kill(-a->pid, SIGTERM);
+        a->lost = a->lost || !a->exited;
         a->fenced = 1;
     }
 }
@@ -707,7 +714,7 @@ static void check_exit(struct attempt *a) {
 static void step(struct attempt *a, int64_t now) {
     if (a->state != RUNNING) return;
     fence(a, now);
-    if (a->exited && a->fenced == 2) {
+    if (a->exited && a->lost && a->fenced == 2) {
         /* Stopped by the fence: no outcome, no `exited`: the attempt is lost. */
         if (a->gone && !a->journaled) {
             char text[256];
@@ -723,7 +730,7 @@ static void step(struct attempt *a, int64_t now) {
     if (!a->exited && !a->gone && now - a->started_mono >= SPILL_AFTER_MS &&
         (a->s[0].mlen || a->s[1].mlen))
         spill(a); /* a running job's output, where `jobs logs --follow` reads it */
-    if (a->exited && !a->fenced && !a->reported && (pipes == 0 || now >= a->deadline)) {
+    if (a->exited && !a->lost && !a->reported && (pipes == 0 || now >= a->deadline)) {
         if (pipes && a->gone && !a->open_at_deadline) {
             /* Leftovers hold the pipes and no runner will kill them: the group goes (its
              * leader is unreaped, so the id is still the command's), then the pipes get one
@@ -905,14 +912,14 @@ static int serve(void) {
             }
             int wait = -1;
             if (a->state == RUNNING && !a->exited && a->pidfd < 0) wait = 50;
-            if (a->state == RUNNING && (a->kill_at || a->gone) && (!a->exited || a->fenced == 1))
+            if (a->state == RUNNING && (a->kill_at || a->gone) && a->fenced < 2)
                 wait = FENCE_CHECK_MS;
             if (a->state == RUNNING && !a->exited && !a->gone && (a->s[0].mlen || a->s[1].mlen)) {
                 int64_t due = a->started_mono + SPILL_AFTER_MS - now;
                 int d = due > 0 ? (int)due : 0;
                 if (wait < 0 || d < wait) wait = d;
             }
-            if (a->exited && !a->reported && !a->fenced) {
+            if (a->exited && !a->reported && !a->lost) {
                 int d = a->deadline > now ? (int)(a->deadline - now) : 0;
                 if (wait < 0 || d < wait) wait = d;
             }

@@ -814,6 +814,52 @@ fn pipes_held_past_the_drain_are_reported_and_their_holders_killed_at_the_releas
     );
 }
 
+/// A leader that ends by itself before the fence, with a member that ignores SIGTERM and
+/// holds the pipes, and a runner that never releases (frozen): the member is killed at
+/// KILL_AT all the same, and the attempt keeps its outcome (it ended; it was not stopped).
+#[test]
+fn the_lease_fence_kills_what_outlives_a_leader_that_ended_by_itself() {
+    let mut job = Job::sh_here(
+        "(trap '' TERM; exec sleep 30) & echo $! > member; exit 0",
+        "fence-after-end",
+    );
+    job.fence = Some(fence_in(300, 700));
+    let kill_at = job.fence.map(|f| f.kill_at).unwrap_or_default();
+    let mut run = job.start(0, MEM, Duration::from_millis(100));
+    let member: i32 = job.wait_for_line("member").trim().parse().expect("a pid");
+    let message = run.message();
+    assert_eq!(
+        message,
+        Message::Exited {
+            ended: Ended::Exited(0),
+            pipes_open: true,
+            output: Output::Memory(Vec::new(), Vec::new()),
+        }
+    );
+    // No release (a frozen runner): the member, which ignores SIGTERM, dies at KILL_AT.
+    let alive = || proc::proc_info(member).is_some_and(|p| p.state != 'Z');
+    let gone = wait_until(LIMIT, || !alive());
+    let killed = boot_ms();
+    if !gone {
+        let _ = signal_pid(member, Signal::SIGKILL);
+    }
+    assert!(gone, "member {member} runs on past KILL_AT");
+    assert!(killed >= kill_at, "killed before KILL_AT");
+    // The runner gone now: the outcome it never took is journaled, not `fenced`.
+    run.leave();
+    let said = job.wait_journaled(run.kept(), |j| !matches!(j, Journaled::Kept));
+    assert!(
+        matches!(
+            said,
+            Journaled::Outcome {
+                ended: Ended::Exited(0),
+                ..
+            }
+        ),
+        "{said:?}"
+    );
+}
+
 #[test]
 fn one_keeper_serves_many_attempts_at_once() {
     let jobs: Vec<Job> = (0..50)

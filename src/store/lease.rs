@@ -1257,7 +1257,6 @@ fn finish_rest(conn: &Connection, f: &Finish, now: i64, attempt: i64) -> Result<
 #[cfg(test)]
 pub(super) fn statements() -> Vec<(&'static str, Sql)> {
     let queues = ["a".to_owned(), "b".to_owned()];
-    #[cfg_attr(not(feature = "postgres"), expect(unused_mut))]
     let mut all = vec![
         ("CLAIM_ONE_SQL", CLAIM_ONE_SQL),
         ("CANDIDATE_SQL", CANDIDATE_SQL),

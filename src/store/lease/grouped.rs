@@ -18,7 +18,9 @@ use crate::error::Result;
 use crate::job::Status;
 use crate::metrics::CounterKind;
 use crate::store::counter::{BUCKETS_MS, INF_MS, RUN, WAIT};
-use crate::store::db::{Connection, Dialect, Sql, params};
+#[cfg(feature = "postgres")]
+use crate::store::db::Dialect;
+use crate::store::db::{Connection, Sql, params};
 use crate::store::dependency;
 
 use super::{AttemptStart, Ending, Finish, Finished, fenced, finish_started, finish_with};
@@ -101,9 +103,14 @@ pub(crate) fn finish_group(
     now: i64,
 ) -> Result<Vec<Finished>> {
     let now = conn.now(now)?;
+    // Grouped on PostgreSQL only: SQLite's one writer records each alone as cheaply.
+    #[cfg(feature = "postgres")]
+    let postgres = conn.dialect() == Dialect::Postgres;
+    #[cfg(not(feature = "postgres"))]
+    let postgres = false;
     let grouped: Vec<bool> = endings
         .iter()
-        .map(|(f, _)| conn.dialect() == Dialect::Postgres && groupable(f))
+        .map(|(f, _)| postgres && groupable(f))
         .collect();
     let recorded = if grouped.iter().any(|&g| g) {
         record_successes(conn, endings, &grouped, now)?

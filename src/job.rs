@@ -504,8 +504,8 @@ impl Job {
     /// use leasehold::{Job, Store, now_ms};
     ///
     /// let store = Store::open(dir.path().join("jobs.db"))?;
-    /// let transcode = store.enqueue(&Job::shell("ffmpeg -i in.mov out.mp4"), now_ms())?;
-    /// let upload = store.enqueue(&Job::shell("upload out.mp4").after([transcode]), now_ms())?;
+    /// let transcode = store.enqueue(&Job::shell("ffmpeg -i in.mov out.mp4"))?;
+    /// let upload = store.enqueue(&Job::shell("upload out.mp4").after([transcode]))?;
     /// assert_eq!(store.job(upload)?.waiting_for, [transcode]);
     /// # Ok(())
     /// # }

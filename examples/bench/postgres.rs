@@ -540,9 +540,7 @@ fn fill(target: &Target, n: usize) {
         Backend::Sqlite => n / 1000,
     };
     for _ in 0..through_store {
-        store
-            .enqueue_many(&jobs, now_ms())
-            .expect("the jobs are enqueued");
+        store.enqueue_many(&jobs).expect("the jobs are enqueued");
     }
     drop(store);
     if target.backend == Backend::Postgres {
@@ -779,9 +777,7 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
     kids.await_ready();
     let jobs = vec![Job::command(["/bin/true"]); E2E_JOBS];
     let t = Instant::now();
-    store
-        .enqueue_many(&jobs, now_ms())
-        .expect("the jobs are enqueued");
+    store.enqueue_many(&jobs).expect("the jobs are enqueued");
     let deadline = t + Duration::from_secs(600);
     while store.has_unfinished(&[]).expect("the bench database reads") {
         assert!(Instant::now() < deadline, "the jobs end within 10 minutes");
@@ -1763,7 +1759,7 @@ fn enqueue_child(db: &str, fifo: &str) {
     let job = Job::command(marker_command(fifo));
     println!("ready");
     while !read_stdin_line().is_empty() {
-        let id = store.enqueue(&job, now_ms()).expect("the job is enqueued");
+        let id = store.enqueue(&job).expect("the job is enqueued");
         println!("{id}");
     }
 }

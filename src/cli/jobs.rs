@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use leasehold::{AttemptDir, Job, JobRecord, ListFilter, Status, Store, Stream, now_ms, operator};
+use leasehold::{AttemptDir, Job, JobRecord, ListFilter, Status, Store, Stream, operator};
 use serde_json::{Value, json};
 
 use super::follow;
@@ -51,7 +51,7 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
         None => {
             let job = with_options(Job::command(&args.command));
             // Handed to a running runner when there is one: see Store::hand_off.
-            let done = Store::hand_off(db, &super::one_shot(), &job, now_ms())?;
+            let done = Store::hand_off(db, &super::one_shot(), &job)?;
             if args.json {
                 print_json(
                     &mut out,
@@ -68,7 +68,7 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
                 .map(|l| with_options(Job::shell(l)))
                 .collect();
             let bar = progress::Bar::new(jobs.len() as u64, "lines enqueued");
-            let ids = store.enqueue_many_with_progress(&jobs, now_ms(), &mut |n| {
+            let ids = store.enqueue_many_with_progress(&jobs, &mut |n| {
                 bar.set(n as u64);
             });
             bar.finish();

@@ -67,6 +67,8 @@ pub(crate) struct Config {
     pub output_cap: u64,
     /// What shutdown does with running attempts.
     pub on_shutdown: OnShutdown,
+    /// The clock every connection of the runner reads (see [`RunnerBuilder::clock`]).
+    pub clock: crate::store::Clock,
 }
 
 /// What [`Runner::shutdown`](crate::Runner::shutdown) (and a `leasehold run` that is told to
@@ -155,6 +157,7 @@ impl RunnerBuilder {
                 keepers: true,
                 output_cap: crate::files::DEFAULT_OUTPUT_CAP,
                 on_shutdown: OnShutdown::Interrupt,
+                clock: crate::store::Clock::system(),
             },
             callbacks: Vec::new(),
         }
@@ -330,6 +333,17 @@ impl RunnerBuilder {
     /// ending. By default, 500 ms.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.config.poll_interval = interval;
+        self
+    }
+
+    /// The clock the runner's stores read: a [`ManualClock`](crate::ManualClock)'s for a test
+    /// that moves time, which then moves due times, backoff, schedules, retention and lease
+    /// expiry for this runner (its waits between polls, heartbeats and sweeps stay real: see
+    /// docs/testing.md). In a build with the `testing` feature a runner on a
+    /// `leasehold::testing::TestDb`'s file takes its clock without this. By default, the
+    /// system's clock.
+    pub fn clock(mut self, clock: impl Into<crate::store::Clock>) -> Self {
+        self.config.clock = clock.into();
         self
     }
 

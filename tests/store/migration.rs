@@ -110,7 +110,7 @@ fn an_empty_file_of_version_zero_is_migrated() {
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
         // The file with pages already is converted by a VACUUM; the zero-byte one is created so.
         assert_eq!(auto_vacuum(&path), INCREMENTAL, "{}", path.display());
-        store.enqueue(&Job::shell("true"), T0).unwrap();
+        store.enqueue_at(&Job::shell("true"), T0).unwrap();
         drop(store);
         let again = Store::open(&path).unwrap();
         let current = Migration {
@@ -281,7 +281,7 @@ fn a_read_only_open_of_an_older_file_is_refused_and_leaves_it_unchanged() {
 fn a_created_file_is_readable_by_its_owner_only() {
     let db = TestDb::new();
     let store = db.store();
-    store.enqueue(&Job::shell("true"), T0).unwrap();
+    store.enqueue_at(&Job::shell("true"), T0).unwrap();
     for name in files_in(db.dir.path()) {
         let mode = std::fs::metadata(db.dir.path().join(&name))
             .unwrap()
@@ -513,7 +513,7 @@ fn size_reports_the_file_its_free_pages_and_its_wal() {
     let db = TestDb::new();
     let store = db.store();
     let jobs: Vec<Job> = (0..300).map(|i| Job::shell(format!("echo {i}"))).collect();
-    store.enqueue_many(&jobs, T0).unwrap();
+    store.enqueue_many_at(&jobs, T0).unwrap();
     let size = store.size().unwrap();
     assert_eq!(size.path, db.path);
     assert_eq!(size.schema_version, SCHEMA_VERSION);
@@ -535,7 +535,7 @@ fn vacuum_gives_free_pages_back_and_keeps_the_rest() {
     let db = TestDb::new();
     let store = db.store();
     let jobs: Vec<Job> = (0..2000).map(|i| Job::shell(format!("echo {i}"))).collect();
-    let ids = store.enqueue_many(&jobs, T0).unwrap();
+    let ids = store.enqueue_many_at(&jobs, T0).unwrap();
     bare(&db.path)
         .execute("DELETE FROM jobs WHERE id > ?1", [ids[9]])
         .unwrap();

@@ -522,6 +522,7 @@ pub struct Expected {
     due_at: Option<i64>,
     after: Option<Vec<i64>>,
     env: Vec<(String, String)>,
+    name: Option<String>,
 }
 
 impl Expected {
@@ -581,6 +582,12 @@ impl Expected {
         self
     }
 
+    /// With this name ([`Job::name`](crate::Job::name)).
+    pub fn name(mut self, name: impl Into<String>) -> Expected {
+        self.name = Some(name.into());
+        self
+    }
+
     /// With this environment variable (among others).
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Expected {
         self.env.push((name.into(), value.into()));
@@ -629,6 +636,12 @@ impl Expected {
             self.due_at == Some(job.scheduled_at),
             "due at",
             job.scheduled_at.to_string(),
+        );
+        check(
+            self.name.is_some(),
+            self.name == job.name,
+            "name",
+            format!("{:?}", job.name),
         );
         let mut after = job.after.clone();
         after.sort_unstable();
@@ -691,6 +704,9 @@ impl std::fmt::Display for Expected {
         if let Some(a) = &self.after {
             parts.push(format!("after {a:?}"));
         }
+        if let Some(n) = &self.name {
+            parts.push(format!("name {n:?}"));
+        }
         for (n, v) in &self.env {
             parts.push(format!("env {n}={v:?}"));
         }
@@ -710,6 +726,9 @@ fn describe(job: &JobRecord) -> String {
     );
     if let Some(k) = &job.unique_key {
         let _ = write!(s, ", unique key {k:?}");
+    }
+    if let Some(n) = &job.name {
+        let _ = write!(s, ", name {n:?}");
     }
     if !job.after.is_empty() {
         let _ = write!(s, ", after {:?}", job.after);

@@ -735,11 +735,12 @@ fn the_list_checks_of_an_older_file_become_equalities_that_refuse_the_same_value
 }
 
 #[test]
-fn a_postgres_database_of_version_15_is_migrated_to_16_with_its_marker_lease_column() {
+fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_columns() {
     let db = TestDb::postgres("migrate_15");
     drop(db.store());
     db.exec(
         "ALTER TABLE jobs DROP COLUMN teardown_lease_expires_at;
+         ALTER TABLE jobs DROP COLUMN name;
          DELETE FROM leasehold_migrations;
          INSERT INTO leasehold_migrations (version, applied_at) VALUES (15, 0);",
     );
@@ -755,4 +756,27 @@ fn a_postgres_database_of_version_15_is_migrated_to_16_with_its_marker_lease_col
         ),
         1
     );
+    // Version 17: the job's name, last, as the fresh schema has it.
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM information_schema.columns
+             WHERE table_name = 'jobs' AND column_name = 'name'
+               AND ordinal_position = (SELECT max(ordinal_position)
+                                       FROM information_schema.columns
+                                       WHERE table_name = 'jobs')"
+        ),
+        1
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17)"),
+        2
+    );
+    // Its tables' columns are those of a database made from pg/schema.sql, in order.
+    let columns = "SELECT hashtext(string_agg(table_name || '.' || column_name || ':' || data_type
+                       || ':' || coalesce(column_default, ''), ','
+                       ORDER BY table_name, ordinal_position))::bigint
+                   FROM information_schema.columns WHERE table_schema = current_schema()";
+    let fresh = TestDb::postgres("migrate_15_fresh");
+    drop(fresh.store());
+    assert_eq!(db.scalar(columns), fresh.scalar(columns));
 }

@@ -26,6 +26,7 @@ fn each_setting_an_application_sets_can_be_matched() {
                 .priority(5)
                 .unique_key("mail:a")
                 .env("LANG", "C")
+                .name("mail a")
                 .after([first]),
         )
         .unwrap();
@@ -36,6 +37,7 @@ fn each_setting_an_application_sets_can_be_matched() {
             .priority(5)
             .unique_key("mail:a")
             .env("LANG", "C")
+            .name("mail a")
             .after([first])
             .due_at(due),
     );
@@ -44,6 +46,7 @@ fn each_setting_an_application_sets_can_be_matched() {
     db.assert_enqueued_times(&Expected::any(), 2);
     db.refute_enqueued(&Expected::command(["mail"]));
     db.refute_enqueued(&Expected::any().queue("mail").priority(4));
+    db.refute_enqueued(&Expected::any().name("mail b"));
 }
 
 #[test]

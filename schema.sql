@@ -1,4 +1,4 @@
--- leasehold schema, version 16 (PRAGMA user_version = 16).
+-- leasehold schema, version 17 (PRAGMA user_version = 17).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -81,11 +81,12 @@ CREATE TABLE jobs (
     -- down held when it was marked (NULL: none, or a marker from before version 16). On
     -- PostgreSQL, a keeper stops its attempt by the end of that lease, so a runner elsewhere
     -- may record the teardown as the keeper's only once the server's clock is past it.
+    -- Version 17: name is the job's name (Job::name, `jobs add --name`), NULL for none.
     -- (Written as ALTER TABLE ADD COLUMN writes them, so that a migrated file's text and this
     -- one's agree.)
 , unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0,
   teardown_worker TEXT, keeper_pid INTEGER, keeper_start_time INTEGER,
-  deferred INTEGER NOT NULL DEFAULT 0, teardown_lease_expires_at INTEGER);
+  deferred INTEGER NOT NULL DEFAULT 0, teardown_lease_expires_at INTEGER, name TEXT);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table. Jobs not yet due are not in them

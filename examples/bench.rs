@@ -179,7 +179,7 @@ fn batch_enqueue(dir: &TempDir, table: &mut Table) {
         let store = open(&dir.path().join(name), Durability::Full);
         let now = now_ms();
         let t = Instant::now();
-        store.enqueue_many(&jobs, now).expect("enqueue_many");
+        store.enqueue_many_at(&jobs, now).expect("enqueue_many");
         t.elapsed()
     };
     let bare = |name: String| {
@@ -216,7 +216,7 @@ fn single_enqueue(dir: &TempDir, table: &mut Table, durability: Durability, n: u
     let job = Job::command(["true"]);
     let t = Instant::now();
     for _ in 0..n {
-        store.enqueue(&job, now_ms()).expect("enqueue");
+        store.enqueue(&job).expect("enqueue");
     }
     let ours = t.elapsed();
 
@@ -271,7 +271,7 @@ fn claim_rates(dir: &TempDir, table: &mut Table) {
         {
             let store = open(&path, Durability::Normal);
             for _ in 0..chunks {
-                store.enqueue_many(jobs, now).expect("enqueue_many");
+                store.enqueue_many_at(jobs, now).expect("enqueue_many");
             }
         }
         let store = open(&path, Durability::Normal);
@@ -352,7 +352,7 @@ fn renewal(dir: &TempDir, table: &mut Table) {
     let tokens: Vec<String> = {
         let store = open(&path, Durability::Normal);
         store
-            .enqueue_many(&vec![Job::command(["true"]); LEASES], now)
+            .enqueue_many_at(&vec![Job::command(["true"]); LEASES], now)
             .unwrap();
         let req = ClaimRequest {
             worker_id: "bench",
@@ -406,7 +406,7 @@ fn claim_finish_cycles(dir: &TempDir, table: &mut Table, durability: Durability,
     let now = now_ms();
     let store = open(&path, durability);
     store
-        .enqueue_many(&vec![Job::command(["true"]); n], now)
+        .enqueue_many_at(&vec![Job::command(["true"]); n], now)
         .unwrap();
     let t = Instant::now();
     for _ in 0..n {
@@ -1047,7 +1047,7 @@ fn claim_latency_during_prune() {
     let now = now_ms();
     for _ in 0..FINISHED / 100_000 {
         store
-            .enqueue_many(&vec![Job::command(["/bin/true"]); 100_000], now - DAY_MS)
+            .enqueue_many_at(&vec![Job::command(["/bin/true"]); 100_000], now - DAY_MS)
             .expect("the jobs are enqueued");
     }
     bare_open(&path, Durability::Normal)
@@ -1060,7 +1060,7 @@ fn claim_latency_during_prune() {
     let before = file_bytes(&path);
     // The claimer's own jobs: ready, never due for pruning while it runs.
     store
-        .enqueue_many(&vec![Job::command(["/bin/true"]); 50_000], now - DAY_MS)
+        .enqueue_many_at(&vec![Job::command(["/bin/true"]); 50_000], now - DAY_MS)
         .expect("the claimer's jobs are enqueued");
 
     let claim_max = |stop: &std::sync::atomic::AtomicBool, limit: usize| {
@@ -1117,7 +1117,6 @@ fn claim_latency_during_prune() {
                         .max_batches(Some(8))
                         .max_vacuum_steps(Some(16))
                         .deadline(round.checked_add(ROUND_BUDGET)),
-                    now_ms(),
                 )
                 .expect("the prune runs");
             longest_round = longest_round.max(round.elapsed());
@@ -1190,7 +1189,7 @@ fn flow_benchmarks() {
         let now = now_ms();
         let store = open(&path, Durability::Normal);
         extra(&store, now);
-        store.enqueue_many(&ready, now).expect("enqueue_many");
+        store.enqueue_many_at(&ready, now).expect("enqueue_many");
         let bare = bare_open(&path, Durability::Normal);
         (store, bare, now)
     };
@@ -1198,14 +1197,14 @@ fn flow_benchmarks() {
     let waiting = build("waiting", &|store, now| {
         // One of the ready jobs: claimed and put back each round, never finished.
         let blocker = store
-            .enqueue(&Job::command(["true"]), now)
+            .enqueue_at(&Job::command(["true"]), now)
             .expect("enqueue");
         let jobs = vec![Job::command(["true"]).priority(10).after([blocker]); BESIDE];
-        store.enqueue_many(&jobs, now).expect("enqueue_many");
+        store.enqueue_many_at(&jobs, now).expect("enqueue_many");
     });
     let paused = build("paused", &|store, now| {
         let jobs = vec![Job::command(["true"]).priority(10).queue("sync"); BESIDE];
-        store.enqueue_many(&jobs, now).expect("enqueue_many");
+        store.enqueue_many_at(&jobs, now).expect("enqueue_many");
         store.pause_queue("sync").expect("pause");
     });
     let not_due = build("not-due", &|store, now| {
@@ -1217,7 +1216,7 @@ fn flow_benchmarks() {
                 .delay(Duration::from_secs(3600));
             NOT_DUE
         ];
-        store.enqueue_many(&jobs, now).expect("enqueue_many");
+        store.enqueue_many_at(&jobs, now).expect("enqueue_many");
     });
     let limited = build("limited", &|store, _| {
         store.set_queue_limit("other", Some(2)).expect("limit");
@@ -1288,7 +1287,7 @@ fn metrics_benchmarks() {
             .map(|i| Job::command(["true"]).queue(queues[i % 4]))
             .collect();
         for _ in 0..10 {
-            store.enqueue_many(&chunk, now).expect("enqueue_many");
+            store.enqueue_many_at(&chunk, now).expect("enqueue_many");
         }
         // Real endings for the counters and histograms (their rows do not grow with the jobs:
         // queues x outcomes x buckets), then most of the table finished in bulk.
@@ -1408,7 +1407,7 @@ fn metrics_write_cost(dir: &TempDir) {
     let jobs = vec![Job::command(["true"]); ENQUEUES];
     let enqueue = |store: &Store| {
         let t = Instant::now();
-        store.enqueue_many(&jobs, now).expect("enqueue_many");
+        store.enqueue_many_at(&jobs, now).expect("enqueue_many");
         t.elapsed()
     };
     let cycles = |store: &Store| {
@@ -1557,12 +1556,12 @@ fn serve_benchmarks() {
         let rare: Vec<Job> = (0..10)
             .map(|_| Job::command(["true"]).queue("rare"))
             .collect();
-        store.enqueue_many(&rare, now_ms()).expect("enqueue_many");
+        store.enqueue_many(&rare).expect("enqueue_many");
         for chunk in 0..10 {
             let jobs: Vec<Job> = (0..N / 10)
                 .map(|i| Job::command(["true"]).queue(queues[(chunk + i) % 3]))
                 .collect();
-            store.enqueue_many(&jobs, now_ms()).expect("enqueue_many");
+            store.enqueue_many(&jobs).expect("enqueue_many");
         }
         let conn = bare_open(&path, Durability::Normal);
         conn.execute_batch(&format!(
@@ -1586,16 +1585,12 @@ fn serve_benchmarks() {
         for (name, every) in [("minutely", 60), ("hourly", 3600), ("daily", 86_400)] {
             let schedule = leasehold::Schedule::every(Duration::from_secs(every))
                 .job(Job::command(["true"]).queue("reports"));
-            store
-                .put_schedule(name, &schedule, now_ms())
-                .expect("put_schedule");
+            store.put_schedule(name, &schedule).expect("put_schedule");
         }
         let waiting: Vec<Job> = (0..1000)
             .map(|_| Job::command(["true"]).queue("reports").after([N as i64]))
             .collect();
-        store
-            .enqueue_many(&waiting, now_ms())
-            .expect("waiting jobs");
+        store.enqueue_many(&waiting).expect("waiting jobs");
         // The charts' samples, as a runner's sweeper keeps them (the most there ever are):
         // the newest 61 a minute apart, and 25 coarse ones an hour apart.
         let now = now_ms();
@@ -1875,7 +1870,7 @@ fn enqueue_to_start_latency(cli: Option<&std::path::Path>) {
             v["id"].as_i64().expect("an id")
         }
         None => second
-            .enqueue(&Job::command(["/bin/true"]), now_ms())
+            .enqueue(&Job::command(["/bin/true"]))
             .expect("enqueue"),
     });
     let by = if cli.is_some() {
@@ -1897,7 +1892,7 @@ fn enqueue_to_start_latency(cli: Option<&std::path::Path>) {
     std::fs::remove_dir_all(&folder).expect("the wake-up folder can be removed");
     let polled = latencies(&watch, 50, || {
         second
-            .enqueue(&Job::command(["/bin/true"]), now_ms())
+            .enqueue(&Job::command(["/bin/true"]))
             .expect("enqueue")
     });
     print_latency(
@@ -2156,7 +2151,7 @@ fn feed_parts(cli: &std::path::Path, dir: &std::path::Path) -> FeedParts {
         rounds[1].push(exec(cli, "--version"));
         let t = Instant::now();
         for _ in 0..PART_CALLS {
-            Store::hand_off(&path, &options, &job, now_ms()).expect("the job is handed over");
+            Store::hand_off(&path, &options, &job).expect("the job is handed over");
         }
         rounds[2].push(t.elapsed() / PART_CALLS as u32);
         let answerer = Answerer::start(dir);

@@ -365,6 +365,7 @@ pub struct Job {
     unique_key: Option<String>,
     unique_window: Option<Duration>,
     after: Vec<i64>,
+    name: Option<String>,
 }
 
 impl Job {
@@ -390,6 +391,7 @@ impl Job {
             unique_key: None,
             unique_window: None,
             after: Vec::new(),
+            name: None,
         }
     }
 
@@ -467,6 +469,13 @@ impl Job {
         self
     }
 
+    /// Names the job: what `jobs ls`, `jobs inspect` and `jobs wait` show beside its id, and a
+    /// test harness's name for the test it runs. Not unique. By default, none.
+    pub fn name(mut self, name: impl Into<String>) -> Job {
+        self.name = Some(name.into());
+        self
+    }
+
     /// What to do when an attempt is lost. By default, [`OnLost::Requeue`].
     pub fn on_lost(mut self, on_lost: OnLost) -> Job {
         self.on_lost = on_lost;
@@ -504,8 +513,8 @@ impl Job {
     /// use leasehold::{Job, Store, now_ms};
     ///
     /// let store = Store::open(dir.path().join("jobs.db"))?;
-    /// let transcode = store.enqueue(&Job::shell("ffmpeg -i in.mov out.mp4"), now_ms())?;
-    /// let upload = store.enqueue(&Job::shell("upload out.mp4").after([transcode]), now_ms())?;
+    /// let transcode = store.enqueue(&Job::shell("ffmpeg -i in.mov out.mp4"))?;
+    /// let upload = store.enqueue(&Job::shell("upload out.mp4").after([transcode]))?;
     /// assert_eq!(store.job(upload)?.waiting_for, [transcode]);
     /// # Ok(())
     /// # }
@@ -581,6 +590,13 @@ impl Job {
         }
         if self.max_attempts == 0 {
             return Err(Error::invalid("max_attempts", "must be at least 1"));
+        }
+        match &self.name {
+            Some(n) if n.is_empty() => return Err(Error::invalid("name", "the name is empty")),
+            Some(n) if n.contains('\0') => {
+                return Err(Error::invalid("name", "the name contains a NUL byte"));
+            }
+            _ => {}
         }
         match &self.unique_key {
             Some(k) if k.is_empty() => {
@@ -676,6 +692,7 @@ impl Job {
             timeout_ms: self.timeout.map(duration_ms),
             idle_timeout_ms: self.idle_timeout.map(duration_ms),
             unique_key: self.unique_key.as_deref(),
+            name: self.name.as_deref(),
         }
     }
 
@@ -697,6 +714,7 @@ impl Job {
             "idle_timeout_ms": f.idle_timeout_ms,
             "unique_key": self.unique_key,
             "unique_window_ms": self.unique_window_ms(),
+            "name": self.name,
         })
         .to_string()
     }
@@ -783,6 +801,7 @@ impl Job {
         job.idle_timeout = millis("idle_timeout_ms")?;
         job.unique_key = v["unique_key"].as_str().map(str::to_string);
         job.unique_window = millis("unique_window_ms")?;
+        job.name = v["name"].as_str().map(str::to_string);
         Ok(job)
     }
 }
@@ -820,6 +839,7 @@ pub(crate) struct JobFields<'a> {
     pub timeout_ms: Option<i64>,
     pub idle_timeout_ms: Option<i64>,
     pub unique_key: Option<&'a str>,
+    pub name: Option<&'a str>,
 }
 
 /// A job as stored: one row of the `jobs` table.
@@ -899,6 +919,8 @@ pub struct JobRecord {
     /// Those of `after` that have not succeeded (yet): while any is left, a pending job is
     /// not claimed. A dependency pruned since it succeeded is not listed.
     pub waiting_for: Vec<i64>,
+    /// Its name ([`Job::name`]), if it has one.
+    pub name: Option<String>,
 }
 
 /// One entry of a job's history.

@@ -45,6 +45,8 @@ pub mod protocol;
 mod runner;
 mod schedule;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::{Error, Result};
 pub use files::{AttemptDir, DEFAULT_OUTPUT_CAP, Stream, local_folders};
@@ -64,11 +66,12 @@ pub use schedule::{
     CatchUp, MAX_CATCH_UP, MIN_INTERVAL, MISFIRE_GRACE, Overlap, Schedule, parse_rfc3339,
 };
 pub use store::{
-    COARSE_SAMPLES, Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, DatabaseSize,
-    Durability, Enqueued, FINE_SAMPLES, FireReport, HISTOGRAM_BOUNDS_MS, LEASE_EXPIRED_PREFIX,
-    LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT, MAX_SCHEDULE_EVENTS,
-    Migration, Namespace, OpenOptions, QueueInfo, RecentFailure, RunnerRecord, SCHEMA_VERSION,
-    Sample, ScheduleEvent, ScheduleRecord, Store, VacuumReport, redacted_db,
+    COARSE_SAMPLES, Clock, Counts, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS,
+    DatabaseSize, Durability, Enqueued, FINE_SAMPLES, FireReport, HISTOGRAM_BOUNDS_MS,
+    LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, LeaseCounts, ListFilter, MAX_BUSY_TIMEOUT,
+    MAX_SCHEDULE_EVENTS, ManualClock, Migration, Namespace, OpenOptions, QueueInfo, RecentFailure,
+    RunnerRecord, SCHEMA_VERSION, Sample, ScheduleEvent, ScheduleRecord, Store, VacuumReport,
+    redacted_db,
 };
 pub use store::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,

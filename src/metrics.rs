@@ -194,10 +194,10 @@ pub struct RunnerFigures {
 /// ```
 /// # fn main() -> leasehold::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();
-/// use leasehold::{Job, Store, now_ms};
+/// use leasehold::{Job, Store};
 ///
 /// let store = Store::open(dir.path().join("jobs.db"))?;
-/// store.enqueue(&Job::shell("true").queue("mail"), now_ms())?;
+/// store.enqueue(&Job::shell("true").queue("mail"))?;
 /// let metrics = store.metrics()?;
 /// assert_eq!(metrics.jobs("mail", "pending"), 1);
 /// assert!(metrics.to_prometheus().contains("leasehold_jobs{queue=\"mail\",status=\"pending\"} 1\n"));

@@ -17,7 +17,7 @@
 //! use leasehold::{Job, Status, Store, now_ms};
 //!
 //! let store = Store::open(dir.path().join("jobs.db"))?;
-//! let id = store.enqueue(&Job::shell("true"), now_ms())?;
+//! let id = store.enqueue(&Job::shell("true"))?;
 //! let req = ClaimRequest {
 //!     worker_id: "my-worker",
 //!     limit: 1,

@@ -578,9 +578,7 @@ fn fill(target: &Target, n: usize) {
         Backend::Sqlite => n / 1000,
     };
     for _ in 0..through_store {
-        store
-            .enqueue_many(&jobs, now_ms())
-            .expect("the jobs are enqueued");
+        store.enqueue_many(&jobs).expect("the jobs are enqueued");
     }
     drop(store);
     if target.backend == Backend::Postgres {
@@ -849,9 +847,7 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
     let lsn_before = lsn(server);
     let ticks_before = cpu_ticks(&backends);
     let t = Instant::now();
-    store
-        .enqueue_many(&jobs, now_ms())
-        .expect("the jobs are enqueued");
+    store.enqueue_many(&jobs).expect("the jobs are enqueued");
     let deadline = t + Duration::from_secs(600);
     while store.has_unfinished(&[]).expect("the bench database reads") {
         assert!(Instant::now() < deadline, "the jobs end within 10 minutes");
@@ -1936,7 +1932,7 @@ fn enqueue_child(db: &str, fifo: &str) {
     let job = Job::command(marker_command(fifo));
     println!("ready");
     while !read_stdin_line().is_empty() {
-        let id = store.enqueue(&job, now_ms()).expect("the job is enqueued");
+        let id = store.enqueue(&job).expect("the job is enqueued");
         println!("{id}");
     }
 }

@@ -131,6 +131,14 @@ pub fn unique_key(s: OsString) -> Result<String, String> {
     }
 }
 
+/// A job's name: text, not empty.
+pub fn job_name(s: OsString) -> Result<String, String> {
+    match utf8(s)? {
+        n if n.is_empty() => Err("a job's name cannot be empty".into()),
+        n => Ok(n),
+    }
+}
+
 /// A schedule's name: text, not empty, no control characters.
 pub fn schedule_name(s: OsString) -> Result<String, String> {
     match utf8(s)? {

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use leasehold::{OpenOptions, PruneOptions, PruneReport, Retention, SCHEMA_VERSION, Store, now_ms};
+use leasehold::{OpenOptions, PruneOptions, PruneReport, Retention, SCHEMA_VERSION, Store};
 use serde_json::json;
 
 use super::progress;
@@ -122,7 +122,7 @@ pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow
     let on_disk = || store.size().map(|s| s.bytes + s.wal_bytes);
     let before = on_disk()?;
     let report = if dry_run || !progress::on_terminal() {
-        store.prune_with(policy, &PruneOptions::default().dry_run(dry_run), now_ms())?
+        store.prune_with(policy, &PruneOptions::default().dry_run(dry_run))?
     } else {
         prune_showing_progress(&store, policy)?
     };
@@ -162,9 +162,9 @@ pub fn prune(db: &Path, policy: &Retention, dry_run: bool, json: bool) -> anyhow
 /// checkpoint under a spinner. Every call uses the same `now`, so the jobs due stay the
 /// same ones.
 fn prune_showing_progress(store: &Store, policy: &Retention) -> anyhow::Result<PruneReport> {
-    let now = now_ms();
+    let now = store.clock().now_ms();
     let due = store
-        .prune_with(policy, &PruneOptions::default().dry_run(true), now)?
+        .prune_at(policy, &PruneOptions::default().dry_run(true), now)?
         .jobs;
     let bar = progress::Bar::new(due, "jobs pruned");
     let one_batch = PruneOptions::default()
@@ -172,7 +172,7 @@ fn prune_showing_progress(store: &Store, policy: &Retention) -> anyhow::Result<P
         .max_vacuum_steps(Some(0));
     let mut total = PruneReport::default();
     loop {
-        let step = store.prune_with(policy, &one_batch, now);
+        let step = store.prune_at(policy, &one_batch, now);
         let step = match step {
             Ok(r) => r,
             Err(e) => {
@@ -192,7 +192,7 @@ fn prune_showing_progress(store: &Store, policy: &Retention) -> anyhow::Result<P
     bar.finish();
     // No batch more: free the pages and checkpoint, as a whole prune ends.
     let last = progress::spin_while("giving free pages back", || {
-        store.prune_with(policy, &PruneOptions::default().max_batches(Some(0)), now)
+        store.prune_at(policy, &PruneOptions::default().max_batches(Some(0)), now)
     })?;
     total.bytes_freed = last.bytes_freed;
     total.wal_truncated = last.wal_truncated;

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use leasehold::{AttemptDir, Job, JobRecord, ListFilter, Status, Store, Stream, now_ms, operator};
+use leasehold::{AttemptDir, Job, JobRecord, ListFilter, Status, Store, Stream, operator};
 use serde_json::{Value, json};
 
 use super::follow;
@@ -44,6 +44,9 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
         if let Some(w) = args.unique_window {
             job = job.unique_window(w.0);
         }
+        if let Some(name) = &args.name {
+            job = job.name(name);
+        }
         job
     };
     let mut out = std::io::stdout().lock();
@@ -51,7 +54,7 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
         None => {
             let job = with_options(Job::command(&args.command));
             // Handed to a running runner when there is one: see Store::hand_off.
-            let done = Store::hand_off(db, &super::one_shot(), &job, now_ms())?;
+            let done = Store::hand_off(db, &super::one_shot(), &job)?;
             if args.json {
                 print_json(
                     &mut out,
@@ -68,7 +71,7 @@ pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
                 .map(|l| with_options(Job::shell(l)))
                 .collect();
             let bar = progress::Bar::new(jobs.len() as u64, "lines enqueued");
-            let ids = store.enqueue_many_with_progress(&jobs, now_ms(), &mut |n| {
+            let ids = store.enqueue_many_with_progress(&jobs, &mut |n| {
                 bar.set(n as u64);
             });
             bar.finish();
@@ -153,13 +156,21 @@ pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
                 j.recovery_count.to_string(),
                 render::result(j),
                 render::time(j.created_at),
-                render::cut(&render::command_line(&j.argv), 60),
+                render::cut(&command_cell(j), 60),
             ]);
         }
         render::table(&mut out, &rows)?;
     }
     out.flush()?;
     Ok(())
+}
+
+/// The COMMAND cell of `jobs ls`: the job's name, if it has one, before its command line.
+fn command_cell(j: &JobRecord) -> String {
+    match &j.name {
+        Some(name) => format!("[{name}] {}", render::command_line(&j.argv)),
+        None => render::command_line(&j.argv),
+    }
 }
 
 pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
@@ -199,6 +210,7 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
         ("priority", job.priority.to_string()),
         ("after", ids(&job.after)),
         ("waiting_for", ids(&job.waiting_for)),
+        ("name", job.name.clone().unwrap_or_else(|| "-".into())),
         (
             "unique_key",
             job.unique_key.clone().unwrap_or_else(|| "-".into()),
@@ -562,7 +574,8 @@ pub fn wait(db: &Path, args: &WaitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One line per job (`ID STATUS`, with its exit code or signal when it has one), or the JSON
+/// One line per job (`ID STATUS`, with its exit code or signal when it has one, then its name
+/// quoted when it has one), or the JSON
 /// array `jobs wait --json` documents.
 fn print_outcomes(jobs: &[JobRecord], json: bool) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -576,6 +589,7 @@ fn print_outcomes(jobs: &[JobRecord], json: bool) -> anyhow::Result<()> {
                     "exit_code": j.exit_code,
                     "signal": j.signal,
                     "error_kind": j.error_kind.map(|k| k.as_str()),
+                    "name": j.name,
                 })
             })
             .collect();
@@ -587,7 +601,12 @@ fn print_outcomes(jobs: &[JobRecord], json: bool) -> anyhow::Result<()> {
                 (None, Some(sig)) => format!(" (signal {sig})"),
                 (None, None) => String::new(),
             };
-            writeln!(out, "{} {}{how}", j.id, j.status.as_str())?;
+            let name = j
+                .name
+                .as_ref()
+                .map(|n| format!(" {n:?}"))
+                .unwrap_or_default();
+            writeln!(out, "{} {}{how}{name}", j.id, j.status.as_str())?;
         }
     }
     out.flush()?;

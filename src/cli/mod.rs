@@ -252,7 +252,7 @@ struct JsonArg {
 #[derive(Debug, Subcommand)]
 enum JobsCommand {
     /// Enqueue a command (after `--`), or one `sh -c` job per line of a file.
-    Add(AddArgs),
+    Add(Box<AddArgs>),
     /// List jobs, newest first.
     Ls(LsArgs),
     /// A job, its event history and the tails of its output.
@@ -366,6 +366,9 @@ struct AddArgs {
     /// Enqueue nothing while a pending or running job has this key; print that job's id.
     #[arg(long, value_name = "KEY", value_parser = OsStringValueParser::new().try_map(arg::unique_key))]
     unique_key: Option<String>,
+    /// A name for the job (a test's, for a harness), shown by `ls`, `inspect` and `wait`.
+    #[arg(long, value_name = "NAME", value_parser = OsStringValueParser::new().try_map(arg::job_name))]
+    name: Option<String>,
     /// With --unique-key: the key also matches any job of that key created less than SECS ago
     /// (one created exactly SECS ago does not).
     #[arg(
@@ -616,7 +619,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Db(DbCommand::Version(a)) => db::version(db, a.json),
         Command::Db(DbCommand::Vacuum(a)) => db::vacuum(db, a.json, a.force),
         Command::Db(DbCommand::Prune(a)) => db::prune(db, &a.keep.retention(), a.dry_run, a.json),
-        Command::Jobs(JobsCommand::Add(a)) => jobs::add(db, a),
+        Command::Jobs(JobsCommand::Add(a)) => jobs::add(db, *a),
         Command::Jobs(JobsCommand::Ls(a)) => jobs::ls(db, &a),
         Command::Jobs(JobsCommand::Inspect(a)) => jobs::inspect(db, &a),
         Command::Jobs(JobsCommand::Logs(a)) => jobs::logs(db, &a),

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use leasehold::{QueueInfo, now_ms};
+use leasehold::QueueInfo;
 use serde_json::{Value, json};
 
 use super::arg::QueueLimit;
@@ -46,7 +46,7 @@ pub fn pause(db: &Path, name: &str, paused: bool, json: bool) -> anyhow::Result<
 
 pub fn ls(db: &Path, json: bool) -> anyhow::Result<()> {
     let store = open_read_only(db)?;
-    let queues = store.queues(now_ms())?;
+    let queues = store.queues()?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if json {
         let all: Vec<Value> = queues.iter().map(queue_json).collect();

@@ -55,6 +55,7 @@ pub fn job_json(j: &JobRecord, show_env: bool) -> Value {
         "completed_at": j.completed_at,
         "teardown_pending": j.teardown_pending,
         "unique_key": j.unique_key,
+        "name": j.name,
         "schedule": j.schedule,
         "slot_at": j.slot_at,
         "after": j.after,

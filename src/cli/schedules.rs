@@ -137,11 +137,11 @@ pub fn run(db: &Path, command: SchedulesCommand) -> anyhow::Result<()> {
             Ok(())
         }
         SchedulesCommand::Pause(a) => {
-            let rec = open_existing(db)?.pause_schedule(&a.name, now_ms())?;
+            let rec = open_existing(db)?.pause_schedule(&a.name)?;
             show(&rec, a.json, "paused")
         }
         SchedulesCommand::Resume(a) => {
-            let rec = open_existing(db)?.resume_schedule(&a.name, now_ms())?;
+            let rec = open_existing(db)?.resume_schedule(&a.name)?;
             show(&rec, a.json, "resumed")
         }
         SchedulesCommand::Next(a) => next(db, &a),
@@ -175,9 +175,9 @@ fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
     schedule.validate(now_ms())?;
     let store = Store::open(db)?;
     let rec = if args.replace {
-        store.replace_schedule(&args.name, &schedule, now_ms())?
+        store.replace_schedule(&args.name, &schedule)?
     } else {
-        store.put_schedule(&args.name, &schedule, now_ms())?
+        store.put_schedule(&args.name, &schedule)?
     };
     show(
         &rec,

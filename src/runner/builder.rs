@@ -81,6 +81,8 @@ pub(crate) struct Config {
     pub on_shutdown: OnShutdown,
     /// Which of the settings that follow the lease TTL were given; the others follow it.
     pub given: Given,
+    /// The clock every connection of the runner reads (see [`RunnerBuilder::clock`]).
+    pub clock: crate::store::Clock,
 }
 
 /// Which of the settings that follow the lease TTL by default were set explicitly: a ladder
@@ -186,6 +188,7 @@ impl RunnerBuilder {
                 output_cap: crate::files::DEFAULT_OUTPUT_CAP,
                 on_shutdown: OnShutdown::Interrupt,
                 given: Given::default(),
+                clock: crate::store::Clock::system(),
             },
             callbacks: Vec::new(),
         }
@@ -382,6 +385,17 @@ impl RunnerBuilder {
     /// ending. By default, 500 ms.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.config.poll_interval = interval;
+        self
+    }
+
+    /// The clock the runner's stores read: a [`ManualClock`](crate::ManualClock)'s for a test
+    /// that moves time, which then moves due times, backoff, schedules, retention and lease
+    /// expiry for this runner (its waits between polls, heartbeats and sweeps stay real: see
+    /// docs/testing.md). In a build with the `testing` feature a runner on a
+    /// `leasehold::testing::TestDb`'s file takes its clock without this. By default, the
+    /// system's clock.
+    pub fn clock(mut self, clock: impl Into<crate::store::Clock>) -> Self {
+        self.config.clock = clock.into();
         self
     }
 

@@ -111,7 +111,7 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
         if !claimed_all {
             let poll = shared.config.poll_interval;
             let sleep = if fresh_due {
-                shared.sleep_before_due(poll, crate::job::now_ms())
+                shared.sleep_before_due(poll, shared.config.clock.now_ms())
             } else {
                 poll
             };

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, select};
 
 use crate::error::Result;
-use crate::job::now_ms;
+
 use crate::store::{FireReport, Store};
 
 use super::shared::Shared;
@@ -37,7 +37,7 @@ impl Firer {
     /// Fires every slot due at `now`, and logs a line when something was fired, missed or
     /// skipped.
     pub(crate) fn fire_once(&self, now: i64) -> Result<FireReport> {
-        let report = self.store.fire_due(now)?;
+        let report = self.store.fire_due_at(now)?;
         if report.did_something() {
             log::info!(
                 "schedules enqueued={} missed={} skipped={}",
@@ -82,13 +82,13 @@ pub(crate) fn clock_jump(prev: (i64, Instant), now: (i64, Instant)) -> Option<i6
 /// failure (a locked or full database) is logged and tried again at the next look.
 pub(crate) fn run(firer: &Firer, shared: &Shared, stop: &Receiver<()>, wake: &Receiver<()>) {
     let mut failures = 0u64;
-    let mut last = (now_ms(), Instant::now());
+    let mut last = (firer.store.now(), Instant::now());
     loop {
         if shared.failed() {
             return;
         }
         shared.test_hook("firer");
-        let now = now_ms();
+        let now = firer.store.now();
         let look = (now, Instant::now());
         match clock_jump(last, look) {
             Some(jump) if jump > 0 => log::info!(
@@ -113,7 +113,7 @@ pub(crate) fn run(firer: &Firer, shared: &Shared, stop: &Receiver<()>, wake: &Re
                     log::info!("schedules: firing works again after {failures} failures");
                     failures = 0;
                 }
-                Firer::sleep_for(&report, now_ms())
+                Firer::sleep_for(&report, firer.store.now())
             }
             Err(e) => {
                 failures += 1;
@@ -175,9 +175,9 @@ mod tests {
             .unwrap()
             .overlap(Overlap::Allow)
             .job(Job::shell("true"));
-        store.put_schedule("skip", &minutely, T).unwrap();
+        store.put_schedule_at("skip", &minutely, T).unwrap();
         store
-            .put_schedule("one", &minutely.clone().catch_up(CatchUp::One), T)
+            .put_schedule_at("one", &minutely.clone().catch_up(CatchUp::One), T)
             .unwrap();
         let f = firer(&path);
         // On time: each fires its first slot.

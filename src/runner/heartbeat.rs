@@ -60,7 +60,13 @@ pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
     let at = now_ms();
     let at_boot = crate::process::boot_clock_ns();
     let started = std::time::Instant::now();
-    match store.renew(&shared.worker_id, &tokens, cfg.lease_ttl, at) {
+    // A manual clock stamps the database; the attempts' own counts stay on this host's.
+    let stamp = if store.clock().is_manual() {
+        store.now()
+    } else {
+        at
+    };
+    match store.renew(&shared.worker_id, &tokens, cfg.lease_ttl, stamp) {
         Ok(renewal) => {
             let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             shared

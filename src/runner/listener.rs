@@ -6,7 +6,6 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use crate::error::Result;
-use crate::job::now_ms;
 use crate::store::{Durability, OpenOptions, Store};
 use crate::store::{handoff, wake};
 
@@ -50,7 +49,7 @@ pub(super) fn listen(
                 listener.answer(&request.from, &answer);
                 continue;
             };
-            let (answer, new) = handoff::answer(s, &request.body, now_ms());
+            let (answer, new) = handoff::answer(s, &request.body, s.now());
             listener.answer(&request.from, &answer);
             // Other runners on the file may take it (this one is woken below).
             if new {
@@ -84,7 +83,8 @@ fn handoff_store(config: &Config, listener: &wake::Listener) -> Result<Store> {
         &OpenOptions::new()
             .create(false)
             .migrate(false)
-            .durability(Durability::Full),
+            .durability(Durability::Full)
+            .clock(config.clock.clone()),
     )?;
     store.set_own_socket(Some(listener.path().to_path_buf()));
     Ok(store)

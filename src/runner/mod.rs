@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::Result;
-use crate::job::{Job, JobRecord, Outcome, now_ms};
+use crate::job::{Job, JobRecord, Outcome};
 use crate::metrics::{Metrics, RunnerFigures};
 use crate::process::StopReason;
 use crate::schedule::Schedule;
@@ -105,7 +105,7 @@ impl Runner {
     /// As [`Store::enqueue`].
     pub fn enqueue(&self, job: &Job) -> Result<i64> {
         self.shared.check()?;
-        let id = self.api.lock().enqueue(job, now_ms())?;
+        let id = self.api.lock().enqueue(job)?;
         self.shared.wake_dispatcher();
         Ok(id)
     }
@@ -118,7 +118,7 @@ impl Runner {
     /// As [`Store::enqueue_unique`].
     pub fn enqueue_unique(&self, job: &Job) -> Result<Enqueued> {
         self.shared.check()?;
-        let done = self.api.lock().enqueue_unique(job, now_ms())?;
+        let done = self.api.lock().enqueue_unique(job)?;
         self.shared.wake_dispatcher();
         Ok(done)
     }
@@ -130,7 +130,7 @@ impl Runner {
     /// As [`Store::put_schedule`].
     pub fn put_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
         self.shared.check()?;
-        let rec = self.api.lock().put_schedule(name, schedule, now_ms())?;
+        let rec = self.api.lock().put_schedule(name, schedule)?;
         let _ = self.firer_wake.try_send(());
         Ok(rec)
     }
@@ -142,7 +142,7 @@ impl Runner {
     /// As [`Store::replace_schedule`].
     pub fn replace_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
         self.shared.check()?;
-        let rec = self.api.lock().replace_schedule(name, schedule, now_ms())?;
+        let rec = self.api.lock().replace_schedule(name, schedule)?;
         let _ = self.firer_wake.try_send(());
         Ok(rec)
     }
@@ -166,7 +166,7 @@ impl Runner {
     /// As [`Store::pause_schedule`].
     pub fn pause_schedule(&self, name: &str) -> Result<ScheduleRecord> {
         self.shared.check()?;
-        let rec = self.api.lock().pause_schedule(name, now_ms())?;
+        let rec = self.api.lock().pause_schedule(name)?;
         let _ = self.firer_wake.try_send(());
         Ok(rec)
     }
@@ -179,7 +179,7 @@ impl Runner {
     /// As [`Store::resume_schedule`].
     pub fn resume_schedule(&self, name: &str) -> Result<ScheduleRecord> {
         self.shared.check()?;
-        let rec = self.api.lock().resume_schedule(name, now_ms())?;
+        let rec = self.api.lock().resume_schedule(name)?;
         let _ = self.firer_wake.try_send(());
         Ok(rec)
     }
@@ -191,7 +191,7 @@ impl Runner {
     /// As [`Store::enqueue_many`].
     pub fn enqueue_many(&self, jobs: &[Job]) -> Result<Vec<i64>> {
         self.shared.check()?;
-        let ids = self.api.lock().enqueue_many(jobs, now_ms())?;
+        let ids = self.api.lock().enqueue_many(jobs)?;
         self.shared.wake_dispatcher();
         Ok(ids)
     }
@@ -242,7 +242,7 @@ impl Runner {
     /// As [`Store::cancel`].
     pub fn cancel(&self, id: i64) -> Result<JobRecord> {
         self.shared.check()?;
-        let job = self.api.lock().cancel(id, now_ms())?;
+        let job = self.api.lock().cancel(id)?;
         // A cancelled running job keeps its run token; if this runner holds that token, the
         // attempt is ours to stop now. A pending job has no token.
         if let Some(token) = &job.run_token
@@ -261,7 +261,7 @@ impl Runner {
     /// As [`Store::retry`].
     pub fn retry(&self, id: i64, reason: Option<&str>) -> Result<JobRecord> {
         self.shared.check()?;
-        let job = self.api.lock().retry(id, reason, now_ms())?;
+        let job = self.api.lock().retry(id, reason)?;
         self.shared.wake_dispatcher();
         Ok(job)
     }

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::job::{JobRecord, Status, now_ms};
+use crate::job::{JobRecord, Status};
 use crate::process::{self, AttemptIdentity};
 use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, LostAttempt, Namespace, RunnerRecord, Store};
 
@@ -84,7 +84,7 @@ pub fn lease_settings(store: &Store) -> Result<LeaseSettings> {
 ///
 /// As [`Store::retry`].
 pub fn retry(store: &Store, id: i64, reason: Option<&str>) -> Result<JobRecord> {
-    let job = store.retry(id, reason, now_ms())?;
+    let job = store.retry(id, reason)?;
     tear_down_now(store, &[id], "retried");
     Ok(job)
 }
@@ -103,7 +103,7 @@ pub fn retry_failed_stale(
     reason: Option<&str>,
 ) -> Result<Vec<i64>> {
     let budget = lease_settings(store)?.max_recovery_attempts;
-    let ids = store.retry_failed_stale(limit, budget, reason, now_ms())?;
+    let ids = store.retry_failed_stale(limit, budget, reason)?;
     tear_down_now(store, &ids, "retried");
     Ok(ids)
 }
@@ -116,7 +116,7 @@ pub fn retry_failed_stale(
 ///
 /// As [`Store::cancel`].
 pub fn cancel(store: &Store, id: i64) -> Result<JobRecord> {
-    let job = store.cancel(id, now_ms())?;
+    let job = store.cancel(id)?;
     tear_down_now(store, &[id], "cancelled");
     Ok(job)
 }
@@ -259,7 +259,7 @@ fn tear_down(
                 *detail = Some(t.describe());
             }
             let detail = detail.as_deref().unwrap_or_default();
-            if store.record_teardown(l.job_id, &l.run_token, detail, now_ms())? {
+            if store.record_teardown(l.job_id, &l.run_token, detail, store.now())? {
                 torn += 1;
                 log::info!("job {} attempt {} torn down: {detail}", l.job_id, l.attempt);
             }
@@ -403,7 +403,7 @@ pub fn teardown_wait(store: &Store, job: i64) -> Result<Option<String>> {
     if ended_with_its_boot(&ns, &here) {
         return Ok(None);
     }
-    let now = store.clock(now_ms())?;
+    let now = store.db_now()?;
     Ok(Some(wait_line(&ns, &store.runners()?, &here, now)))
 }
 
@@ -421,7 +421,7 @@ fn ended_with_its_boot(ns: &Namespace, here: &Namespace) -> bool {
 /// A database error.
 pub fn teardown_waits(store: &Store, limit: u64) -> Result<Vec<(String, Vec<i64>)>> {
     let runners = store.runners()?;
-    let now = store.clock(now_ms())?;
+    let now = store.db_now()?;
     let here = Namespace::here();
     let mut waits: Vec<(String, Vec<i64>)> = Vec::new();
     for lost in store.pending_teardowns(limit)? {
@@ -525,7 +525,7 @@ pub fn force_teardown(store: &Store, id: i64) -> Result<Option<String>> {
             process::teardown(&identity, DEFAULT_KILL_GRACE).describe()
         }
     };
-    if store.record_teardown(lost.job_id, &lost.run_token, &detail, now_ms())? {
+    if store.record_teardown(lost.job_id, &lost.run_token, &detail, store.now())? {
         log::info!("job {id} attempt {} torn down: {detail}", lost.attempt);
         Ok(Some(detail))
     } else {

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::job::now_ms;
+
 use crate::process::StopReason;
 
 use super::builder::OnShutdown;
@@ -181,7 +181,7 @@ impl Runner {
         let unwritten = std::mem::take(&mut *self.shared.unwritten.lock());
         for finish in &unwritten {
             // The writer had failed: record these endings here (each fenced as usual).
-            match api.finish(finish, now_ms()) {
+            match api.finish(finish, api.now()) {
                 Ok(done) => log::info!(
                     "job {} attempt {}: ending recorded at shutdown: {done:?}",
                     finish.job_id,
@@ -195,7 +195,7 @@ impl Runner {
                 ),
             }
         }
-        api.stop_runner(&self.shared.worker_id, now_ms())?;
+        api.stop_runner(&self.shared.worker_id, api.now())?;
         self.shared.check()?;
         log::info!("runner {} stopped", self.shared.worker_id);
         Ok(())

@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, bounded, unbounded};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::job::{duration_ms, now_ms};
+use crate::job::duration_ms;
 use crate::process;
 use crate::store::wake;
 use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
@@ -105,17 +105,21 @@ impl Runner {
                 .migrate(migrate)
                 .durability(config.durability)
                 .busy_timeout(busy)
+                .clock(config.clock.clone())
                 .lease(config.lease_ttl, config.heartbeat_interval),
         )
     }
 
-    pub(super) fn start(config: Config, callbacks: Arc<Vec<Callback>>) -> Result<Runner> {
+    pub(super) fn start(mut config: Config, callbacks: Arc<Vec<Callback>>) -> Result<Runner> {
         // Refused before the file is opened (or made), which leaves it as it was. The bind
         // below checks again, whether it makes the folder or finds it.
         if let Err(e @ Error::WakeFolder { .. }) = wake::check(&wake::folder(&config.path)) {
             return Err(e);
         }
         let mut api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
+        // The clock the file was opened with (a test database's, in a `testing` build), for
+        // every later connection and the times the threads read.
+        config.clock = api.clock().clone();
         if config.keepers {
             // Made beside the file once it is known to be a database of ours.
             let folder = crate::files::folder(&config.path);
@@ -147,7 +151,7 @@ impl Runner {
             }
         };
         api.set_own_socket(listener.as_ref().map(|l| l.path().to_path_buf()));
-        let now = now_ms();
+        let now = api.now();
         api.register_runner(&RunnerRecord {
             worker_id: worker_id.clone(),
             pid,
@@ -228,7 +232,7 @@ impl Runner {
             Runner::open(cfg, cfg.lease_ttl, false)?,
             Arc::clone(&shared),
         );
-        sweeper.start_and_log(now_ms());
+        sweeper.start_and_log(sweeper.now());
 
         let (stop_tx, stop_rx) = unbounded::<()>();
         threads.stop_background = Some(stop_tx);
@@ -295,10 +299,11 @@ impl Runner {
                         stop.recv_timeout(sweeper.until_next())
                     {
                         shared.test_hook("sweeper");
-                        sweeper.tick_and_log(now_ms());
+                        sweeper.tick_and_log(sweeper.now());
                         shared.adopted.start(&shared, &writer);
                     }
-                    sweeper.stop_and_log(now_ms());
+                    let now = sweeper.now();
+                    sweeper.stop_and_log(now);
                     Ok(())
                 },
             )?);

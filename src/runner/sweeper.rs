@@ -243,6 +243,11 @@ impl Sweeper {
         self.sample_and_log_forced(now, true);
     }
 
+    /// The time on the runner's clock: what a sweep acts at.
+    pub(crate) fn now(&self) -> i64 {
+        self.store.now()
+    }
+
     /// Sweeps, adds the result to the runner's counters, and logs a line when it did
     /// something. Errors are logged: the next sweep tries again.
     pub(crate) fn sweep_and_log(&self, now: i64) {
@@ -312,7 +317,7 @@ impl Sweeper {
         let deadline = Instant::now().checked_add(self.shared.config.sweep_interval / 2);
         let tidied = self
             .store
-            .continue_cascades(crate::job::now_ms(), deadline)
+            .continue_cascades(self.store.now(), deadline)
             .and_then(|_| self.store.tidy_batches(None, deadline));
         match tidied {
             Ok((0, 0)) => {}
@@ -426,7 +431,7 @@ impl Sweeper {
             .deadline(started.checked_add(budget));
         let mut total = PruneReport::default();
         loop {
-            let r = self.store.prune_with(&cfg.retention, &options, now)?;
+            let r = self.store.prune_at(&cfg.retention, &options, now)?;
             total.jobs += r.jobs;
             total.bytes_freed += r.bytes_freed;
             total.wal_truncated |= r.wal_truncated;
@@ -531,12 +536,13 @@ impl Sweeper {
     ///
     /// The server's time cannot be read.
     fn server_settling(&self) -> Result<bool> {
-        if self.store.conn().sqlite().is_some() {
+        // A manual clock's steps are a test's, not the server's.
+        if self.store.conn().sqlite().is_some() || self.store.clock().is_manual() {
             return Ok(false);
         }
         let cfg = &self.shared.config;
         let sent = Instant::now();
-        let at = self.store.clock(crate::job::now_ms())?;
+        let at = self.store.db_now()?;
         let reading = ServerReading {
             at,
             sent,
@@ -638,7 +644,7 @@ mod tests {
 
     /// Claims a new job as `worker`: its id and run token.
     fn claim_token(store: &Store, worker: &str) -> (i64, String) {
-        let id = store.enqueue(&Job::shell("true"), now_ms()).unwrap();
+        let id = store.enqueue(&Job::shell("true")).unwrap();
         let claimed = store
             .claim(
                 &ClaimRequest {

@@ -446,13 +446,8 @@ fn a_runner_shutting_down_declines_a_handed_job_which_the_command_stores_itself(
                 .load(Ordering::SeqCst)
                 .then_some(())
         });
-        let handed = Store::hand_off(
-            &path,
-            &OpenOptions::new(),
-            &Job::shell("true"),
-            crate::job::now_ms(),
-        )
-        .expect("the job is stored");
+        let handed = Store::hand_off(&path, &OpenOptions::new(), &Job::shell("true"))
+            .expect("the job is stored");
         let tokens: i64 = store
             .conn()
             .query_row(
@@ -467,9 +462,7 @@ fn a_runner_shutting_down_declines_a_handed_job_which_the_command_stores_itself(
             Status::Pending,
             "stored by the command, for a later runner"
         );
-        store
-            .cancel(long, crate::job::now_ms())
-            .expect("cancel the long job");
+        store.cancel(long).expect("cancel the long job");
         stopping
             .join()
             .expect("the shutdown does not panic")
@@ -533,7 +526,7 @@ fn wakes_sent_while_the_firer_does_not_read_are_not_queued_and_do_not_block() {
     let every_second = Schedule::every(Duration::from_secs(1)).job(Job::shell("true"));
     Store::open(&path)
         .expect("the store opens")
-        .put_schedule("tick", &every_second, now_ms())
+        .put_schedule("tick", &every_second)
         .expect("the schedule is stored");
     let holder = rusqlite::Connection::open(&path).expect("a second connection");
     holder

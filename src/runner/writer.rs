@@ -124,7 +124,7 @@ fn commit(
             worker_id: shared.worker_id.as_str(),
             queues: shared.config.queues.as_slice(),
             lease_ttl: shared.config.lease_ttl,
-            now: crate::job::now_ms(),
+            now: shared.config.clock.now_ms(),
         };
         let commit_started = Instant::now();
         let mut write_failed = false;
@@ -675,7 +675,7 @@ mod tests {
         let (_writer, queues) = super::super::shared::Writer::new(Arc::clone(&shared));
         let store = Store::open(&path).expect("open");
         let ids: Vec<i64> = (0..3)
-            .map(|_| store.enqueue(&Job::shell("true"), 1).expect("enqueue"))
+            .map(|_| store.enqueue_at(&Job::shell("true"), 1).expect("enqueue"))
             .collect();
         let req = ClaimRequest {
             worker_id: "w1",
@@ -829,7 +829,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temp dir");
         let store = Store::open(dir.path().join("jobs.db")).expect("open");
         store
-            .enqueue_many(&vec![Job::command(["/bin/true"]); N], 1)
+            .enqueue_many_at(&vec![Job::command(["/bin/true"]); N], 1)
             .expect("enqueue");
         let started = Instant::now();
         assert_eq!(short_jobs_writer_cycles(&store, N, 8, pair), N);
@@ -856,7 +856,7 @@ mod tests {
         let (writer, queues) = super::super::shared::Writer::new(Arc::clone(&shared));
 
         let store = Store::open(&path).expect("open");
-        let id = store.enqueue(&Job::shell("true"), 1).expect("enqueue");
+        let id = store.enqueue_at(&Job::shell("true"), 1).expect("enqueue");
         let req = ClaimRequest {
             worker_id: "w1",
             limit: 1,

@@ -77,7 +77,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path().join("jobs.db")).unwrap();
         let jobs: Vec<crate::Job> = (0..3).map(|_| crate::Job::shell("true")).collect();
-        let ids = store.enqueue_many(&jobs, 1_700_000_000_000).unwrap();
+        let ids = store.enqueue_many_at(&jobs, 1_700_000_000_000).unwrap();
         let folder = files::folder(store.path());
         for &id in ids.iter().chain(&[99]) {
             let attempt = files::attempt_dir(&folder, id, 1, "tok");
@@ -120,7 +120,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path().join("jobs.db")).unwrap();
         let id = store
-            .enqueue(&crate::Job::shell("true"), 1_700_000_000_000)
+            .enqueue_at(&crate::Job::shell("true"), 1_700_000_000_000)
             .unwrap();
         let ids: Vec<i64> = (1..=40_000).collect();
         let missing = store.missing_jobs(&ids).unwrap();

@@ -359,7 +359,7 @@ mod tests {
     fn an_open_batch_past_its_expiry_is_deleted_and_its_writer_refused() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path().join("jobs.db")).unwrap();
-        let before = store.enqueue(&Job::shell("true"), T0).unwrap();
+        let before = store.enqueue_at(&Job::shell("true"), T0).unwrap();
         let clock = crate::job::now_ms();
         let batch = write_batch(&store, 2_000, clock);
         // Within the expiry, a tidy leaves the open batch to its writer.
@@ -405,11 +405,13 @@ mod tests {
             .query_row("SELECT max(id) FROM jobs", params![], |r| r.get(0))
             .unwrap();
         let e = store
-            .enqueue(&Job::shell("true").after([id]), T0)
+            .enqueue_at(&Job::shell("true").after([id]), T0)
             .unwrap_err();
         assert!(e.to_string().contains("bulk enqueue"), "{e}");
         store.write(|c| commit(c, batch)).unwrap();
         store.tidy_batches(None, None).unwrap();
-        store.enqueue(&Job::shell("true").after([id]), T0).unwrap();
+        store
+            .enqueue_at(&Job::shell("true").after([id]), T0)
+            .unwrap();
     }
 }

@@ -341,7 +341,7 @@ mod tests {
         let jobs: Vec<Job> = (0..n)
             .map(|_| Job::shell("true").after(deps.iter().copied()))
             .collect();
-        store.enqueue_many(&jobs, T0).unwrap()
+        store.enqueue_many_at(&jobs, T0).unwrap()
     }
 
     fn count(store: &Store, sql: &str) -> i64 {
@@ -354,7 +354,7 @@ mod tests {
     #[test]
     fn a_failure_with_many_dependents_cancels_a_step_then_the_rest_exactly_once() {
         let (_dir, store) = store();
-        let a = store.enqueue(&Job::shell("true"), T0).unwrap();
+        let a = store.enqueue_at(&Job::shell("true"), T0).unwrap();
         let bs = after(&store, &[a], 1_200);
         let c = after(&store, &[bs[0]], 1)[0];
         let d = after(&store, &[bs[1_199]], 1)[0];
@@ -395,8 +395,8 @@ mod tests {
     #[test]
     fn a_success_with_many_dependents_counts_each_down_exactly_once() {
         let (_dir, store) = store();
-        let a = store.enqueue(&Job::shell("true"), T0).unwrap();
-        let z = store.enqueue(&Job::shell("true"), T0).unwrap();
+        let a = store.enqueue_at(&Job::shell("true"), T0).unwrap();
+        let z = store.enqueue_at(&Job::shell("true"), T0).unwrap();
         let bs = after(&store, &[a, z], 1_200);
         store
             .write(|conn| {

@@ -71,14 +71,14 @@ impl Store {
         rows.collect::<Result<_>>()
     }
 
-    /// The database's time for `given`: `given` on SQLite, whose times are the callers'; the
-    /// server's clock on PostgreSQL, where every heartbeat and lease is stamped by it. What a
-    /// heartbeat's age is measured against.
+    /// The database's time: the store's clock on SQLite, whose times are the callers'; the
+    /// server's clock on PostgreSQL (unless the store has a manual clock), where every
+    /// heartbeat and lease is stamped by it. What a heartbeat's age is measured against.
     ///
     /// # Errors
     ///
     /// A database error (PostgreSQL).
-    pub(crate) fn clock(&self, given: i64) -> Result<i64> {
-        self.conn.now(given)
+    pub(crate) fn db_now(&self) -> Result<i64> {
+        self.conn.now(self.now())
     }
 }

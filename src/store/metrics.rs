@@ -209,7 +209,7 @@ mod tests {
         let batch: Vec<Job> = (0..jobs)
             .map(|i| Job::shell("true").queue(["a", "b", "c"][i % 3]))
             .collect();
-        store.enqueue_many(&batch, now).unwrap();
+        store.enqueue_many_at(&batch, now).unwrap();
         store
             .conn()
             .execute(

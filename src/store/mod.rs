@@ -38,6 +38,7 @@ mod ready;
 
 mod attempts;
 mod batch;
+mod clock;
 mod counter;
 pub(crate) mod db;
 mod dependency;
@@ -68,6 +69,7 @@ pub(crate) mod wake;
 pub(crate) use tx::tests::cap as cap_at_present_size;
 
 pub use crate::metrics::DatabaseSize;
+pub use clock::{Clock, ManualClock};
 pub use enqueue::Enqueued;
 pub use failure::RecentFailure;
 pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
@@ -102,10 +104,10 @@ pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 3;
 /// ```
 /// # fn main() -> leasehold::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();
-/// use leasehold::{Job, Status, Store, now_ms};
+/// use leasehold::{Job, Status, Store};
 ///
 /// let store = Store::open(dir.path().join("jobs.db"))?;
-/// let id = store.enqueue(&Job::shell("echo hello"), now_ms())?;
+/// let id = store.enqueue(&Job::shell("echo hello"))?;
 /// assert_eq!(store.job(id)?.status, Status::Pending);
 /// # Ok(())
 /// # }
@@ -123,6 +125,8 @@ pub struct Store {
     /// Whether SQLite checkpoints when this, the last connection, closes; if not, the store
     /// keeps the WAL short itself (see [`OpenOptions::checkpoint_on_close`]).
     checkpoint_on_close: bool,
+    /// Where the time every method acts at comes from (see [`Clock`]).
+    clock: Clock,
 }
 
 impl Drop for Store {
@@ -164,6 +168,7 @@ impl Store {
         if pg::is_url(path) {
             return Store::open_url(path.to_str().unwrap_or_default(), options);
         }
+        let clock = Store::clock_for(path, options);
         let opened = open::open(path, options).map_err(crate::Error::full_if_so)?;
         Ok(Store {
             conn: opened.conn.into(),
@@ -173,12 +178,43 @@ impl Store {
             poker: wake::Poker::default(),
             own_socket: None,
             checkpoint_on_close: options.checkpoints_on_close(),
+            clock,
         })
+    }
+
+    /// The clock a store opened on `path` with `options` reads: the options' manual clock;
+    /// in a build with the `testing` feature, that of the `leasehold::testing::TestDb`
+    /// whose database `path` is, so that an application under test opens its store as in
+    /// production; else the system's. Read once, at open.
+    fn clock_for(path: &Path, options: &OpenOptions) -> Clock {
+        let given = options.clock_source();
+        if given.is_manual() {
+            return given.clone();
+        }
+        #[cfg(feature = "testing")]
+        if let Some(clock) = crate::testing::registered_clock(path) {
+            return clock;
+        }
+        let _ = path;
+        given.clone()
+    }
+
+    /// The clock this store reads the time from: the system's, unless it was opened with a
+    /// [`ManualClock`]'s ([`OpenOptions::clock`]).
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The time on this store's clock, in milliseconds since the Unix epoch.
+    pub(crate) fn now(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     /// Opens the PostgreSQL database at `url`.
     #[cfg(feature = "postgres")]
     fn open_url(url: &str, options: &OpenOptions) -> Result<Store> {
+        let clock = Store::clock_for(Path::new(url), options);
+        let options = &options.clone().clock(clock.clone());
         let (conn, migration) = pg::open(url, options)?;
         Ok(Store {
             conn,
@@ -188,6 +224,7 @@ impl Store {
             poker: wake::Poker::default(),
             own_socket: None,
             checkpoint_on_close: true,
+            clock,
         })
     }
 
@@ -269,7 +306,7 @@ impl Store {
             &self.path,
             self.busy_timeout,
             false,
-            crate::job::now_ms(),
+            self.now(),
         )
     }
 
@@ -285,7 +322,7 @@ impl Store {
             &self.path,
             self.busy_timeout,
             true,
-            crate::job::now_ms(),
+            self.now(),
         )
     }
 
@@ -357,7 +394,17 @@ impl Store {
     ///
     /// [`Error::Invalid`] for a job that cannot run (an empty command, zero attempts, a bad
     /// variable name), and [`Error::Sqlite`] when the database cannot be written.
-    pub fn enqueue(&self, job: &Job, now: i64) -> Result<i64> {
+    pub fn enqueue(&self, job: &Job) -> Result<i64> {
+        self.enqueue_at(job, self.now())
+    }
+
+    /// [`Store::enqueue`] at `now` rather than the store's clock: for a test of a boundary in
+    /// time that passes each time rather than moving a [`ManualClock`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`].
+    pub fn enqueue_at(&self, job: &Job, now: i64) -> Result<i64> {
         job.validate_at(now)?;
         let id = self.write(|c| enqueue::insert_job(c, job, now))?;
         self.poke();
@@ -374,7 +421,16 @@ impl Store {
     /// # Errors
     ///
     /// As [`Store::enqueue`].
-    pub fn enqueue_unique(&self, job: &Job, now: i64) -> Result<Enqueued> {
+    pub fn enqueue_unique(&self, job: &Job) -> Result<Enqueued> {
+        self.enqueue_unique_at(job, self.now())
+    }
+
+    /// [`Store::enqueue_unique`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`].
+    pub fn enqueue_unique_at(&self, job: &Job, now: i64) -> Result<Enqueued> {
         job.validate_at(now)?;
         let enqueued = self.write(|c| enqueue::enqueue(c, job, now, None))?;
         if !enqueued.duplicate {
@@ -383,7 +439,7 @@ impl Store {
         Ok(enqueued)
     }
 
-    /// Enqueues one job, at `now`, into the database at `path` from a process that does not
+    /// Enqueues one job, at the time on `options`' clock, into the database at `path` from a process that does not
     /// keep it open: a command, a script, a second program. When a runner is running on the
     /// file, the job is handed to it over its wake-up socket, and the runner stores it with a
     /// durable (FULL) commit of its own connection and answers with the id: this process
@@ -397,18 +453,14 @@ impl Store {
     ///
     /// As [`Store::open_with`] and [`Store::enqueue_unique`]; a job the store refuses is
     /// refused the same way, whichever path it took.
-    pub fn hand_off(
-        path: impl AsRef<Path>,
-        options: &OpenOptions,
-        job: &Job,
-        now: i64,
-    ) -> Result<Enqueued> {
+    pub fn hand_off(path: impl AsRef<Path>, options: &OpenOptions, job: &Job) -> Result<Enqueued> {
         let path = path.as_ref();
+        let now = Store::clock_for(path, options).now_ms();
         job.validate_at(now)?;
         match handoff::hand_off(path, job, now) {
             handoff::HandOff::Stored(done) => Ok(done),
             handoff::HandOff::NotSent | handoff::HandOff::Declined => {
-                Store::open_with(path, options)?.enqueue_unique(job, now)
+                Store::open_with(path, options)?.enqueue_unique_at(job, now)
             }
             handoff::HandOff::Unanswered(token) => {
                 let store = Store::open_with(path, options)?;
@@ -465,8 +517,17 @@ impl Store {
     ///
     /// As [`Store::enqueue`]; nothing is kept when any job is invalid or refused, or when the
     /// database cannot be written.
-    pub fn enqueue_many(&self, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
-        self.enqueue_many_with_progress(jobs, now, &mut |_| {})
+    pub fn enqueue_many(&self, jobs: &[Job]) -> Result<Vec<i64>> {
+        self.enqueue_many_at(jobs, self.now())
+    }
+
+    /// [`Store::enqueue_many`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue_many`].
+    pub fn enqueue_many_at(&self, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
+        self.enqueue_many_with_progress_at(jobs, now, &mut |_| {})
     }
 
     /// [`Store::enqueue_many`], telling `progress` how many jobs are in so far (after every
@@ -479,6 +540,14 @@ impl Store {
     pub fn enqueue_many_with_progress(
         &self,
         jobs: &[Job],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<i64>> {
+        self.enqueue_many_with_progress_at(jobs, self.now(), progress)
+    }
+
+    fn enqueue_many_with_progress_at(
+        &self,
+        jobs: &[Job],
         now: i64,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Vec<i64>> {
@@ -488,14 +557,13 @@ impl Store {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let batch = self.write(|c| batch::open(c, crate::job::now_ms()))?;
+        let batch = self.write(|c| batch::open(c, self.now()))?;
         let mut ids = Vec::with_capacity(jobs.len());
         let written = (|| {
             while ids.len() < jobs.len() {
                 let started = Instant::now();
                 let rest = &jobs[ids.len()..];
-                let slice =
-                    self.write(|c| batch::insert_slice(c, batch, rest, now, crate::job::now_ms()))?;
+                let slice = self.write(|c| batch::insert_slice(c, batch, rest, now, self.now()))?;
                 ids.extend(slice);
                 progress(ids.len());
                 retention::yield_lock(started.elapsed());
@@ -555,7 +623,7 @@ impl Store {
                 return Ok((released, deleted));
             }
             let started = Instant::now();
-            let done = self.write(|c| batch::tidy(c, only, crate::job::now_ms()))?;
+            let done = self.write(|c| batch::tidy(c, only, self.now()))?;
             released += done.released;
             deleted += done.deleted;
             if !done.more {
@@ -574,7 +642,16 @@ impl Store {
     /// [`Error::Invalid`] naming `name`, `tz`, `every` or the job's setting for an empty
     /// name, an unknown zone, an interval under a second or a job that cannot run. Nothing
     /// is written then.
-    pub fn put_schedule(
+    pub fn put_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
+        self.put_schedule_at(name, schedule, self.now())
+    }
+
+    /// [`Store::put_schedule`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::put_schedule`].
+    pub fn put_schedule_at(
         &self,
         name: &str,
         schedule: &Schedule,
@@ -589,13 +666,8 @@ impl Store {
     /// # Errors
     ///
     /// As [`Store::put_schedule`], without [`Error::ScheduleExists`].
-    pub fn replace_schedule(
-        &self,
-        name: &str,
-        schedule: &Schedule,
-        now: i64,
-    ) -> Result<ScheduleRecord> {
-        self.store_schedule(name, schedule, true, now)
+    pub fn replace_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
+        self.store_schedule(name, schedule, true, self.now())
     }
 
     /// [`Store::put_schedule`], or with `replace` [`Store::replace_schedule`].
@@ -628,7 +700,8 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::NoSuchSchedule`].
-    pub fn pause_schedule(&self, name: &str, now: i64) -> Result<ScheduleRecord> {
+    pub fn pause_schedule(&self, name: &str) -> Result<ScheduleRecord> {
+        let now = self.now();
         self.write(|c| schedule::set_paused(c, name, true, now))
     }
 
@@ -638,7 +711,8 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::NoSuchSchedule`].
-    pub fn resume_schedule(&self, name: &str, now: i64) -> Result<ScheduleRecord> {
+    pub fn resume_schedule(&self, name: &str) -> Result<ScheduleRecord> {
+        let now = self.now();
         let record = self.write(|c| schedule::set_paused(c, name, false, now))?;
         self.poke_firers();
         Ok(record)
@@ -682,6 +756,15 @@ impl Store {
         schedule::events(&self.conn, name)
     }
 
+    /// Fires every slot due on the store's clock: see [`Store::fire_due_at`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::fire_due_at`].
+    pub fn fire_due(&self) -> Result<FireReport> {
+        self.fire_due_at(self.now())
+    }
+
     /// Fires every slot due at `now`: per schedule, one IMMEDIATE transaction enqueues the
     /// slot's job (or what the catch-up and overlap policies say) and moves the schedule past
     /// `now`, so two processes never fire a slot twice and a crash never loses one.
@@ -690,7 +773,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be written, or a schedule's row cannot be
     /// read; the other schedules are fired all the same, and what was fired stays fired.
-    pub fn fire_due(&self, now: i64) -> Result<FireReport> {
+    pub fn fire_due_at(&self, now: i64) -> Result<FireReport> {
         let mut report = FireReport::default();
         // One schedule that cannot be fired (a damaged row) does not hold the others back.
         let mut failed = None;
@@ -794,7 +877,16 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a job that already ended.
-    pub fn cancel(&self, id: i64, now: i64) -> Result<JobRecord> {
+    pub fn cancel(&self, id: i64) -> Result<JobRecord> {
+        self.cancel_at(id, self.now())
+    }
+
+    /// [`Store::cancel`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::cancel`].
+    pub fn cancel_at(&self, id: i64, now: i64) -> Result<JobRecord> {
         let job = self.write(|c| operator::cancel(c, id, now))?;
         // The jobs after it, when more than one transaction's worth: cancelled by now.
         self.continue_cascades(now, None)?;
@@ -808,7 +900,16 @@ impl Store {
     ///
     /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a pending, succeeded or live
     /// running job, with the reason.
-    pub fn retry(&self, id: i64, reason: Option<&str>, now: i64) -> Result<JobRecord> {
+    pub fn retry(&self, id: i64, reason: Option<&str>) -> Result<JobRecord> {
+        self.retry_at(id, reason, self.now())
+    }
+
+    /// [`Store::retry`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::retry`].
+    pub fn retry_at(&self, id: i64, reason: Option<&str>, now: i64) -> Result<JobRecord> {
         let job = self.write(|c| operator::retry(c, id, reason, now))?;
         self.poke();
         Ok(job)
@@ -830,8 +931,8 @@ impl Store {
         limit: Option<u64>,
         max_recovery_attempts: u32,
         reason: Option<&str>,
-        now: i64,
     ) -> Result<Vec<i64>> {
+        let now = self.now();
         let ids = operator::failed_stale(&self.conn, limit, max_recovery_attempts)?;
         let mut retried = Vec::with_capacity(ids.len());
         let mut done = 0;
@@ -856,7 +957,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn pending_teardowns(&self, limit: u64) -> Result<Vec<LostAttempt>> {
-        reclaim::pending_teardowns(&self.conn, 0, limit, crate::job::now_ms())
+        reclaim::pending_teardowns(&self.conn, 0, limit, self.now())
     }
 
     /// As [`Store::pending_teardowns`], of jobs whose id is above `after`: the next page.
@@ -865,7 +966,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn pending_teardowns_after(&self, after: i64, limit: u64) -> Result<Vec<LostAttempt>> {
-        reclaim::pending_teardowns(&self.conn, after, limit, crate::job::now_ms())
+        reclaim::pending_teardowns(&self.conn, after, limit, self.now())
     }
 
     /// Job `id`'s lost attempt still to be torn down, if it has one, with its runner's
@@ -875,7 +976,7 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn teardown_of(&self, id: i64) -> Result<Option<LostAttempt>> {
-        reclaim::teardown_of(&self.conn, id, crate::job::now_ms())
+        reclaim::teardown_of(&self.conn, id, self.now())
     }
 
     /// Records that a lost attempt's processes were dealt with (`detail` says how), which
@@ -963,13 +1064,13 @@ impl Store {
         read::counts(&self.conn)
     }
 
-    /// A snapshot of the database's metrics now: see [`Store::metrics_at`].
+    /// A snapshot of the database's metrics at the store's clock: see [`Store::metrics_at`].
     ///
     /// # Errors
     ///
     /// As [`Store::metrics_at`].
     pub fn metrics(&self) -> Result<Metrics> {
-        self.metrics_at(crate::job::now_ms())
+        self.metrics_at(self.now())
     }
 
     /// A snapshot of the database's metrics at `now` (the time queue lags and runner liveness
@@ -1052,7 +1153,7 @@ impl Store {
         self.write(|c| runners::mark_dead(c, worker_id, now))
     }
 
-    /// Prunes every finished job past `policy` at `now`, with its events and output, in
+    /// Prunes every finished job past `policy` at the store's clock, with its events and output, in
     /// transactions of [`DEFAULT_PRUNE_BATCH`] jobs; then gives the freed pages back to the file
     /// system (on a file with `auto_vacuum = INCREMENTAL`) and truncates a WAL past
     /// [`WAL_CHECKPOINT_BYTES`]. Pending, running and teardown-marked jobs are never pruned.
@@ -1061,8 +1162,8 @@ impl Store {
     ///
     /// [`Error::Sqlite`] when the database cannot be written; the batches committed before
     /// stay pruned.
-    pub fn prune(&self, policy: &Retention, now: i64) -> Result<PruneReport> {
-        self.prune_with(policy, &PruneOptions::default(), now)
+    pub fn prune(&self, policy: &Retention) -> Result<PruneReport> {
+        self.prune_with(policy, &PruneOptions::default())
     }
 
     /// Takes or renews the lead of the maintenance `role` (`"prune"`) for the runner
@@ -1086,7 +1187,17 @@ impl Store {
     /// # Errors
     ///
     /// As [`Store::prune`].
-    pub fn prune_with(
+    pub fn prune_with(&self, policy: &Retention, options: &PruneOptions) -> Result<PruneReport> {
+        self.prune_at(policy, options, self.now())
+    }
+
+    /// [`Store::prune_with`] at `now` rather than the store's clock: for a runner's sweeper,
+    /// which reads the time once for a sweep.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::prune`].
+    pub fn prune_at(
         &self,
         policy: &Retention,
         options: &PruneOptions,
@@ -1177,24 +1288,24 @@ impl Store {
     }
 
     /// Every queue that has an unfinished job, a limit or a pause, by name, with its counts at
-    /// `now`.
+    /// the store's clock.
     ///
     /// # Errors
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
-    pub fn queues(&self, now: i64) -> Result<Vec<QueueInfo>> {
-        queue::list(&self.conn, now, false)
+    pub fn queues(&self) -> Result<Vec<QueueInfo>> {
+        queue::list(&self.conn, self.now(), false)
     }
 
     /// Every queue that has any job (finished ones included), a limit or a pause, by name,
-    /// with its counts at `now`: what the dashboard's overview lists. As cheap as
+    /// with its counts at the store's clock: what the dashboard's overview lists. As cheap as
     /// [`queues`](Store::queues): the counts come from the counters the transitions keep.
     ///
     /// # Errors
     ///
     /// [`Error::Sqlite`] when the database cannot be read.
-    pub fn all_queues(&self, now: i64) -> Result<Vec<QueueInfo>> {
-        queue::list(&self.conn, now, true)
+    pub fn all_queues(&self) -> Result<Vec<QueueInfo>> {
+        queue::list(&self.conn, self.now(), true)
     }
 
     /// The newest `limit` failed or lost attempts, newest first: what the dashboard lists as

@@ -12,7 +12,7 @@ use super::maintenance::{self, AUTO_VACUUM_INCREMENTAL};
 use crate::error::{Error, Result, is_busy};
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 16;
+pub const SCHEMA_VERSION: i64 = 17;
 
 /// Prepared statements a connection keeps (rusqlite's default is 16).
 const STATEMENT_CACHE: usize = 128;
@@ -46,6 +46,7 @@ pub struct OpenOptions {
     checkpoint_on_close: bool,
     convert_beside_runners: bool,
     given_times: bool,
+    clock: super::clock::Clock,
     /// A runner's lease TTL and heartbeat, which its PostgreSQL sessions' timeouts follow.
     lease: Option<(Duration, Duration)>,
 }
@@ -60,6 +61,7 @@ impl Default for OpenOptions {
             checkpoint_on_close: true,
             convert_beside_runners: false,
             given_times: false,
+            clock: super::clock::Clock::system(),
             lease: None,
         }
     }
@@ -139,6 +141,19 @@ impl OpenOptions {
         self
     }
 
+    /// The clock the store reads the time from: a [`ManualClock`](crate::ManualClock)'s for a
+    /// test that moves time (on PostgreSQL too, as [`OpenOptions::given_times`] does). By
+    /// default, the system's clock (on PostgreSQL, the server's).
+    pub fn clock(mut self, clock: impl Into<super::clock::Clock>) -> Self {
+        self.clock = clock.into();
+        self
+    }
+
+    /// The clock given to [`OpenOptions::clock`].
+    pub(crate) fn clock_source(&self) -> &super::clock::Clock {
+        &self.clock
+    }
+
     /// A runner's connection: its PostgreSQL sessions' timeouts follow its lease TTL and
     /// heartbeat (see `store::pg::Timeouts::runner`) rather than the busy timeout.
     pub(crate) fn lease(mut self, lease_ttl: Duration, heartbeat: Duration) -> Self {
@@ -158,7 +173,7 @@ impl OpenOptions {
     /// Whether the store acts at the caller's times on PostgreSQL.
     #[cfg(feature = "postgres")]
     pub(crate) fn uses_given_times(&self) -> bool {
-        self.given_times
+        self.given_times || self.clock.is_manual()
     }
 
     /// Whether opening makes a database that is missing (or, on PostgreSQL, empty).
@@ -198,7 +213,7 @@ pub(super) struct Opened {
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 /// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
 /// file: see [`migrate`].
-const MIGRATIONS: [&str; 16] = [
+const MIGRATIONS: [&str; 17] = [
     include_str!("../migrations/0001_initial.sql"),
     include_str!("../migrations/0002_auto_vacuum.sql"),
     include_str!("../migrations/0003_failed_stale.sql"),
@@ -215,6 +230,7 @@ const MIGRATIONS: [&str; 16] = [
     include_str!("../migrations/0014_per_job_cost.sql"),
     include_str!("../migrations/0015_start_with_ending.sql"),
     include_str!("../migrations/0016_teardown_lease.sql"),
+    include_str!("../migrations/0017_name.sql"),
 ];
 
 /// The version whose migration is [`rewrite_check_lists`], done in code.

@@ -29,10 +29,13 @@ mod pass;
 /// applied in order in the migration's transaction; each SQLite migration of the same number
 /// says why.
 #[cfg(feature = "postgres")]
-const MIGRATIONS: &[(i64, &str)] = &[(
-    16,
-    "ALTER TABLE jobs ADD COLUMN teardown_lease_expires_at BIGINT",
-)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        16,
+        "ALTER TABLE jobs ADD COLUMN teardown_lease_expires_at BIGINT",
+    ),
+    (17, "ALTER TABLE jobs ADD COLUMN name TEXT"),
+];
 
 /// Whether `path` is a PostgreSQL URL (`postgres://` or `postgresql://`) rather than a file.
 pub(crate) fn is_url(path: &Path) -> bool {

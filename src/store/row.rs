@@ -17,7 +17,7 @@ pub(super) const JOB_COLUMNS: &str =
     (SELECT json_group_array(after_id) FROM job_deps WHERE job_id = jobs.id),
     (SELECT json_group_array(d.after_id) FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
          WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
-    keeper_pid";
+    keeper_pid, name";
 
 /// [`JOB_COLUMNS`] as PostgreSQL spells them: its `json_agg` of no rows is NULL, not `[]`.
 pub(super) const PG_JOB_COLUMNS: &str =
@@ -30,7 +30,7 @@ pub(super) const PG_JOB_COLUMNS: &str =
     (SELECT coalesce(json_agg(d.after_id), '[]')::text
          FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
          WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
-    keeper_pid";
+    keeper_pid, name";
 
 pub(super) fn job_row(r: &Row<'_>) -> Result<JobRecord> {
     let status: String = r.get(6)?;
@@ -77,6 +77,7 @@ pub(super) fn job_row(r: &Row<'_>) -> Result<JobRecord> {
         after: json_column(r, 32)?,
         waiting_for: json_column(r, 33)?,
         keeper_pid: r.get(34)?,
+        name: r.get(35)?,
     })
 }
 

@@ -280,7 +280,17 @@ mod tests {
         assert!(take(&store, t0 + 1_000, 1_000).unwrap());
         let before = all(store.conn()).unwrap();
         let retention = crate::Retention::default().succeeded(Some(std::time::Duration::ZERO));
-        assert_eq!(store.prune(&retention, t0 + 2_000).unwrap().jobs, 5);
+        assert_eq!(
+            store
+                .prune_at(
+                    &retention,
+                    &crate::store::PruneOptions::default(),
+                    t0 + 2_000
+                )
+                .unwrap()
+                .jobs,
+            5
+        );
         assert_eq!(all(store.conn()).unwrap(), before);
         assert!(take(&store, t0 + 3_000, 1_000).unwrap());
         let after = all(store.conn()).unwrap();

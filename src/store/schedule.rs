@@ -632,8 +632,8 @@ mod tests {
             .unwrap()
             .overlap(Overlap::Allow)
             .job(Job::shell("true"));
-        store.put_schedule("m", &minutely, T).unwrap();
-        assert_eq!(store.fire_due(T + MIN + 5).unwrap().enqueued, 1);
+        store.put_schedule_at("m", &minutely, T).unwrap();
+        assert_eq!(store.fire_due_at(T + MIN + 5).unwrap().enqueued, 1);
         // The loser's clock read: after the slot it saw due, before the next one.
         for now in [T + MIN + 3, T + 2 * MIN - 1] {
             let r = store.write(|c| fire(c, "m", now)).unwrap();

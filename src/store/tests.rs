@@ -34,7 +34,7 @@ fn counts_and_queues_agree_with_the_rows() {
     let jobs: Vec<crate::Job> = (0..10)
         .map(|i| crate::Job::shell("true").queue(if i < 6 { "a" } else { "b" }))
         .collect();
-    store.enqueue_many(&jobs, now).unwrap();
+    store.enqueue_many_at(&jobs, now).unwrap();
     let conn = store.conn();
     conn.execute_batch(
         "UPDATE jobs SET status = 'succeeded', completed_at = 1 WHERE id IN (1, 2);
@@ -50,7 +50,7 @@ fn counts_and_queues_agree_with_the_rows() {
         (c.pending, c.running, c.succeeded, c.failed, c.cancelled),
         (4, 2, 2, 1, 1)
     );
-    let q = store.queues(now).unwrap();
+    let q = store.queues().unwrap();
     let q: Vec<(&str, u64, u64)> = q
         .iter()
         .map(|q| (q.name.as_str(), q.pending, q.running))
@@ -67,7 +67,7 @@ fn counts_and_queues_agree_with_the_rows() {
     )
     .unwrap();
     let by_queue = |store: &Store| -> Vec<(String, u64, u64, u64)> {
-        let q = store.queues(now).unwrap();
+        let q = store.queues().unwrap();
         q.iter()
             .map(|q| (q.name.clone(), q.pending, q.running, q.succeeded))
             .collect()
@@ -101,7 +101,7 @@ fn list_pages_are_newest_first_below_the_before_id_with_filters() {
     let jobs: Vec<crate::Job> = (0..7)
         .map(|i| crate::Job::shell("true").queue(if i % 2 == 0 { "a" } else { "b" }))
         .collect();
-    store.enqueue_many(&jobs, 1_700_000_000_000).unwrap();
+    store.enqueue_many_at(&jobs, 1_700_000_000_000).unwrap();
     let ids = |filter: &ListFilter| -> Vec<i64> {
         store.list(filter).unwrap().iter().map(|j| j.id).collect()
     };
@@ -147,8 +147,8 @@ fn list_pages_read_an_index_in_id_order_for_every_filter() {
         .map(|_| crate::Job::shell("true").queue("big"))
         .collect();
     jobs.push(crate::Job::shell("true").queue("rare"));
-    store.enqueue_many(&jobs, now).unwrap();
-    store.cancel(201, now).unwrap();
+    store.enqueue_many_at(&jobs, now).unwrap();
+    store.cancel_at(201, now).unwrap();
     let conn = store.conn();
     let filter = |status: Option<crate::Status>, queue: Option<&str>| ListFilter {
         status,
@@ -212,7 +212,7 @@ fn claim_steps(pending: usize, beside: Beside, queues: &[String]) -> i32 {
     if waiting > 0 {
         // The dependency sits in a queue the claim does not read.
         let first = store
-            .enqueue(&crate::Job::shell("true").queue("c"), now)
+            .enqueue_at(&crate::Job::shell("true").queue("c"), now)
             .unwrap();
         let jobs: Vec<crate::Job> = (0..waiting)
             .map(|i| {
@@ -222,7 +222,7 @@ fn claim_steps(pending: usize, beside: Beside, queues: &[String]) -> i32 {
                     .after([first])
             })
             .collect();
-        store.enqueue_many(&jobs, now).unwrap();
+        store.enqueue_many_at(&jobs, now).unwrap();
     }
     if not_due > 0 {
         let jobs: Vec<crate::Job> = (0..not_due)
@@ -233,12 +233,12 @@ fn claim_steps(pending: usize, beside: Beside, queues: &[String]) -> i32 {
                     .delay(std::time::Duration::from_secs(3600))
             })
             .collect();
-        store.enqueue_many(&jobs, now).unwrap();
+        store.enqueue_many_at(&jobs, now).unwrap();
     }
     let jobs: Vec<crate::Job> = (0..pending)
         .map(|i| crate::Job::shell("true").queue(queue(i)))
         .collect();
-    store.enqueue_many(&jobs, now).unwrap();
+    store.enqueue_many_at(&jobs, now).unwrap();
     let conn = store.conn();
     let mut promote = conn.prepare(DUE_DEFERRED_SQL.sqlite()).unwrap();
     let due = promote
@@ -585,7 +585,7 @@ fn a_handed_duplicate_is_answered_as_one() {
     let store = Store::open(dir.path().join("jobs.db")).unwrap();
     let now = 1_700_000_000_000i64;
     let job = crate::Job::shell("true").unique_key("k");
-    let held = store.enqueue_unique(&job, now).unwrap();
+    let held = store.enqueue_unique_at(&job, now).unwrap();
     let handed = store
         .enqueue_handed(&job, "0123456789abcdef0123456789abcdef", None, now)
         .unwrap()
@@ -616,9 +616,9 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
     let path = dir.path().join("jobs.db");
     let store = Store::open(&path).unwrap();
     let now = 1_700_000_000_000i64;
-    let first = store.enqueue(&crate::Job::shell("true"), now).unwrap();
+    let first = store.enqueue_at(&crate::Job::shell("true"), now).unwrap();
     let second = store
-        .enqueue(&crate::Job::shell("true").after([first]), now)
+        .enqueue_at(&crate::Job::shell("true").after([first]), now)
         .unwrap();
 
     let mut conn = rusqlite::Connection::open(&path).unwrap();
@@ -673,7 +673,7 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
     // The success released the dependent: it is the next claim.
     assert_eq!(store.job(second).unwrap().waiting_for, Vec::<i64>::new());
     // A start committed with its ending (the writer's pair), for it and one more job.
-    store.enqueue(&crate::Job::shell("true"), now).unwrap();
+    store.enqueue_at(&crate::Job::shell("true"), now).unwrap();
     transaction(&conn, &mut |conn| {
         let req = ClaimRequest {
             worker_id: "w",

@@ -174,18 +174,20 @@ pub(crate) mod tests {
     fn a_full_database_refuses_an_enqueue_and_keeps_nothing_of_it() {
         let dir = tempfile::tempdir().expect("a temp dir");
         let store = Store::open(dir.path().join("jobs.db")).expect("open");
-        let first = store.enqueue(&Job::shell("true"), 1).expect("enqueue");
+        let first = store.enqueue_at(&Job::shell("true"), 1).expect("enqueue");
         cap(&store);
         let big = Job::shell(format!("echo {}", "x".repeat(20_000)));
         let batch: Vec<Job> = (0..50).map(|_| big.clone()).collect();
 
         let e = store
-            .enqueue_many(&batch, 2)
+            .enqueue_many_at(&batch, 2)
             .expect_err("the batch needs new pages");
         assert!(matches!(e, Error::Full(_)), "{e:?}");
         assert!(e.is_full());
         assert_eq!(e.to_string(), "database or disk is full");
-        let e = store.enqueue(&big, 2).expect_err("the job needs new pages");
+        let e = store
+            .enqueue_at(&big, 2)
+            .expect_err("the job needs new pages");
         assert!(e.is_full(), "{e:?}");
 
         // Nothing half-written: only the first job and its one event.
@@ -205,7 +207,7 @@ pub(crate) mod tests {
             })
             .expect("uncap");
         let ids = store
-            .enqueue_many(&batch, 3)
+            .enqueue_many_at(&batch, 3)
             .expect("enqueue once there is room");
         assert_eq!(ids.len(), 50);
         assert_eq!(ids[0], first + 1);

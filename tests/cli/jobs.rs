@@ -534,3 +534,28 @@ crate::on_both! {
         assert_eq!(inspect(db, waiting)["status"], "pending");
     }
 }
+
+#[test]
+fn a_jobs_name_is_shown_by_ls_inspect_and_wait() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(db, &["--name", "unit: parser"], &["true"]);
+    add(db, &[], &["true"]);
+    let ls = ok(&mut cli(db, &["jobs", "ls"]));
+    assert!(ls.contains("[unit: parser] true"), "{ls}");
+    let v = inspect(db, id);
+    assert_eq!(v["name"], "unit: parser", "{v}");
+    let text = ok(&mut cli(db, &["jobs", "inspect", &id.to_string()]));
+    assert!(text.contains("unit: parser"), "{text}");
+    run_until_idle(db, &[]);
+    let waited = ok(&mut cli(db, &["jobs", "wait", &id.to_string()]));
+    assert_eq!(
+        waited.trim(),
+        format!("{id} succeeded (exit 0) \"unit: parser\"")
+    );
+    let line = fails(
+        &mut cli(db, &["jobs", "add", "--name", "", "--", "true"]),
+        2,
+    );
+    assert!(line.contains("name"), "{line}");
+}

@@ -11,12 +11,12 @@ fn cancelled_jobs(t: &TestDb, n: usize) -> Store {
     let store = t.store();
     let now = now_ms();
     let ids = store
-        .enqueue_many(&vec![Job::shell("true"); n], now)
+        .enqueue_many_at(&vec![Job::shell("true"); n], now)
         .unwrap();
     for id in ids {
-        store.cancel(id, now).unwrap();
+        store.cancel_at(id, now).unwrap();
     }
-    store.enqueue(&Job::shell("true"), now).unwrap();
+    store.enqueue_at(&Job::shell("true"), now).unwrap();
     store
 }
 

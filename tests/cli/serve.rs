@@ -253,7 +253,7 @@ fn a_job_page_shows_its_dependencies_as_links_its_unique_key_and_its_schedule() 
     let now = leasehold::now_ms();
     let store = t.store();
     store
-        .put_schedule(
+        .put_schedule_at(
             "every-minute",
             &leasehold::Schedule::every(Duration::from_secs(60))
                 .catch_up(leasehold::CatchUp::One)
@@ -261,7 +261,7 @@ fn a_job_page_shows_its_dependencies_as_links_its_unique_key_and_its_schedule() 
             now - 90_000,
         )
         .unwrap();
-    assert_eq!(store.fire_due(now).unwrap().enqueued, 1);
+    assert_eq!(store.fire_due_at(now).unwrap().enqueued, 1);
     let fired = store
         .list(&ListFilter::default())
         .unwrap()
@@ -482,7 +482,7 @@ fn keyset_pages_visit_every_job_of_a_filter_once_newest_first() {
     let jobs: Vec<leasehold::Job> = (0..120)
         .map(|i| leasehold::Job::shell("true").queue(queue(i)))
         .collect();
-    let ids = t.store().enqueue_many(&jobs, leasehold::now_ms()).unwrap();
+    let ids = t.store().enqueue_many(&jobs).unwrap();
     let of = |q: &str| -> Vec<i64> {
         let mut v: Vec<i64> = ids
             .iter()
@@ -879,7 +879,7 @@ fn the_browser_shows_the_counts_the_database_holds_and_saves_a_screenshot() {
         ),
         (5, 2, 1, 1)
     );
-    let queues = t.store().queues(leasehold::now_ms()).unwrap();
+    let queues = t.store().queues().unwrap();
     let held_waiting: u64 = queues.iter().map(|q| q.waiting).sum();
     assert_eq!(held_waiting, 2);
     let server = Server::start(db, &[]);

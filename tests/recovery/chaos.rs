@@ -99,7 +99,7 @@ fn chaos_on_postgres_runs_every_job_once_and_fences_every_late_result() {
 
     let store = Store::open(&url).expect("the database opens");
     let batch: Vec<Job> = (0..jobs).map(|_| Job::shell(ATTEMPT).cwd(folder)).collect();
-    let ids = store.enqueue_many(&batch, now_ms()).unwrap();
+    let ids = store.enqueue_many(&batch).unwrap();
     drop(store);
 
     // Two runners on this host, one on host chaos-b; one home for all, as hosts.rs does.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold::{Status, now_ms};
+use leasehold::Status;
 
 use crate::helper::Case;
 use crate::util::{max_overlap, spans, timed};
@@ -16,11 +16,9 @@ fn a_queue_limit_holds_across_two_runner_processes() {
     let store = case.store();
     store.set_queue_limit("media", Some(2)).unwrap();
     let media = store
-        .enqueue_many(&vec![timed(&times, "0.3").queue("media"); 16], now_ms())
+        .enqueue_many(&vec![timed(&times, "0.3").queue("media"); 16])
         .unwrap();
-    let other = store
-        .enqueue_many(&vec![timed(&times, "0.3"); 8], now_ms())
-        .unwrap();
+    let other = store.enqueue_many(&vec![timed(&times, "0.3"); 8]).unwrap();
     // Each runner alone has workers enough to run the whole limited queue at once.
     for _ in 0..2 {
         case.start_runner(&["--workers", "4", "--until-idle"]);

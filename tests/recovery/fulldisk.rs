@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use leasehold::{Job, Status, Store, now_ms};
+use leasehold::{Job, Status, Store};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;
@@ -243,7 +243,7 @@ fn full_disk_run(keepers: bool) {
     let jobs: Vec<Job> = (0..20)
         .map(|_| Job::shell("sleep 0.3; echo done").cwd(tmp))
         .collect();
-    let ids = store.enqueue_many(&jobs, now_ms()).expect("enqueue");
+    let ids = store.enqueue_many(&jobs).expect("enqueue");
     drop(store);
 
     let mode: &[&str] = if keepers { &[] } else { &["--no-keepers"] };
@@ -322,7 +322,7 @@ fn full_disk_past_the_lease_fences_and_records_each_loss_once() {
     let jobs: Vec<Job> = (0..3)
         .map(|_| Job::shell("sleep 3; echo done").cwd(tmp))
         .collect();
-    let ids = store.enqueue_many(&jobs, now_ms()).expect("enqueue");
+    let ids = store.enqueue_many(&jobs).expect("enqueue");
 
     let timings = [
         "--lease-ttl",

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold::{Job, JobRecord, Status, Store, now_ms};
+use leasehold::{Job, JobRecord, Status, Store};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -44,7 +44,7 @@ impl Case {
     /// Enqueues `job` to run in the case's folder.
     pub fn enqueue(&self, job: Job) -> i64 {
         self.store()
-            .enqueue(&job.cwd(self.db.dir.path()), now_ms())
+            .enqueue(&job.cwd(self.db.dir.path()))
             .expect("enqueue")
     }
 

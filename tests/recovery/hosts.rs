@@ -100,7 +100,7 @@ impl Farm {
     /// Enqueues `job` to run in the test's folder.
     fn enqueue(&self, job: Job) -> i64 {
         self.store()
-            .enqueue(&job.cwd(self.db.dir.path()), now_ms())
+            .enqueue(&job.cwd(self.db.dir.path()))
             .expect("enqueue")
     }
 
@@ -469,9 +469,7 @@ fn three_hosts_fire_every_slot_of_a_one_second_schedule_once() {
         .overlap(Overlap::Allow)
         .catch_up(CatchUp::All)
         .job(Job::command(["true"]).cwd(f.db.dir.path()));
-    f.store()
-        .put_schedule("tick", &every_second, now_ms())
-        .unwrap();
+    f.store().put_schedule("tick", &every_second).unwrap();
     for name in ["host-a", "host-b", "host-c"] {
         f.start(name, &args(&[]));
     }
@@ -541,7 +539,7 @@ fn a_global_queue_limit_of_one_holds_across_three_hosts() {
                 .run_at(due + std::time::Duration::from_secs(n / 3))
         })
         .collect();
-    let ids = f.store().enqueue_many(&jobs, now_ms()).unwrap();
+    let ids = f.store().enqueue_many(&jobs).unwrap();
     let mut ran_on = BTreeMap::<String, usize>::new();
     for &id in &ids {
         let done = f.ended(id);

@@ -81,7 +81,7 @@ fn a_server_restart_under_load_ends_every_job_once_and_runs_none_twice_at_once()
     let jobs: Vec<Job> = (0..JOBS)
         .map(|_| Job::shell(ATTEMPT).cwd(dir.path()))
         .collect();
-    let ids = store.enqueue_many(&jobs, now_ms()).unwrap();
+    let ids = store.enqueue_many(&jobs).unwrap();
     drop(store);
     let mut runners: Vec<RunnerProcess> = (0..RUNNERS)
         .map(|_| start_runner(&url, dir.path(), ("LEASEHOLD_TEST_CASE", &marker)))

@@ -88,7 +88,7 @@ fn a_cancel_and_retry_from_another_host_waits_for_the_frozen_hosts_lease_to_end(
     };
     up("host-a");
     let id = store()
-        .enqueue(&Job::shell(TICKER).cwd(&dir), now_ms())
+        .enqueue(&Job::shell(TICKER).cwd(&dir))
         .expect("enqueue");
     let first = poll(WAIT, || {
         let j = store().job(id).unwrap();

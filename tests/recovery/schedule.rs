@@ -19,9 +19,7 @@ fn two_runners_fire_every_slot_once_even_when_one_is_killed() {
         .overlap(Overlap::Allow)
         .catch_up(leasehold::CatchUp::All)
         .job(Job::command(["true"]).cwd(c.db.dir.path()));
-    c.store()
-        .put_schedule("tick", &every_second, now_ms())
-        .unwrap();
+    c.store().put_schedule("tick", &every_second).unwrap();
     let a = c.start_runner(&args(&[]));
     c.start_runner(&args(&[]));
     // Both runners are up once each has fired or run something; the window starts then.
@@ -102,7 +100,7 @@ fn a_job_that_outlasts_its_period_is_not_overlapped() {
         .unwrap()
         .catch_up(leasehold::CatchUp::All)
         .job(Job::command(["sleep", "2"]).cwd(c.db.dir.path()));
-    c.store().put_schedule("slow", &s, now_ms()).unwrap();
+    c.store().put_schedule("slow", &s).unwrap();
     c.start_runner(&args(&[]));
     c.wait_for("three of its jobs to succeed", |c| {
         let done = crate::helper::by_slot(&c.store(), "slow")
@@ -149,7 +147,7 @@ fn slots_missed_while_every_runner_was_stopped_follow_the_catch_up_policy() {
             .overlap(Overlap::Allow)
             .catch_up(policy)
             .job(Job::command(["true"]).cwd(c.db.dir.path()));
-        c.store().put_schedule(name, &s, now_ms()).unwrap();
+        c.store().put_schedule(name, &s).unwrap();
     }
     let r = c.start_runner(&args(&[]));
     c.wait_for("the first slot of each schedule", |c| {

@@ -202,7 +202,6 @@ fn a_step_of_the_servers_clock_reclaims_no_attempt_while_it_runs() {
         .store()
         .enqueue(
             &Job::shell(r#"echo "$LEASEHOLD_RUN_TOKEN" >> starts; sleep 14"#).cwd(c.db.dir.path()),
-            now_ms(),
         )
         .expect("enqueue");
     let first = c.wait_for("the job to run", |c| {
@@ -263,7 +262,6 @@ fn an_adopted_attempts_timeout_counts_on_the_servers_clock() {
             &Job::shell("sleep 3")
                 .timeout(Duration::from_secs(120))
                 .cwd(c.db.dir.path()),
-            now_ms(),
         )
         .expect("enqueue");
     c.wait_for("the job to run under a keeper", |c| {

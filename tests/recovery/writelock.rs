@@ -38,7 +38,7 @@ fn bulk_add_and_bulk_retry_beside_a_short_lease_do_not_fence_the_runner() {
     let stale: Vec<Job> = (0..STALE)
         .map(|_| Job::shell("true").queue("bulk"))
         .collect();
-    store.enqueue_many(&stale, now_ms()).unwrap();
+    store.enqueue_many(&stale).unwrap();
     drop(store);
     bare(&c.db.path)
         .execute(

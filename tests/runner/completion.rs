@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{Completion, ErrorKind, Job, OnLost, Outcome, Store, now_ms};
+use leasehold::{Completion, ErrorKind, Job, OnLost, Outcome, Store};
 
 use crate::helper::{WAIT, fast, running};
 use crate::util::{TestDb, wait_for};
@@ -47,7 +47,6 @@ fn completion_fires_exactly_once_for_every_kind_of_ending() {
             &Job::shell("true")
                 .on_lost(OnLost::Fail)
                 .delay(Duration::from_secs(3600)),
-            now_ms(),
         )
         .unwrap();
     rusqlite::Connection::open(&db.path)

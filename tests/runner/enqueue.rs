@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use leasehold::{Job, Outcome, Store, now_ms};
+use leasehold::{Job, Outcome, Store};
 
 use crate::helper::{fast, outcome, stdout};
 use crate::util::TestDb;
@@ -37,9 +37,7 @@ crate::on_both! {
             .enqueue(
                 &Job::shell("echo job $LEASEHOLD_JOB_ID in $PWD with $GREETING")
                     .env("GREETING", "hello")
-                    .cwd("/tmp"),
-                now_ms(),
-            )
+                    .cwd("/tmp"))
             .unwrap();
         let runner = fast(&db.target()).start().expect("start");
         assert_eq!(outcome(&runner, id), Outcome::Succeeded);

@@ -1,7 +1,7 @@
 //! Flow control in one runner: its own per-queue limits, the pauses and dependencies stored
 //! in the file, checked from the jobs' own clocks.
 
-use leasehold::{Job, Outcome, Status, now_ms};
+use leasehold::{Job, Outcome, Status};
 
 use crate::helper::{fast, outcome, running};
 use crate::util::{TestDb, max_overlap, spans, timed};
@@ -14,10 +14,10 @@ fn a_limited_queue_never_runs_more_than_its_limit_and_the_others_fill_the_pool()
     let store = db.store();
     // Enqueued before the runner starts, the limited queue's jobs first in claim order.
     let media = store
-        .enqueue_many(&vec![timed(&times, "0.4").queue("media"); 20], now_ms())
+        .enqueue_many(&vec![timed(&times, "0.4").queue("media"); 20])
         .unwrap();
     let other = store
-        .enqueue_many(&vec![timed(&times, "0.4").queue("other"); 20], now_ms())
+        .enqueue_many(&vec![timed(&times, "0.4").queue("other"); 20])
         .unwrap();
     let runner = fast(&db.path)
         .workers(6)

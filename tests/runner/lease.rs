@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold::{Job, Outcome, Status, Store, now_ms};
+use leasehold::{Job, Outcome, Status, Store};
 
 use crate::helper::{WAIT, events, fast, outcome, running, stubborn_job};
 use crate::util::{TestDb, group_members, kinds, wait_for};
@@ -16,7 +16,7 @@ fn cancel_from_another_process_revokes_the_lease_and_kills_the_attempt() {
     let rec = running(&db, id);
     // Cancel through a separate connection, as `leasehold jobs cancel` does: the runner learns
     // of it from its next renewal.
-    Store::open(&db.path).unwrap().cancel(id, now_ms()).unwrap();
+    Store::open(&db.path).unwrap().cancel(id).unwrap();
     let pgid = rec.pgid.unwrap();
     wait_for("the group to die", WAIT, || {
         group_members(pgid).is_empty().then_some(())
@@ -82,7 +82,7 @@ fn operator_retry_of_a_lost_running_job_kills_the_old_attempt_and_fences_it() {
         .unwrap();
     Store::open(&db.path)
         .unwrap()
-        .retry(rec_id, Some("test"), now_ms())
+        .retry(rec_id, Some("test"))
         .unwrap();
     assert_eq!(outcome(&runner, rec_id), Outcome::Succeeded);
     assert!(group_members(first.pgid.unwrap()).is_empty());

@@ -60,7 +60,7 @@ fn the_exposition_agrees_with_the_database_and_survives_a_restart_and_a_prune() 
     let lost = {
         let store = Store::open(&db.path).unwrap();
         let id = store
-            .enqueue(&Job::shell("echo again").queue("c"), now_ms() - 60_000)
+            .enqueue_at(&Job::shell("echo again").queue("c"), now_ms() - 60_000)
             .unwrap();
         let req = ClaimRequest {
             worker_id: "ghost",
@@ -217,11 +217,12 @@ fn the_exposition_agrees_with_the_database_and_survives_a_restart_and_a_prune() 
     // A prune of every finished job: the counters stay, the gauges follow the table.
     let report = Store::open(&db.path)
         .unwrap()
-        .prune(
+        .prune_at(
             &Retention::default()
                 .succeeded(Some(Duration::ZERO))
                 .failed(Some(Duration::ZERO))
                 .cancelled(Some(Duration::ZERO)),
+            &leasehold::PruneOptions::default(),
             now_ms() + 1,
         )
         .unwrap();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use leasehold::{Job, Outcome, Runner, now_ms};
+use leasehold::{Job, Outcome, Runner};
 
 use crate::helper::outcome;
 use crate::util::TestDb;
@@ -107,7 +107,7 @@ fn jobs_run_once_while_sessions_idle_in_a_transaction_are_cut() {
     );
     let ids = db
         .store()
-        .enqueue_many(&vec![Job::shell(command); JOBS], now_ms())
+        .enqueue_many(&vec![Job::shell(command); JOBS])
         .expect("enqueue");
     let runner = Runner::builder(&target)
         .workers(4)
@@ -176,10 +176,7 @@ fn a_start_survives_its_sessions_being_cut() {
     let db = TestDb::postgres("cut_start");
     let pg = db.pg.as_ref().expect("a PostgreSQL test");
     let target = db.target();
-    let id = db
-        .store()
-        .enqueue(&Job::shell("exit 0"), now_ms())
-        .expect("enqueue");
+    let id = db.store().enqueue(&Job::shell("exit 0")).expect("enqueue");
     let cutter = Cutter::start(pg, "true", Duration::from_millis(2));
     let starting = std::thread::spawn(move || {
         Runner::builder(&target)

@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use leasehold::{Job, Runner, RunnerBuilder, now_ms};
+use leasehold::{Job, Runner, RunnerBuilder};
 
 use crate::util::{TestDb, wait_for};
 
@@ -50,10 +50,7 @@ fn hold_row(db: &TestDb, id: i64) -> postgres::Client {
 #[test]
 fn a_start_is_not_held_by_a_locked_row() {
     let db = TestDb::postgres("lock_start");
-    let id = db
-        .store()
-        .enqueue(&Job::shell("exit 0"), now_ms())
-        .expect("enqueue");
+    let id = db.store().enqueue(&Job::shell("exit 0")).expect("enqueue");
     db.exec(&format!(
         "UPDATE jobs SET status = 'running', attempt = 1, worker_id = 'gone:1:00000000',
              run_token = 'aaaa', started_at = leasehold_now_ms() - 60000,

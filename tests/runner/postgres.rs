@@ -1,7 +1,7 @@
 //! What only the PostgreSQL backend has: calls from inside an embedder's async runtime, and a
 //! connection lost under a running runner.
 
-use leasehold::{Job, OpenOptions, Outcome, Status, Store, now_ms};
+use leasehold::{Job, OpenOptions, Outcome, Status, Store};
 
 use crate::helper::{WAIT, fast, outcome};
 use crate::util::{TestDb, wait_for};
@@ -32,7 +32,7 @@ fn calls_from_inside_an_async_runtime_work() {
                     let store = Store::open_with(&target, &OpenOptions::default())
                         .expect("opened from a task");
                     let id = store
-                        .enqueue(&Job::shell("exit 0"), now_ms())
+                        .enqueue(&Job::shell("exit 0"))
                         .expect("enqueued from a task");
                     assert_eq!(store.job(id).expect("read from a task").id, id);
                     id
@@ -73,9 +73,7 @@ fn a_runner_connects_again_after_its_connections_are_cut() {
     assert!(ended >= 1, "the runner had connections: {ended}");
 
     let store = db.store();
-    let second = store
-        .enqueue(&Job::shell("exit 0"), now_ms())
-        .expect("enqueue");
+    let second = store.enqueue(&Job::shell("exit 0")).expect("enqueue");
     let job = wait_for("the job enqueued after the cut ends", WAIT, || {
         let job = store.job(second).ok()?;
         (job.status == Status::Succeeded).then_some(job)
@@ -137,11 +135,7 @@ fn announcements_wake_idle_runners_and_survive_a_cut() {
         (listeners() == 2).then_some(())
     });
     let ids: Vec<i64> = (0..2)
-        .map(|_| {
-            store
-                .enqueue(&Job::shell("sleep 1"), now_ms())
-                .expect("enqueue")
-        })
+        .map(|_| store.enqueue(&Job::shell("sleep 1")).expect("enqueue"))
         .collect();
     let workers: std::collections::HashSet<String> = ids
         .iter()
@@ -156,7 +150,7 @@ fn announcements_wake_idle_runners_and_survive_a_cut() {
     assert!(cut >= 2, "the listeners were among them: {cut}");
     let after = db
         .store()
-        .enqueue(&Job::shell("exit 0"), now_ms())
+        .enqueue(&Job::shell("exit 0"))
         .expect("enqueue after the cut");
     started(&db.store(), after);
     assert!(matches!(outcome(&a, after), Outcome::Succeeded));

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold::{Job, Retention, Status, now_ms};
+use leasehold::{Job, Retention, Status};
 
 use crate::helper::fast;
 use crate::util::{RunnerProcess, TestDb, wait_for};
@@ -12,15 +12,10 @@ use crate::util::{RunnerProcess, TestDb, wait_for};
 fn the_sweeper_prunes_finished_jobs_and_logs_a_line() {
     let t = TestDb::new();
     let store = t.store();
-    let ids = store
-        .enqueue_many(&vec![Job::shell("true"); 20], now_ms())
-        .unwrap();
-    let sleeper = store.enqueue(&Job::shell("sleep 30"), now_ms()).unwrap();
+    let ids = store.enqueue_many(&vec![Job::shell("true"); 20]).unwrap();
+    let sleeper = store.enqueue(&Job::shell("sleep 30")).unwrap();
     let later = store
-        .enqueue(
-            &Job::shell("true").delay(Duration::from_secs(3600)),
-            now_ms(),
-        )
+        .enqueue(&Job::shell("true").delay(Duration::from_secs(3600)))
         .unwrap();
     let mut runner = RunnerProcess::start(
         &t.path,

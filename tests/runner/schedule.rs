@@ -27,10 +27,7 @@ fn a_job_to_run_later_starts_on_time_without_a_poll() {
     assert!(matches!(outcome(&runner, first), Outcome::Succeeded));
     let store = Store::open(&db.path).unwrap();
     let id = store
-        .enqueue(
-            &Job::shell("true").delay(Duration::from_millis(1200)),
-            leasehold::now_ms(),
-        )
+        .enqueue(&Job::shell("true").delay(Duration::from_millis(1200)))
         .unwrap();
     assert!(matches!(outcome(&runner, id), Outcome::Succeeded));
     let job = store.job(id).unwrap();

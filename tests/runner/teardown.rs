@@ -58,7 +58,7 @@ fn dead(pid: i32) -> bool {
 /// A job claimed at `T0` by a runner that never registered, whose attempt runs `script` in
 /// a process group of its own with the attempt's token, its start recorded.
 fn lost_attempt(store: &Store, script: &str) -> Attempt {
-    let job = store.enqueue(&Job::shell("sleep 100"), T0).unwrap();
+    let job = store.enqueue_at(&Job::shell("sleep 100"), T0).unwrap();
     let req = ClaimRequest {
         worker_id: "gone",
         limit: 1,
@@ -114,7 +114,7 @@ fn an_operators_retry_or_cancel_leaves_another_jobs_lost_attempt_alone() {
         .join("other")
         .exists()));
     store
-        .retry(other.job, Some("runner gone"), EXPIRED)
+        .retry_at(other.job, Some("runner gone"), EXPIRED)
         .unwrap();
     assert!(store.job(other.job).unwrap().teardown_pending);
 
@@ -171,7 +171,7 @@ fn attempts_torn_down_together_all_get_sigterm_before_any_gets_sigkill() {
             let attempt = lost_attempt(&store, &script);
             assert!(wait_until(Duration::from_secs(5), || ready.exists()));
             store
-                .retry(attempt.job, Some("runner gone"), EXPIRED)
+                .retry_at(attempt.job, Some("runner gone"), EXPIRED)
                 .unwrap();
             attempt
         })

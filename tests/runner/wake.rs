@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use leasehold::{Job, Outcome, Runner, Status, Store, now_ms};
+use leasehold::{Job, Outcome, Runner, Status, Store};
 
 use crate::helper::{WAIT, fast};
 use crate::util::{RunnerProcess, TestDb, leasehold_vars, wait_for};
@@ -91,11 +91,7 @@ fn a_job_enqueued_by_a_second_store_wakes_every_runner_on_the_file() {
     // Two long jobs: each runner must be woken to take one (one worker each).
     let store = db.store();
     let ids: Vec<i64> = (0..2)
-        .map(|_| {
-            store
-                .enqueue(&Job::shell("sleep 1"), now_ms())
-                .expect("enqueue")
-        })
+        .map(|_| store.enqueue(&Job::shell("sleep 1")).expect("enqueue"))
         .collect();
     for id in &ids {
         enqueue_to_start(&store, *id);
@@ -130,9 +126,7 @@ fn without_the_wake_up_sockets_jobs_still_run_by_the_poll() {
     );
     // The folder replaced by a file: every poke fails.
     std::fs::write(wake_folder(&db.path), "not a folder").expect("a file");
-    let id = store
-        .enqueue(&Job::shell("true"), now_ms())
-        .expect("enqueue");
+    let id = store.enqueue(&Job::shell("true")).expect("enqueue");
     assert_eq!(
         runner.wait(id, WAIT).expect("wait"),
         Some(Outcome::Succeeded)
@@ -150,9 +144,7 @@ fn a_crashed_runners_socket_is_removed_by_the_next_poke() {
     assert!(stale.exists(), "a crash leaves the socket behind");
     // Any enqueue pokes; the dead socket refuses, and the poker deletes it.
     let store = db.store();
-    let id = store
-        .enqueue(&Job::shell("true"), now_ms())
-        .expect("enqueue");
+    let id = store.enqueue(&Job::shell("true")).expect("enqueue");
     assert!(!stale.exists(), "the stale socket is gone");
     assert_eq!(store.job(id).expect("job").status, Status::Pending);
 }
@@ -198,7 +190,7 @@ fn a_one_shot_write_beside_a_runner_leaves_the_wal_to_the_runner() {
     let jobs: Vec<Job> = (0..150)
         .map(|_| Job::shell("true").env("BIG", &big))
         .collect();
-    store.enqueue_many(&jobs, now_ms()).expect("enqueue");
+    store.enqueue_many(&jobs).expect("enqueue");
     let before = wal_len();
     // Past the 64 frames a one-shot writer alone on the file would empty.
     assert!(before > 80 * (4096 + 24), "the WAL is {before} bytes");
@@ -208,9 +200,7 @@ fn a_one_shot_write_beside_a_runner_leaves_the_wal_to_the_runner() {
             &leasehold::OpenOptions::new().checkpoint_on_close(false),
         )
         .expect("open");
-        one_shot
-            .enqueue(&Job::shell("true"), now_ms())
-            .expect("enqueue");
+        one_shot.enqueue(&Job::shell("true")).expect("enqueue");
     }
     assert!(wal_len() >= before, "the one-shot writer emptied the WAL");
     assert_eq!(store.counts().expect("counts").pending, 151);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::Job;
 
-use crate::util::{T0, TestDb};
+use crate::util::TestDb;
 
 /// Jobs of the bulk add: at half a millisecond or more each (see [`slow_inserts`]), a quarter
 /// of a second or more in one transaction, five slices of 50 ms or more.
@@ -46,7 +46,7 @@ crate::on_both! {
         let started = Instant::now();
         let mut told: Vec<(usize, Duration)> = Vec::new();
         let ids = store
-            .enqueue_many_with_progress(&jobs, T0, &mut |n| told.push((n, started.elapsed())))
+            .enqueue_many_with_progress(&jobs, &mut |n| told.push((n, started.elapsed())))
             .unwrap();
         let took = started.elapsed();
         eprintln!("{JOBS} jobs in {} transactions, {took:?}", told.len());

@@ -27,7 +27,7 @@ crate::on_both! {
     fn two_connections_claiming_at_once_take_each_job_exactly_once(db) {
         let ids = db
             .store()
-            .enqueue_many(&vec![Job::shell("true"); 1000], T0)
+            .enqueue_many_at(&vec![Job::shell("true"); 1000], T0)
             .unwrap();
         let barrier = Arc::new(Barrier::new(2));
         let threads: Vec<_> = ["a", "b"]
@@ -85,7 +85,7 @@ crate::on_both! {
     /// them and runs again, while the other promotes and claims beside it).
     fn two_connections_claiming_as_deferred_jobs_fall_due_take_each_once(db) {
         let jobs = vec![Job::shell("true").delay(Duration::from_secs(1)); 1_200];
-        let ids = db.store().enqueue_many(&jobs, T0).unwrap();
+        let ids = db.store().enqueue_many_at(&jobs, T0).unwrap();
         let barrier = Arc::new(Barrier::new(2));
         let threads: Vec<_> = ["a", "b"]
             .into_iter()
@@ -125,7 +125,7 @@ crate::on_both! {
 
     fn claim_takes_highest_priority_then_oldest_schedule_then_lowest_id(db) {
         let store = db.store();
-        let at = |job: Job, t: i64| store.enqueue(&job, t).unwrap();
+        let at = |job: Job, t: i64| store.enqueue_at(&job, t).unwrap();
         let a = at(Job::shell("a"), T0 - 1000);
         let b = at(Job::shell("b").priority(5), T0);
         let c = at(Job::shell("c"), T0 - 2000);
@@ -143,9 +143,9 @@ crate::on_both! {
 
     fn a_batch_claim_returns_its_jobs_in_claim_order(db) {
         let store = db.store();
-        let low = store.enqueue(&Job::shell("low"), T0 - 5000).unwrap();
-        let high = store.enqueue(&Job::shell("high").priority(1), T0).unwrap();
-        let old = store.enqueue(&Job::shell("old"), T0 - 9000).unwrap();
+        let low = store.enqueue_at(&Job::shell("low"), T0 - 5000).unwrap();
+        let high = store.enqueue_at(&Job::shell("high").priority(1), T0).unwrap();
+        let old = store.enqueue_at(&Job::shell("old"), T0 - 9000).unwrap();
         let ids: Vec<i64> = claim(&store, "w", 10, T0).iter().map(|c| c.id).collect();
         assert_eq!(ids, [high, old, low]);
     }
@@ -201,7 +201,7 @@ crate::on_both! {
     fn a_claim_promotes_a_bounded_slice_of_the_jobs_falling_due_at_once(db) {
         let store = db.store();
         let jobs = vec![Job::shell("true").delay(Duration::from_secs(1)); 1_200];
-        let ids = store.enqueue_many(&jobs, T0).unwrap();
+        let ids = store.enqueue_many_at(&jobs, T0).unwrap();
         assert_eq!(deferred(&db), 1_200);
         // Each claim promotes at most 500, earliest due first (here: by id), and takes the best
         // of what it promoted.
@@ -243,7 +243,7 @@ crate::on_both! {
     fn claim_honours_its_limit(db) {
         let store = db.store();
         store
-            .enqueue_many(&vec![Job::shell("true"); 10], T0)
+            .enqueue_many_at(&vec![Job::shell("true"); 10], T0)
             .unwrap();
         assert!(claim(&store, "w", 0, T0).is_empty());
         assert_eq!(claim(&store, "w", 3, T0).len(), 3);
@@ -317,7 +317,7 @@ fn a_postgres_claim_takes_other_jobs_without_waiting_for_a_row_another_holds() {
     let pg = db.pg.as_ref().expect("a PostgreSQL test");
     let store = db.store();
     let ids = store
-        .enqueue_many(&vec![Job::shell("true"); 3], T0)
+        .enqueue_many_at(&vec![Job::shell("true"); 3], T0)
         .unwrap();
     let mut holder = pg.connect();
     holder

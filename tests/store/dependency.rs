@@ -41,8 +41,8 @@ fn a_hundred_thousand_waiting_jobs_do_not_change_which_ready_job_is_claimed_next
         let waiting: Vec<Job> = (0..waiting)
             .map(|_| Job::shell("true").priority(100).after([blocker]))
             .collect();
-        let skip = store.enqueue_many(&waiting, T0).unwrap().len() as i64;
-        store.enqueue_many(&ready, T0).unwrap();
+        let skip = store.enqueue_many_at(&waiting, T0).unwrap().len() as i64;
+        store.enqueue_many_at(&ready, T0).unwrap();
         // The ids of the ready jobs, counted from the first of them.
         let first = 2 + skip;
         let mut taken = Vec::new();
@@ -59,7 +59,13 @@ fn a_hundred_thousand_waiting_jobs_do_not_change_which_ready_job_is_claimed_next
 /// Prunes only the failed jobs, at once.
 fn prune_failed(store: &Store, now: i64) {
     let policy = leasehold::Retention::keep_all().failed(Some(std::time::Duration::ZERO));
-    assert!(store.prune(&policy, now).unwrap().jobs > 0);
+    assert!(
+        store
+            .prune_at(&policy, &leasehold::PruneOptions::default(), now)
+            .unwrap()
+            .jobs
+            > 0
+    );
 }
 
 crate::on_both! {
@@ -151,7 +157,7 @@ crate::on_both! {
         let store = db.store();
         let a = enqueue(&store, &job(&[]));
         let b = enqueue(&store, &job(&[a]));
-        store.cancel(a, T0 + 1).unwrap();
+        store.cancel_at(a, T0 + 1).unwrap();
         let b = store.job(b).unwrap();
         assert_eq!(b.status, Status::Cancelled);
         assert_eq!(
@@ -184,15 +190,15 @@ crate::on_both! {
         finish(&store, &claimed, exit(1), T0);
 
         // The dependent first: refused while its dependency cannot succeed.
-        let e = store.retry(b, None, T0 + 1).unwrap_err();
+        let e = store.retry_at(b, None, T0 + 1).unwrap_err();
         assert!(
             e.to_string().contains(&format!("retry job {a} first")),
             "{e}"
         );
-        store.retry(a, None, T0 + 2).unwrap();
+        store.retry_at(a, None, T0 + 2).unwrap();
         assert_eq!(store.job(b).unwrap().status, Status::Cancelled);
         // Retried in turn, it waits for the dependency again.
-        let b = store.retry(b, None, T0 + 3).unwrap();
+        let b = store.retry_at(b, None, T0 + 3).unwrap();
         assert_eq!((b.status, b.waiting_for), (Status::Pending, vec![a]));
         assert_eq!(ids(&claim(&store, "w", 10, T0 + 4)), [a]);
     }
@@ -224,7 +230,7 @@ crate::on_both! {
         let claimed = claim_one(&store, "w", T0);
         finish(&store, &claimed, exit(1), T0);
         let cancelled = enqueue(&store, &job(&[]));
-        store.cancel(cancelled, T0).unwrap();
+        store.cancel_at(cancelled, T0).unwrap();
         let pending = enqueue(&store, &job(&[]));
         let before = snapshot(&store);
         // The id the next job would get: naming it names the job itself. (A job can only name
@@ -243,9 +249,9 @@ crate::on_both! {
         }
         for (dep, reason) in cases {
             for result in [
-                store.enqueue(&job(&[pending, dep]), T0),
+                store.enqueue_at(&job(&[pending, dep]), T0),
                 store
-                    .enqueue_many(&[job(&[dep]), job(&[pending])], T0)
+                    .enqueue_many_at(&[job(&[dep]), job(&[pending])], T0)
                     .map(|ids| ids[0]),
             ] {
                 match result {
@@ -276,7 +282,7 @@ crate::on_both! {
         assert!(matches!(store.job(a), Err(Error::NoSuchJob(_))));
 
         // Pruned while it had not succeeded: it counts as failed, as `--after` it is refused.
-        let e = store.retry(b, None, T0 + 11).unwrap_err();
+        let e = store.retry_at(b, None, T0 + 11).unwrap_err();
         assert!(
             e.to_string().contains(&format!("job {a}")) && e.to_string().contains("pruned"),
             "{e}"
@@ -291,15 +297,15 @@ crate::on_both! {
         let c = enqueue(&store, &job(&[]));
         // Cancelled while still waiting for both; a then succeeds, c fails and is retried to success.
         let b = enqueue(&store, &job(&[a, c]));
-        store.cancel(b, T0).unwrap();
+        store.cancel_at(b, T0).unwrap();
         let first = claim(&store, "w", 10, T0 + 1);
         assert_eq!(ids(&first), [a, c]);
         finish(&store, &first[0], Ending::Succeeded, T0 + 2);
         finish(&store, &first[1], Ending::Succeeded, T0 + 2);
         let policy = leasehold::Retention::keep_all().succeeded(Some(std::time::Duration::ZERO));
-        assert_eq!(store.prune(&policy, T0 + 10).unwrap().jobs, 2);
+        assert_eq!(store.prune_at(&policy, &leasehold::PruneOptions::default(), T0 + 10).unwrap().jobs, 2);
 
-        let b = store.retry(b, None, T0 + 11).unwrap();
+        let b = store.retry_at(b, None, T0 + 11).unwrap();
         assert_eq!((b.status, b.waiting_for), (Status::Pending, vec![]));
         assert_eq!(ids(&claim(&store, "w", 10, T0 + 12)), [b.id]);
     }
@@ -312,7 +318,7 @@ crate::on_both! {
             .map(|i| Job::shell(format!("true {i}")))
             .collect();
         jobs.push(job(&[1_000_000]));
-        let e = store.enqueue_many(&jobs, T0).unwrap_err();
+        let e = store.enqueue_many_at(&jobs, T0).unwrap_err();
         assert!(matches!(e, Error::Dependency { id: 1_000_000, .. }), "{e}");
         assert_eq!(snapshot(&store), before, "nothing is kept");
         assert_eq!(store.counts().unwrap().pending, 0);
@@ -320,7 +326,7 @@ crate::on_both! {
 
         // All of them, when nothing is refused, are ready when it returns.
         jobs.pop();
-        let stored = store.enqueue_many(&jobs, T0).unwrap();
+        let stored = store.enqueue_many_at(&jobs, T0).unwrap();
         assert_eq!(stored.len(), 40_000);
         let record = store.job(stored[39_999]).unwrap();
         assert_eq!((record.after, record.waiting_for), (vec![], vec![]));

@@ -110,7 +110,7 @@ crate::on_both! {
         let store = db.store();
         let id = enqueue(&store, &Job::shell("true"));
         let c = claim_one(&store, "w", T0);
-        assert_eq!(store.cancel(id, T0 + 1).unwrap().status, Status::Cancelled);
+        assert_eq!(store.cancel_at(id, T0 + 1).unwrap().status, Status::Cancelled);
         assert_eq!(
             finish(&store, &c, Ending::Succeeded, T0 + 2),
             Finished::Stopped

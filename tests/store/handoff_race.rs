@@ -25,12 +25,7 @@ fn a_handed_job_stored_by_its_runner_and_its_command_at_once_is_stored_once() {
         .expect("the table is locked");
     let target = db.target();
     let command = std::thread::spawn(move || {
-        Store::hand_off(
-            &target,
-            &OpenOptions::default(),
-            &Job::shell("true"),
-            leasehold::now_ms(),
-        )
+        Store::hand_off(&target, &OpenOptions::default(), &Job::shell("true"))
     });
     let both = wait_until(Duration::from_secs(30), || {
         db.scalar(

@@ -41,7 +41,7 @@ pub fn claim_one(store: &Store, worker: &str, now: i64) -> Claimed {
 }
 
 pub fn enqueue(store: &Store, job: &Job) -> i64 {
-    store.enqueue(job, T0).expect("enqueue")
+    store.enqueue_at(job, T0).expect("enqueue")
 }
 
 pub fn finish_with(store: &Store, c: &Claimed, ending: Ending, budget: u32, now: i64) -> Finished {

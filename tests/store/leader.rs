@@ -40,9 +40,9 @@ crate::on_both! {
     fn two_prunes_at_once_remove_each_job_once(db) {
         const N: usize = 300;
         let store = db.store();
-        let ids = store.enqueue_many(&vec![Job::shell("true"); N], T0).unwrap();
+        let ids = store.enqueue_many_at(&vec![Job::shell("true"); N], T0).unwrap();
         for &id in &ids {
-            store.cancel(id, T0).unwrap();
+            store.cancel_at(id, T0).unwrap();
         }
         let barrier = Arc::new(Barrier::new(2));
         let threads: Vec<_> = (0..2)
@@ -55,7 +55,7 @@ crate::on_both! {
                     barrier.wait();
                     let options = PruneOptions::default().batch(7);
                     let policy = Retention::keep_all().keep_max(Some(0));
-                    store.prune_with(&policy, &options, T0 + 1).unwrap().jobs
+                    store.prune_at(&policy, &options, T0 + 1).unwrap().jobs
                 })
             })
             .collect();

@@ -182,7 +182,7 @@ crate::on_both! {
                     .backoff(Duration::ZERO, Duration::ZERO)
             })
             .collect();
-        let mut ids = store.enqueue_many(&jobs, T0).expect("enqueue");
+        let mut ids = store.enqueue_many_at(&jobs, T0).expect("enqueue");
         // In pairs: the first runs after jobs 10m + 1 and 10m + 9, the second after 10m and
         // 10m + 9. Claims take jobs in id order, 8 at a time, so 10m and 10m + 1 usually end
         // in one runner's batch, in either order, and 10m + 9 in another's at the same time:
@@ -198,7 +198,7 @@ crate::on_both! {
                     .after(parents)
             })
             .collect();
-        ids.extend(store.enqueue_many(&joins, T0).expect("enqueue the joins"));
+        ids.extend(store.enqueue_many_at(&joins, T0).expect("enqueue the joins"));
         let total = ids.len() as u64;
         let retried = ids.iter().filter(|&&id| fails_first(id)).count() as u64;
         let before = db.is_postgres().then(|| deadlocks(&db, false));

@@ -18,6 +18,7 @@ mod lock_order;
 mod metrics;
 mod migration;
 mod multiprocess;
+mod name;
 mod operator;
 mod operator_race;
 mod queue;

@@ -85,7 +85,7 @@ fn mixed(db: &TestDb) -> Store {
             .unwrap()
     );
     finish(&store, &c[0], Ending::Succeeded, EXPIRED + 1);
-    store.cancel(cancelled, EXPIRED + 2).unwrap();
+    store.cancel_at(cancelled, EXPIRED + 2).unwrap();
     let again = claim_in(&store, "w", 1, &queue("c"), EXPIRED + 3);
     assert_eq!(again[0].id, lost);
     finish(&store, &again[0], Ending::Succeeded, EXPIRED + 4);
@@ -153,11 +153,13 @@ fn hand_written_sql_keeps_the_job_counts_exact() {
          DELETE FROM jobs WHERE status = 'cancelled';",
     )
     .unwrap();
-    store.enqueue(&Job::shell("true").queue("new"), T0).unwrap();
+    store
+        .enqueue_at(&Job::shell("true").queue("new"), T0)
+        .unwrap();
     let many: Vec<Job> = (0..5)
         .map(|i| Job::shell("true").queue(["new", "c"][i % 2]))
         .collect();
-    store.enqueue_many(&many, T0).unwrap();
+    store.enqueue_many_at(&many, T0).unwrap();
     let m = store.metrics_at(EXPIRED + 60_000).unwrap();
     let actual: Vec<(String, String, u64)> = {
         let mut stmt = bare
@@ -271,14 +273,14 @@ crate::on_both! {
     fn queue_lag_is_the_age_of_the_oldest_ready_pending_job(db) {
         let store = db.store();
         store
-            .enqueue(&Job::shell("true").queue("mail"), T0)
+            .enqueue_at(&Job::shell("true").queue("mail"), T0)
             .unwrap();
         store
-            .enqueue(&Job::shell("true").queue("mail"), T0 + 1_000)
+            .enqueue_at(&Job::shell("true").queue("mail"), T0 + 1_000)
             .unwrap();
         // Due in an hour: not ready, no lag.
         store
-            .enqueue(
+            .enqueue_at(
                 &Job::shell("true")
                     .queue("later")
                     .delay(Duration::from_secs(3600)),
@@ -308,13 +310,10 @@ crate::on_both! {
         let now = EXPIRED + 60_000;
         let before = scrape(&store, now);
         let report = store
-            .prune(
-                &Retention::default()
+            .prune_at(&Retention::default()
                     .succeeded(Some(Duration::ZERO))
                     .failed(Some(Duration::ZERO))
-                    .cancelled(Some(Duration::ZERO)),
-                now + 1,
-            )
+                    .cancelled(Some(Duration::ZERO)), &leasehold::PruneOptions::default(), now + 1)
             .unwrap();
         // All but the job lost for good, whose teardown marker keeps it.
         assert_eq!(report.jobs, 5, "{report:?}");
@@ -362,7 +361,7 @@ crate::on_both! {
             },
             T0 + 300,
         );
-        store.retry(spent, Some("try again"), T0 + 400).unwrap();
+        store.retry_at(spent, Some("try again"), T0 + 400).unwrap();
 
         let m = scrape(&store, T0 + 500);
         assert_eq!(

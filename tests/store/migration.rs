@@ -110,7 +110,7 @@ fn an_empty_file_of_version_zero_is_migrated() {
         assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
         // The file with pages already is converted by a VACUUM; the zero-byte one is created so.
         assert_eq!(auto_vacuum(&path), INCREMENTAL, "{}", path.display());
-        store.enqueue(&Job::shell("true"), T0).unwrap();
+        store.enqueue_at(&Job::shell("true"), T0).unwrap();
         drop(store);
         let again = Store::open(&path).unwrap();
         let current = Migration {
@@ -281,7 +281,7 @@ fn a_read_only_open_of_an_older_file_is_refused_and_leaves_it_unchanged() {
 fn a_created_file_is_readable_by_its_owner_only() {
     let db = TestDb::new();
     let store = db.store();
-    store.enqueue(&Job::shell("true"), T0).unwrap();
+    store.enqueue_at(&Job::shell("true"), T0).unwrap();
     for name in files_in(db.dir.path()) {
         let mode = std::fs::metadata(db.dir.path().join(&name))
             .unwrap()
@@ -513,7 +513,7 @@ fn size_reports_the_file_its_free_pages_and_its_wal() {
     let db = TestDb::new();
     let store = db.store();
     let jobs: Vec<Job> = (0..300).map(|i| Job::shell(format!("echo {i}"))).collect();
-    store.enqueue_many(&jobs, T0).unwrap();
+    store.enqueue_many_at(&jobs, T0).unwrap();
     let size = store.size().unwrap();
     assert_eq!(size.path, db.path);
     assert_eq!(size.schema_version, SCHEMA_VERSION);
@@ -535,7 +535,7 @@ fn vacuum_gives_free_pages_back_and_keeps_the_rest() {
     let db = TestDb::new();
     let store = db.store();
     let jobs: Vec<Job> = (0..2000).map(|i| Job::shell(format!("echo {i}"))).collect();
-    let ids = store.enqueue_many(&jobs, T0).unwrap();
+    let ids = store.enqueue_many_at(&jobs, T0).unwrap();
     bare(&db.path)
         .execute("DELETE FROM jobs WHERE id > ?1", [ids[9]])
         .unwrap();
@@ -735,11 +735,12 @@ fn the_list_checks_of_an_older_file_become_equalities_that_refuse_the_same_value
 }
 
 #[test]
-fn a_postgres_database_of_version_15_is_migrated_to_16_with_its_marker_lease_column() {
+fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_columns() {
     let db = TestDb::postgres("migrate_15");
     drop(db.store());
     db.exec(
         "ALTER TABLE jobs DROP COLUMN teardown_lease_expires_at;
+         ALTER TABLE jobs DROP COLUMN name;
          DELETE FROM leasehold_migrations;
          INSERT INTO leasehold_migrations (version, applied_at) VALUES (15, 0);",
     );
@@ -755,4 +756,27 @@ fn a_postgres_database_of_version_15_is_migrated_to_16_with_its_marker_lease_col
         ),
         1
     );
+    // Version 17: the job's name, last, as the fresh schema has it.
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM information_schema.columns
+             WHERE table_name = 'jobs' AND column_name = 'name'
+               AND ordinal_position = (SELECT max(ordinal_position)
+                                       FROM information_schema.columns
+                                       WHERE table_name = 'jobs')"
+        ),
+        1
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17)"),
+        2
+    );
+    // Its tables' columns are those of a database made from pg/schema.sql, in order.
+    let columns = "SELECT hashtext(string_agg(table_name || '.' || column_name || ':' || data_type
+                       || ':' || coalesce(column_default, ''), ','
+                       ORDER BY table_name, ordinal_position))::bigint
+                   FROM information_schema.columns WHERE table_schema = current_schema()";
+    let fresh = TestDb::postgres("migrate_15_fresh");
+    drop(fresh.store());
+    assert_eq!(db.scalar(columns), fresh.scalar(columns));
 }

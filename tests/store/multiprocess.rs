@@ -7,7 +7,7 @@ use std::process::{Child, Command};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use leasehold::{Job, SCHEMA_VERSION, Store, now_ms};
+use leasehold::{Job, SCHEMA_VERSION, Store};
 
 use crate::helper::{Children, files_in, spawn_test_child};
 use crate::util::{self, T0, TestDb, bare, wait_until};
@@ -35,7 +35,7 @@ fn child_process() {
             let store = Store::open(&path).unwrap_or_else(|e| panic!("open: {e:?}"));
             for i in 0..CHILD_JOBS {
                 store
-                    .enqueue(&Job::shell(format!("echo {i}")), now_ms())
+                    .enqueue(&Job::shell(format!("echo {i}")))
                     .unwrap_or_else(|e| panic!("enqueue: {e:?}"));
             }
             println!("CHILD-DONE");
@@ -118,7 +118,7 @@ fn processes_creating_one_new_file_at_once_all_succeed() {
 fn an_enqueue_waits_for_another_processes_write_transaction() {
     let db = TestDb::new();
     let store = db.store();
-    store.enqueue(&Job::shell("first"), T0).unwrap();
+    store.enqueue_at(&Job::shell("first"), T0).unwrap();
     let mut children = Children(vec![spawn_child(&db.path, "hold")]);
     let stdout = children.0[0].stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
@@ -127,7 +127,7 @@ fn an_enqueue_waits_for_another_processes_write_transaction() {
 
     let started = Instant::now();
     store
-        .enqueue(&Job::shell("second"), T0)
+        .enqueue_at(&Job::shell("second"), T0)
         .expect("the enqueue waits for the lock");
     let waited = started.elapsed();
     assert!(
@@ -157,7 +157,7 @@ fn a_write_without_checkpoint_on_close_stays_in_the_wal_and_is_read_by_the_next_
             &leasehold::OpenOptions::new().checkpoint_on_close(false),
         )
         .unwrap();
-        store.enqueue(&Job::shell("true"), T0).unwrap()
+        store.enqueue_at(&Job::shell("true"), T0).unwrap()
     };
     let wal = db.sibling("jobs.db-wal");
     assert!(
@@ -189,7 +189,7 @@ fn one_shot_writes_one_after_another_keep_the_wal_short() {
             &leasehold::OpenOptions::new().checkpoint_on_close(false),
         )
         .unwrap();
-        store.enqueue(&Job::shell("true"), T0).unwrap();
+        store.enqueue_at(&Job::shell("true"), T0).unwrap();
     }
     let wal = std::fs::metadata(db.sibling("jobs.db-wal")).map_or(0, |m| m.len());
     // 64 frames of 4 KiB pages before it is emptied, and the last write's few frames.

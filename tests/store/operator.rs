@@ -13,7 +13,7 @@ crate::on_both! {
     fn cancel_moves_a_pending_job_to_cancelled(db) {
         let store = db.store();
         let id = enqueue(&store, &Job::shell("true"));
-        let job = store.cancel(id, T0 + 3).unwrap();
+        let job = store.cancel_at(id, T0 + 3).unwrap();
         assert_eq!(
             (job.status, job.completed_at),
             (Status::Cancelled, Some(T0 + 3))
@@ -27,7 +27,7 @@ crate::on_both! {
         let store = db.store();
         let id = enqueue(&store, &Job::shell("sleep 100"));
         let c = claim_one(&store, "w", T0);
-        let job = store.cancel(id, T0 + 3).unwrap();
+        let job = store.cancel_at(id, T0 + 3).unwrap();
         assert_eq!(job.status, Status::Cancelled);
         assert_eq!(job.lease_expires_at, None);
         assert!(job.teardown_pending, "its processes must be torn down");
@@ -49,13 +49,13 @@ crate::on_both! {
         let id = enqueue(&store, &Job::shell("true"));
         let c = claim_one(&store, "w", T0);
         finish(&store, &c, Ending::Succeeded, T0 + 1);
-        let message = expect_wrong_state(store.cancel(id, T0 + 2), "succeeded");
+        let message = expect_wrong_state(store.cancel_at(id, T0 + 2), "succeeded");
         assert!(message.contains("already finished"), "{message}");
         let cancelled = enqueue(&store, &Job::shell("true"));
-        store.cancel(cancelled, T0).unwrap();
-        expect_wrong_state(store.cancel(cancelled, T0), "cancelled");
+        store.cancel_at(cancelled, T0).unwrap();
+        expect_wrong_state(store.cancel_at(cancelled, T0), "cancelled");
         assert!(matches!(
-            store.cancel(9999, T0),
+            store.cancel_at(9999, T0),
             Err(Error::NoSuchJob(9999))
         ));
     }
@@ -70,11 +70,11 @@ crate::on_both! {
         finish(&store, &c, Ending::Succeeded, T0);
         assert_eq!(claim_one(&store, "w", T0).id, running);
 
-        let m = expect_wrong_state(store.retry(pending, None, T0 + 1), "pending");
+        let m = expect_wrong_state(store.retry_at(pending, None, T0 + 1), "pending");
         assert!(m.contains("already waiting"), "{m}");
-        let m = expect_wrong_state(store.retry(succeeded, None, T0 + 1), "succeeded");
+        let m = expect_wrong_state(store.retry_at(succeeded, None, T0 + 1), "succeeded");
         assert!(m.contains("enqueue a new job"), "{m}");
-        let m = expect_wrong_state(store.retry(running, None, T0 + 1), "running");
+        let m = expect_wrong_state(store.retry_at(running, None, T0 + 1), "running");
         assert!(
             m.contains("lease is live") && m.contains("cancel it instead"),
             "{m}"
@@ -88,14 +88,14 @@ crate::on_both! {
         let c = claim_one(&store, "w", T0);
         finish(&store, &c, exit(1), T0 + 1);
         let cancelled = enqueue(&store, &Job::shell("true"));
-        store.cancel(cancelled, T0 + 2).unwrap();
+        store.cancel_at(cancelled, T0 + 2).unwrap();
 
         let now = T0 + 50_000;
         for (id, reason, last_error) in [
             (failed, Some("  disk fixed "), "manual retry: disk fixed"),
             (cancelled, None, "manual retry after lease recovery"),
         ] {
-            let job = store.retry(id, reason, now).unwrap();
+            let job = store.retry_at(id, reason, now).unwrap();
             assert_eq!(job.status, Status::Pending);
             assert_eq!(job.scheduled_at, now);
             assert_eq!(
@@ -127,7 +127,7 @@ crate::on_both! {
         let store = db.store();
         let id = enqueue(&store, &Job::shell("sleep 100"));
         let c = claim_one(&store, "w", T0);
-        let job = store.retry(id, Some("runner host died"), EXPIRED).unwrap();
+        let job = store.retry_at(id, Some("runner host died"), EXPIRED).unwrap();
         assert_eq!(job.status, Status::Pending);
         assert_eq!((job.attempt, job.recovery_count), (0, 0));
         assert!(job.teardown_pending);
@@ -160,16 +160,15 @@ crate::on_both! {
         let c = claim_one(&store, "w", T0 + 500_000);
         finish(&store, &c, exit(1), T0 + 500_001);
 
-        let now = T0 + 1_000_000;
         let first = store
-            .retry_failed_stale(Some(2), 0, Some("fixed"), now)
+            .retry_failed_stale(Some(2), 0, Some("fixed"))
             .unwrap();
         assert_eq!(first, [exhausted[2], exhausted[1]]);
-        let rest = store.retry_failed_stale(None, 0, None, now).unwrap();
+        let rest = store.retry_failed_stale(None, 0, None).unwrap();
         assert_eq!(rest, [exhausted[0]]);
         assert!(
             store
-                .retry_failed_stale(None, 0, None, now)
+                .retry_failed_stale(None, 0, None)
                 .unwrap()
                 .is_empty()
         );

@@ -76,17 +76,17 @@ crate::on_both! {
     fn a_cancel_racing_a_claim_does_and_reports_what_happened(db) {
         let store = db.store();
         let jobs: Vec<i64> = (0..RACES)
-            .map(|i| store.enqueue(&Job::shell("true").queue(queue(i)), T0).unwrap())
+            .map(|i| store.enqueue_at(&Job::shell("true").queue(queue(i)), T0).unwrap())
             .collect();
         let dependents: Vec<i64> = jobs
             .iter()
-            .map(|&j| store.enqueue(&Job::shell("true").after([j]), T0).unwrap())
+            .map(|&j| store.enqueue_at(&Job::shell("true").after([j]), T0).unwrap())
             .collect();
         let ids = jobs.clone();
         let (claims, cancels) = race(
             &db,
             |s, i| !claim_in(s, "w", 1, &[queue(i)], T0 + 1).is_empty(),
-            move |s, i| s.cancel(ids[i], T0 + 1),
+            move |s, i| s.cancel_at(ids[i], T0 + 1),
         );
         let mut raced = 0;
         for i in 0..RACES {
@@ -116,7 +116,7 @@ crate::on_both! {
         let store = db.store();
         let claimed: Vec<_> = (0..RACES)
             .map(|i| {
-                store.enqueue(&Job::shell("true").queue(queue(i)), T0).unwrap();
+                store.enqueue_at(&Job::shell("true").queue(queue(i)), T0).unwrap();
                 claim_in(&store, "w", 1, &[queue(i)], T0).remove(0)
             })
             .collect();
@@ -128,7 +128,7 @@ crate::on_both! {
         let (endings, retries) = race(
             &db,
             move |s, i| finish(s, &to_finish[i], Ending::Succeeded, EXPIRED),
-            move |s, i| s.retry(retry_ids[i], None, EXPIRED),
+            move |s, i| s.retry_at(retry_ids[i], None, EXPIRED),
         );
         let mut retried = 0;
         for i in 0..RACES {
@@ -156,7 +156,7 @@ crate::on_both! {
         let ids: Vec<i64> = (0..RACES)
             .map(|i| {
                 let id = store
-                    .enqueue(&Job::shell("false").queue(queue(i)).max_attempts(1), T0)
+                    .enqueue_at(&Job::shell("false").queue(queue(i)).max_attempts(1), T0)
                     .unwrap();
                 let c = claim_in(&store, "w", 1, &[queue(i)], T0).remove(0);
                 finish(&store, &c, exit(1), T0 + 1);
@@ -166,8 +166,8 @@ crate::on_both! {
         let (a_ids, b_ids) = (ids.clone(), ids.clone());
         let (a, b) = race(
             &db,
-            move |s, i| s.retry(a_ids[i], None, T0 + 2),
-            move |s, i| s.retry(b_ids[i], None, T0 + 2),
+            move |s, i| s.retry_at(a_ids[i], None, T0 + 2),
+            move |s, i| s.retry_at(b_ids[i], None, T0 + 2),
         );
         for i in 0..RACES {
             let id = ids[i];

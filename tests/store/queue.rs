@@ -12,7 +12,7 @@ use crate::util::{T0, TestDb};
 
 fn in_queue(store: &Store, queue: &str, n: usize) -> Vec<i64> {
     store
-        .enqueue_many(&vec![Job::shell("true").queue(queue); n], T0)
+        .enqueue_many_at(&vec![Job::shell("true").queue(queue); n], T0)
         .unwrap()
 }
 
@@ -166,14 +166,17 @@ crate::on_both! {
         let store = db.store();
         let first = enqueue(&store, &Job::shell("true").queue("media"));
         store
-            .enqueue(&Job::shell("true").queue("media"), T0 + 1_000)
+            .enqueue_at(&Job::shell("true").queue("media"), T0 + 1_000)
             .unwrap();
         enqueue(&store, &Job::shell("true").queue("media").after([first]));
         store.set_queue_limit("media", Some(2)).unwrap();
         store.pause_queue("upload").unwrap();
         claim_in(&store, "w", 1, &["media".into()], T0 + 2_000);
 
-        let queues = store.queues(T0 + 5_000).unwrap();
+        // Read at T0 + 5 s on a clock of the test's own.
+        let clock = leasehold::ManualClock::new(T0 + 5_000);
+        let reader = db.store_with(&leasehold::OpenOptions::new().clock(&clock));
+        let queues = reader.queues().unwrap();
         assert_eq!(queues.len(), 2, "{queues:?}");
         let media = &queues[0];
         assert_eq!(media.name, "media");
@@ -189,7 +192,7 @@ crate::on_both! {
 
         // A queue left with no setting and no job is no longer listed.
         store.resume_queue("upload").unwrap();
-        assert_eq!(store.queues(T0 + 5_000).unwrap().len(), 1);
+        assert_eq!(reader.queues().unwrap().len(), 1);
     }
 
     fn an_empty_queue_name_is_refused(db) {

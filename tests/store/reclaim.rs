@@ -308,7 +308,7 @@ crate::on_both! {
     fn reclaim_honours_its_batch_size_and_zero_reclaims_nothing(db) {
         let store = db.store();
         store
-            .enqueue_many(&vec![Job::shell("true"); 5], T0)
+            .enqueue_many_at(&vec![Job::shell("true"); 5], T0)
             .unwrap();
         claim(&store, "w", 5, T0);
         assert!(

@@ -10,11 +10,11 @@ fn renew_extends_a_workers_leases_in_one_call_and_reports_the_lost_ones() {
     let db = TestDb::new();
     let store = db.store();
     let ids = store
-        .enqueue_many(&vec![Job::shell("true"); 4], T0)
+        .enqueue_many_at(&vec![Job::shell("true"); 4], T0)
         .unwrap();
     let held = claim(&store, "w", 4, T0);
     let tokens: Vec<String> = held.iter().map(|c| c.run_token.clone()).collect();
-    store.cancel(ids[1], T0 + 1).unwrap();
+    store.cancel_at(ids[1], T0 + 1).unwrap();
     // Lose the last one to a sweeper: expire it by hand, as a runner asleep past its TTL.
     db.bare()
         .execute(

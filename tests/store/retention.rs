@@ -59,7 +59,7 @@ impl Fixture {
 /// Enqueues `n` jobs at `at` and claims them all.
 fn claimed(store: &Store, n: usize, at: i64) -> Vec<leasehold::protocol::Claimed> {
     let jobs = vec![Job::shell("true"); n];
-    let ids = store.enqueue_many(&jobs, at).unwrap();
+    let ids = store.enqueue_many_at(&jobs, at).unwrap();
     let c = claim(store, "w", n as u32, at);
     assert_eq!(c.len(), ids.len());
     c
@@ -96,9 +96,9 @@ fn ended(store: &Store, n: usize, ending: &Ending, at: i64) -> Vec<i64> {
 
 fn cancelled(store: &Store, n: usize, at: i64) -> Vec<i64> {
     let jobs = vec![Job::shell("true"); n];
-    let ids = store.enqueue_many(&jobs, at).unwrap();
+    let ids = store.enqueue_many_at(&jobs, at).unwrap();
     for &id in &ids {
-        store.cancel(id, at).unwrap();
+        store.cancel_at(id, at).unwrap();
     }
     ids
 }
@@ -133,11 +133,11 @@ fn fixture() -> Fixture {
     let running: Vec<i64> = claimed(&store, N, old).iter().map(|c| c.id).collect();
     let marked: Vec<i64> = claimed(&store, N, old)
         .iter()
-        .map(|c| store.cancel(c.id, old).unwrap().id)
+        .map(|c| store.cancel_at(c.id, old).unwrap().id)
         .collect();
     // Enqueued long ago, scheduled far in the future: never claimed.
     let pending = store
-        .enqueue_many(&vec![Job::shell("true"); N], old)
+        .enqueue_many_at(&vec![Job::shell("true"); N], old)
         .unwrap();
     assert!(store.job(marked[0]).unwrap().status == Status::Cancelled);
     Fixture {
@@ -195,19 +195,33 @@ fn each_rule_prunes_its_old_jobs_and_nothing_else() {
 
     // Only the succeeded rule.
     let only_succeeded = Retention::keep_all().succeeded(Some(Duration::from_secs(86_400)));
-    let report = store.prune(&only_succeeded, NOW).unwrap();
+    let report = store
+        .prune_at(&only_succeeded, &leasehold::PruneOptions::default(), NOW)
+        .unwrap();
     assert_eq!(report.jobs, N as u64);
     assert_eq!(kept(&store, &f.old_succeeded), 0);
     assert_eq!(present(&store).len(), total - N);
 
     // Only the failed rule.
     let only_failed = Retention::keep_all().failed(Some(Duration::from_secs(86_400)));
-    assert_eq!(store.prune(&only_failed, NOW).unwrap().jobs, N as u64);
+    assert_eq!(
+        store
+            .prune_at(&only_failed, &leasehold::PruneOptions::default(), NOW)
+            .unwrap()
+            .jobs,
+        N as u64
+    );
     assert_eq!(kept(&store, &f.old_failed), 0);
 
     // Only the cancelled rule: the marked jobs are cancelled and old, and stay.
     let only_cancelled = Retention::keep_all().cancelled(Some(Duration::from_secs(86_400)));
-    assert_eq!(store.prune(&only_cancelled, NOW).unwrap().jobs, N as u64);
+    assert_eq!(
+        store
+            .prune_at(&only_cancelled, &leasehold::PruneOptions::default(), NOW)
+            .unwrap()
+            .jobs,
+        N as u64
+    );
     assert_eq!(kept(&store, &f.old_cancelled), 0);
 
     // Nothing else went: young, running, pending, marked.
@@ -226,7 +240,13 @@ fn each_rule_prunes_its_old_jobs_and_nothing_else() {
         .succeeded(Some(Duration::ZERO))
         .failed(Some(Duration::ZERO))
         .cancelled(Some(Duration::ZERO));
-    assert_eq!(store.prune(&zero, NOW).unwrap().jobs, 3 * N as u64);
+    assert_eq!(
+        store
+            .prune_at(&zero, &leasehold::PruneOptions::default(), NOW)
+            .unwrap()
+            .jobs,
+        3 * N as u64
+    );
     assert_eq!(present(&store).len(), 3 * N);
     for group in [&f.running, &f.pending, &f.marked] {
         assert_eq!(kept(&store, group), N);
@@ -239,7 +259,9 @@ fn the_defaults_prune_by_age_and_forever_keeps_a_status() {
     let store = f.store();
     // 60 days after the old endings: past every default; the young ones are an hour old.
     let forever_failed = Retention::default().failed(None);
-    let report = store.prune(&forever_failed, NOW).unwrap();
+    let report = store
+        .prune_at(&forever_failed, &leasehold::PruneOptions::default(), NOW)
+        .unwrap();
     assert_eq!(report.jobs, 2 * N as u64);
     assert_eq!(kept(&store, &f.old_failed), N);
     assert_eq!(kept(&store, &f.old_succeeded), 0);
@@ -249,7 +271,11 @@ fn the_defaults_prune_by_age_and_forever_keeps_a_status() {
     let store2 = f2.store();
     assert_eq!(
         store2
-            .prune(&Retention::default(), T0 + 11 * DAY)
+            .prune_at(
+                &Retention::default(),
+                &leasehold::PruneOptions::default(),
+                T0 + 11 * DAY
+            )
             .unwrap()
             .jobs,
         N as u64
@@ -268,7 +294,13 @@ fn events_and_output_go_with_their_job() {
     assert_eq!(child_rows(&f, "job_output", &old), N as i64);
     let young = f.young_succeeded.clone();
     let young_events = child_rows(&f, "job_events", &young);
-    let report = store.prune(&Retention::default(), NOW).unwrap();
+    let report = store
+        .prune_at(
+            &Retention::default(),
+            &leasehold::PruneOptions::default(),
+            NOW,
+        )
+        .unwrap();
     assert!(report.events >= 3 * N as u64, "{report:?}");
     assert_eq!(report.outputs, 2 * N as u64, "{report:?}");
     assert_eq!(child_rows(&f, "job_events", &old), 0);
@@ -295,7 +327,11 @@ fn keep_max_keeps_the_newest_finished_jobs() {
     // 6N unmarked finished jobs and N marked ones (which count, and stay); keep 1.5N.
     let max = N as u64 * 3 / 2;
     let report = store
-        .prune(&Retention::keep_all().keep_max(Some(max)), NOW)
+        .prune_at(
+            &Retention::keep_all().keep_max(Some(max)),
+            &leasehold::PruneOptions::default(),
+            NOW,
+        )
         .unwrap();
     // The newest 1.5N by completed_at are the young ones, ended at one instant: the newest ids
     // among them stay.
@@ -318,14 +354,22 @@ fn keep_max_keeps_the_newest_finished_jobs() {
     // Already within the cap: nothing more.
     assert_eq!(
         store
-            .prune(&Retention::keep_all().keep_max(Some(max)), NOW)
+            .prune_at(
+                &Retention::keep_all().keep_max(Some(max)),
+                &leasehold::PruneOptions::default(),
+                NOW
+            )
             .unwrap()
             .jobs,
         0
     );
     // A cap of 0 prunes every unmarked finished job.
     store
-        .prune(&Retention::keep_all().keep_max(Some(0)), NOW)
+        .prune_at(
+            &Retention::keep_all().keep_max(Some(0)),
+            &leasehold::PruneOptions::default(),
+            NOW,
+        )
         .unwrap();
     assert_eq!(present(&store).len(), 3 * N);
 }
@@ -336,10 +380,16 @@ fn batches_are_bounded_and_a_limit_leaves_the_rest_for_later() {
     let store = f.store();
     let options = PruneOptions::default().batch(100).max_batches(Some(3));
     let report = store
-        .prune_with(&Retention::default(), &options, NOW)
+        .prune_at(&Retention::default(), &options, NOW)
         .unwrap();
     assert_eq!((report.jobs, report.batches, report.more), (300, 3, true));
-    let rest = store.prune(&Retention::default(), NOW).unwrap();
+    let rest = store
+        .prune_at(
+            &Retention::default(),
+            &leasehold::PruneOptions::default(),
+            NOW,
+        )
+        .unwrap();
     assert_eq!(rest.jobs, 3 * N as u64 - 300);
     assert!(!rest.more);
 }
@@ -352,7 +402,7 @@ fn a_prune_past_its_deadline_starts_nothing_and_leaves_it_all_for_later() {
     // A deadline already passed: no batch and no vacuum step starts.
     let passed = PruneOptions::default().deadline(Some(std::time::Instant::now()));
     let report = store
-        .prune_with(&Retention::keep_all().keep_max(Some(0)), &passed, NOW)
+        .prune_at(&Retention::keep_all().keep_max(Some(0)), &passed, NOW)
         .unwrap();
     assert_eq!(
         (report.jobs, report.batches, report.bytes_freed, report.more),
@@ -364,7 +414,7 @@ fn a_prune_past_its_deadline_starts_nothing_and_leaves_it_all_for_later() {
     let ahead = PruneOptions::default()
         .deadline(std::time::Instant::now().checked_add(std::time::Duration::from_secs(3600)));
     let report = store
-        .prune_with(&Retention::keep_all().keep_max(Some(0)), &ahead, NOW)
+        .prune_at(&Retention::keep_all().keep_max(Some(0)), &ahead, NOW)
         .unwrap();
     assert_eq!((report.jobs, report.more), (6 * N as u64, false));
     assert!(report.bytes_freed > 0, "{report:?}");
@@ -392,7 +442,11 @@ fn pruning_and_the_incremental_vacuum_shrink_the_file() {
     checkpoint(&f.t);
     let before = std::fs::metadata(&f.t.path).unwrap().len();
     let report = store
-        .prune(&Retention::keep_all().keep_max(Some(0)), NOW)
+        .prune_at(
+            &Retention::keep_all().keep_max(Some(0)),
+            &leasehold::PruneOptions::default(),
+            NOW,
+        )
         .unwrap();
     assert_eq!(report.jobs, 6 * N as u64);
     assert!(report.bytes_freed > 0, "{report:?}");
@@ -421,7 +475,7 @@ fn a_bounded_vacuum_leaves_the_rest_of_the_free_list_to_the_next_prune() {
     };
     // About 6 MB more of finished jobs, so that the free list outgrows one step of 256 pages.
     let big = Job::shell("true").env("PAYLOAD", "x".repeat(2000));
-    store.enqueue_many(&vec![big; 3000], NOW - DAY).unwrap();
+    store.enqueue_many_at(&vec![big; 3000], NOW - DAY).unwrap();
     f.t.bare()
         .execute(
             "UPDATE jobs SET status = 'cancelled', completed_at = ?1
@@ -431,7 +485,7 @@ fn a_bounded_vacuum_leaves_the_rest_of_the_free_list_to_the_next_prune() {
         .unwrap();
     let one_step = PruneOptions::default().max_vacuum_steps(Some(1));
     let zero = Retention::keep_all().keep_max(Some(0));
-    let first = store.prune_with(&zero, &one_step, NOW).unwrap();
+    let first = store.prune_at(&zero, &one_step, NOW).unwrap();
     assert_eq!(first.jobs, 6 * N as u64 + 3000);
     assert!(
         first.bytes_freed > 0 && first.bytes_freed <= 256 * 4096,
@@ -439,7 +493,9 @@ fn a_bounded_vacuum_leaves_the_rest_of_the_free_list_to_the_next_prune() {
     );
     assert!(free() > 0);
     // Nothing left to prune, but the free pages are given back.
-    let second = store.prune(&zero, NOW).unwrap();
+    let second = store
+        .prune_at(&zero, &leasehold::PruneOptions::default(), NOW)
+        .unwrap();
     assert_eq!(second.jobs, 0);
     assert!(second.bytes_freed > 0, "{second:?}");
     assert_eq!(free(), 0);
@@ -459,7 +515,7 @@ fn a_dry_run_counts_what_would_go_and_changes_nothing() {
         Retention::default().keep_max(Some(N as u64)),
     ] {
         let dry = store
-            .prune_with(&policy, &PruneOptions::default().dry_run(true), NOW)
+            .prune_at(&policy, &PruneOptions::default().dry_run(true), NOW)
             .unwrap();
         assert!(dry.dry_run);
         assert_eq!((dry.events, dry.outputs, dry.bytes_freed), (0, 0, 0));
@@ -475,7 +531,14 @@ fn a_dry_run_counts_what_would_go_and_changes_nothing() {
     // And the real prune prunes what the dry run counted.
     let store = f.store();
     assert_eq!(
-        store.prune(&Retention::default(), NOW).unwrap().jobs,
+        store
+            .prune_at(
+                &Retention::default(),
+                &leasehold::PruneOptions::default(),
+                NOW
+            )
+            .unwrap()
+            .jobs,
         3 * N as u64
     );
 }
@@ -488,14 +551,20 @@ fn a_late_ending_and_a_renewal_for_a_pruned_job_are_harmless() {
     let (gone, live) = (&c[0], &c[1]);
     // An operator cancels the first while it runs, its teardown is recorded, and a prune with
     // a rule of zero takes it at once: its runner still holds the attempt.
-    store.cancel(gone.id, T0 + 10).unwrap();
+    store.cancel_at(gone.id, T0 + 10).unwrap();
     assert!(
         store
             .record_teardown(gone.id, &gone.run_token, "test", T0 + 20)
             .unwrap()
     );
     let zero = Retention::keep_all().cancelled(Some(Duration::ZERO));
-    assert_eq!(store.prune(&zero, T0 + 30).unwrap().jobs, 1);
+    assert_eq!(
+        store
+            .prune_at(&zero, &leasehold::PruneOptions::default(), T0 + 30)
+            .unwrap()
+            .jobs,
+        1
+    );
     assert!(store.job(gone.id).is_err());
 
     // The runner's renewal names both: the live one is renewed, the pruned one is reported

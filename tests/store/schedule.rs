@@ -34,7 +34,7 @@ fn put_every_two_seconds(store: &Store) {
     let every_2s = Schedule::every(Duration::from_secs(2))
         .overlap(Overlap::Allow)
         .job(Job::shell("true"));
-    store.put_schedule("fast", &every_2s, T).unwrap();
+    store.put_schedule_at("fast", &every_2s, T).unwrap();
 }
 
 fn jobs_of(store: &Store, name: &str) -> Vec<JobRecord> {
@@ -56,15 +56,15 @@ fn slots(jobs: &[JobRecord]) -> Vec<i64> {
 fn a_damaged_schedule_does_not_hold_the_others_back() {
     let db = TestDb::new();
     let store = db.store();
-    store.put_schedule("bad", &minutely(), T).unwrap();
-    store.put_schedule("good", &minutely(), T).unwrap();
+    store.put_schedule_at("bad", &minutely(), T).unwrap();
+    store.put_schedule_at("good", &minutely(), T).unwrap();
     db.bare()
         .execute(
             "UPDATE schedules SET job = 'not json' WHERE name = 'bad'",
             [],
         )
         .unwrap();
-    assert!(store.fire_due(T + MIN).is_err());
+    assert!(store.fire_due_at(T + MIN).is_err());
     assert_eq!(slots(&jobs_of(&store, "good")), vec![T + MIN]);
     assert!(jobs_of(&store, "bad").is_empty());
 }
@@ -72,14 +72,14 @@ fn a_damaged_schedule_does_not_hold_the_others_back() {
 crate::on_both! {
     fn a_due_slot_enqueues_one_job_that_names_its_schedule_and_slot(db) {
         let store = db.store();
-        let rec = store.put_schedule("tick", &minutely(), T + 5).unwrap();
+        let rec = store.put_schedule_at("tick", &minutely(), T + 5).unwrap();
         assert_eq!(rec.next_slot_at, Some(T + MIN));
-        assert_eq!(store.fire_due(T + MIN - 1).unwrap().enqueued, 0);
-        let r = store.fire_due(T + MIN + 200).unwrap();
+        assert_eq!(store.fire_due_at(T + MIN - 1).unwrap().enqueued, 0);
+        let r = store.fire_due_at(T + MIN + 200).unwrap();
         assert_eq!((r.enqueued, r.missed, r.skipped), (1, 0, 0));
         assert_eq!(r.next_due, Some(T + 2 * MIN));
         // Fired: firing again at the same time does nothing.
-        assert_eq!(store.fire_due(T + MIN + 300).unwrap().enqueued, 0);
+        assert_eq!(store.fire_due_at(T + MIN + 300).unwrap().enqueued, 0);
         let jobs = jobs_of(&store, "tick");
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs[0].slot_at, Some(T + MIN));
@@ -104,13 +104,13 @@ crate::on_both! {
             ("all", CatchUp::All),
         ] {
             store
-                .put_schedule(name, &minutely().catch_up(policy), T)
+                .put_schedule_at(name, &minutely().catch_up(policy), T)
                 .unwrap();
         }
         // The runners fire the first slot on time, then stop for nine slots.
-        assert_eq!(store.fire_due(T + MIN + 100).unwrap().enqueued, 3);
+        assert_eq!(store.fire_due_at(T + MIN + 100).unwrap().enqueued, 3);
         let restart = T + 10 * MIN + 30_000;
-        let r = store.fire_due(restart).unwrap();
+        let r = store.fire_due_at(restart).unwrap();
         assert_eq!(r.enqueued, 1 + 9, "{r:?}");
         assert_eq!(r.missed, 9 + 8, "{r:?}");
         let gap: Vec<i64> = (2..=10).map(|k| T + k * MIN).collect();
@@ -150,9 +150,9 @@ crate::on_both! {
     fn catch_up_all_keeps_the_100_most_recent_slots(db) {
         let store = db.store();
         store
-            .put_schedule("all", &minutely().catch_up(CatchUp::All), T)
+            .put_schedule_at("all", &minutely().catch_up(CatchUp::All), T)
             .unwrap();
-        let r = store.fire_due(T + 150 * MIN + 30_000).unwrap();
+        let r = store.fire_due_at(T + 150 * MIN + 30_000).unwrap();
         assert_eq!((r.enqueued, r.missed), (100, 50));
         let fired = slots(&jobs_of(&store, "all"));
         assert_eq!(fired.first(), Some(&(T + 51 * MIN)));
@@ -169,9 +169,9 @@ crate::on_both! {
 
     fn a_long_gap_of_a_one_second_schedule_is_counted_without_firing_it(db) {
         let store = db.store();
-        store.put_schedule("s", &every_second(), T).unwrap();
+        store.put_schedule_at("s", &every_second(), T).unwrap();
         // A week of downtime: 604,800 slots.
-        let r = store.fire_due(T + 7 * 86_400_000 + 20_500).unwrap();
+        let r = store.fire_due_at(T + 7 * 86_400_000 + 20_500).unwrap();
         // Only the newest slot, 500 ms late, is within the grace (half its 1 s period); the
         // rest are counted as missed.
         assert_eq!(r.enqueued, 1, "{r:?}");
@@ -181,15 +181,15 @@ crate::on_both! {
     fn overlap_skip_enqueues_nothing_while_the_earlier_job_is_unfinished(db) {
         let store = db.store();
         store
-            .put_schedule("sync", &minutely().overlap(Overlap::Skip), T)
+            .put_schedule_at("sync", &minutely().overlap(Overlap::Skip), T)
             .unwrap();
-        assert_eq!(store.fire_due(T + MIN).unwrap().enqueued, 1);
+        assert_eq!(store.fire_due_at(T + MIN).unwrap().enqueued, 1);
         // Still pending: the next slot is skipped.
-        let r = store.fire_due(T + 2 * MIN).unwrap();
+        let r = store.fire_due_at(T + 2 * MIN).unwrap();
         assert_eq!((r.enqueued, r.skipped), (0, 1));
         // Running: skipped too.
         let c = claim_one(&store, "w", T + 2 * MIN + 10);
-        let r = store.fire_due(T + 3 * MIN).unwrap();
+        let r = store.fire_due_at(T + 3 * MIN).unwrap();
         assert_eq!((r.enqueued, r.skipped), (0, 1));
         let events = store.schedule_events("sync").unwrap();
         assert_eq!(events.len(), 2);
@@ -204,7 +204,7 @@ crate::on_both! {
         );
         // Finished: the next slot fires.
         finish(&store, &c, Ending::Succeeded, T + 3 * MIN + 10);
-        assert_eq!(store.fire_due(T + 4 * MIN).unwrap().enqueued, 1);
+        assert_eq!(store.fire_due_at(T + 4 * MIN).unwrap().enqueued, 1);
         assert_eq!(slots(&jobs_of(&store, "sync")), vec![T + MIN, T + 4 * MIN]);
     }
 
@@ -214,7 +214,7 @@ crate::on_both! {
             .unwrap()
             .overlap(Overlap::Allow)
             .job(Job::shell("true"));
-        db.store().put_schedule("fast", &s, T).unwrap();
+        db.store().put_schedule_at("fast", &s, T).unwrap();
         let barrier = std::sync::Barrier::new(2);
         // A failed firing is noted, not unwrapped: a thread that panicked would leave the
         // other waiting at the barrier for ever.
@@ -226,7 +226,7 @@ crate::on_both! {
                         let (mut n, mut failed) = (0, Vec::new());
                         for k in 1..=200 {
                             barrier.wait();
-                            match store.fire_due(T + k * 1000 + 5) {
+                            match store.fire_due_at(T + k * 1000 + 5) {
                                 Ok(r) => n += r.enqueued,
                                 Err(e) => failed.push(format!("slot {k}: {e:?}")),
                             }
@@ -263,31 +263,37 @@ crate::on_both! {
     }
 
     fn a_paused_schedule_fires_nothing_and_resumes_at_its_next_future_slot(db) {
-        let store = db.store();
+        // On a clock the test moves: every call acts at its time.
+        let clock = leasehold::ManualClock::new(T);
+        let store = db.store_with(&leasehold::OpenOptions::new().clock(&clock));
         store
-            .put_schedule("p", &minutely().catch_up(CatchUp::All), T)
+            .put_schedule("p", &minutely().catch_up(CatchUp::All))
             .unwrap();
-        let rec = store.pause_schedule("p", T + 10).unwrap();
+        clock.set(T + 10);
+        let rec = store.pause_schedule("p").unwrap();
         assert!(rec.paused);
-        assert_eq!(store.fire_due(T + 30 * MIN).unwrap().enqueued, 0);
-        let rec = store.resume_schedule("p", T + 30 * MIN + 10).unwrap();
+        clock.set(T + 30 * MIN);
+        assert_eq!(store.fire_due().unwrap().enqueued, 0);
+        clock.advance(Duration::from_millis(10));
+        let rec = store.resume_schedule("p").unwrap();
         assert!(!rec.paused);
         assert_eq!(rec.next_slot_at, Some(T + 31 * MIN));
-        let r = store.fire_due(T + 31 * MIN + 10).unwrap();
+        clock.set(T + 31 * MIN + 10);
+        let r = store.fire_due().unwrap();
         assert_eq!((r.enqueued, r.missed), (1, 0));
         assert!(store.schedule_events("p").unwrap().is_empty());
     }
 
     fn names_are_unique_and_bad_schedules_write_nothing(db) {
         let store = db.store();
-        store.put_schedule("a", &minutely(), T).unwrap();
-        match store.put_schedule("a", &minutely().tz("Europe/Berlin"), T + 1) {
+        store.put_schedule_at("a", &minutely(), T).unwrap();
+        match store.put_schedule_at("a", &minutely().tz("Europe/Berlin"), T + 1) {
             Err(Error::ScheduleExists(name)) => assert_eq!(name, "a"),
             other => panic!("{other:?}"),
         }
         assert_eq!(store.schedule("a").unwrap().schedule.zone_name(), "UTC");
         let replaced = store
-            .replace_schedule("a", &minutely().tz("Europe/Berlin"), T + 2)
+            .replace_schedule("a", &minutely().tz("Europe/Berlin"))
             .unwrap();
         assert_eq!(replaced.schedule.zone_name(), "Europe/Berlin");
         assert_eq!(replaced.created_at, T);
@@ -303,7 +309,7 @@ crate::on_both! {
             ("b", Schedule::cron("@daily").unwrap(), "command"),
         ];
         for (name, schedule, setting) in bad {
-            match store.put_schedule(name, &schedule, T) {
+            match store.put_schedule_at(name, &schedule, T) {
                 Err(Error::Invalid { setting: s, .. }) => assert_eq!(s, setting),
                 other => panic!("{name:?}: {other:?}"),
             }
@@ -314,7 +320,7 @@ crate::on_both! {
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            store.pause_schedule("nope", T),
+            store.pause_schedule("nope"),
             Err(Error::NoSuchSchedule(_))
         ));
         store.remove_schedule("a").unwrap();
@@ -324,24 +330,24 @@ crate::on_both! {
     fn an_interval_counts_from_when_it_was_stored(db) {
         let store = db.store();
         let s = Schedule::every(Duration::from_secs(90)).job(Job::shell("true"));
-        let rec = store.put_schedule("i", &s, T + 7).unwrap();
+        let rec = store.put_schedule_at("i", &s, T + 7).unwrap();
         assert_eq!(rec.next_slot_at, Some(T + 7 + 90_000));
         assert_eq!(
             store.next_slots("i", T + 7, 3).unwrap(),
             vec![T + 90_007, T + 180_007, T + 270_007]
         );
-        assert_eq!(store.fire_due(T + 90_007).unwrap().enqueued, 1);
+        assert_eq!(store.fire_due_at(T + 90_007).unwrap().enqueued, 1);
         let job = &jobs_of(&store, "i")[0];
         assert_eq!(job.status, Status::Pending);
     }
 
     fn a_schedule_keeps_its_newest_events_only(db) {
         let store = db.store();
-        store.put_schedule("busy", &every_second(), T).unwrap();
+        store.put_schedule_at("busy", &every_second(), T).unwrap();
         // The first slot's job never ends: every later slot is skipped.
-        assert_eq!(store.fire_due(T + 1_000).unwrap().enqueued, 1);
+        assert_eq!(store.fire_due_at(T + 1_000).unwrap().enqueued, 1);
         for k in 2..=(leasehold::MAX_SCHEDULE_EVENTS + 50) {
-            let r = store.fire_due(T + k * 1_000).unwrap();
+            let r = store.fire_due_at(T + k * 1_000).unwrap();
             assert_eq!(r.skipped, 1);
         }
         let events = store.schedule_events("busy").unwrap();
@@ -355,14 +361,14 @@ crate::on_both! {
     fn catch_up_skip_fires_no_missed_slot_of_a_short_outage_of_a_two_second_schedule(db) {
         let store = db.store();
         put_every_two_seconds(&store);
-        assert_eq!(store.fire_due(T + 2_000 + 5).unwrap().enqueued, 1);
+        assert_eq!(store.fire_due_at(T + 2_000 + 5).unwrap().enqueued, 1);
         // The firer is away for about 6 s: the slots at 4, 6 and 8 s pass. It returns 1.5 s
         // after the newest, more than half a period late: all three were missed, none fires.
-        let r = store.fire_due(T + 9_500).unwrap();
+        let r = store.fire_due_at(T + 9_500).unwrap();
         assert_eq!((r.enqueued, r.missed), (0, 3), "{r:?}");
         assert_eq!(r.next_due, Some(T + 10_000));
         // Only the next future slot fires.
-        let r = store.fire_due(T + 10_000 + 5).unwrap();
+        let r = store.fire_due_at(T + 10_000 + 5).unwrap();
         assert_eq!((r.enqueued, r.missed), (1, 0), "{r:?}");
         assert_eq!(slots(&jobs_of(&store, "fast")), vec![T + 2_000, T + 10_000]);
         let events = store.schedule_events("fast").unwrap();
@@ -381,10 +387,10 @@ crate::on_both! {
         let store = db.store();
         put_every_two_seconds(&store);
         // 1 s late: exactly half a period, still on time.
-        let r = store.fire_due(T + 3_000).unwrap();
+        let r = store.fire_due_at(T + 3_000).unwrap();
         assert_eq!((r.enqueued, r.missed), (1, 0), "{r:?}");
         // 1.001 s late: missed.
-        let r = store.fire_due(T + 5_001).unwrap();
+        let r = store.fire_due_at(T + 5_001).unwrap();
         assert_eq!((r.enqueued, r.missed), (0, 1), "{r:?}");
     }
 
@@ -392,23 +398,23 @@ crate::on_both! {
         let store = db.store();
         let hour = 60 * MIN;
         // The clock is an hour ahead when one schedule is stored and another fires.
-        store.put_schedule("stored", &minutely(), T + hour).unwrap();
-        store.put_schedule("fired", &minutely(), T - MIN).unwrap();
+        store.put_schedule_at("stored", &minutely(), T + hour).unwrap();
+        store.put_schedule_at("fired", &minutely(), T - MIN).unwrap();
         // An interval counts from when it was stored: its anchor is an hour ahead too.
         let every_minute = Schedule::every(Duration::from_secs(60))
             .overlap(Overlap::Allow)
             .job(Job::shell("true"));
         store
-            .put_schedule("interval", &every_minute, T + hour + 7)
+            .put_schedule_at("interval", &every_minute, T + hour + 7)
             .unwrap();
-        assert_eq!(store.fire_due(T + hour + 100).unwrap().enqueued, 1);
+        assert_eq!(store.fire_due_at(T + hour + 100).unwrap().enqueued, 1);
         assert_eq!(
             store.schedule("fired").unwrap().next_slot_at,
             Some(T + hour + MIN)
         );
         // The clock is set back: both next slots lie more than a period ahead and are
         // recomputed from now, in the firing transaction, without firing anything.
-        let r = store.fire_due(T + 30_000).unwrap();
+        let r = store.fire_due_at(T + 30_000).unwrap();
         assert_eq!((r.enqueued, r.missed, r.skipped), (0, 0, 0), "{r:?}");
         assert_eq!(r.next_due, Some(T + MIN));
         for name in ["stored", "fired"] {
@@ -420,9 +426,9 @@ crate::on_both! {
             Some(T + MIN + 7)
         );
         // All fire on time, not an hour later, and go on every minute.
-        let r = store.fire_due(T + MIN + 100).unwrap();
+        let r = store.fire_due_at(T + MIN + 100).unwrap();
         assert_eq!(r.enqueued, 3, "{r:?}");
-        let r = store.fire_due(T + 2 * MIN + 100).unwrap();
+        let r = store.fire_due_at(T + 2 * MIN + 100).unwrap();
         assert_eq!(r.enqueued, 3, "{r:?}");
         assert_eq!(
             slots(&jobs_of(&store, "stored")),
@@ -436,15 +442,15 @@ crate::on_both! {
 
     fn a_clock_read_a_little_behind_the_runner_that_fired_fires_nothing_again(db) {
         let store = db.store();
-        store.put_schedule("m", &minutely(), T).unwrap();
+        store.put_schedule_at("m", &minutely(), T).unwrap();
         // Another runner fired the slot at 2 minutes (and missed the one before).
-        assert_eq!(store.fire_due(T + 2 * MIN + 100).unwrap().enqueued, 1);
+        assert_eq!(store.fire_due_at(T + 2 * MIN + 100).unwrap().enqueued, 1);
         // This one read its clock 50 ms before that slot: the next slot is a period and 50 ms
         // ahead, but the slot fired is after now, so nothing is recomputed to fire it again.
-        let r = store.fire_due(T + 2 * MIN - 50).unwrap();
+        let r = store.fire_due_at(T + 2 * MIN - 50).unwrap();
         assert_eq!((r.enqueued, r.missed, r.skipped), (0, 0, 0), "{r:?}");
         assert_eq!(store.schedule("m").unwrap().next_slot_at, Some(T + 3 * MIN));
-        let r = store.fire_due(T + 2 * MIN + 200).unwrap();
+        let r = store.fire_due_at(T + 2 * MIN + 200).unwrap();
         assert_eq!(r.enqueued, 0, "{r:?}");
         assert_eq!(slots(&jobs_of(&store, "m")), vec![T + 2 * MIN]);
     }
@@ -460,7 +466,7 @@ fn a_postgres_firing_waits_for_another_firing_of_the_schedule_and_then_fires_not
     let db = TestDb::postgres("schedule_row_locked");
     let pg = db.pg.as_ref().expect("a PostgreSQL test");
     let store = db.store();
-    store.put_schedule("m", &minutely(), T).unwrap();
+    store.put_schedule_at("m", &minutely(), T).unwrap();
     let mut holder = pg.connect();
     holder
         .batch_execute(&format!(
@@ -472,7 +478,7 @@ fn a_postgres_firing_waits_for_another_firing_of_the_schedule_and_then_fires_not
         .unwrap();
     let firer = db.store();
     let (waited, fired) =
-        crate::util::pg::behind_lock(pg, &mut holder, move || firer.fire_due(T + MIN + 5));
+        crate::util::pg::behind_lock(pg, &mut holder, move || firer.fire_due_at(T + MIN + 5));
     let fired = fired.unwrap_or_else(|e| {
         panic!("firing beside another firing of the slot failed (waited: {waited}): {e:?}")
     });

@@ -6,7 +6,7 @@ use std::process::Child;
 use std::time::Duration;
 
 use leasehold::protocol::Ending;
-use leasehold::{Error, Job, ListFilter, Status, Store, now_ms};
+use leasehold::{Error, Job, ListFilter, Status, Store};
 
 use crate::helper::{Children, claim_one, files_in, finish, spawn_test_child};
 use crate::util::{self, T0, TestDb, wait_until};
@@ -32,7 +32,7 @@ fn unique_child_process() {
     let mut new = 0;
     for _ in 0..ENQUEUES {
         let done = store
-            .enqueue_unique(&Job::shell("echo sync").unique_key("sync"), now_ms())
+            .enqueue_unique(&Job::shell("echo sync").unique_key("sync"))
             .unwrap_or_else(|e| panic!("enqueue: {e:?}"));
         if !done.duplicate {
             new += 1;
@@ -100,27 +100,27 @@ crate::on_both! {
     fn a_finished_job_frees_its_key_and_a_running_one_holds_it(db) {
         let store = db.store();
         let job = Job::shell("echo sync").unique_key("sync");
-        let first = store.enqueue_unique(&job, T0).unwrap();
+        let first = store.enqueue_unique_at(&job, T0).unwrap();
         assert!(!first.duplicate);
         // Pending: a duplicate, the same id; `enqueue` says the same without the flag.
-        let again = store.enqueue_unique(&job, T0 + 1).unwrap();
+        let again = store.enqueue_unique_at(&job, T0 + 1).unwrap();
         assert_eq!((again.id, again.duplicate), (first.id, true));
-        assert_eq!(store.enqueue(&job, T0 + 2).unwrap(), first.id);
+        assert_eq!(store.enqueue_at(&job, T0 + 2).unwrap(), first.id);
         // Running: still a duplicate.
         let claimed = claim_one(&store, "w", T0 + 10);
         assert_eq!(claimed.id, first.id);
-        assert!(store.enqueue_unique(&job, T0 + 11).unwrap().duplicate);
+        assert!(store.enqueue_unique_at(&job, T0 + 11).unwrap().duplicate);
         // Another key, or no key, is not held back.
         assert!(
             !store
-                .enqueue_unique(&Job::shell("echo sync").unique_key("other"), T0 + 12)
+                .enqueue_unique_at(&Job::shell("echo sync").unique_key("other"), T0 + 12)
                 .unwrap()
                 .duplicate
         );
         // Finished: the next enqueue makes a new job.
         finish(&store, &claimed, Ending::Succeeded, T0 + 20);
         assert_eq!(store.job(first.id).unwrap().status, Status::Succeeded);
-        let next = store.enqueue_unique(&job, T0 + 21).unwrap();
+        let next = store.enqueue_unique_at(&job, T0 + 21).unwrap();
         assert!(!next.duplicate);
         assert_ne!(next.id, first.id);
     }
@@ -130,22 +130,22 @@ crate::on_both! {
         let job = Job::shell("echo report")
             .unique_key("report")
             .unique_window(Duration::from_secs(60));
-        let first = store.enqueue_unique(&job, T0).unwrap();
+        let first = store.enqueue_unique_at(&job, T0).unwrap();
         let claimed = claim_one(&store, "w", T0 + 1_000);
         finish(&store, &claimed, Ending::Succeeded, T0 + 2_000);
         // Finished, but created within the window: a duplicate.
-        let dup = store.enqueue_unique(&job, T0 + 59_000).unwrap();
+        let dup = store.enqueue_unique_at(&job, T0 + 59_000).unwrap();
         assert_eq!((dup.id, dup.duplicate), (first.id, true));
         // A millisecond inside the window: a duplicate.
-        let dup = store.enqueue_unique(&job, T0 + 59_999).unwrap();
+        let dup = store.enqueue_unique_at(&job, T0 + 59_999).unwrap();
         assert_eq!((dup.id, dup.duplicate), (first.id, true));
         // Created exactly `window` ago is outside it: a new job.
-        let later = store.enqueue_unique(&job, T0 + 60_000).unwrap();
+        let later = store.enqueue_unique_at(&job, T0 + 60_000).unwrap();
         assert!(!later.duplicate);
         // A running job matches whatever the window.
         let c = claim_one(&store, "w", T0 + 61_000);
         assert_eq!(c.id, later.id);
-        assert!(store.enqueue_unique(&job, T0 + 200_000).unwrap().duplicate);
+        assert!(store.enqueue_unique_at(&job, T0 + 200_000).unwrap().duplicate);
     }
 
     fn bad_unique_settings_are_refused(db) {
@@ -163,7 +163,7 @@ crate::on_both! {
                 "unique_window",
             ),
         ] {
-            match store.enqueue_unique(&job, T0) {
+            match store.enqueue_unique_at(&job, T0) {
                 Err(Error::Invalid { setting: s, .. }) => assert_eq!(s, setting),
                 other => panic!("{job:?}: {other:?}"),
             }

@@ -319,7 +319,7 @@ fn overview(store: &Store, app: &App, view: &page::View) -> Result<Response, Err
     let data = Overview {
         size: store.size()?,
         counts: store.counts()?,
-        queues: store.all_queues(now)?,
+        queues: store.all_queues()?,
         schedules: store.schedules()?,
         leases: store.lease_counts(settings.max_recovery_attempts, now)?,
         settings,

@@ -459,7 +459,10 @@ pub fn jobs(q: &ListQuery, rows: &[JobRecord], more: bool, actions: bool, view: 
                         td.n { (j.recovery_count) }
                         td { (render::result(j)) }
                         td.t { (t.at(j.created_at)) br; span.later { (relative(view.now - j.created_at)) } }
-                        td { code { (render::cut(&render::command_line(&j.argv), 80)) } }
+                        td {
+                            @if let Some(name) = &j.name { span.name { (name) } " " }
+                            code { (render::cut(&render::command_line(&j.argv), 80)) }
+                        }
                     }
                 }
             }
@@ -532,6 +535,7 @@ pub fn job(
         ("heartbeat_at", view.opt_stamp(j.heartbeat_at)),
         ("lease_expires_at", view.opt_stamp(j.lease_expires_at)),
         ("completed_at", view.opt_stamp(j.completed_at)),
+        ("name", j.name.clone().unwrap_or("-".into())),
         ("unique_key", j.unique_key.clone().unwrap_or("-".into())),
         ("schedule", j.schedule.clone().unwrap_or("-".into())),
         ("slot_at", view.opt_stamp(j.slot_at)),

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::job::now_ms;
+
 use crate::process::{self, AttemptIdentity};
 use crate::store::{LostAttempt, Namespace, ReclaimRequest, Reclaimed, RunnerRecord, Store};
 
@@ -196,7 +196,7 @@ pub fn host_gone(store: &Store, host: &str, force: bool) -> Result<HostGone> {
         .filter(|l| l.host == host)
         .collect();
     if !force {
-        if let Some(why) = not_silent(&runners, &leases, store.clock(now_ms())?) {
+        if let Some(why) = not_silent(&runners, &leases, store.db_now()?) {
             return Err(refuse(format!(
                 "is not silent: {why}; it may be alive, and a runner cut off from the database \
                  kills its own attempts within a lease TTL: wait until then, or force it (--force)"
@@ -229,7 +229,7 @@ pub fn host_gone(store: &Store, host: &str, force: bool) -> Result<HostGone> {
                     keepers: None,
                     lease_ttl: settings.lease_ttl,
                 },
-                now_ms(),
+                store.now(),
             )?;
             let n = done.reclaimed.len();
             for r in done.reclaimed {
@@ -291,7 +291,7 @@ pub fn host_gone(store: &Store, host: &str, force: bool) -> Result<HostGone> {
             Reach::Gone(why) => (why, true),
             Reach::Elsewhere(_) => (unverified(&who, &l, ns.as_ref(), &here), false),
         };
-        if store.record_teardown(l.job_id, &l.run_token, &detail, now_ms())? {
+        if store.record_teardown(l.job_id, &l.run_token, &detail, store.now())? {
             log::info!("job {} attempt {} torn down: {detail}", l.job_id, l.attempt);
             report.torn_down.push(ForcedTeardown {
                 lost: l,
@@ -303,10 +303,10 @@ pub fn host_gone(store: &Store, host: &str, force: bool) -> Result<HostGone> {
     // Its runners: recorded stopped, but not one that renews (forced): a runner recorded
     // stopped renews nothing as far as the others know, and their sweeps would reclaim at
     // once every job it takes from now on. Nor one that took a job since (the store's guard).
-    let now = store.clock(now_ms())?;
+    let now = store.db_now()?;
     for r in runners.iter().filter(|r| r.stopped_at.is_none()) {
         if !renews(r, now) {
-            store.mark_runner_dead(&r.worker_id, now_ms())?;
+            store.mark_runner_dead(&r.worker_id, store.now())?;
         }
     }
     for r in store.host_runners(host)? {

@@ -728,7 +728,9 @@ mod tests {
             assert_eq!(jobs(&mut other), 0, "swallow {swallow}: nothing was stored");
         }
         // The next transaction connects again.
-        store.enqueue(&job, 1).expect("an enqueue on a new session");
+        store
+            .enqueue_at(&job, 1)
+            .expect("an enqueue on a new session");
         assert_eq!(jobs(&mut other), 1);
     }
 

@@ -11,12 +11,12 @@ fn next_due_is_the_earliest_future_claimable_job_of_the_served_queues() {
             .queue(queue)
             .run_at(std::time::UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs()))
     };
-    let first = store.enqueue(&at("a", 1_000), 0).expect("enqueue");
-    store.enqueue(&at("a", 3_000), 0).expect("enqueue");
-    store.enqueue(&at("b", 2_000), 0).expect("enqueue");
+    let first = store.enqueue_at(&at("a", 1_000), 0).expect("enqueue");
+    store.enqueue_at(&at("a", 3_000), 0).expect("enqueue");
+    store.enqueue_at(&at("b", 2_000), 0).expect("enqueue");
     // Waits for `first`: not claimable, so not counted, however early.
     store
-        .enqueue(&at("b", 500).after([first]), 0)
+        .enqueue_at(&at("b", 500).after([first]), 0)
         .expect("enqueue");
     let conn = store.conn();
     let all: &[String] = &[];
@@ -69,8 +69,8 @@ fn next_due_is_the_earliest_future_claimable_job_of_the_served_queues() {
 fn claimed_pair(store: &crate::Store, job: &crate::Job, now: i64) -> Vec<Claimed> {
     let queue = format!("q{now}");
     let job = job.clone().queue(&queue);
-    store.enqueue(&job, now).expect("enqueue");
-    store.enqueue(&job, now).expect("enqueue");
+    store.enqueue_at(&job, now).expect("enqueue");
+    store.enqueue_at(&job, now).expect("enqueue");
     let req = ClaimRequest {
         worker_id: "w",
         limit: 2,
@@ -229,7 +229,7 @@ fn a_start_with_its_ending_after_the_lease_is_gone_records_no_start() {
     let now = 1_700_000_000_000;
     let pair = claimed_pair(&store, &crate::Job::shell("true"), now);
     for c in &pair {
-        store.cancel(c.id, now + 1).expect("cancel");
+        store.cancel_at(c.id, now + 1).expect("cancel");
     }
     let (apart, together) = (&pair[0], &pair[1]);
     let finish = |c: &Claimed| Finish {

@@ -63,13 +63,13 @@ CREATE FUNCTION julianday(t TEXT) RETURNS DOUBLE PRECISION
     $$;
 
 -- Schema versions applied, the newest last (SQLite keeps one number, PRAGMA user_version). A
--- database made from this file has one row, 16. The store's migration holds the advisory lock
+-- database made from this file has one row, 17. The store's migration holds the advisory lock
 -- above, reads max(version), and applies each newer migration in that transaction.
 CREATE TABLE leasehold_migrations (
     version     BIGINT PRIMARY KEY,
     applied_at  BIGINT NOT NULL
 );
-INSERT INTO leasehold_migrations (version, applied_at) VALUES (16, leasehold_now_ms());
+INSERT INTO leasehold_migrations (version, applied_at) VALUES (17, leasehold_now_ms());
 
 -- One row per job. The lease columns keep the names that lease-recovery runbooks use, so plain
 -- SQL works: status, attempt, max_attempts, recovery_count, started_at, completed_at,
@@ -150,7 +150,9 @@ CREATE TABLE jobs (
     -- The lease the lost attempt still to be torn down held when it was marked (NULL: none).
     -- Its keeper stops it by the end of that lease, so a runner elsewhere records its teardown
     -- as the keeper's only once this server's clock is past it (and a slack).
-    teardown_lease_expires_at BIGINT
+    teardown_lease_expires_at BIGINT,
+    -- The job's name (Job::name), NULL for none: what a harness calls each test it runs as a job.
+    name                TEXT
 );
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only

@@ -246,6 +246,7 @@ fn runner_json(r: &HostRunner) -> Value {
         "running_jobs": r.running,
         "started_at": rec.started_at,
         "heartbeat_at": rec.heartbeat_at,
+        "containment": rec.containment,
     })
 }
 
@@ -293,6 +294,9 @@ pub fn print_host(out: &mut impl Write, h: &Host, indent: &str, now: i64) -> std
             r.running,
             render::time(rec.heartbeat_at),
         )?;
+        if let Some(how) = &rec.containment {
+            writeln!(out, "{indent}    attempts contained by {how}")?;
+        }
     }
     Ok(())
 }

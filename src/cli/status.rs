@@ -60,6 +60,7 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
                     "alive": alive,
                     "started_at": r.started_at,
                     "heartbeat_at": r.heartbeat_at,
+                    "containment": r.containment,
                 })
             })
             .collect();

@@ -24,6 +24,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
+use super::cgroup;
 use super::child::{ChildProc, pidfd_open};
 use super::keeper::Kept as KeptSpawn;
 use super::kept::{Keeping, KeptFiles, Release};
@@ -545,7 +546,15 @@ impl Supervisor<'_> {
     /// Whether the main process is reaped, the group has no live member and
     /// none of `escaped` is alive.
     fn all_gone(&self, escaped: &BTreeMap<i32, Held>) -> bool {
-        !self.running() && !self.group_alive() && escaped.values().all(Held::exited)
+        !self.running()
+            && !self.group_alive()
+            && escaped.values().all(Held::exited)
+            && !self.cgroup().is_some_and(cgroup::populated)
+    }
+
+    /// The attempt's cgroup, in the cgroup mode.
+    fn cgroup(&self) -> Option<&std::path::Path> {
+        self.kept.as_ref().and_then(|k| k.cgroup.as_deref())
     }
 
     /// Whether the attempt's group has a live member: with the main process
@@ -597,6 +606,30 @@ impl Supervisor<'_> {
                 } else if m.start_time < self.start_time {
                     pidfd::refuse("pid", m.pid, "older than the attempt whose group id it has");
                 }
+            }
+        }
+        if let Some(cg) = self.cgroup() {
+            // Every process in the attempt's cgroup is the attempt's, whatever it did to its
+            // group, session or environment: each is held by a pidfd like a token carrier.
+            for pid in cgroup::members(cg) {
+                let Some(p) = proc::proc_info(pid) else {
+                    continue;
+                };
+                let in_group = p.pgid == pgid && self.held();
+                if record_group || !in_group {
+                    leaks.insert(p.pid, p.pgid != pgid);
+                }
+                if !in_group
+                    && !held.contains_key(&p.pid)
+                    && let Some(h) = Held::open(&p)
+                {
+                    held.insert(p.pid, h);
+                }
+            }
+            if sig == Signal::SIGKILL
+                && let Err(e) = cgroup::kill(cg)
+            {
+                log::error!("SIGKILL to cgroup {}: {e}", cg.display());
             }
         }
         if scan_token {
@@ -791,11 +824,12 @@ pub(crate) fn run(
                 keeper_start_time,
                 control,
                 pid,
+                cgroup,
             },
             dir,
         ) => {
             let keeper_id = keeper_start_time.map(|t| (keeper, t));
-            let kept = Keeping::new(keeper, control, dir);
+            let kept = Keeping::new(keeper, control, dir, cgroup);
             (None, Some(kept), None, pid, None, keeper_id)
         }
     };

@@ -2,7 +2,15 @@
  * leasehold-keeper: one per runner process, the parent of every attempt's command, which
  * outlives the runner.
  *
- *   leasehold-keeper serve
+ *   leasehold-keeper serve [CGROUP]
+ *
+ * CGROUP, when given, is the runner's cgroup v2 folder: the keeper makes its node
+ * CGROUP/leasehold-keeper-PID there, moves itself into the node's `keeper` leaf and starts
+ * each command in the node's `a-TOKEN` cgroup (see src/process/cgroup.rs). An attempt's
+ * processes are then its cgroup's, whatever they did to their group or environment: the
+ * fence and the leftovers' kill write `cgroup.kill`, a leftover is any process still in it
+ * after the main process ended, and the cgroup is removed once the attempt is forgotten.
+ * Where the node cannot be made or joined, the keeper says why and uses process groups.
  *
  * fd 3 is a SOCK_SEQPACKET socket to the runner process (the "hub"); 0, 1 and 2 are
  * /dev/null; the environment is empty (only a command's own environment carries its run
@@ -11,7 +19,9 @@
  * descendant of a command that outlives its parent is re-parented here, not to init, and
  * reaped here once it exits.
  *
- * The hub socket. The keeper says `ready` once it runs. The runner then sends datagrams:
+ * The hub socket. The keeper says `ready cgroup` (each attempt in a cgroup), `ready groups
+ * ERRNO` (the node could not be made or joined) or `ready` (no CGROUP given) once it runs.
+ * The runner then sends datagrams:
  *
  *   attempt             with one descriptor (SCM_RIGHTS): a stream socket, the attempt's
  *                       control socket, on which the attempt's request follows
@@ -33,8 +43,9 @@
  *   exited <exit|signal> N OPEN mem OUT ERR    it ended; OUT + ERR bytes of output follow
  *   exited <exit|signal> N OPEN files 0 0      it ended; its output is in DIR's files
  *
- * (OPEN is 1 when a pipe was still open at the drain deadline: processes of the attempt
- * outlive its main process, and the runner kills them before it releases.) The runner answers
+ * (OPEN is 1 when a pipe was still open at the drain deadline, or, in the cgroup mode, a
+ * process was still in the attempt's cgroup: processes of the attempt outlive its main
+ * process, and the runner kills them before it releases.) The runner answers
  * `release` once its own durable commit of the ending is done; the keeper then reaps the
  * command and forgets the attempt. The command is held unreaped until then, so its pid and
  * group id stay the attempt's while anyone may signal the group.
@@ -70,6 +81,7 @@
  * journaled), so whoever looks finds the attempt lost, not failed.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -153,6 +165,7 @@ struct attempt {
     pid_t pid;
     int pidfd, report;
     int folder;                  /* the attempt's folder, -1 until made */
+    char *cgroup;                /* the attempt's cgroup, NULL in the process-group mode */
     struct stream s[2];
     int exited, status, open_at_deadline, reported, released, journaled;
     int64_t ended_at, deadline, started_mono, retry_at;
@@ -165,6 +178,13 @@ static size_t count, room;
 static int hub_open = 1;
 static int journal_fd = -1;
 static char journal_path[PATH_MAX];
+static char cg_node[PATH_MAX];  /* the keeper's cgroup node; empty: process groups */
+static char cg_base[PATH_MAX];  /* the cgroup it was started in */
+
+/* Cgroups of forgotten attempts not removed yet (a process still exiting), retried. */
+struct gone_cgroup { char *path; int64_t until; };
+static struct gone_cgroup *cg_gone;
+static size_t cg_gone_count, cg_gone_room;
 
 static int64_t now_ms(clockid_t clock) {
     struct timespec ts;
@@ -393,6 +413,155 @@ static void flush(struct attempt *a) {
 
 static void say_line(struct attempt *a, const char *line) { say(a, line, strlen(line)); }
 
+/* ---- Cgroups ---- */
+
+/* Writes `text` to DIR/FILE; 0, or -1 with errno. */
+static int cg_write(const char *dir, const char *file, const char *text) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/%s", dir, file) >= (int)sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t n = strlen(text);
+    ssize_t w = write(fd, text, n);
+    int no = errno;
+    close(fd);
+    errno = no;
+    return w == (ssize_t)n ? 0 : -1;
+}
+
+/* Reads DIR/FILE into buf (NUL-terminated); its length, or -1. */
+static ssize_t cg_read(const char *dir, const char *file, char *buf, size_t size) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/%s", dir, file) >= (int)sizeof path) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    if (n < 0) return -1;
+    buf[n] = 0;
+    return n;
+}
+
+/* Whether a live process is in the cgroup (zombies are not). */
+static int cg_populated(const char *dir) {
+    char text[256];
+    return cg_read(dir, "cgroup.events", text, sizeof text) > 0 && strstr(text, "populated 1");
+}
+
+/* Sends `sig` to each process in the cgroup. */
+static void cg_signal(const char *dir, int sig) {
+    static char list[65536];
+    if (cg_read(dir, "cgroup.procs", list, sizeof list) <= 0) return;
+    for (char *p = list; *p;) {
+        char *end;
+        long pid = strtol(p, &end, 10);
+        if (end == p) break;
+        if (pid > 0) kill((pid_t)pid, sig);
+        p = end;
+        while (*p == '\n') p++;
+    }
+}
+
+/* Kills every process in the cgroup at once; each in turn where cgroup.kill is missing. */
+static void cg_kill(const char *dir) {
+    if (cg_write(dir, "cgroup.kill", "1") != 0) cg_signal(dir, SIGKILL);
+}
+
+/* Makes the keeper's node in `base` and moves the keeper into its leaf; 0, or the errno. */
+static int cg_join(const char *base) {
+    char leaf[PATH_MAX];
+    if (strlen(base) >= sizeof cg_base) return ENAMETOOLONG;
+    strcpy(cg_base, base);
+    if (snprintf(cg_node, sizeof cg_node, "%s/leasehold-keeper-%d", base, (int)getpid()) >=
+            (int)sizeof cg_node ||
+        snprintf(leaf, sizeof leaf, "%s/keeper", cg_node) >= (int)sizeof leaf) {
+        cg_node[0] = 0;
+        return ENAMETOOLONG;
+    }
+    int no = 0;
+    if (mkdir(cg_node, 0755) != 0 && errno != EEXIST) no = errno;
+    else if (mkdir(leaf, 0755) != 0 && errno != EEXIST) no = errno;
+    else if (cg_write(leaf, "cgroup.procs", "0") != 0) no = errno;
+    if (no) {
+        rmdir(leaf);
+        rmdir(cg_node);
+        cg_node[0] = 0;
+    }
+    return no;
+}
+
+/* Removes a cgroup and the cgroups below it (a runner run as a job leaves its keeper's node
+ * in the attempt's); 0, or -1 while a process is still in one of them. */
+static int cg_rmtree(const char *dir, int depth) {
+    if (rmdir(dir) == 0 || errno == ENOENT) return 0;
+    if ((errno != EBUSY && errno != ENOTEMPTY) || depth > 32) return -1;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char sub[PATH_MAX];
+        if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
+        if (snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name) >= (int)sizeof sub) continue;
+        cg_rmtree(sub, depth + 1);
+    }
+    closedir(d);
+    return rmdir(dir) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* Removes the forgotten attempts' cgroups that are empty now; gives up on one after its
+ * time (a process in uninterruptible sleep), leaving it to the next runner's sweep. */
+static void cg_retry(int64_t now) {
+    size_t j = 0;
+    for (size_t i = 0; i < cg_gone_count; i++) {
+        struct gone_cgroup g = cg_gone[i];
+        if (cg_rmtree(g.path, 0) == 0 || now >= g.until) {
+            free(g.path);
+            continue;
+        }
+        cg_kill(g.path);
+        cg_gone[j++] = g;
+    }
+    cg_gone_count = j;
+}
+
+/* The attempt's cgroup, once it is forgotten: whatever is left in it is killed, and it is
+ * removed (now, or once its processes are gone). */
+static void cg_forget(struct attempt *a) {
+    if (!a->cgroup) return;
+    if (cg_populated(a->cgroup)) cg_kill(a->cgroup);
+    if (cg_rmtree(a->cgroup, 0) == 0) {
+        free(a->cgroup);
+        a->cgroup = NULL;
+        return;
+    }
+    if (cg_gone_count == cg_gone_room) {
+        size_t more = cg_gone_room ? cg_gone_room * 2 : 16;
+        struct gone_cgroup *grown = realloc(cg_gone, more * sizeof *grown);
+        if (!grown) { /* no memory: left to the next runner's sweep */
+            free(a->cgroup);
+            a->cgroup = NULL;
+            return;
+        }
+        cg_gone = grown;
+        cg_gone_room = more;
+    }
+    cg_gone[cg_gone_count++] = (struct gone_cgroup){a->cgroup, now_ms(CLOCK_MONOTONIC) + 10000};
+    a->cgroup = NULL;
+}
+
+/* The keeper's own leaving: back to the cgroup it was started in, its node removed. */
+static void cg_leave(void) {
+    if (!cg_node[0]) return;
+    char leaf[PATH_MAX];
+    snprintf(leaf, sizeof leaf, "%s/keeper", cg_node);
+    if (cg_write(cg_base, "cgroup.procs", "0") != 0) return;
+    rmdir(leaf);
+    rmdir(cg_node);
+}
+
 /* ---- Attempts ---- */
 
 static void reap(struct attempt *a) {
@@ -410,6 +579,7 @@ static void finish(struct attempt *a) {
     if (a->pidfd >= 0) close(a->pidfd);
     if (a->report >= 0) close(a->report);
     if (a->folder >= 0) close(a->folder);
+    cg_forget(a);
     free(a->req);
     free(a->out);
     a->state = DONE;
@@ -448,10 +618,12 @@ static void fail_start(struct attempt *a, const char *stage, int no) {
 }
 
 /* The child: becomes the command, or reports why it could not on `report` and exits 127. */
-static void become_command(int out, int err, int report, const char *cwd, char **argv,
-                           char **env) {
+static void become_command(int out, int err, int report, int cgroup, const char *cwd,
+                           char **argv, char **env) {
     int stage = 2, no;
     setpgid(0, 0);
+    /* Into the attempt's cgroup before anything runs that could fork. */
+    if (cgroup >= 0 && write(cgroup, "0", 1) != 1) goto fail;
     if (dup2(out, 1) < 0 || dup2(err, 2) < 0 || dup3(report, HUB, O_CLOEXEC) < 0) goto fail;
     report = HUB;
     if (syscall(SYS_close_range, HUB + 1, ~0U, 0) != 0) {
@@ -544,12 +716,29 @@ static void start(struct attempt *a) {
         a->s[i].cap = cap;
         if (a->mem == 0) a->s[i].spilled = 1;
     }
+    /* The attempt's cgroup; without one (it cannot be made) it runs in its group only. */
+    int cgroup = -1;
+    size_t cglen = strlen(cg_node) + strlen(a->token) + 4;
+    if (cg_node[0] && (a->cgroup = malloc(cglen))) {
+        snprintf(a->cgroup, cglen, "%s/a-%s", cg_node, a->token);
+        char procs[PATH_MAX];
+        if ((mkdir(a->cgroup, 0755) == 0 || errno == EEXIST) &&
+            snprintf(procs, sizeof procs, "%s/cgroup.procs", a->cgroup) < (int)sizeof procs)
+            cgroup = open(procs, O_WRONLY | O_CLOEXEC);
+        if (cgroup < 0) {
+            rmdir(a->cgroup);
+            free(a->cgroup);
+            a->cgroup = NULL;
+        }
+    }
     int ends[2][2] = {{-1, -1}, {-1, -1}}, report[2] = {-1, -1};
     int ok = pipe2(ends[0], O_CLOEXEC) == 0 && pipe2(ends[1], O_CLOEXEC) == 0 &&
              pipe2(report, O_CLOEXEC) == 0;
     pid_t pid = ok ? fork() : -1;
     int no = errno;
-    if (pid == 0) become_command(ends[0][1], ends[1][1], report[1], fields[8], argv, env);
+    if (pid == 0)
+        become_command(ends[0][1], ends[1][1], report[1], cgroup, fields[8], argv, env);
+    if (cgroup >= 0) close(cgroup);
     free(argv);
     free(env);
     for (int i = 0; i < 2; i++) if (ends[i][1] >= 0) close(ends[i][1]);
@@ -688,10 +877,12 @@ static void fence(struct attempt *a, int64_t now) {
     int64_t boot = now_ms(CLOCK_BOOTTIME);
     if (boot >= a->kill_at && a->fenced < 2) {
         kill(-a->pid, SIGKILL);
+        if (a->cgroup) cg_kill(a->cgroup);
         a->lost = a->lost || !a->exited;
         a->fenced = 2;
     } else if (boot >= a->term_at && a->fenced < 1) {
         kill(-a->pid, SIGTERM);
+        if (a->cgroup) cg_signal(a->cgroup, SIGTERM);
         a->lost = a->lost || !a->exited;
         a->fenced = 1;
     }
@@ -731,16 +922,18 @@ static void step(struct attempt *a, int64_t now) {
         (a->s[0].mlen || a->s[1].mlen))
         spill(a); /* a running job's output, where `jobs logs --follow` reads it */
     if (a->exited && !a->lost && !a->reported && (pipes == 0 || now >= a->deadline)) {
-        if (pipes && a->gone && !a->open_at_deadline) {
-            /* Leftovers hold the pipes and no runner will kill them: the group goes (its
-             * leader is unreaped, so the id is still the command's), then the pipes get one
-             * more second. */
+        int left = pipes > 0 || (a->cgroup && cg_populated(a->cgroup));
+        if (left && a->gone && !a->open_at_deadline) {
+            /* Leftovers hold the pipes (or the cgroup) and no runner will kill them: the
+             * group goes (its leader is unreaped, so the id is still the command's), the
+             * cgroup too, then the pipes get one more second. */
             kill(-a->pid, SIGKILL);
+            if (a->cgroup) cg_kill(a->cgroup);
             a->open_at_deadline = 1;
             a->deadline = now + 1000;
             return;
         }
-        a->open_at_deadline = pipes > 0;
+        a->open_at_deadline = left;
         a->reported = 1;
         int sig = !WIFEXITED(a->status);
         int n = sig ? WTERMSIG(a->status) : WEXITSTATUS(a->status);
@@ -786,7 +979,7 @@ static void step(struct attempt *a, int64_t now) {
         }
         if (open) kill(-a->pid, SIGKILL);
         reap(a);
-        finish(a);
+        finish(a); /* and whatever is left in the attempt's cgroup is killed */
     }
 }
 
@@ -862,7 +1055,7 @@ static void compact(void) {
     count = j;
 }
 
-static int serve(void) {
+static int serve(const char *cgroup_base) {
     prctl(PR_SET_NAME, "lh-keeper", 0, 0, 0);
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     signal(SIGPIPE, SIG_IGN);
@@ -871,8 +1064,13 @@ static int serve(void) {
     sigaddset(&chld, SIGCHLD);
     sigprocmask(SIG_BLOCK, &chld, NULL);
     int sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
-    static const char ready[] = "ready";
-    if (send(HUB, ready, sizeof ready - 1, MSG_NOSIGNAL) < 0) return 2;
+    char ready[64] = "ready";
+    if (cgroup_base) {
+        int no = cg_join(cgroup_base);
+        if (no) snprintf(ready, sizeof ready, "ready groups %d", no);
+        else snprintf(ready, sizeof ready, "ready cgroup");
+    }
+    if (send(HUB, ready, strlen(ready), MSG_NOSIGNAL) < 0) return 2;
 
     struct pollfd *fds = NULL;
     struct attempt **owner = NULL;
@@ -881,7 +1079,11 @@ static int serve(void) {
         int64_t now = now_ms(CLOCK_MONOTONIC);
         for (size_t i = 0; i < count; i++) step(attempts[i], now);
         compact();
-        if (!hub_open && count == 0) return 0;
+        cg_retry(now);
+        if (!hub_open && count == 0 && cg_gone_count == 0) {
+            cg_leave();
+            return 0;
+        }
 
         size_t want = 2 + count * 5;
         if (want > fds_room) {
@@ -893,7 +1095,7 @@ static int serve(void) {
             fds_room = want;
         }
         size_t n = 0;
-        int timeout = -1;
+        int timeout = cg_gone_count ? FENCE_CHECK_MS : -1;
         if (hub_open) { fds[n] = (struct pollfd){.fd = HUB, .events = POLLIN}; owner[n++] = NULL; }
         if (sigfd >= 0) { fds[n] = (struct pollfd){.fd = sigfd, .events = POLLIN}; owner[n++] = NULL; }
         for (size_t i = 0; i < count; i++) {
@@ -958,6 +1160,7 @@ static int serve(void) {
 
 int main(int argc, char **argv) {
     if (fcntl(HUB, F_GETFD) < 0) return 2; /* not started by a runner */
-    if (argc == 2 && strcmp(argv[1], "serve") == 0) return serve();
+    if (argc == 2 && strcmp(argv[1], "serve") == 0) return serve(NULL);
+    if (argc == 3 && strcmp(argv[1], "serve") == 0 && argv[2][0] == '/') return serve(argv[2]);
     return 2;
 }

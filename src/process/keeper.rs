@@ -35,6 +35,7 @@ use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use parking_lot::Mutex;
 
+use super::cgroup::{self, Containment};
 use super::child::ChildProc;
 use super::proc;
 use super::spawn::{
@@ -189,6 +190,8 @@ pub(super) struct Kept {
     pub control: Control,
     /// The command's pid, which leads its own process group.
     pub pid: i32,
+    /// The attempt's cgroup, in the cgroup mode.
+    pub cgroup: Option<PathBuf>,
 }
 
 /// What failed in the keeper before its command started.
@@ -586,6 +589,8 @@ pub(super) struct Hub {
     socket: OwnedFd,
     /// Where its program was exec'ed from.
     pub source: Source,
+    /// How its attempts are contained: in cgroups of their own, or by process groups.
+    pub containment: Containment,
 }
 
 /// The keeper this process started last; another is started when it is gone.
@@ -606,7 +611,20 @@ impl Hub {
     fn start(fallback_dir: &Path, force_file: bool) -> Result<Self, String> {
         let (ours, theirs) =
             socket_pair(libc::SOCK_SEQPACKET, true).map_err(|e| format!("its hub socket: {e}"))?;
-        let argv = c_pointers([NAME, c"serve"]);
+        // Where the cgroup v2 folder is known, the keeper tries the cgroup mode there; the
+        // empty nodes of keepers killed before they could remove theirs go first.
+        let base = cgroup::base();
+        if let Ok(base) = &base {
+            cgroup::sweep(base, super::adopt::keeper_running);
+        }
+        let base_arg = base
+            .as_ref()
+            .ok()
+            .and_then(|b| CString::new(b.as_os_str().as_bytes()).ok());
+        let argv = match &base_arg {
+            Some(b) => c_pointers([NAME, c"serve", b.as_c_str()]),
+            None => c_pointers([NAME, c"serve"]),
+        };
         let envp = c_pointers([]);
         let before = proc::boot_clock_ns();
         let (pid, source) = spawn_program(&argv, &envp, theirs.as_fd(), fallback_dir, force_file)
@@ -622,32 +640,40 @@ impl Hub {
         let said = match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(0) => Err(format!("it said nothing in {}s", START_TIMEOUT.as_secs())),
             Ok(_) => {
-                let mut buf = [0u8; 16];
+                let mut buf = [0u8; 64];
                 match nix::unistd::read(&ours, &mut buf) {
-                    Ok(5) if &buf[..5] == b"ready" => Ok(()),
                     Ok(0) => Err("it ended without saying ready".to_owned()),
-                    Ok(n) => Err(format!(
-                        "it said {:?} instead of ready",
-                        String::from_utf8_lossy(&buf[..n])
-                    )),
+                    Ok(n) => containment(&buf[..n], &base, pid).ok_or_else(|| {
+                        format!(
+                            "it said {:?} instead of ready",
+                            String::from_utf8_lossy(&buf[..n])
+                        )
+                    }),
                     Err(e) => Err(format!("its hub socket: {e}")),
                 }
             }
             Err(e) => Err(format!("its hub socket: {e}")),
         };
-        if let Err(e) = said {
-            // Killed (it may hang) and reaped in the background.
-            drop(child);
-            return Err(e);
-        }
+        let containment = match said {
+            Ok(c) => c,
+            Err(e) => {
+                // Killed (it may hang) and reaped in the background.
+                drop(child);
+                return Err(e);
+            }
+        };
         let _ = child.exited();
-        log::debug!("keeper pid {pid} runs, from {source:?}");
+        log::debug!(
+            "keeper pid {pid} runs, from {source:?}; attempts contained by {}",
+            containment.describe()
+        );
         Ok(Self {
             child: Mutex::new(child),
             pid,
             start_time,
             socket: ours,
             source,
+            containment,
         })
     }
 
@@ -695,6 +721,41 @@ impl Hub {
     }
 }
 
+/// The containment a keeper's `ready` line says it set up, given the cgroup folder it was
+/// handed (or why there was none); `None` for a line that is no `ready`.
+fn containment(line: &[u8], base: &Result<PathBuf, String>, pid: i32) -> Option<Containment> {
+    let line = std::str::from_utf8(line).ok()?;
+    match (line.split(' ').collect::<Vec<_>>().as_slice(), base) {
+        (["ready"], Err(why)) => Some(Containment::Groups(why.clone())),
+        (["ready", "cgroup"], Ok(base)) => Some(Containment::Cgroup(
+            base.join(format!("leasehold-keeper-{pid}")),
+        )),
+        (["ready", "groups", errno], Ok(base)) => {
+            let e = io::Error::from_raw_os_error(errno.parse().ok()?);
+            Some(Containment::Groups(format!(
+                "cannot make a cgroup in {}: {e}",
+                base.display()
+            )))
+        }
+        _ => None,
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        // A dropped hub kills its keeper (its attempts, if any, are then lost and reclaimed):
+        // in the cgroup mode, killed and reaped here so that its node's empty cgroups go too.
+        if let Containment::Cgroup(node) = &self.containment {
+            let mut child = self.child.lock();
+            child.kill();
+            if let Err(e) = child.reap() {
+                log::debug!("reaping keeper pid {}: {e}", self.pid);
+            }
+            cgroup::remove_node(node);
+        }
+    }
+}
+
 /// The process's keeper, started (again) if it is not running.
 fn hub(fallback_dir: &Path, force_file: bool) -> Result<std::sync::Arc<Hub>, String> {
     let mut current = HUB.lock();
@@ -726,9 +787,10 @@ fn hub(fallback_dir: &Path, force_file: bool) -> Result<std::sync::Arc<Hub>, Str
 /// # Errors
 ///
 /// What failed, as a lowercase fragment: the exec (with the path tried), a keeper that
-/// ended or said nothing in [`START_TIMEOUT`], or something other than `ready`.
-pub(crate) fn probe(fallback_dir: &Path) -> Result<(), String> {
-    hub(fallback_dir, false).map(|_| ())
+/// ended or said nothing in [`START_TIMEOUT`], or something other than `ready`. Otherwise,
+/// how its attempts are contained.
+pub(crate) fn probe(fallback_dir: &Path) -> Result<Containment, String> {
+    hub(fallback_dir, false).map(|h| h.containment.clone())
 }
 
 /// Moves the lease fence of the attempt with `token` (a renewal), or disarms it for good
@@ -845,6 +907,7 @@ pub(super) fn spawn_keeper_from(
                     keeper_start_time: hub.start_time,
                     control,
                     pid,
+                    cgroup: hub.containment.attempt(spec.token),
                 },
                 hub.source,
             ));

@@ -92,12 +92,21 @@ pub(super) struct Keeping {
     /// lease fence stopped the command): the command is no longer held, and its group id no
     /// longer provably the attempt's.
     pub lost: bool,
+    /// The attempt's cgroup, in the cgroup mode: its processes, whatever their group.
+    pub cgroup: Option<PathBuf>,
 }
 
 impl Keeping {
-    /// The attempt kept by `keeper`, talking over `control`, whose folder is `dir`.
-    pub(super) fn new(keeper: i32, control: Control, dir: PathBuf) -> Self {
+    /// The attempt kept by `keeper`, talking over `control`, whose folder is `dir`, in
+    /// `cgroup` if it has one.
+    pub(super) fn new(
+        keeper: i32,
+        control: Control,
+        dir: PathBuf,
+        cgroup: Option<PathBuf>,
+    ) -> Self {
         Self {
+            cgroup,
             keeper,
             control: Some(control),
             files: OutputFiles::new(dir),

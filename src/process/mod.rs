@@ -20,6 +20,7 @@
 //!
 //! - `attempt`: the supervisor: poll loop, deadlines, [`run`];
 //! - `spawn`: `posix_spawn`, the child's environment and program;
+//! - `cgroup`: the cgroup mode: an attempt's cgroup, its members, its kill;
 //! - `child`: the main process until it is reaped (`waitpid`, pidfd);
 //! - `keeper`: the process's keeper (`keeper.c`), its launcher and its messages;
 //! - `output`: the pipes and the tail kept of each stream;
@@ -33,6 +34,7 @@
 
 mod adopt;
 mod attempt;
+mod cgroup;
 mod child;
 mod keeper;
 mod kept;
@@ -48,6 +50,7 @@ mod teardown;
 
 pub(crate) use adopt::{Adopted, LiveKeeper, find_keeper, follow, keeper_running, live_keeper};
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
+pub(crate) use cgroup::Containment;
 pub(crate) use keeper::{move_fence, probe as probe_keeper, warn_if_namespace_init};
 pub(crate) use kept::{KeptFiles, OutputFiles, Release};
 pub(crate) use limit::raise_nofile_limit;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+use super::cgroup;
 use super::kill::{Targets, kill_all};
 use super::pidfd::Held;
 use super::proc::{ProcInfo, group_members, proc_info, processes_with_token};
@@ -145,6 +146,8 @@ struct Lost<'a> {
     group_start: Option<u64>,
     /// Every process signalled, by pid.
     held: BTreeMap<i32, Held>,
+    /// The attempt's cgroups (the cgroup mode): every process in them is the attempt's.
+    cgroups: Vec<std::path::PathBuf>,
 }
 
 impl Lost<'_> {
@@ -175,6 +178,9 @@ impl Lost<'_> {
                 found.push(leader);
             }
         }
+        for cg in &self.cgroups {
+            found.extend(cgroup::members(cg).into_iter().filter_map(proc_info));
+        }
         found
     }
 
@@ -204,10 +210,17 @@ impl Targets for Lost<'_> {
                 log::warn!("teardown: {sig} to pid {}: {e}", h.pid);
             }
         }
+        if sig == Signal::SIGKILL {
+            for cg in &self.cgroups {
+                if let Err(e) = cgroup::kill(cg) {
+                    log::warn!("teardown: SIGKILL to cgroup {}: {e}", cg.display());
+                }
+            }
+        }
     }
 
     fn gone(&mut self) -> bool {
-        self.held.values().all(Held::exited)
+        self.held.values().all(Held::exited) && !self.cgroups.iter().any(|c| cgroup::populated(c))
     }
 
     fn pause(&mut self, step: Duration) {
@@ -244,11 +257,18 @@ pub(crate) fn teardown_many(ids: &[AttemptIdentity], grace: Duration) -> Vec<Tea
         prepared
             .iter_mut()
             .map(|(lost, _)| lost)
-            .filter(|lost| !lost.held.is_empty())
+            .filter(|lost| !lost.held.is_empty() || !lost.cgroups.is_empty())
             .collect(),
     );
     if !batch.0.is_empty() {
         kill_all(&mut batch, grace);
+    }
+    for (lost, _) in &prepared {
+        for cg in &lost.cgroups {
+            if let Err(e) = cgroup::remove(cg) {
+                log::debug!("teardown: removing cgroup {}: {e}", cg.display());
+            }
+        }
     }
     prepared
         .into_iter()
@@ -274,6 +294,7 @@ fn prepare(id: &AttemptIdentity) -> (Lost<'_>, Teardown) {
         group: None,
         group_start: None,
         held: BTreeMap::new(),
+        cgroups: Vec::new(),
     };
 
     let first_carriers = lost.carriers();
@@ -312,7 +333,20 @@ fn prepare(id: &AttemptIdentity) -> (Lost<'_>, Teardown) {
     };
 
     let found = lost.found(first_carriers);
+    // In the cgroup mode the attempt's cgroup holds all that is left of it, found by its
+    // token's name beside this runner's keepers, or from any process already found.
+    if !id.token.is_empty() {
+        let pids: Vec<i32> = found.iter().map(|p| p.pid).collect();
+        lost.cgroups = cgroup::of_attempt(&id.token, &pids);
+    }
+    let more: Vec<ProcInfo> = lost
+        .cgroups
+        .iter()
+        .flat_map(|cg| cgroup::members(cg))
+        .filter_map(proc_info)
+        .collect();
     lost.hold(found);
+    lost.hold(more);
     (lost, result)
 }
 
@@ -521,6 +555,7 @@ mod tests {
             group: None,
             group_start: None,
             held: BTreeMap::new(),
+            cgroups: Vec::new(),
         };
         lost.hold(vec![listed]);
         assert!(lost.held.is_empty());

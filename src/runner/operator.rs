@@ -685,6 +685,7 @@ mod tests {
             heartbeat_interval_ms: 1_000,
             max_recovery_attempts: 3,
             pid_ns,
+            containment: None,
         }
     }
 

@@ -120,14 +120,19 @@ impl Runner {
         // The clock the file was opened with (a test database's, in a `testing` build), for
         // every later connection and the times the threads read.
         config.clock = api.clock().clone();
-        if config.keepers {
+        let containment = if config.keepers {
             // Made beside the file once it is known to be a database of ours.
             let folder = crate::files::folder(&config.path);
             crate::files::prepare_folder(&folder)?;
             // Checked once here rather than found out by every attempt.
-            process::probe_keeper(&folder).map_err(|reason| Error::KeeperUnavailable { reason })?;
+            let containment = process::probe_keeper(&folder)
+                .map_err(|reason| Error::KeeperUnavailable { reason })?;
             process::warn_if_namespace_init();
-        }
+            containment
+        } else {
+            process::Containment::Groups("no keepers".to_owned())
+        };
+        log::info!("attempts contained by {}", containment.describe());
         let pid = std::process::id() as i64;
         let suffix = random_hex();
         let worker_id = format!("{}:{}:{}", process::hostname(), pid, suffix);
@@ -166,6 +171,7 @@ impl Runner {
             heartbeat_interval_ms: duration_ms(config.heartbeat_interval),
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
             pid_ns: process::pid_namespace().ok(),
+            containment: Some(containment.describe()),
         })?;
         let shared = Arc::new(Shared::new(config, worker_id));
         // One pending wake-up says all a wake-up says: a firer that is slow (a busy

@@ -613,6 +613,7 @@ mod tests {
                 heartbeat_interval_ms: 5_000,
                 max_recovery_attempts: 3,
                 pid_ns: process::pid_namespace().ok(),
+                containment: None,
             })
             .unwrap();
     }
@@ -877,6 +878,7 @@ mod tests {
                 heartbeat_interval_ms: 5_000,
                 max_recovery_attempts: 3,
                 pid_ns: other_ns,
+                containment: None,
             })
             .unwrap();
         let id = claim_one(&store, "boxed");
@@ -939,6 +941,7 @@ mod tests {
             heartbeat_interval_ms: 0,
             max_recovery_attempts: 0,
             pid_ns,
+            containment: None,
         };
         let (host, boot) = (here.host.clone(), here.boot_id.clone());
         let judge = |r: &RunnerRecord| runner_death_evidence(r, &here);

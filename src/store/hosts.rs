@@ -37,7 +37,8 @@ impl Store {
         // operator's command reads them by host.
         let mut stmt = self.conn.prepare_cached(sql!(
             "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
-                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns,
+                    containment
              FROM runners WHERE host = ?1 ORDER BY started_at, worker_id"
         ))?;
         let rows = stmt.query_map(params![host], runner_row)?;

@@ -33,6 +33,9 @@ pub struct RunnerRecord {
     /// Its PID namespace: the inode of `/proc/self/ns/pid` (None: registered before schema
     /// version 9, or unreadable). Its pid means something only in this namespace.
     pub pid_ns: Option<u64>,
+    /// How it contains its attempts: `cgroup <node>` (each attempt in a cgroup of its own),
+    /// `process groups (why)`, or `None` (registered before schema version 18).
+    pub containment: Option<String>,
 }
 
 /// Where a process's pid means something: a host, a boot of its kernel, and a PID namespace.
@@ -84,6 +87,7 @@ pub(super) fn runner_row(r: &Row<'_>) -> Result<RunnerRecord> {
         heartbeat_interval_ms: r.get(9)?,
         max_recovery_attempts: r.get(10)?,
         pid_ns: r.get::<_, Option<i64>>(11)?.map(|n| n as u64),
+        containment: r.get(12)?,
     })
 }
 
@@ -97,8 +101,8 @@ pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
         sql!(
             "INSERT INTO runners (worker_id, pid, proc_start_time, boot_id, host, started_at,
                      heartbeat_at, stopped_at, lease_ttl_ms, heartbeat_interval_ms,
-                     max_recovery_attempts, pid_ns)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                     max_recovery_attempts, pid_ns, containment)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
                  ON CONFLICT (worker_id) DO UPDATE SET pid = excluded.pid,
                      proc_start_time = excluded.proc_start_time, boot_id = excluded.boot_id,
                      host = excluded.host, started_at = excluded.started_at,
@@ -106,7 +110,7 @@ pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
                      lease_ttl_ms = excluded.lease_ttl_ms,
                      heartbeat_interval_ms = excluded.heartbeat_interval_ms,
                      max_recovery_attempts = excluded.max_recovery_attempts,
-                     pid_ns = excluded.pid_ns"
+                     pid_ns = excluded.pid_ns, containment = excluded.containment"
         ),
         params![
             runner.worker_id,
@@ -121,6 +125,7 @@ pub(super) fn register(conn: &Connection, runner: &RunnerRecord) -> Result<()> {
             runner.heartbeat_interval_ms,
             runner.max_recovery_attempts,
             runner.pid_ns.map(|n| n as i64),
+            runner.containment,
         ],
     )?;
     Ok(())
@@ -169,7 +174,8 @@ pub(super) fn stopped_holding_jobs(conn: &Connection) -> Result<Vec<String>> {
 pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
     let mut stmt = conn.prepare_cached(sql!(
         "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
-                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns,
+                    containment
              FROM runners WHERE stopped_at IS NULL ORDER BY started_at, worker_id"
     ))?;
     let rows = stmt.query_map(params![], runner_row)?;
@@ -179,10 +185,12 @@ pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
 pub(super) fn latest(conn: &Connection) -> Result<Option<RunnerRecord>> {
     let mut stmt = conn.prepare_cached(sql!(
         sqlite: "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
-                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns,
+                    containment
              FROM runners ORDER BY started_at DESC, rowid DESC LIMIT 1",
         postgres: "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
-                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns
+                    stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns,
+                    containment
              FROM runners ORDER BY started_at DESC, seq DESC LIMIT 1",
     ))?;
     stmt.query_row(params![], runner_row).optional()

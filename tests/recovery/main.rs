@@ -6,6 +6,7 @@ mod util;
 
 mod helper;
 
+mod cgroup;
 mod chaos;
 mod crash;
 mod deploy;

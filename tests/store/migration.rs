@@ -741,6 +741,7 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
     db.exec(
         "ALTER TABLE jobs DROP COLUMN teardown_lease_expires_at;
          ALTER TABLE jobs DROP COLUMN name;
+         ALTER TABLE runners DROP COLUMN containment;
          DELETE FROM leasehold_migrations;
          INSERT INTO leasehold_migrations (version, applied_at) VALUES (15, 0);",
     );
@@ -768,8 +769,8 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         1
     );
     assert_eq!(
-        db.scalar("SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17)"),
-        2
+        db.scalar("SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18)"),
+        3
     );
     // Its tables' columns are those of a database made from pg/schema.sql, in order.
     let columns = "SELECT hashtext(string_agg(table_name || '.' || column_name || ':' || data_type

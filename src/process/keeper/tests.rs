@@ -904,15 +904,24 @@ fn an_orphaned_descendant_is_the_keepers_and_is_reaped_by_it() {
     );
     let mut run = job.start(0, MEM, DRAIN);
     let keeper = run.kept().keeper;
-    assert_eq!(run.ended().0, Ended::Exited(0));
+    // In the cgroup mode the orphan is a leftover of the attempt's cgroup, said as such.
+    let contained = run.kept().cgroup.is_some();
+    assert!(
+        matches!(run.message(), Message::Exited { ended: Ended::Exited(0), pipes_open, .. }
+            if pipes_open == contained)
+    );
     let orphan: i32 = job.wait_for_line("orphan").trim().parse().expect("a pid");
-    run.release();
     let parent = proc::proc_info(orphan).map(|p| p.ppid);
     if parent != Some(keeper) {
         let _ = signal_pid(orphan, Signal::SIGKILL);
     }
     assert_eq!(parent, Some(keeper), "the orphan's parent");
-    signal_pid(orphan, Signal::SIGKILL).expect("killed");
+    run.release();
+    if !contained {
+        // Process groups: a leftover that closed its pipes outlives the release.
+        signal_pid(orphan, Signal::SIGKILL).expect("killed");
+    }
+    // In the cgroup mode the release killed it, as a leftover of the attempt's cgroup.
     assert!(
         wait_until(LIMIT, || proc::proc_info(orphan)
             .is_none_or(|p| p.ppid != keeper)),
@@ -1041,7 +1050,7 @@ fn the_program_runs_from_an_owner_only_file_and_one_that_cannot_be_execed_fails_
         "{refused}"
     );
     // The process's keeper runs, so its probe holds wherever it is asked.
-    assert_eq!(probe(noexec.0.path()), Ok(()));
+    assert!(probe(noexec.0.path()).is_ok());
 }
 
 /// A tmpfs mounted `noexec` on a folder of its own, unmounted (lazily) on drop; `None`,
@@ -1076,6 +1085,99 @@ impl Drop for Noexec {
             .arg("-l")
             .arg(self.0.path())
             .status();
+    }
+}
+
+/// The attempt's cgroup, or `None` with the reason printed where this process's keeper runs
+/// its attempts in process groups (not root, no cgroup v2, `LEASEHOLD_CGROUPS=off`).
+fn cgroup_of(run: &mut Running) -> Option<PathBuf> {
+    let cgroup = run.kept().cgroup.clone();
+    if cgroup.is_none() {
+        let why = super::probe(Path::new("/tmp")).map(|c| c.describe());
+        eprintln!("skipped: the keeper does not use cgroups here: {why:?}");
+    }
+    cgroup
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn runs(pid: i32) -> bool {
+    proc::proc_info(pid).is_some_and(|p| !p.is_dead())
+}
+
+/// The cgroup mode: a process that left the command's group and session and dropped its
+/// environment (so neither its group id nor its token names it) is still in the attempt's
+/// cgroup, is said as a leftover once the main process ended, dies at the release, and the
+/// cgroup goes with it.
+#[test]
+fn a_setsid_escapee_without_the_token_is_in_the_attempts_cgroup_and_dies_with_it() {
+    let job = Job::sh_here(
+        "env -i setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > escapee; exit 0",
+        "cgroup-escapee",
+    );
+    let mut run = job.start(0, MEM, Duration::from_millis(100));
+    let Some(cgroup) = cgroup_of(&mut run) else {
+        return;
+    };
+    let escapee: i32 = job.wait_for_line("escapee").trim().parse().expect("a pid");
+    let guard = Guard(escapee);
+    assert!(
+        wait_until(LIMIT, || {
+            std::fs::read_to_string(format!("/proc/{escapee}/environ")).is_ok_and(|e| e.is_empty())
+        }),
+        "the escapee dropped its environment"
+    );
+    let info = proc::proc_info(escapee).expect("the escapee runs");
+    assert_ne!(info.pgid, run.kept().pid, "the escapee left the group");
+    assert!(cgroup::members(&cgroup).contains(&escapee));
+    assert!(
+        matches!(
+            run.message(),
+            Message::Exited {
+                ended: Ended::Exited(0),
+                pipes_open: true,
+                ..
+            }
+        ),
+        "the escapee is said as a leftover"
+    );
+    run.release();
+    assert!(wait_until(LIMIT, || !runs(escapee)), "the escapee runs on");
+    assert!(wait_until(LIMIT, || !cgroup.exists()), "{cgroup:?} stays");
+    drop(guard);
+}
+
+/// The cgroup mode: the lease fence's SIGKILL reaches a process that left the group and
+/// ignores SIGTERM, through `cgroup.kill`.
+#[test]
+fn the_lease_fence_kills_the_attempts_cgroup() {
+    let mut job = Job::sh_here(
+        "env -i setsid sh -c 'trap \"\" TERM; sleep 300' </dev/null >/dev/null 2>&1 & \
+         echo $! > escapee; exec sleep 300",
+        "cgroup-fence",
+    );
+    job.fence = Some(fence_in(500, 500));
+    let mut run = job.start(0, MEM, DRAIN);
+    let Some(cgroup) = cgroup_of(&mut run) else {
+        return;
+    };
+    let escapee: i32 = job.wait_for_line("escapee").trim().parse().expect("a pid");
+    let guard = Guard(escapee);
+    assert!(
+        wait_until(LIMIT, || !runs(escapee)),
+        "the escapee outlives the fence"
+    );
+    assert!(wait_until(LIMIT, || !cgroup::populated(&cgroup)));
+    drop(guard);
+}
+
+/// A process killed by pid when a test ends before it could check it dead.
+struct Guard(i32);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if runs(self.0) {
+            let _ = signal_pid(self.0, Signal::SIGKILL);
+        }
     }
 }
 

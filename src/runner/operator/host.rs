@@ -384,6 +384,7 @@ mod tests {
             heartbeat_interval_ms: 1_000,
             max_recovery_attempts: 3,
             pid_ns: Some(1),
+            containment: None,
         }
     }
 

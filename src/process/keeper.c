@@ -68,7 +68,8 @@
  * An `outcome` or `fenced` line is on disk (fdatasync) before the keeper reaps the command
  * and forgets the attempt, so whoever finds the keeper alive can wait for that line, and
  * whoever finds it gone knows the journal holds all it will hold. A journal that cannot be
- * written (a full disk) is retried every second.
+ * written (a full disk) is retried every second; one whose folder is gone for 5 s is given
+ * up, and the attempt forgotten unrecorded (lost, as if the keeper had died).
  *
  * The lease fence. TERM_AT and KILL_AT are this host's boot clock (CLOCK_BOOTTIME, ms): past
  * TERM_AT the keeper sends SIGTERM to the command's group, past KILL_AT SIGKILL, whatever the
@@ -126,6 +127,7 @@
 #define MAX_MEM (1u << 20)
 #define SPILL_AFTER_MS 1000
 #define FENCE_CHECK_MS 100
+#define JOURNAL_GONE_MS 5000
 #define MAX_TOKEN 128
 
 static char buffer[2 * HALF];
@@ -169,6 +171,7 @@ struct attempt {
     struct stream s[2];
     int exited, status, open_at_deadline, reported, released, journaled;
     int64_t ended_at, deadline, started_mono, retry_at;
+    int64_t gone_since;          /* when the journal's folder was first found gone, or 0 */
     char *out;                   /* the outbox: bytes for the runner not sent yet */
     size_t out_len, out_off;
 };
@@ -901,6 +904,19 @@ static void check_exit(struct attempt *a) {
     }
 }
 
+/* Whether a journal line that could not be written is given up: its folder is gone (the
+ * database's attempts folder removed) and has stayed gone for JOURNAL_GONE_MS. The attempt is
+ * then forgotten unrecorded, as if its keeper had died: whoever reclaims it finds it lost.
+ * Any other failure (a full disk) is retried for as long as it lasts. */
+static int journal_gone(struct attempt *a, int64_t now) {
+    if (errno != ENOENT) {
+        a->gone_since = 0;
+        return 0;
+    }
+    if (!a->gone_since) a->gone_since = now;
+    return now - a->gone_since >= JOURNAL_GONE_MS;
+}
+
 /* Steps the attempt on as far as it can go now. */
 static void step(struct attempt *a, int64_t now) {
     if (a->state != RUNNING) return;
@@ -910,7 +926,7 @@ static void step(struct attempt *a, int64_t now) {
         if (a->gone && !a->journaled) {
             char text[256];
             snprintf(text, sizeof text, "fenced %s", a->token);
-            if (journal(a, text, 1) != 0) return; /* again at the next turn */
+            if (journal(a, text, 1) != 0 && !journal_gone(a, now)) return; /* next turn */
             a->journaled = 1;
         }
         reap(a);
@@ -971,7 +987,7 @@ static void step(struct attempt *a, int64_t now) {
                      WIFEXITED(a->status) ? "exit" : "signal",
                      WIFEXITED(a->status) ? WEXITSTATUS(a->status) : WTERMSIG(a->status),
                      (long long)a->ended_at);
-            if (journal(a, text, 1) != 0) {
+            if (journal(a, text, 1) != 0 && !journal_gone(a, now)) {
                 a->retry_at = now + 1000;
                 return;
             }

@@ -360,9 +360,9 @@ struct ChildEnv<'a> {
 }
 
 impl<'a> ChildEnv<'a> {
-    /// The environment of `cmd`; without `LEASEHOLD_RUN_TOKEN` at all unless
-    /// `with_token` (a keeper's: it adds the token only to its child's).
-    fn new(cmd: &Command<'a>, with_token: bool) -> io::Result<Self> {
+    /// The environment of `cmd`, with its job id and run token (whatever the base or the
+    /// job's own variables said of them).
+    fn new(cmd: &Command<'a>) -> io::Result<Self> {
         let job_id = cmd.job_id.to_string();
         // The job's variables, the last of each name winning, then ours.
         let mut overrides: Vec<(&[u8], &[u8])> = Vec::with_capacity(cmd.env.len() + 2);
@@ -377,9 +377,6 @@ impl<'a> ChildEnv<'a> {
         ] {
             overrides.retain(|(n, _)| *n != k);
             overrides.push((k, v));
-        }
-        if !with_token {
-            overrides.retain(|(n, _)| *n != RUN_TOKEN_VAR.as_bytes());
         }
         let base = cmd
             .base_env
@@ -566,11 +563,7 @@ fn failure<'a>(
 }
 
 /// Checks `cmd`'s working directory and prepares what its spawn needs (see [`Prepared`]).
-fn prepare<'a>(
-    cmd: &Command<'a>,
-    program: &str,
-    with_token: bool,
-) -> Result<Prepared<'a>, SpawnError> {
+fn prepare<'a>(cmd: &Command<'a>, program: &str) -> Result<Prepared<'a>, SpawnError> {
     let cwd = cmd.cwd;
     let fail = failure(program, cwd);
     if let Some(dir) = cwd {
@@ -579,7 +572,7 @@ fn prepare<'a>(
             resources: out_of_resources(&e),
         })?;
     }
-    let env = ChildEnv::new(cmd, with_token).map_err(&fail)?;
+    let env = ChildEnv::new(cmd).map_err(&fail)?;
     let path = resolve_program(OsStr::new(program), env.path, cwd).map_err(&fail)?;
     let path = c_string(path.into_os_string().into_vec()).map_err(&fail)?;
     let argv = cmd
@@ -596,7 +589,7 @@ fn prepare<'a>(
 pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnError> {
     let cwd = cmd.cwd;
     let fail = failure(program, cwd);
-    let Prepared { env, path, argv } = prepare(cmd, program, true)?;
+    let Prepared { env, path, argv } = prepare(cmd, program)?;
     let envp = env.pointers();
     let cwd_c = cwd
         .map(|d| c_string(d.as_os_str().as_bytes()))
@@ -665,7 +658,7 @@ pub(super) fn spawn_kept_from(
     force_file: bool,
 ) -> Result<(Kept, Source), SpawnError> {
     let cwd = cmd.cwd;
-    let Prepared { env, path, argv } = prepare(cmd, program, true)?;
+    let Prepared { env, path, argv } = prepare(cmd, program)?;
     keeper::spawn_keeper_from(
         &KeeperSpec {
             name: program,

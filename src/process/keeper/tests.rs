@@ -710,6 +710,27 @@ fn a_journal_that_cannot_be_written_is_retried_and_the_command_held_meanwhile() 
     assert!(wait_until(LIMIT, || !held_by(pid, keeper)), "reaped");
 }
 
+/// A journal whose folder is gone (the database's attempts folder removed while a runner was
+/// away) is given up after a few seconds: the keeper forgets the attempt unrecorded, and so
+/// ends, rather than retry forever and hold the command and itself for good.
+#[test]
+fn a_journal_whose_folder_is_gone_is_given_up_and_the_attempt_forgotten() {
+    let job = Job::sh("exit 7", "journal-gone");
+    let mut run = job.start(0, MEM, DRAIN);
+    assert_eq!(run.ended().0, Ended::Exited(7));
+    std::fs::remove_dir_all(job.attempts()).expect("the attempts folder goes");
+    let (keeper, pid) = run.leave();
+    assert!(
+        !wait_until(Duration::from_millis(1500), || !held_by(pid, keeper)),
+        "given up at once"
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || !held_by(pid, keeper)),
+        "held for good"
+    );
+    assert!(!job.attempts().exists(), "the keeper made the folder again");
+}
+
 #[test]
 fn a_runner_gone_then_fenced_has_the_attempt_journaled_fenced() {
     let mut job = Job::new(&["sleep", "30"], "gone-fenced");

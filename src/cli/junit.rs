@@ -83,9 +83,13 @@ struct Earlier {
 /// The counts of a report, as its `<testsuite>` says them.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Totals {
+    /// Test cases: jobs.
     pub tests: usize,
+    /// Jobs whose command failed.
     pub failures: usize,
+    /// Jobs lost, or that could not start.
     pub errors: usize,
+    /// Jobs cancelled, or not ended.
     pub skipped: usize,
     /// Passed after failed attempts.
     pub flaky: usize,

@@ -9,11 +9,12 @@ use leasehold::{AttemptDir, Job, JobRecord, ListFilter, Status, Store, Stream, o
 use serde_json::{Value, json};
 
 use super::follow;
+use super::junit;
 use super::progress;
 use super::render::{self, print_json};
 use super::{
-    AddArgs, CancelArgs, InspectArgs, LogsArgs, LsArgs, RetryArgs, TimedOut, Usage, WaitArgs,
-    open_existing, open_read_only,
+    AddArgs, CancelArgs, InspectArgs, LogsArgs, LsArgs, ReportArgs, RetryArgs, SelectArgs,
+    TimedOut, Usage, WaitArgs, open_existing, open_read_only,
 };
 
 pub fn add(db: &Path, args: AddArgs) -> anyhow::Result<()> {
@@ -117,19 +118,24 @@ fn read_lines(file: &Path) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
-    let store = open_read_only(db)?;
+/// The jobs `select` picks, newest first, as `jobs ls` lists them.
+fn selected(store: &Store, select: &SelectArgs) -> anyhow::Result<Vec<JobRecord>> {
     let filter = ListFilter {
-        status: args.status,
-        queue: args.queue.clone(),
-        failed_stale: args
+        status: select.status,
+        queue: select.queue.clone(),
+        failed_stale: select
             .failed_stale
-            .then(|| operator::lease_settings(&store).map(|s| s.max_recovery_attempts))
+            .then(|| operator::lease_settings(store).map(|s| s.max_recovery_attempts))
             .transpose()?,
         before: None,
-        limit: args.limit,
+        limit: select.limit,
     };
-    let jobs = store.list(&filter)?;
+    Ok(store.list(&filter)?)
+}
+
+pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
+    let store = open_read_only(db)?;
+    let jobs = selected(&store, &args.select)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
         let all: Vec<Value> = jobs
@@ -610,5 +616,31 @@ fn print_outcomes(jobs: &[JobRecord], json: bool) -> anyhow::Result<()> {
         }
     }
     out.flush()?;
+    Ok(())
+}
+
+/// `jobs report --junit PATH`: the jobs named (or selected as `jobs ls` selects them), oldest
+/// first, as a JUnit XML report. Read-only on the database; the file is written only once
+/// every job was read.
+pub fn report(db: &Path, args: &ReportArgs) -> anyhow::Result<()> {
+    let store = open_read_only(db)?;
+    let mut jobs = if args.ids.is_empty() {
+        selected(&store, &args.select)?
+    } else {
+        args.ids
+            .iter()
+            .map(|&id| store.job(id))
+            .collect::<leasehold::Result<Vec<_>>>()?
+    };
+    jobs.sort_by_key(|j| j.id);
+    jobs.dedup_by_key(|j| j.id);
+    let cases = jobs
+        .into_iter()
+        .map(|j| junit::Case::of(&store, j))
+        .collect::<leasehold::Result<Vec<_>>>()?;
+    let xml = junit::render(&cases, None);
+    junit::write(junit::create(&args.junit)?, &args.junit, &xml)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}: {}", args.junit.display(), junit::totals(&cases))?;
     Ok(())
 }

@@ -6,6 +6,7 @@ mod db;
 mod follow;
 mod hosts;
 mod jobs;
+mod junit;
 mod options;
 mod progress;
 mod queues;
@@ -267,6 +268,9 @@ enum JobsCommand {
     /// Wait until every job named has ended: exit 0 when all succeeded, 1 when one did not,
     /// 124 when --timeout passed first.
     Wait(WaitArgs),
+    /// Write a JUnit XML report of jobs (by id, or as `jobs ls` selects them), a test case
+    /// per job, as Jenkins, GitLab and GitHub read it.
+    Report(ReportArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -390,8 +394,9 @@ struct AddArgs {
     command: Vec<String>,
 }
 
+/// Which jobs `jobs ls` and `jobs report` take.
 #[derive(Debug, Args)]
-struct LsArgs {
+struct SelectArgs {
     /// Only jobs in this status.
     #[arg(long, value_name = "S", value_parser = arg::status)]
     status: Option<Status>,
@@ -401,9 +406,15 @@ struct LsArgs {
     /// Only failed jobs that exhausted the recovery budget.
     #[arg(long, conflicts_with = "status")]
     failed_stale: bool,
-    /// At most N jobs.
+    /// At most N jobs (the newest).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     limit: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+struct LsArgs {
+    #[command(flatten)]
+    select: SelectArgs,
     /// Print a JSON array of job objects. Each `env` keeps the names, with `••••••` as
     /// every value unless --show-env.
     #[arg(long)]
@@ -412,6 +423,21 @@ struct LsArgs {
     /// `••••••`).
     #[arg(long, requires = "json")]
     show_env: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(override_usage = "leasehold jobs report --junit PATH [ID]...\n       \
+                            leasehold jobs report --junit PATH [--status S] [--queue Q] \
+                            [--failed-stale] [--limit N]")]
+struct ReportArgs {
+    /// Write the report to PATH (created, or emptied and written).
+    #[arg(long, value_name = "PATH", required = true)]
+    junit: PathBuf,
+    /// These jobs (by default, every job `jobs ls` would list with the same options).
+    #[arg(value_name = "ID", conflicts_with_all = ["status", "queue", "failed_stale", "limit"])]
+    ids: Vec<i64>,
+    #[command(flatten)]
+    select: SelectArgs,
 }
 
 #[derive(Debug, Args)]
@@ -539,9 +565,17 @@ struct RunArgs {
     #[arg(long, value_name = "Q[=N]",
           value_parser = OsStringValueParser::new().try_map(arg::served_queue))]
     queue: Vec<(String, Option<usize>)>,
-    /// Exit 0 once no job of its queues is pending or running, on any runner.
+    /// Exit 0 once no job of its queues is pending or running, on any runner (1 with
+    /// --fail-on-failure when one of this run's jobs failed).
     #[arg(long)]
     until_idle: bool,
+    /// With --until-idle: write a JUnit XML report of the jobs this run ended to PATH (made
+    /// before any job runs; written when the run ends).
+    #[arg(long, value_name = "PATH", requires = "until_idle")]
+    junit: Option<PathBuf>,
+    /// With --until-idle: exit 1 when a job this run ended failed.
+    #[arg(long, requires = "until_idle")]
+    fail_on_failure: bool,
     /// How long a lease lasts unless renewed. The heartbeat, the sweep and the kill grace
     /// that are not given take a sixth of it each (at least 0.1 s, at most 5 s).
     #[arg(long, value_name = "SECS", allow_hyphen_values = true, env = "LEASEHOLD_LEASE_TTL",
@@ -626,6 +660,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs(JobsCommand::Retry(a)) => jobs::retry(db, &a),
         Command::Jobs(JobsCommand::Cancel(a)) => jobs::cancel(db, &a),
         Command::Jobs(JobsCommand::Wait(a)) => jobs::wait(db, &a),
+        Command::Jobs(JobsCommand::Report(a)) => jobs::report(db, &a),
         Command::Queues(QueuesCommand::Limit(a)) => queues::limit(db, &a.name, a.limit, a.json),
         Command::Queues(QueuesCommand::Pause(a)) => queues::pause(db, &a.name, true, a.json),
         Command::Queues(QueuesCommand::Resume(a)) => queues::pause(db, &a.name, false, a.json),

@@ -1,14 +1,17 @@
 //! `leasehold run`: a runner in the foreground, shut down gracefully by SIGINT or SIGTERM.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use leasehold::Runner;
 use nix::sys::signal::{SigSet, Signal};
+use parking_lot::Mutex;
 
 use super::arg::Secs;
+use super::junit;
 use super::{RunArgs, Usage};
 
 /// How often `--until-idle` looks whether any job is left (beyond after each ending).
@@ -22,6 +25,14 @@ const HEALTH_CHECK: Duration = Duration::from_secs(1);
 pub const MAX_WORKERS: usize = leasehold::MAX_WORKERS;
 
 pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
+    // A report's file is made before anything runs: a path it cannot be written to is said
+    // at once, with the database untouched, not after the jobs ran.
+    let report = args
+        .junit
+        .as_deref()
+        .map(|path| junit::create(path).map(|file| (path, file)))
+        .transpose()?;
+    let started_at = leasehold::now_ms();
     // Block the signals before any other thread exists, so that every thread inherits the
     // mask and only the signal thread receives them (with sigwait). The runner's threads thus
     // block SIGINT and SIGTERM, but jobs do not inherit that: each attempt is spawned with
@@ -57,7 +68,20 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
     for (q, limit) in &args.queue {
         builder = builder.queue(q, *limit);
     }
-    let runner = builder.start().map_err(|e| match e {
+    // The jobs that ended while this runner ran: every ending on the database from its
+    // start (the notifier reads them all, the last ones at shutdown), sorted out at the end.
+    let ended = Arc::new(Mutex::new(Vec::new()));
+    if report.is_some() || args.fail_on_failure {
+        let ended = Arc::clone(&ended);
+        builder = builder.on_complete(move |c| ended.lock().push(c.job_id));
+    }
+    let runner = builder.start().inspect_err(|_| {
+        // Nothing ran: no report, rather than an empty file CI would take for a broken one.
+        if let Some((path, _)) = &report {
+            let _ = std::fs::remove_file(path);
+        }
+    });
+    let runner = runner.map_err(|e| match e {
         leasehold::Error::Invalid { setting, reason } => {
             anyhow::Error::new(Usage(format!("invalid {}: {reason}", flag(setting))))
         }
@@ -67,6 +91,7 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         )),
     })?;
 
+    let worker_id = runner.worker_id().to_string();
     let mut signals = Some(signals);
     // With --until-idle, every ending of this runner is a moment to look again; the check
     // interval bounds how late an ending in another process is seen. The first look is at
@@ -122,7 +147,7 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         .kill_grace
         .map_or(leasehold::DEFAULT_KILL_GRACE, |g| g.0);
     let kill_wait = grace + FORCED_EXIT_MARGIN;
-    std::thread::scope(|scope| {
+    let stopped = std::thread::scope(|scope| {
         if let Some(sigs) = &signals {
             let runner = &runner;
             scope.spawn(move || {
@@ -145,8 +170,63 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
             .context("the runner did not shut down cleanly");
         let _ = done_tx.send(());
         stopped
-    })?;
+    });
+    if report.is_none() && !args.fail_on_failure {
+        return stopped;
+    }
+    // Whatever ended is reported, even when the runner failed or a signal stopped the run;
+    // the runner's failure comes first.
+    let ended = std::mem::take(&mut *ended.lock());
+    let judged = judge(db, &worker_id, ended, report, started_at);
+    stopped?;
+    let failed = judged?;
+    if args.fail_on_failure && !failed.is_empty() {
+        let ids: Vec<String> = failed.iter().map(i64::to_string).collect();
+        anyhow::bail!(
+            "{} job{} of this run failed: {}",
+            failed.len(),
+            if failed.len() == 1 { "" } else { "s" },
+            ids.join(", ")
+        );
+    }
     Ok(())
+}
+
+/// Reads the jobs in `ended` that this run ended (its runner ran their last attempt, or
+/// they ended without one: cancelled before they ran), writes their report when asked, and
+/// returns the ids of those that failed.
+fn judge(
+    db: &Path,
+    worker_id: &str,
+    mut ended: Vec<i64>,
+    report: Option<(&Path, std::fs::File)>,
+    started_at: i64,
+) -> anyhow::Result<Vec<i64>> {
+    ended.sort_unstable();
+    ended.dedup();
+    let store = super::open_read_only(db)?;
+    let mut cases = Vec::new();
+    for id in ended {
+        let job = match store.job(id) {
+            Ok(job) => job,
+            // Pruned since (a retention shorter than the run).
+            Err(leasehold::Error::NoSuchJob(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if job.attempt > 0 && job.worker_id.as_deref() != Some(worker_id) {
+            continue;
+        }
+        cases.push(junit::Case::of(&store, job)?);
+    }
+    if let Some((path, file)) = report {
+        junit::write(file, path, &junit::render(&cases, Some(started_at)))?;
+        log::info!("JUnit report {}: {}", path.display(), junit::totals(&cases));
+    }
+    Ok(cases
+        .iter()
+        .filter(|c| c.failed())
+        .map(|c| c.id())
+        .collect())
 }
 
 /// How long a forced exit waits, beyond the kill grace, for the killed attempts to end.

@@ -14,6 +14,7 @@ mod fsync;
 mod handoff;
 mod hosts;
 mod jobs;
+mod junit;
 mod logs;
 mod numeric;
 mod progress;

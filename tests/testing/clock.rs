@@ -1,5 +1,6 @@
 //! Every clock-driven behaviour follows the test's clock: due times, delays, backoff, unique
-//! windows, schedules, retention, lease expiry and reclaim.
+//! windows, schedules, retention (a store's prune and a runner's sweeper), lease expiry and
+//! reclaim.
 
 use std::time::{Duration, Instant};
 
@@ -166,6 +167,32 @@ fn retention_prunes_by_the_test_clock() {
     db.clock().advance(Duration::from_secs(2));
     assert_eq!(store.prune(&policy).unwrap().jobs, 1);
     assert!(store.job(id).is_err());
+}
+
+#[test]
+fn a_runners_sweeper_prunes_by_the_test_clock() {
+    let db = TestDb::new();
+    let store = db.store();
+    let old = store.enqueue(&Job::shell("true")).unwrap();
+    db.drain_with(|_| Stub::Succeed);
+    db.clock().advance(Duration::from_secs(12 * 3600));
+    let newer = store.enqueue(&Job::shell("true")).unwrap();
+    db.drain_with(|_| Stub::Succeed);
+    let runner = Runner::builder(db.path())
+        .retention(Retention::keep_all().succeeded(Some(Duration::from_secs(86_400))))
+        .sweep_interval(Duration::from_millis(100))
+        .start()
+        .unwrap();
+    // A day and a second after the first ended, on the test clock: its sweeps prune it, and
+    // not the one that ended 12 hours later, in the same statement.
+    db.clock().advance(Duration::from_secs(12 * 3600 + 1));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store.job(old).is_ok() {
+        assert!(Instant::now() < deadline, "never pruned: {:?}", db.job(old));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(db.job(newer).status, Status::Succeeded);
+    runner.shutdown().unwrap();
 }
 
 /// A lease taken by a worker that then vanished.

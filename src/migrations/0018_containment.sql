@@ -1,3 +1,0 @@
--- Migration 18: how a runner contains its attempts (`cgroup <node>` or `process groups
--- (why)`), which `leasehold status` shows. NULL: registered before version 18.
-ALTER TABLE runners ADD COLUMN containment TEXT;

@@ -1,4 +1,4 @@
--- leasehold schema, version 17 (PRAGMA user_version = 17).
+-- leasehold schema, version 18 (PRAGMA user_version = 18).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.

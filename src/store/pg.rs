@@ -35,6 +35,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE jobs ADD COLUMN teardown_lease_expires_at BIGINT",
     ),
     (17, "ALTER TABLE jobs ADD COLUMN name TEXT"),
+    (18, include_str!("pg/0018_wal.sql")),
 ];
 
 /// Whether `path` is a PostgreSQL URL (`postgres://` or `postgresql://`) rather than a file.

@@ -1,4 +1,4 @@
--- leasehold schema, version 18 (PRAGMA user_version = 18).
+-- leasehold schema, version 19 (PRAGMA user_version = 19).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -166,8 +166,8 @@ CREATE TABLE runners (
     -- Version 9: its PID namespace, the inode of /proc/self/ns/pid (NULL: registered before
     -- version 9, or unreadable). Its pid is evidence only to a judge in the same boot and
     -- namespace.
-    -- Version 18: how it contains its attempts, `cgroup <node>` or `process groups (why)`
-    -- (NULL: registered before version 18).
+    -- Version 19: how it contains its attempts, `cgroup <node>` or `process groups (why)`
+    -- (NULL: registered before version 19).
 , pid_ns INTEGER, containment TEXT);
 CREATE INDEX runners_started ON runners (started_at);
 

@@ -126,11 +126,15 @@ struct Target {
 impl Target {
     fn fresh(server: &Server, backend: Backend) -> Target {
         match backend {
-            Backend::Postgres => Target {
-                backend,
-                db: server.fresh(BENCH_DB),
-                _dir: None,
-            },
+            Backend::Postgres => {
+                let db = server.fresh(BENCH_DB);
+                amend_schema(&db);
+                Target {
+                    backend,
+                    db,
+                    _dir: None,
+                }
+            }
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().expect("a temporary folder can be created");
                 Target {
@@ -141,6 +145,41 @@ impl Target {
             }
         }
     }
+}
+
+/// The environment variable naming a SQL file run on each fresh PostgreSQL database once the
+/// store made its schema: a variant of the schema measured without a build of its own.
+const PG_SQL_ENV: &str = "LEASEHOLD_BENCH_PG_SQL";
+
+/// Makes the store's schema in `db` and runs [`PG_SQL_ENV`]'s file on it, when one is named.
+fn amend_schema(db: &str) {
+    let Ok(path) = std::env::var(PG_SQL_ENV) else {
+        return;
+    };
+    drop(Store::open(db).expect("the bench database opens"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {PG_SQL_ENV} ({path}): {e}"));
+    Client::connect(db, NoTls)
+        .and_then(|mut c| c.batch_execute(&text))
+        .unwrap_or_else(|e| panic!("{PG_SQL_ENV} ({path}) fails: {e}"));
+}
+
+/// The updates of `jobs` in `db` so far, and how many of them were HOT.
+fn hot_updates(db: &str) -> Option<(i64, i64)> {
+    let mut c = Client::connect(db, NoTls).ok()?;
+    c.query_one(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+         WHERE relname = 'jobs' AND schemaname = current_schema()",
+        &[],
+    )
+    .ok()
+    .map(|r| (r.get(0), r.get(1)))
+}
+
+/// The share of the updates between two readings of [`hot_updates`] that were HOT.
+fn hot_share(before: Option<(i64, i64)>, after: Option<(i64, i64)>) -> Option<f64> {
+    let ((u0, h0), (u1, h1)) = before.zip(after)?;
+    (u1 > u0).then(|| (h1 - h0) as f64 / (u1 - u0) as f64)
 }
 
 /// `bench postgres [part]`: every part, or the one named.
@@ -261,6 +300,10 @@ struct Cycles {
     /// The WAL the server wrote a cycle, bytes (PostgreSQL; the whole cluster's, from
     /// `pg_stat_wal`, so only on a server of the bench's own).
     wal_bytes: Option<f64>,
+    /// The WAL flushes (`pg_stat_wal.wal_sync`) a cycle, the whole cluster's.
+    wal_syncs: Option<f64>,
+    /// The share of the run's updates of `jobs` that were HOT (`pg_stat_user_tables`).
+    hot: Option<f64>,
 }
 
 /// One row's runs in one round of the cycles table.
@@ -407,6 +450,20 @@ fn cycles_table(server: &Server) -> (Option<f64>, Option<f64>) {
                 }
             },
         );
+        let median_of = |v: Vec<f64>, digits: usize| {
+            if v.is_empty() {
+                "?".to_string()
+            } else {
+                format!("{:.*}", digits, mid(v))
+            }
+        };
+        println!(
+            "  WAL flushes a cycle: Store x{BATCH} {}, PostgreSQL {}; HOT updates of jobs: Store x{BATCH} {}, PostgreSQL {}",
+            median_of(runs.iter().filter_map(|r| r.batch.wal_syncs).collect(), 3),
+            median_of(runs.iter().filter_map(|r| r.pg.wal_syncs).collect(), 3),
+            median_of(runs.iter().filter_map(|r| r.batch.hot).collect(), 2),
+            median_of(runs.iter().filter_map(|r| r.pg.hot).collect(), 2),
+        );
         println!(
             "  in each round: PG/pgbench {}; bare/pgbench {}; PG/SQLite {}",
             listed(&pg_pgb),
@@ -521,16 +578,22 @@ fn cycles_of(server: &Server, backend: Backend, procs: usize, child: &str) -> Cy
         Backend::Sqlite => Vec::new(),
     };
     let wal_before = (backend == Backend::Postgres)
-        .then(|| wal_bytes(server))
+        .then(|| wal_stats(server))
+        .flatten();
+    let hot_before = (backend == Backend::Postgres)
+        .then(|| hot_updates(&target.db))
         .flatten();
     let before = cpu_ticks(&backends);
     let results = kids.go();
     let after = cpu_ticks(&backends);
     kids.stop();
     let mut cycles = summarize(&results, before.zip(after));
-    if let Some(b) = wal_before {
-        let n: u64 = results.iter().map(|r| r.cycles).sum();
-        cycles.wal_bytes = wal_bytes(server).map(|a| (a - b) as f64 / n.max(1) as f64);
+    if let Some((b, s)) = wal_before {
+        let n = results.iter().map(|r| r.cycles).sum::<u64>().max(1) as f64;
+        let after = wal_stats(server);
+        cycles.wal_bytes = after.map(|(a, _)| (a - b) as f64 / n);
+        cycles.wal_syncs = after.map(|(_, a)| (a - s) as f64 / n);
+        cycles.hot = hot_share(hot_before, hot_updates(&target.db));
     }
     cycles
 }
@@ -538,12 +601,20 @@ fn cycles_of(server: &Server, backend: Backend, procs: usize, child: &str) -> Cy
 /// The WAL the server has written, bytes, once the backends that ended have reported it
 /// (`pg_stat_wal`; a backend reports at exit and at most once a second while it runs).
 fn wal_bytes(server: &Server) -> Option<i64> {
+    wal_stats(server).map(|(bytes, _)| bytes)
+}
+
+/// As [`wal_bytes`], with the WAL flushes (`wal_sync`) so far.
+fn wal_stats(server: &Server) -> Option<(i64, i64)> {
     std::thread::sleep(Duration::from_millis(1100));
     server
         .admin()
-        .query_one("SELECT wal_bytes::bigint FROM pg_stat_wal", &[])
+        .query_one(
+            "SELECT wal_bytes::bigint, wal_sync::bigint FROM pg_stat_wal",
+            &[],
+        )
         .ok()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
 }
 
 /// The children's reports as one figure: cycles over the longest of their times.
@@ -563,6 +634,8 @@ fn summarize(results: &[ChildReport], ticks: Option<(u64, u64)>) -> Cycles {
         server_cpu_ms: ticks.map(|(b, a)| a.saturating_sub(b) as f64 * tick / n.max(1) as f64),
         dry: results.iter().any(|r| r.dry),
         wal_bytes: None,
+        wal_syncs: None,
+        hot: None,
     }
 }
 
@@ -594,13 +667,26 @@ fn fill(target: &Target, n: usize) {
             .expect("the jobs table's columns")
             .get(0);
         let copies = i64::try_from(n / 1000).unwrap_or(1) - 1;
-        c.execute(
+        // The copies without the count triggers (row by row, they took minutes for 100,000
+        // jobs on a loaded machine), then counted at once in shard 0.
+        let mut tx = c.transaction().expect("a transaction");
+        tx.batch_execute("SET LOCAL session_replication_role = replica")
+            .expect("the role may skip triggers");
+        tx.execute(
             &format!(
                 "INSERT INTO jobs ({columns}) SELECT {columns} FROM jobs, generate_series(1, $1::bigint)"
             ),
             &[&copies],
         )
         .expect("the jobs are copied");
+        tx.execute(
+            "INSERT INTO job_count_shards AS c (queue, status, shard, n)
+             VALUES ('default', 'pending', 0, $1::bigint * 1000)
+             ON CONFLICT (queue, status, shard) DO UPDATE SET n = c.n + excluded.n",
+            &[&copies],
+        )
+        .expect("the copies are counted");
+        tx.commit().expect("the copies commit");
         c.batch_execute("VACUUM ANALYZE").expect("VACUUM ANALYZE");
     }
 }
@@ -733,6 +819,8 @@ struct E2e {
     /// The CPU of the server's backends connected to the run's database a job, ms (the
     /// runners' and the bench's sessions, from `/proc/PID/stat`).
     server_cpu_ms: Option<f64>,
+    /// The share of the run's updates of `jobs` that were HOT.
+    hot: Option<f64>,
 }
 
 /// Jobs a second from the enqueue of [`E2E_JOBS`] `/bin/true` jobs to the last ending, with 1,
@@ -809,12 +897,13 @@ fn e2e_table(server: &Server) {
             }
         };
         println!(
-            "  PostgreSQL a job: {} B of WAL, {} ms of the server's backends' CPU",
+            "  PostgreSQL a job: {} B of WAL, {} ms of the server's backends' CPU; {} of the updates of jobs HOT",
             per_job(rounds.iter().filter_map(|r| r[i].0.wal_bytes).collect(), 0),
             per_job(
                 rounds.iter().filter_map(|r| r[i].0.server_cpu_ms).collect(),
                 3
-            )
+            ),
+            per_job(rounds.iter().filter_map(|r| r[i].0.hot).collect(), 2),
         );
     }
     println!(
@@ -845,6 +934,9 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
             .flatten()
     };
     let lsn_before = lsn(server);
+    let hot_before = (backend == Backend::Postgres)
+        .then(|| hot_updates(&target.db))
+        .flatten();
     let ticks_before = cpu_ticks(&backends);
     let t = Instant::now();
     store.enqueue_many(&jobs).expect("the jobs are enqueued");
@@ -881,6 +973,10 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
                 deadlocks: deadlocks(server),
                 wal_bytes: wal,
                 server_cpu_ms,
+                hot: {
+                    std::thread::sleep(Duration::from_millis(1100));
+                    hot_share(hot_before, hot_updates(&target.db))
+                },
             }
         }
         Backend::Sqlite => {
@@ -892,6 +988,7 @@ fn e2e(server: &Server, backend: Backend, procs: usize) -> E2e {
                 deadlocks: None,
                 wal_bytes: None,
                 server_cpu_ms: None,
+                hot: None,
             }
         }
     }

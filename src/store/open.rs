@@ -12,7 +12,7 @@ use super::maintenance::{self, AUTO_VACUUM_INCREMENTAL};
 use crate::error::{Error, Result, is_busy};
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 18;
+pub const SCHEMA_VERSION: i64 = 19;
 
 /// Prepared statements a connection keeps (rusqlite's default is 16).
 const STATEMENT_CACHE: usize = 128;
@@ -213,7 +213,7 @@ pub(super) struct Opened {
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 /// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
 /// file: see [`migrate`].
-const MIGRATIONS: [&str; 18] = [
+const MIGRATIONS: [&str; 19] = [
     include_str!("../migrations/0001_initial.sql"),
     include_str!("../migrations/0002_auto_vacuum.sql"),
     include_str!("../migrations/0003_failed_stale.sql"),
@@ -231,7 +231,8 @@ const MIGRATIONS: [&str; 18] = [
     include_str!("../migrations/0015_start_with_ending.sql"),
     include_str!("../migrations/0016_teardown_lease.sql"),
     include_str!("../migrations/0017_name.sql"),
-    include_str!("../migrations/0018_containment.sql"),
+    include_str!("../migrations/0018_wal.sql"),
+    include_str!("../migrations/0019_containment.sql"),
 ];
 
 /// The version whose migration is [`rewrite_check_lists`], done in code.

@@ -35,7 +35,8 @@ const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE jobs ADD COLUMN teardown_lease_expires_at BIGINT",
     ),
     (17, "ALTER TABLE jobs ADD COLUMN name TEXT"),
-    (18, "ALTER TABLE runners ADD COLUMN containment TEXT"),
+    (18, include_str!("pg/0018_wal.sql")),
+    (19, "ALTER TABLE runners ADD COLUMN containment TEXT"),
 ];
 
 /// Whether `path` is a PostgreSQL URL (`postgres://` or `postgresql://`) rather than a file.

@@ -63,8 +63,12 @@ $psql -d postgres -c "DROP DATABASE $db"
 # SQLite's predicates without their parentheses, to compare with PostgreSQL's deparse.
 sed -E '/^index /{s/ where (.*)$/ where \1/; s/[()]//g; s/^(index [^ ]+ on [^ ]+) /\1 (/; s/( where |$)/)\1/}' \
     "$tmp/sqlite" >"$tmp/sqlite.n"
+# The one index that differs on purpose (version 18, docs/postgres.md): PostgreSQL's jobs_status
+# leaves out running and succeeded jobs, SQLite's has every row.
 sed -E '/^index /{s/[()]//g; s/^(index [^ ]+ on [^ ]+) /\1 (/; s/( where |$)/)\1/}' \
-    "$tmp/pg" >"$tmp/pg.n"
+    "$tmp/pg" |
+    sed -E "s/^(index jobs_status on jobs \(status, id\)) where status <> 'running' and status <> 'succeeded'$/\1/" \
+    >"$tmp/pg.n"
 if diff "$tmp/sqlite.n" "$tmp/pg.n"; then
     echo "same as schema.sql: $(grep -c '^table' "$tmp/pg.n") tables, $(grep -c '^index' "$tmp/pg.n") indexes"
 else

@@ -769,8 +769,8 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         1
     );
     assert_eq!(
-        db.scalar("SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18)"),
-        3
+        db.scalar("SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18, 19)"),
+        4
     );
     // Its tables' columns are those of a database made from pg/schema.sql, in order.
     let columns = "SELECT hashtext(string_agg(table_name || '.' || column_name || ':' || data_type
@@ -780,4 +780,167 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
     let fresh = TestDb::postgres("migrate_15_fresh");
     drop(fresh.store());
     assert_eq!(db.scalar(columns), fresh.scalar(columns));
+}
+
+/// The shape of a PostgreSQL database that decides its WAL a job (version 18): the indexes
+/// with their predicates, the triggers, the constraints and the trigger functions' bodies,
+/// as one hash.
+const PG_SHAPE: &str = "SELECT hashtext(string_agg(d, E'\\n' ORDER BY d))::bigint FROM (
+        SELECT pg_get_indexdef(indexrelid) AS d FROM pg_index
+        WHERE indrelid IN (SELECT oid FROM pg_class
+                           WHERE relnamespace = current_schema()::regnamespace)
+        UNION ALL
+        SELECT tgname || ': ' || pg_get_triggerdef(oid) FROM pg_trigger
+        WHERE NOT tgisinternal AND tgrelid IN (SELECT oid FROM pg_class
+                           WHERE relnamespace = current_schema()::regnamespace)
+        UNION ALL
+        SELECT conrelid::regclass::text || ': ' || pg_get_constraintdef(oid) FROM pg_constraint
+        WHERE connamespace = current_schema()::regnamespace
+        UNION ALL
+        SELECT proname || ': ' || prosrc FROM pg_proc
+        WHERE pronamespace = current_schema()::regnamespace) AS shape";
+
+/// Whether `job_counts` equals a count of `jobs`.
+const PG_COUNTS_DIFFER: &str = "SELECT count(*) FROM (
+        (SELECT queue, status, n FROM job_counts WHERE n <> 0
+         EXCEPT ALL SELECT queue, status, count(*) FROM jobs GROUP BY 1, 2)
+        UNION ALL
+        (SELECT queue, status, count(*) FROM jobs GROUP BY 1, 2
+         EXCEPT ALL SELECT queue, status, n FROM job_counts WHERE n <> 0)) AS d";
+
+#[test]
+fn a_postgres_database_of_version_17_is_migrated_to_counts_per_statement_without_the_event_key() {
+    use leasehold::protocol::{ClaimRequest, Ending, Finish, Finished};
+
+    // A database made by the version-17 file, with jobs of every status counted by its row
+    // triggers and events under its foreign key.
+    let db = TestDb::postgres("migrate_17");
+    db.exec(include_str!("pg_schema_17.sql"));
+    db.exec(
+        "INSERT INTO jobs (queue, argv, status, created_at, scheduled_at)
+             SELECT CASE WHEN i % 3 = 0 THEN 'mail' ELSE 'default' END, '[\"true\"]',
+                    (ARRAY['pending', 'running', 'succeeded', 'failed', 'cancelled'])[1 + i % 5],
+                    0, 0
+             FROM generate_series(1, 40) AS i;
+         UPDATE jobs SET run_token = 'old' || id, worker_id = 'gone', lease_expires_at = 1
+             WHERE status = 'running';
+         INSERT INTO job_events (job_id, at, kind, attempt) SELECT id, 0, 'enqueued', 0 FROM jobs;",
+    );
+    assert_eq!(db.scalar(PG_COUNTS_DIFFER), 0);
+    // The count trigger of UPDATEs runs once a row (tgtype's bit 0) or once a statement.
+    let update_per_row = "SELECT count(*) FROM pg_trigger
+                          WHERE tgname = 'job_counts_update' AND tgtype & 1 = 1";
+    assert_eq!(db.scalar(update_per_row), 1);
+
+    let store = db.store();
+    assert_eq!(store.migration().from, 17);
+    assert_eq!(
+        db.scalar("SELECT max(version) FROM leasehold_migrations"),
+        SCHEMA_VERSION
+    );
+    assert_eq!(
+        db.scalar(update_per_row),
+        0,
+        "the UPDATEs' count trigger is per statement"
+    );
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM pg_constraint
+             WHERE conrelid = 'job_events'::regclass AND contype = 'f'"
+        ),
+        0,
+        "job_events has no foreign key"
+    );
+    // The counts carried over, and kept by the new triggers through the store's grouped claim
+    // and grouped successes, an enqueue and a delete.
+    assert_eq!(db.scalar(PG_COUNTS_DIFFER), 0);
+    for _ in 0..5 {
+        store
+            .enqueue_at(&Job::shell("true").queue("mail"), T0)
+            .unwrap();
+    }
+    let claimed = store
+        .claim(
+            &ClaimRequest {
+                worker_id: "w",
+                limit: 16,
+                queues: &[],
+                lease_ttl: Duration::from_secs(30),
+                queue_caps: &[],
+            },
+            T0,
+        )
+        .unwrap();
+    assert_eq!(
+        claimed.len(),
+        13,
+        "8 pending jobs made by the old file and 5 new"
+    );
+    assert_eq!(db.scalar(PG_COUNTS_DIFFER), 0);
+    let finishes: Vec<Finish> = claimed
+        .iter()
+        .map(|c| Finish {
+            job_id: c.id,
+            run_token: c.run_token.clone(),
+            attempt: c.attempt,
+            ending: Ending::Succeeded,
+            output: None,
+            notes: Vec::new(),
+            max_recovery_attempts: 3,
+        })
+        .collect();
+    let done = store.finish_many(&finishes, T0 + 5).unwrap();
+    assert!(
+        done.iter().all(|d| matches!(d, Finished::Recorded(_))),
+        "{done:?}"
+    );
+    assert_eq!(db.scalar(PG_COUNTS_DIFFER), 0);
+    assert_eq!(
+        db.scalar("SELECT n FROM job_counts WHERE queue = 'mail' AND status = 'succeeded'"),
+        // 12 and 27 were succeeded in the old file; 15, 30 and the 5 new ones pending.
+        2 + 2 + 5
+    );
+    // A deleted job's events go with it, as ON DELETE CASCADE did.
+    let first = claimed[0].id;
+    assert!(
+        db.scalar(&format!(
+            "SELECT count(*) FROM job_events WHERE job_id = {first}"
+        )) > 0
+    );
+    db.exec(&format!("DELETE FROM jobs WHERE id = {first}"));
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT count(*) FROM job_events WHERE job_id = {first}"
+        )),
+        0
+    );
+    assert_eq!(db.scalar(PG_COUNTS_DIFFER), 0);
+    drop(store);
+
+    // The migrated database has the shape of one made from pg/schema.sql.
+    let fresh = TestDb::postgres("migrate_17_fresh");
+    drop(fresh.store());
+    assert_eq!(db.scalar(PG_SHAPE), fresh.scalar(PG_SHAPE));
+}
+
+#[test]
+fn a_newer_postgres_schema_is_refused_and_left_unchanged() {
+    let db = TestDb::postgres("too_new");
+    drop(db.store());
+    let next = SCHEMA_VERSION + 1;
+    db.exec(&format!(
+        "INSERT INTO leasehold_migrations (version, applied_at) VALUES ({next}, 0)"
+    ));
+    let shape = db.scalar(PG_SHAPE);
+    match Store::open(db.target()) {
+        Err(Error::SchemaTooNew { found, supported }) => {
+            assert_eq!((found, supported), (next, SCHEMA_VERSION));
+        }
+        other => panic!("expected SchemaTooNew, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(db.scalar(PG_SHAPE), shape);
+    assert_eq!(
+        db.scalar("SELECT max(version) FROM leasehold_migrations"),
+        next
+    );
 }

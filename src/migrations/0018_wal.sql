@@ -1,0 +1,3 @@
+-- Migration 18: nothing on SQLite. The version moves in step with PostgreSQL's schema, whose
+-- migration 18 (src/store/pg/0018_wal.sql) cuts the WAL a job writes there: fewer index
+-- entries a transition, count triggers per statement, no foreign key from job_events.

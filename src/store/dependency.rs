@@ -18,6 +18,8 @@
 //! (AUTOINCREMENT), so a job enqueued after the ending, which counted the dependency as it
 //! found it, is above `last_job` and never handled twice.
 
+use std::time::Instant;
+
 use crate::store::db::{Connection, OptionalExtension, params, sql};
 
 use crate::error::Result;
@@ -25,6 +27,9 @@ use crate::job::{EventKind, Status};
 use crate::metrics::CounterKind;
 
 use super::counter;
+
+use super::Store;
+use super::retention;
 use super::tx::event;
 
 /// Dependents one ending handles in its own transaction; the rest is a cascade.
@@ -321,6 +326,32 @@ pub(super) fn unmet(conn: &Connection, id: i64) -> Result<std::result::Result<i6
         }
     }
     Ok(Ok(waiting))
+}
+
+impl Store {
+    /// Continues the fan-outs that endings left as cascades (see [`dependency`](self)): a success's
+    /// dependents counted down, a failure's cancelled, down the chain, in slices that each
+    /// hold the write lock for a few tens of milliseconds, until none is left or `deadline`.
+    /// Returns whether it did anything. Cheap when there is none: one read.
+    pub(crate) fn continue_cascades(&self, now: i64, deadline: Option<Instant>) -> Result<bool> {
+        let mut did = false;
+        while has_cascades(&self.conn)? {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            let started = Instant::now();
+            did = true;
+            if !self.write(|c| continue_cascades(c, now))? {
+                break;
+            }
+            retention::yield_lock(started.elapsed());
+        }
+        if did {
+            // A success's dependents may be ready now.
+            self.poke();
+        }
+        Ok(did)
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Leases: claiming jobs, recording the process an attempt started, renewing the leases a
 //! runner holds, and recording how an attempt ended (with the backoff before a retry).
 
+#[cfg(doc)]
+use crate::error::Error;
 use std::cmp::Reverse;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
@@ -12,6 +14,7 @@ use crate::error::Result;
 use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
 use crate::metrics::CounterKind;
 
+use super::Store;
 use super::counter;
 use super::dependency;
 use super::queue;
@@ -1282,3 +1285,64 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+impl Store {
+    /// Claims up to `limit` ready jobs for `worker_id`, taking a lease of `lease_ttl` on each.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn claim(&self, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
+        self.write(|c| claim(c, req, now))
+    }
+
+    /// Records the process an attempt started, if the caller still holds the attempt's lease.
+    /// Returns false (and changes nothing) when it does not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn record_start(&self, start: &AttemptStart, now: i64) -> Result<bool> {
+        self.write(|c| record_start(c, start, now))
+    }
+
+    /// Renews, in one statement, the leases that `worker_id` holds under `tokens`, and reports
+    /// the tokens that no longer hold one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn renew(
+        &self,
+        worker_id: &str,
+        tokens: &[String],
+        lease_ttl: Duration,
+        now: i64,
+    ) -> Result<Renewal> {
+        self.write(|c| renew(c, worker_id, tokens, lease_ttl, now))
+    }
+
+    /// Records how an attempt ended, fenced by its run token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn finish(&self, finish: &Finish, now: i64) -> Result<Finished> {
+        let finished = self.write(|c| finish_attempt(c, finish, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(finished)
+    }
+
+    /// Records several attempts' endings in one transaction, as a runner's writer does, in
+    /// the order given; each is fenced by its run token as [`Store::finish`] is. Returns what
+    /// each did, in the same order. Nothing is recorded when one of them cannot be written.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn finish_many(&self, finishes: &[Finish], now: i64) -> Result<Vec<Finished>> {
+        let finished = self.write(|c| finish_many(c, finishes, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(finished)
+    }
+}

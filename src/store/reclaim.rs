@@ -2,6 +2,8 @@
 //! teardown markers that keep a reclaimed job from running again before its lost attempt's
 //! processes are gone.
 
+#[cfg(doc)]
+use crate::error::Error;
 use std::time::Duration;
 
 use crate::store::db::{Connection, OptionalExtension, Sql, params, sql};
@@ -10,6 +12,7 @@ use crate::error::Result;
 use crate::job::{EventKind, OnLost, Output, Status};
 use crate::metrics::CounterKind;
 
+use super::Store;
 use super::counter;
 use super::dependency;
 use super::runners::Namespace;
@@ -697,4 +700,67 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
         ("pending_teardowns_sql()", pending_teardowns_sql()),
         ("teardown_of_sql()", teardown_of_sql()),
     ]
+}
+
+impl Store {
+    /// Reclaims lost attempts: expired leases, running jobs without lease metadata, and the
+    /// running jobs of runners known to be dead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn reclaim(&self, req: &ReclaimRequest<'_>, now: i64) -> Result<ReclaimReport> {
+        let report = self.write(|c| reclaim(c, req, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(report)
+    }
+
+    /// Lost attempts whose processes still have to be torn down.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn pending_teardowns(&self, limit: u64) -> Result<Vec<LostAttempt>> {
+        pending_teardowns(&self.conn, 0, limit, self.now())
+    }
+
+    /// As [`Store::pending_teardowns`], of jobs whose id is above `after`: the next page.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn pending_teardowns_after(&self, after: i64, limit: u64) -> Result<Vec<LostAttempt>> {
+        pending_teardowns(&self.conn, after, limit, self.now())
+    }
+
+    /// Job `id`'s lost attempt still to be torn down, if it has one, with its runner's
+    /// namespace: what `jobs inspect` and the dashboard show of a job that waits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn teardown_of(&self, id: i64) -> Result<Option<LostAttempt>> {
+        teardown_of(&self.conn, id, self.now())
+    }
+
+    /// Records that a lost attempt's processes were dealt with (`detail` says how), which
+    /// lets its job be claimed again. Returns false when another caller recorded it first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn record_teardown(
+        &self,
+        job_id: i64,
+        token: &str,
+        detail: &str,
+        now: i64,
+    ) -> Result<bool> {
+        let recorded = self.write(|c| record_teardown(c, job_id, token, detail, now))?;
+        if recorded {
+            // The job can be claimed again.
+            self.poke();
+        }
+        Ok(recorded)
+    }
 }

@@ -5,6 +5,7 @@ use super::lease::{DUE_DEFERRED_SQL, QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
 use super::queue::READY_QUEUES_SQL;
 use super::reclaim::RECLAIM_CANDIDATES_SQL;
 use super::*;
+use crate::job::Job;
 use crate::store::db::{params, params_from_iter};
 
 /// The rendered query plan of `sql` with `values` bound.

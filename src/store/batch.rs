@@ -22,7 +22,7 @@
 //! So a process that dies between two slices leaves its jobs all released or all deleted,
 //! eventually, each exactly once.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::store::db::{Connection, Dialect, OptionalExtension, Sql, params, sql};
 
@@ -32,12 +32,7 @@ use crate::job::Job;
 use super::Store;
 use super::counter;
 use super::enqueue;
-use super::retention;
-
-/// How long one slice of a bulk enqueue or of [`tidy`] holds the write lock at most (then its
-/// last row, and the commit): well under a renewal's margin, and long enough that the commits
-/// cost little (about 1,000 to 3,000 rows a slice, measured).
-pub(super) const SLICE: Duration = Duration::from_millis(50);
+use super::slice::{SLICE, yield_lock};
 
 /// An open batch whose writer has not written a slice for this long is abandoned: its jobs are
 /// deleted by whoever tidies next.
@@ -275,14 +270,6 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
     }
 }
 
-/// Whether job `id` carries a gate: its batch has not committed yet (or not released it).
-pub(super) fn gated(conn: &Connection, id: i64) -> Result<bool> {
-    conn.prepare_cached(sql!(
-        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)"
-    ))?
-    .query_row([id], |r| r.get(0))
-}
-
 /// The statements of this file that are `const` items, for the test that prepares every
 /// statement (`store/statements.rs`).
 #[cfg(test)]
@@ -359,7 +346,7 @@ impl Store {
                 let slice = self.write(|c| insert_slice(c, batch, rest, now, self.now()))?;
                 ids.extend(slice);
                 progress(ids.len());
-                retention::yield_lock(started.elapsed());
+                yield_lock(started.elapsed());
             }
             self.write(|c| commit(c, batch))
         })();
@@ -398,7 +385,7 @@ impl Store {
             if !done.more {
                 return Ok((released, deleted));
             }
-            retention::yield_lock(started.elapsed());
+            yield_lock(started.elapsed());
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::metrics::CounterKind;
 use super::counter;
 
 use super::Store;
-use super::retention;
+use super::slice::{SLICE, yield_lock};
 use super::tx::event;
 
 /// Dependents one ending handles in its own transaction; the rest is a cascade.
@@ -116,7 +116,7 @@ pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
     }
     // Popped last first: the oldest first.
     let stack = stored.into_iter().rev().collect();
-    let until = std::time::Instant::now() + super::batch::SLICE;
+    let until = std::time::Instant::now() + SLICE;
     run(conn, stack, CASCADE_SLICE, Some(until), now)?;
     has_cascades(conn)
 }
@@ -328,6 +328,14 @@ pub(super) fn unmet(conn: &Connection, id: i64) -> Result<std::result::Result<i6
     Ok(Ok(waiting))
 }
 
+/// Whether job `id` carries a gate: its batch has not committed yet (or not released it).
+pub(super) fn gated(conn: &Connection, id: i64) -> Result<bool> {
+    conn.prepare_cached(sql!(
+        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)"
+    ))?
+    .query_row([id], |r| r.get(0))
+}
+
 impl Store {
     /// Continues the fan-outs that endings left as cascades (see [`dependency`](self)): a success's
     /// dependents counted down, a failure's cancelled, down the chain, in slices that each
@@ -344,7 +352,7 @@ impl Store {
             if !self.write(|c| continue_cascades(c, now))? {
                 break;
             }
-            retention::yield_lock(started.elapsed());
+            yield_lock(started.elapsed());
         }
         if did {
             // A success's dependents may be ready now.

@@ -10,8 +10,8 @@ use crate::schedule::utc_text;
 #[cfg(doc)]
 use super::ManualClock;
 use super::Store;
-use super::batch;
 use super::counter;
+use super::dependency::gated;
 use super::tx::{Serialise, event, serialise};
 
 /// What an enqueue did: the job's id, and whether it was a duplicate (an existing job with
@@ -175,7 +175,7 @@ fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
         let Some(status) = status else {
             return Err(refuse("no such job"));
         };
-        if batch::gated(conn, dep)? {
+        if gated(conn, dep)? {
             return Err(refuse(
                 "it is part of a bulk enqueue that has not finished (try again once it has)",
             ));

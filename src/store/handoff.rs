@@ -32,10 +32,6 @@ use super::enqueue::{self, Enqueued};
 use crate::error::Result;
 use crate::job::Job;
 
-/// The largest request a command sends; a larger job (a huge environment) is stored by the
-/// command itself.
-pub(crate) const MAX_REQUEST: usize = 64 * 1024;
-
 /// How long a token is kept after its deadline: long past the last moment a command could
 /// still be storing the job itself (its wait, then a busy timeout of 10 s).
 pub(super) const TOKEN_KEPT_MS: i64 = 10 * 60 * 1000;
@@ -50,10 +46,10 @@ mod client {
 
     use serde_json::Value;
 
-    use super::MAX_REQUEST;
     use crate::job::Job;
     use crate::store::enqueue::Enqueued;
     use crate::store::wake;
+    use crate::store::wake::MAX_REQUEST;
 
     /// How long a runner has to store a handed job: it refuses the request after this.
     const DEADLINE: Duration = Duration::from_secs(2);

@@ -8,7 +8,6 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use super::Store;
-use super::metrics;
 use crate::error::{Error, Result, is_busy};
 use crate::metrics::DatabaseSize;
 
@@ -255,15 +254,6 @@ fn file_len(path: &Path) -> Result<u64> {
 }
 
 impl Store {
-    /// The database's size on disk: the main file, its free pages and its WAL.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Sqlite`] when the file cannot be read, [`Error::Io`] when its size cannot.
-    pub fn size(&self) -> Result<DatabaseSize> {
-        metrics::size(&self.conn, &self.path)
-    }
-
     /// Compacts the whole file with a full `VACUUM`, then checkpoints the WAL so that the main
     /// file shrinks now. A VACUUM rewrites the file: its folder needs free space of about the
     /// file's size plus its WAL's, which is checked first. It holds the database's write lock

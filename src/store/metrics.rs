@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::store::db::{Connection, Sql, params, sql};
 
 use crate::error::Result;
-use crate::metrics::{Counter, CounterKind, Histogram, JobCount, Metrics};
+use crate::metrics::{Counter, CounterKind, DatabaseSize, Histogram, JobCount, Metrics};
 
 use super::Store;
 use super::counter::{BUCKETS_MS, RUN, WAIT};
@@ -195,6 +195,15 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
 }
 
 impl Store {
+    /// The database's size on disk: the main file, its free pages and its WAL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the file cannot be read, [`Error::Io`] when its size cannot.
+    pub fn size(&self) -> Result<DatabaseSize> {
+        size(&self.conn, &self.path)
+    }
+
     /// A snapshot of the database's metrics at the store's clock: see [`Store::metrics_at`].
     ///
     /// # Errors

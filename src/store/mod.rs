@@ -40,16 +40,19 @@ mod clock;
 mod counter;
 pub(crate) mod db;
 mod dependency;
+mod ending;
 mod enqueue;
 mod failure;
 pub(crate) mod handoff;
 pub(crate) mod hosts;
 mod leader;
 pub(crate) mod lease;
+mod lost;
 mod maintenance;
 mod metrics;
 mod open;
 mod operator;
+mod options;
 pub(crate) mod pg;
 mod queue;
 mod read;
@@ -59,6 +62,7 @@ mod row;
 mod runners;
 mod sample;
 mod schedule;
+mod slice;
 mod tx;
 pub(crate) mod wake;
 
@@ -68,15 +72,19 @@ pub(crate) use tx::tests::cap as cap_at_present_size;
 
 pub use crate::metrics::DatabaseSize;
 pub use clock::{Clock, ManualClock};
+#[cfg(feature = "testing")]
+pub(crate) use clock::{register_test_clock, unregister_test_clock};
+pub use ending::Ending;
 pub use enqueue::Enqueued;
 pub use failure::RecentFailure;
-pub use lease::{AttemptStart, ClaimRequest, Claimed, Ending, Finish, Finished, Renewal};
+pub use lease::{AttemptStart, ClaimRequest, Claimed, Finish, Finished, Renewal};
 pub(crate) use lease::{
     claim, finish_attempt, finish_group, finish_started, lock_dependents, lock_running, next_due,
     record_start,
 };
+pub use lost::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
 pub use maintenance::VacuumReport;
-pub use open::{
+pub use options::{
     DEFAULT_BUSY_TIMEOUT, Durability, MAX_BUSY_TIMEOUT, Migration, OpenOptions, SCHEMA_VERSION,
 };
 pub use pg::redacted_db;
@@ -85,7 +93,6 @@ pub use read::{Counts, LeaseCounts, ListFilter};
 pub use reclaim::{
     KeptAttempt, KeptVerdict, LostAttempt, ReclaimReport, ReclaimRequest, Reclaimed,
 };
-pub use reclaim::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX};
 pub use retention::{
     DEFAULT_KEEP_CANCELLED, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, DEFAULT_PRUNE_BATCH,
     PruneOptions, PruneReport, Retention, WAL_CHECKPOINT_BYTES,
@@ -190,7 +197,7 @@ impl Store {
             return given.clone();
         }
         #[cfg(feature = "testing")]
-        if let Some(clock) = crate::testing::registered_clock(path) {
+        if let Some(clock) = clock::registered_clock(path) {
             return clock;
         }
         let _ = path;

@@ -13,7 +13,7 @@ use super::Store;
 use super::counter;
 use super::dependency;
 use super::read::{ListFilter, job, list};
-use super::retention;
+use super::slice::{SLICE, yield_lock};
 use super::tx::event;
 
 /// How many times an operator's write reads its job again when the write's guard found the
@@ -261,7 +261,7 @@ pub(super) fn failed_stale(
 }
 
 /// One slice of a bulk retry: retries the jobs of `ids` from the first until the slice has
-/// held the write lock for [`SLICE`](super::batch::SLICE); returns how many of `ids` it went
+/// held the write lock for [`SLICE`](SLICE); returns how many of `ids` it went
 /// through, and those it retried. A job that is no longer there or no longer failed (another
 /// operator retried or pruned it between two slices) is passed over.
 pub(super) fn retry_slice(
@@ -281,7 +281,7 @@ pub(super) fn retry_slice(
             Err(Error::NoSuchJob(_) | Error::WrongState { .. }) => {}
             Err(e) => return Err(e),
         }
-        if started.elapsed() >= super::batch::SLICE {
+        if started.elapsed() >= SLICE {
             break;
         }
     }
@@ -363,7 +363,7 @@ impl Store {
                 // The first ones can run now.
                 self.poke();
             }
-            retention::yield_lock(started.elapsed());
+            yield_lock(started.elapsed());
         }
         Ok(retried)
     }

@@ -9,19 +9,16 @@ use std::time::Duration;
 use crate::store::db::{Connection, OptionalExtension, Sql, params, sql};
 
 use crate::error::Result;
-use crate::job::{EventKind, OnLost, Output, Status};
+use crate::job::{EventKind, Output, Status};
 use crate::metrics::CounterKind;
 
 use super::Store;
 use super::counter;
 use super::dependency;
+use super::ending::Ending;
+use super::lost::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, lost_verdict};
 use super::runners::Namespace;
 use super::tx::event;
-
-/// The start of `last_error` for a job whose lease expired (or whose runner is dead).
-pub const LEASE_EXPIRED_PREFIX: &str = "lease expired after missing heartbeat; ";
-/// The start of `last_error` for a running job with no lease metadata.
-pub const LEASE_MISSING_PREFIX: &str = "lease metadata missing for running job; ";
 
 /// What a sweeper asks of [`Store::reclaim`](crate::Store::reclaim).
 #[derive(Clone)]
@@ -111,7 +108,7 @@ pub enum KeptVerdict {
     /// event), as the dead runner would have, and the command does not run again.
     Recovered {
         /// The ending the keeper saw.
-        ending: super::lease::Ending,
+        ending: Ending,
         /// The output's tails, read from the attempt's files.
         output: Option<Output>,
         /// In words, for the event: what the keeper wrote and when.
@@ -495,7 +492,7 @@ fn recover(
     conn: &Connection,
     req: &ReclaimRequest<'_>,
     kept: &KeptAttempt,
-    ending: super::lease::Ending,
+    ending: Ending,
     output: Option<Output>,
     detail: &str,
     now: i64,
@@ -527,31 +524,6 @@ fn recover(
         kept.worker_id
     ])?;
     Ok(Some(status))
-}
-
-/// Where a lost attempt's job goes: back to pending while the budget lasts and the job asks
-/// for it, failed otherwise, with the message saying which.
-pub(super) fn lost_verdict(
-    on_lost: &str,
-    recovery: i64,
-    max: u32,
-    message: String,
-) -> (Status, String) {
-    if on_lost == OnLost::Fail.as_str() {
-        (
-            Status::Failed,
-            format!(
-                "{message}; on_lost=fail: not executed again, and its side effects may already have happened"
-            ),
-        )
-    } else if recovery > i64::from(max) {
-        (
-            Status::Failed,
-            format!("{message}; recovery budget of {max} exhausted (reclaimed {recovery} times)"),
-        )
-    } else {
-        (Status::Pending, message)
-    }
 }
 
 /// How long past the end of the lease a lost attempt held when it was marked a keeper's

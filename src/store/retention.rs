@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use crate::store::db::{Connection, Sql, params, sql};
 
 use super::Store;
+use super::slice::yield_lock;
 use crate::error::Result;
 use crate::job::{Status, duration_ms};
 
@@ -478,15 +479,6 @@ pub(super) fn checkpoint_if_large(conn: &rusqlite::Connection, path: &Path) -> R
         _ => return Ok(false),
     }
     Ok(matches!(checkpoint("TRUNCATE")?, Some((0, _, _))))
-}
-
-/// Pauses after a write transaction of a prune for as long as it held the lock (at least a
-/// millisecond): a loop of back-to-back transactions starves the other connections, whose
-/// busy handlers sleep between tries and keep finding the lock taken (measured: a claim
-/// waited 632 ms behind 8 batches and their vacuum that way). Half the time free bounds
-/// their wait to about one transaction.
-pub(super) fn yield_lock(held: Duration) {
-    std::thread::sleep(held.max(Duration::from_millis(1)));
 }
 
 /// The statements of this file that are `const` items or built at run time (with

@@ -31,6 +31,10 @@ use parking_lot::Mutex;
 use super::Store;
 use crate::error::{Error, Result};
 
+/// The largest request a command sends; a larger job (a huge environment) is stored by the
+/// command itself.
+pub(crate) const MAX_REQUEST: usize = 64 * 1024;
+
 /// The folder of wake-up sockets for the database at `db`: `<db>-wake`, beside SQLite's own
 /// `-wal` and `-shm` files.
 ///
@@ -329,7 +333,7 @@ impl Listener {
         Ok(Listener {
             socket,
             path,
-            buf: vec![0; super::handoff::MAX_REQUEST],
+            buf: vec![0; MAX_REQUEST],
         })
     }
 

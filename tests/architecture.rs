@@ -629,7 +629,6 @@ const NOT_YET: &[&[&str]] = &[
         "runner::shared",
         "runner::worker",
     ],
-    &["runner::start", "runner::sweeper"],
 ];
 
 #[test]

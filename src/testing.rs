@@ -36,16 +36,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
 use crate::job::{ErrorKind, EventKind, JobRecord, Outcome, Status};
 use crate::protocol::{AttemptStart, ClaimRequest, Ending, Finish};
 use crate::runner::Runner;
-use crate::store::{Clock, ListFilter, ManualClock, Store};
-
-/// The clocks of the live test databases, by the canonical path of each database's folder and
-/// its file name.
-static CLOCKS: Mutex<Vec<(PathBuf, Clock)>> = Mutex::new(Vec::new());
+use crate::store::{ListFilter, ManualClock, Store};
 
 /// Test databases made by this process so far: part of each one's folder name.
 static MADE: AtomicU64 = AtomicU64::new(0);
@@ -55,29 +49,6 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The worker id a stubbed drain claims under.
 const STUB_WORKER: &str = "leasehold-testing-drain";
-
-/// The clock of the test database at `path`, if it is one.
-pub(crate) fn registered_clock(path: &Path) -> Option<Clock> {
-    let clocks = CLOCKS.lock();
-    if clocks.is_empty() {
-        return None;
-    }
-    let key = canonical(path)?;
-    clocks
-        .iter()
-        .find(|(p, _)| *p == key)
-        .map(|(_, c)| c.clone())
-}
-
-/// `path` with its folder made canonical, or `None` when the folder does not exist.
-fn canonical(path: &Path) -> Option<PathBuf> {
-    let name = path.file_name()?;
-    let folder = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    Some(std::fs::canonicalize(folder).ok()?.join(name))
-}
 
 /// A throwaway database in a folder of its own, removed on drop, with a clock the test moves.
 ///
@@ -122,7 +93,7 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("TestDb: cannot resolve {}: {e}", folder.display()));
         let path = folder.join("jobs.db");
         let clock = ManualClock::starting_now();
-        CLOCKS.lock().push((path.clone(), clock.clock()));
+        crate::store::register_test_clock(&path, clock.clock());
         let store = Store::open(&path)
             .unwrap_or_else(|e| panic!("TestDb: cannot open {}: {e}", path.display()));
         TestDb {
@@ -456,7 +427,7 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        CLOCKS.lock().retain(|(p, _)| *p != self.path);
+        crate::store::unregister_test_clock(&self.path);
         let _ = std::fs::remove_dir_all(&self.folder);
     }
 }

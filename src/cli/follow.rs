@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use leasehold::{AttemptDir, JobRecord, Status, Store, Stream};
 
-use super::jobs::{attempt_dir, is_running};
+use super::attempt::{attempt_dir, is_running};
 
 /// How often the file is looked at for new bytes.
 const FILE_POLL: Duration = Duration::from_millis(100);

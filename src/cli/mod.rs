@@ -2,6 +2,7 @@
 //! exit code and one line on stderr.
 
 mod arg;
+mod attempt;
 mod db;
 mod follow;
 mod hosts;

@@ -27,12 +27,13 @@ use nix::sys::signal::Signal;
 use super::cgroup;
 use super::child::{ChildProc, pidfd_open};
 use super::keeper::Kept as KeptSpawn;
+use super::keeper::spawn_kept;
 use super::kept::{Keeping, KeptFiles, Release};
 use super::kill::{self, POLL_INTERVAL};
 use super::output::{Stream, Tail, keep_read_buffer, read_buffer};
 use super::pidfd::{self, Held};
 use super::proc;
-use super::spawn::{BaseEnv, Command, Spawned, spawn, spawn_kept};
+use super::spawn::{BaseEnv, Command, Spawned, spawn};
 use super::stop::{StopHandle, StopReason};
 use crate::files::{self, Ended};
 

@@ -39,8 +39,8 @@ use super::cgroup::{self, Containment};
 use super::child::ChildProc;
 use super::proc;
 use super::spawn::{
-    FileActions, SpawnAttr, SpawnError, c_pointers, c_string, out_of_resources, posix_spawn,
-    spawn_error,
+    Command, FileActions, Prepared, SpawnAttr, SpawnError, c_pointers, c_string, out_of_resources,
+    posix_spawn, prepare, spawn_error,
 };
 use crate::files::Ended;
 
@@ -615,7 +615,11 @@ impl Hub {
         // empty nodes of keepers killed before they could remove theirs go first.
         let base = cgroup::base();
         if let Ok(base) = &base {
-            cgroup::sweep(base, super::adopt::keeper_running);
+            // A live process with a node's pid keeps the node (it may be that keeper; if
+            // not, an empty node waits for a later sweep).
+            cgroup::sweep(base, |pid| {
+                proc::proc_info(pid).is_some_and(|p| !p.is_dead())
+            });
         }
         let base_arg = base
             .as_ref()
@@ -858,6 +862,54 @@ fn request(spec: &KeeperSpec<'_>, journal: &Path) -> io::Result<Vec<u8>> {
     let mut bytes = len.to_le_bytes().to_vec();
     bytes.append(&mut body);
     Ok(bytes)
+}
+
+/// Starts the attempt's main process (`program` is `cmd.argv[0]`) under the process's
+/// keeper, which keeps up to `mem` bytes of each stream in memory
+/// and writes the rest into `attempt_dir` (made by the keeper when it must be). The program
+/// is resolved, the working directory checked and the environment built as [`spawn`](super::spawn::spawn) does.
+/// `cap` is each stream's cap in bytes (0: none); `drain` how long the pipes may stay open
+/// after the command exits. The error's message is the text of
+/// [`Exit::SpawnFailed`](super::attempt::Exit::SpawnFailed), as [`spawn`](super::spawn::spawn)'s is.
+pub(super) fn spawn_kept(
+    cmd: &Command<'_>,
+    program: &str,
+    attempt_dir: &Path,
+    output: (u64, u64),
+    drain: Duration,
+) -> Result<Kept, SpawnError> {
+    spawn_kept_from(cmd, program, attempt_dir, output, drain, false).map(|(kept, _)| kept)
+}
+
+/// [`spawn_kept`], also saying where the keeper's program came from;
+/// `force_file` starts a keeper from its file (for the figures and the fallback's test).
+pub(super) fn spawn_kept_from(
+    cmd: &Command<'_>,
+    program: &str,
+    attempt_dir: &Path,
+    (cap, mem): (u64, u64),
+    drain: Duration,
+    force_file: bool,
+) -> Result<(Kept, Source), SpawnError> {
+    let cwd = cmd.cwd;
+    let Prepared { env, path, argv } = prepare(cmd, program)?;
+    spawn_keeper_from(
+        &KeeperSpec {
+            name: program,
+            token: cmd.run_token,
+            attempt_dir,
+            folder: crate::files::folder_of(attempt_dir),
+            cap,
+            mem,
+            drain,
+            fence: cmd.fence,
+            cwd,
+            program: &path,
+            argv: &argv,
+            env: env.entries(),
+        },
+        force_file,
+    )
 }
 
 /// Starts `spec`'s command under the process's keeper (started first if it is not running)

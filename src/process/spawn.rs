@@ -19,14 +19,12 @@ use std::mem::{self, MaybeUninit};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::libc;
 use nix::unistd::AccessFlags;
 
 use super::child::ChildProc;
-use super::keeper::{self, KeeperSpec, Kept, Source};
 use super::proc::{self, RUN_TOKEN_VAR};
 use crate::files;
 
@@ -350,7 +348,7 @@ fn env_entry(name: &[u8], value: &[u8]) -> io::Result<CString> {
 /// variables added or overriding (the last of a name wins), plus the job id
 /// and run token, which override all. The C strings the base does not hold,
 /// and the child's PATH.
-struct ChildEnv<'a> {
+pub(super) struct ChildEnv<'a> {
     /// The base's entries that are not overridden.
     base: Vec<&'a CStr>,
     /// The job's entries and the two leasehold variables.
@@ -400,7 +398,7 @@ impl<'a> ChildEnv<'a> {
     }
 
     /// The entries, each `NAME=VALUE`.
-    fn entries(&self) -> Vec<&CStr> {
+    pub(super) fn entries(&self) -> Vec<&CStr> {
         self.base
             .iter()
             .copied()
@@ -545,10 +543,10 @@ pub(super) fn out_of_resources(err: &io::Error) -> bool {
 /// What both kinds of spawn need of a command, checked and converted: its environment (with
 /// the run token, or without it for a keeper, which passes it on to the command alone), the
 /// program resolved on its PATH, and its argv as C strings.
-struct Prepared<'a> {
-    env: ChildEnv<'a>,
-    path: CString,
-    argv: Vec<CString>,
+pub(super) struct Prepared<'a> {
+    pub env: ChildEnv<'a>,
+    pub path: CString,
+    pub argv: Vec<CString>,
 }
 
 /// Turns an OS error of spawning `program` into the spawn's error.
@@ -563,7 +561,7 @@ fn failure<'a>(
 }
 
 /// Checks `cmd`'s working directory and prepares what its spawn needs (see [`Prepared`]).
-fn prepare<'a>(cmd: &Command<'a>, program: &str) -> Result<Prepared<'a>, SpawnError> {
+pub(super) fn prepare<'a>(cmd: &Command<'a>, program: &str) -> Result<Prepared<'a>, SpawnError> {
     let cwd = cmd.cwd;
     let fail = failure(program, cwd);
     if let Some(dir) = cwd {
@@ -628,54 +626,6 @@ pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnEr
         stderr,
         start_time,
     })
-}
-
-/// Starts the attempt's main process (`program` is `cmd.argv[0]`) under the process's
-/// keeper (see [`super::keeper`]), which keeps up to `mem` bytes of each stream in memory
-/// and writes the rest into `attempt_dir` (made by the keeper when it must be). The program
-/// is resolved, the working directory checked and the environment built as [`spawn`] does.
-/// `cap` is each stream's cap in bytes (0: none); `drain` how long the pipes may stay open
-/// after the command exits. The error's message is the text of
-/// [`Exit::SpawnFailed`](super::attempt::Exit::SpawnFailed), as [`spawn`]'s is.
-pub(super) fn spawn_kept(
-    cmd: &Command<'_>,
-    program: &str,
-    attempt_dir: &Path,
-    output: (u64, u64),
-    drain: Duration,
-) -> Result<Kept, SpawnError> {
-    spawn_kept_from(cmd, program, attempt_dir, output, drain, false).map(|(kept, _)| kept)
-}
-
-/// [`spawn_kept`], also saying where the keeper's program came from;
-/// `force_file` starts a keeper from its file (for the figures and the fallback's test).
-pub(super) fn spawn_kept_from(
-    cmd: &Command<'_>,
-    program: &str,
-    attempt_dir: &Path,
-    (cap, mem): (u64, u64),
-    drain: Duration,
-    force_file: bool,
-) -> Result<(Kept, Source), SpawnError> {
-    let cwd = cmd.cwd;
-    let Prepared { env, path, argv } = prepare(cmd, program)?;
-    keeper::spawn_keeper_from(
-        &KeeperSpec {
-            name: program,
-            token: cmd.run_token,
-            attempt_dir,
-            folder: files::folder_of(attempt_dir),
-            cap,
-            mem,
-            drain,
-            fence: cmd.fence,
-            cwd,
-            program: &path,
-            argv: &argv,
-            env: env.entries(),
-        },
-        force_file,
-    )
 }
 
 /// Describes a spawn failure: what failed and the OS reason.

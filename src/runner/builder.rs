@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::job::Outcome;
-use crate::store::{DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, MAX_BUSY_TIMEOUT, Retention};
+use crate::store::{
+    DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, MAX_BUSY_TIMEOUT, Retention,
+};
 
 /// Worker threads, so jobs run at once. By default 4.
 pub const DEFAULT_WORKERS: usize = 4;
@@ -537,4 +539,11 @@ pub(super) fn validate(c: &Config) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The busy timeout of the connections whose loops retry a busy database themselves (the
+/// writer, the schedule firer): at most a lease TTL, so that a shutdown beside another
+/// process's write lock is not held behind one long wait.
+pub(super) fn short_busy(cfg: &Config) -> Duration {
+    DEFAULT_BUSY_TIMEOUT.min(cfg.lease_ttl)
 }

@@ -9,8 +9,8 @@ use crate::error::Result;
 use crate::process::StopReason;
 
 use super::builder::OnShutdown;
+use super::builder::short_busy;
 use super::shared::Fence;
-use super::start::short_busy;
 use super::{Runner, deadline_after};
 
 impl Runner {

@@ -16,7 +16,7 @@ use crate::process;
 use crate::store::wake;
 use crate::store::{DEFAULT_BUSY_TIMEOUT, OpenOptions, RunnerRecord, Store};
 
-use super::builder::{Callback, Config, validate};
+use super::builder::{Callback, Config, short_busy, validate};
 use super::shared::{Shared, Writer, panic_message};
 use super::sweeper::Sweeper;
 use super::{
@@ -418,13 +418,6 @@ pub(super) fn spawn_thread(
             shared.fail(role, cause);
         })
         .map_err(|e| Error::io(format!("cannot start thread {name}"), e))
-}
-
-/// The busy timeout of the connections whose loops retry a busy database themselves (the
-/// writer, the schedule firer): at most a lease TTL, so that a shutdown beside another
-/// process's write lock is not held behind one long wait.
-pub(super) fn short_busy(cfg: &Config) -> Duration {
-    DEFAULT_BUSY_TIMEOUT.min(cfg.lease_ttl)
 }
 
 /// Eight random hex digits, to tell apart runners that reuse a pid.

@@ -239,7 +239,7 @@ impl Sweeper {
     /// writes do.
     pub(crate) fn stop_and_log(mut self, now: i64) {
         self.store
-            .set_busy_timeout(super::start::short_busy(&self.shared.config));
+            .set_busy_timeout(super::builder::short_busy(&self.shared.config));
         self.sample_and_log_forced(now, true);
     }
 

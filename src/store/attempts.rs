@@ -1,6 +1,7 @@
 //! An attempt's files beside the database (see the crate's `files` module): listing a job's
 //! attempt folders, and removing the folders of jobs that are gone.
 
+use std::path::Path;
 use std::time::Instant;
 
 use crate::store::db::{Connection, sql};
@@ -25,6 +26,74 @@ pub(super) fn missing_jobs(conn: &Connection, ids: &[i64]) -> Result<Vec<i64>> {
     ))?;
     let rows = stmt.query_map([list], |r| r.get::<_, i64>(0))?;
     rows.collect::<Result<_>>()
+}
+
+/// How many job folders [`remove_orphans`] checks against the database in one statement.
+const ORPHAN_BATCH: usize = 500;
+
+/// Removes the folders in `folder` of jobs that no longer exist in `store` (a prune deleted
+/// them), checking a batch of names per statement; returns how many it removed. A folder
+/// whose job exists is never removed: job ids are never reused (`AUTOINCREMENT`), so a
+/// missing id stays missing. Names that are not a job id are left alone. Stops once
+/// `deadline` passes, before the next folder (the next call goes on). An absent `folder` has
+/// nothing to remove. A folder that cannot be removed is passed over, and the first such
+/// error returned after the others were tried.
+fn remove_orphans(
+    folder: &Path,
+    store: &Store,
+    deadline: Option<std::time::Instant>,
+) -> Result<usize> {
+    let context = || format!("cannot list {}", folder.display());
+    let entries = match std::fs::read_dir(folder) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(context(), e)),
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(context(), e))?;
+        // Only names a job folder would have: the decimal id, nothing else.
+        if let Some(id) = entry
+            .file_name()
+            .to_str()
+            .filter(|n| !n.starts_with(['+', '-', '0']))
+            .and_then(|n| n.parse::<i64>().ok())
+        {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    let past = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
+    let mut removed = 0;
+    // One folder that cannot be removed does not keep the others: the first error is
+    // returned once the rest were tried.
+    let mut failed = None;
+    'batches: for batch in ids.chunks(ORPHAN_BATCH) {
+        if past() {
+            break;
+        }
+        for id in store.missing_jobs(batch)? {
+            // Removing is the slow part (on a busy disk, milliseconds a folder).
+            if past() {
+                break 'batches;
+            }
+            let dir = files::job_dir(folder, id);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => removed += 1,
+                // Another runner's sweeper or a `db prune` removed it first.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    failed.get_or_insert_with(|| {
+                        Error::io(format!("cannot remove {}", dir.display()), e)
+                    });
+                }
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(removed),
+    }
 }
 
 impl Store {
@@ -57,7 +126,7 @@ impl Store {
     /// [`Error::Io`] when the folder cannot be read or a job's folder removed, and
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn remove_orphan_files(&self, deadline: Option<Instant>) -> Result<usize> {
-        files::remove_orphans(&files::folder(&self.path), self, deadline)
+        remove_orphans(&files::folder(&self.path), self, deadline)
     }
 
     /// The ids among `ids` that name no job.

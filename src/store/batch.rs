@@ -22,20 +22,17 @@
 //! So a process that dies between two slices leaves its jobs all released or all deleted,
 //! eventually, each exactly once.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::store::db::{Connection, Dialect, OptionalExtension, Sql, params, sql};
 
 use crate::error::{Error, Result};
 use crate::job::Job;
 
+use super::Store;
 use super::counter;
 use super::enqueue;
-
-/// How long one slice of a bulk enqueue or of [`tidy`] holds the write lock at most (then its
-/// last row, and the commit): well under a renewal's margin, and long enough that the commits
-/// cost little (about 1,000 to 3,000 rows a slice, measured).
-pub(super) const SLICE: Duration = Duration::from_millis(50);
+use super::slice::{SLICE, yield_lock};
 
 /// An open batch whose writer has not written a slice for this long is abandoned: its jobs are
 /// deleted by whoever tidies next.
@@ -273,14 +270,6 @@ pub(super) fn tidy(conn: &Connection, only: Option<i64>, clock: i64) -> Result<T
     }
 }
 
-/// Whether job `id` carries a gate: its batch has not committed yet (or not released it).
-pub(super) fn gated(conn: &Connection, id: i64) -> Result<bool> {
-    conn.prepare_cached(sql!(
-        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)"
-    ))?
-    .query_row([id], |r| r.get(0))
-}
-
 /// The statements of this file that are `const` items, for the test that prepares every
 /// statement (`store/statements.rs`).
 #[cfg(test)]
@@ -291,6 +280,114 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
         ("GATE_EVENTS_SQL", GATE_EVENTS_SQL),
         ("NEXT_SQL", NEXT_SQL),
     ]
+}
+
+impl Store {
+    /// Enqueues many jobs, all or none. Returns their ids in order, once every job is ready to
+    /// be claimed.
+    ///
+    /// The jobs are written in transactions that hold the write lock for about 50 ms each,
+    /// never for the whole list, so that runners on the file keep renewing their leases. Until
+    /// the last of them commits, the jobs written so far exist but wait (pending, never
+    /// claimed, and no job can be enqueued after them); when a write fails, or this process
+    /// dies or stalls for 60 s between two of them, they are deleted, by this call
+    /// or by the next runner's sweep. See *Bulk enqueue* in docs/commands.md.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`]; nothing is kept when any job is invalid or refused, or when the
+    /// database cannot be written.
+    pub fn enqueue_many(&self, jobs: &[Job]) -> Result<Vec<i64>> {
+        self.enqueue_many_at(jobs, self.now())
+    }
+
+    /// [`Store::enqueue_many`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue_many`].
+    pub fn enqueue_many_at(&self, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
+        self.enqueue_many_with_progress_at(jobs, now, &mut |_| {})
+    }
+
+    /// [`Store::enqueue_many`], telling `progress` how many jobs are in so far (after every
+    /// transaction), for a progress bar. Still all or none: a count told before a failure is
+    /// not kept.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue_many`].
+    pub fn enqueue_many_with_progress(
+        &self,
+        jobs: &[Job],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<i64>> {
+        self.enqueue_many_with_progress_at(jobs, self.now(), progress)
+    }
+
+    fn enqueue_many_with_progress_at(
+        &self,
+        jobs: &[Job],
+        now: i64,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<i64>> {
+        for job in jobs {
+            job.validate_at(now)?;
+        }
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = self.write(|c| open(c, self.now()))?;
+        let mut ids = Vec::with_capacity(jobs.len());
+        let written = (|| {
+            while ids.len() < jobs.len() {
+                let started = Instant::now();
+                let rest = &jobs[ids.len()..];
+                let slice = self.write(|c| insert_slice(c, batch, rest, now, self.now()))?;
+                ids.extend(slice);
+                progress(ids.len());
+                yield_lock(started.elapsed());
+            }
+            self.write(|c| commit(c, batch))
+        })();
+        if let Err(e) = written {
+            // Best-effort: a batch left open is abandoned at its expiry, and every tidy
+            // deletes an abandoned batch's jobs.
+            if self.write(|c| abandon(c, batch)).is_ok() {
+                let _ = self.tidy_batches(Some(batch), None);
+            }
+            return Err(e);
+        }
+        self.tidy_batches(Some(batch), None)?;
+        self.poke();
+        Ok(ids)
+    }
+
+    /// Finishes bulk enqueues ([`Store::enqueue_many`]) left behind, batch `only` or all, in
+    /// slices that each hold the write lock about 50 ms: lifts the gates of committed ones, and
+    /// deletes the jobs of abandoned ones (those whose process failed, or died or stalled for
+    /// 60 s). Runners call it from their sweeps, with a `deadline` past which it
+    /// starts no slice. Returns the gates lifted and the jobs deleted.
+    pub(crate) fn tidy_batches(
+        &self,
+        only: Option<i64>,
+        deadline: Option<Instant>,
+    ) -> Result<(u64, u64)> {
+        let (mut released, mut deleted) = (0, 0);
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok((released, deleted));
+            }
+            let started = Instant::now();
+            let done = self.write(|c| tidy(c, only, self.now()))?;
+            released += done.released;
+            deleted += done.deleted;
+            if !done.more {
+                return Ok((released, deleted));
+            }
+            yield_lock(started.elapsed());
+        }
+    }
 }
 
 #[cfg(test)]

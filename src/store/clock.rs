@@ -106,3 +106,54 @@ impl From<&ManualClock> for Clock {
         manual.clock()
     }
 }
+
+#[cfg(feature = "testing")]
+pub(crate) use registry::{register_test_clock, registered_clock, unregister_test_clock};
+
+/// The clocks of `leasehold::testing`'s test databases, which a store opened on one reads
+/// (see [`Store::open_with`](crate::Store::open_with)).
+#[cfg(feature = "testing")]
+mod registry {
+    use std::path::{Path, PathBuf};
+
+    use parking_lot::Mutex;
+
+    use super::Clock;
+
+    /// The clocks of the live test databases, by the canonical path of each database's folder and
+    /// its file name.
+    static CLOCKS: Mutex<Vec<(PathBuf, Clock)>> = Mutex::new(Vec::new());
+
+    /// The clock of the test database at `path`, if it is one.
+    pub(crate) fn registered_clock(path: &Path) -> Option<Clock> {
+        let clocks = CLOCKS.lock();
+        if clocks.is_empty() {
+            return None;
+        }
+        let key = canonical(path)?;
+        clocks
+            .iter()
+            .find(|(p, _)| *p == key)
+            .map(|(_, c)| c.clone())
+    }
+
+    /// `path` with its folder made canonical, or `None` when the folder does not exist.
+    fn canonical(path: &Path) -> Option<PathBuf> {
+        let name = path.file_name()?;
+        let folder = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(folder).ok()?.join(name))
+    }
+
+    /// Registers the clock of the test database at `path` (a canonical path).
+    pub(crate) fn register_test_clock(path: &Path, clock: Clock) {
+        CLOCKS.lock().push((path.to_path_buf(), clock));
+    }
+
+    /// Forgets the clock of the test database at `path`.
+    pub(crate) fn unregister_test_clock(path: &Path) {
+        CLOCKS.lock().retain(|(p, _)| p != path);
+    }
+}

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::job::{ErrorKind, Status};
 use crate::metrics::CounterKind;
 
-use super::lease::Ending;
+use super::ending::Ending;
 
 /// The histograms' bucket bounds, in milliseconds; the last bucket, +Inf, is stored as
 /// `i64::MAX`. From 5 ms (a `/bin/true`) to a day (a long backup, or a long wait).

@@ -18,6 +18,8 @@
 //! (AUTOINCREMENT), so a job enqueued after the ending, which counted the dependency as it
 //! found it, is above `last_job` and never handled twice.
 
+use std::time::Instant;
+
 use crate::store::db::{Connection, OptionalExtension, params, sql};
 
 use crate::error::Result;
@@ -25,6 +27,9 @@ use crate::job::{EventKind, Status};
 use crate::metrics::CounterKind;
 
 use super::counter;
+
+use super::Store;
+use super::slice::{SLICE, yield_lock};
 use super::tx::event;
 
 /// Dependents one ending handles in its own transaction; the rest is a cascade.
@@ -111,7 +116,7 @@ pub(super) fn continue_cascades(conn: &Connection, now: i64) -> Result<bool> {
     }
     // Popped last first: the oldest first.
     let stack = stored.into_iter().rev().collect();
-    let until = std::time::Instant::now() + super::batch::SLICE;
+    let until = std::time::Instant::now() + SLICE;
     run(conn, stack, CASCADE_SLICE, Some(until), now)?;
     has_cascades(conn)
 }
@@ -321,6 +326,40 @@ pub(super) fn unmet(conn: &Connection, id: i64) -> Result<std::result::Result<i6
         }
     }
     Ok(Ok(waiting))
+}
+
+/// Whether job `id` carries a gate: its batch has not committed yet (or not released it).
+pub(super) fn gated(conn: &Connection, id: i64) -> Result<bool> {
+    conn.prepare_cached(sql!(
+        "SELECT EXISTS (SELECT 1 FROM job_deps WHERE job_id = ?1 AND after_id < 0)"
+    ))?
+    .query_row([id], |r| r.get(0))
+}
+
+impl Store {
+    /// Continues the fan-outs that endings left as cascades (see [`dependency`](self)): a success's
+    /// dependents counted down, a failure's cancelled, down the chain, in slices that each
+    /// hold the write lock for a few tens of milliseconds, until none is left or `deadline`.
+    /// Returns whether it did anything. Cheap when there is none: one read.
+    pub(crate) fn continue_cascades(&self, now: i64, deadline: Option<Instant>) -> Result<bool> {
+        let mut did = false;
+        while has_cascades(&self.conn)? {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            let started = Instant::now();
+            did = true;
+            if !self.write(|c| continue_cascades(c, now))? {
+                break;
+            }
+            yield_lock(started.elapsed());
+        }
+        if did {
+            // A success's dependents may be ready now.
+            self.poke();
+        }
+        Ok(did)
+    }
 }
 
 #[cfg(test)]

@@ -7,8 +7,11 @@ use crate::error::{Error, Result};
 use crate::job::{EventKind, Job, Status};
 use crate::schedule::utc_text;
 
-use super::batch;
+#[cfg(doc)]
+use super::ManualClock;
+use super::Store;
 use super::counter;
+use super::dependency::gated;
 use super::tx::{Serialise, event, serialise};
 
 /// What an enqueue did: the job's id, and whether it was a duplicate (an existing job with
@@ -172,7 +175,7 @@ fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
         let Some(status) = status else {
             return Err(refuse("no such job"));
         };
-        if batch::gated(conn, dep)? {
+        if gated(conn, dep)? {
             return Err(refuse(
                 "it is part of a bulk enqueue that has not finished (try again once it has)",
             ));
@@ -204,4 +207,58 @@ fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
 #[cfg(test)]
 pub(super) fn statements() -> Vec<(&'static str, Sql)> {
     vec![("MATCHING_SQL", MATCHING_SQL)]
+}
+
+impl Store {
+    /// Enqueues one job; returns its id. A job whose [`Job::unique_key`] matches an existing
+    /// job creates nothing and returns that job's id ([`Store::enqueue_unique`] also says so).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for a job that cannot run (an empty command, zero attempts, a bad
+    /// variable name), and [`Error::Sqlite`] when the database cannot be written.
+    pub fn enqueue(&self, job: &Job) -> Result<i64> {
+        self.enqueue_at(job, self.now())
+    }
+
+    /// [`Store::enqueue`] at `now` rather than the store's clock: for a test of a boundary in
+    /// time that passes each time rather than moving a [`ManualClock`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`].
+    pub fn enqueue_at(&self, job: &Job, now: i64) -> Result<i64> {
+        job.validate_at(now)?;
+        let id = self.write(|c| insert_job(c, job, now))?;
+        self.poke();
+        Ok(id)
+    }
+
+    /// Enqueues one job and says whether it was a duplicate: a job with a
+    /// [`Job::unique_key`] that matches a pending or running job of that key (or, with a
+    /// [`Job::unique_window`], any job of that key created within the window) creates nothing
+    /// and returns that job's id. The check and the insert are one IMMEDIATE transaction, so
+    /// concurrent enqueues from any number of threads and processes create one job.
+    /// [`Store::enqueue`] does the same and returns only the id.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`].
+    pub fn enqueue_unique(&self, job: &Job) -> Result<Enqueued> {
+        self.enqueue_unique_at(job, self.now())
+    }
+
+    /// [`Store::enqueue_unique`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`].
+    pub fn enqueue_unique_at(&self, job: &Job, now: i64) -> Result<Enqueued> {
+        job.validate_at(now)?;
+        let enqueued = self.write(|c| enqueue(c, job, now, None))?;
+        if !enqueued.duplicate {
+            self.poke();
+        }
+        Ok(enqueued)
+    }
 }

@@ -2,11 +2,14 @@
 //! queue, how it failed and the last line of its stderr, as the dashboard's overview lists
 //! them.
 
+#[cfg(doc)]
+use crate::error::Error;
 use crate::store::db::{Connection, LossyText, Sql};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind};
 
+use super::Store;
 use super::row::json_column;
 
 /// The event kinds that end an attempt in a failure or a loss, as `job_events_failures`
@@ -117,6 +120,19 @@ fn last_line(text: &str) -> Option<String> {
 #[cfg(test)]
 pub(super) fn statements() -> Vec<(&'static str, Sql)> {
     vec![("RECENT_SQL", RECENT_SQL)]
+}
+
+impl Store {
+    /// The newest `limit` failed or lost attempts, newest first: what the dashboard lists as
+    /// recent failures. Reads the tail of an index of failure events (schema version 12),
+    /// whatever the number of events. Pruning a job removes its failures with it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn recent_failures(&self, limit: u32) -> Result<Vec<RecentFailure>> {
+        recent(&self.conn, limit)
+    }
 }
 
 #[cfg(test)]

@@ -21,17 +21,16 @@
 //! had) anything it cannot store: a request it cannot read, a job the store refuses, a
 //! runner shutting down.
 
+use std::path::Path;
+
 use crate::store::db::{Connection, OptionalExtension, params, sql};
 use serde_json::{Value, json};
 
+use super::OpenOptions;
 use super::Store;
 use super::enqueue::{self, Enqueued};
 use crate::error::Result;
 use crate::job::Job;
-
-/// The largest request a command sends; a larger job (a huge environment) is stored by the
-/// command itself.
-pub(crate) const MAX_REQUEST: usize = 64 * 1024;
 
 /// How long a token is kept after its deadline: long past the last moment a command could
 /// still be storing the job itself (its wait, then a busy timeout of 10 s).
@@ -47,10 +46,10 @@ mod client {
 
     use serde_json::Value;
 
-    use super::MAX_REQUEST;
     use crate::job::Job;
     use crate::store::enqueue::Enqueued;
     use crate::store::wake;
+    use crate::store::wake::MAX_REQUEST;
 
     /// How long a runner has to store a handed job: it refuses the request after this.
     const DEADLINE: Duration = Duration::from_secs(2);
@@ -368,6 +367,72 @@ fn stored(conn: &Connection, token: &str) -> Result<Option<Enqueued>> {
         })
     })
     .optional()
+}
+
+impl Store {
+    /// Enqueues one job, at the time on `options`' clock, into the database at `path` from a process that does not
+    /// keep it open: a command, a script, a second program. When a runner is running on the
+    /// file, the job is handed to it over its wake-up socket, and the runner stores it with a
+    /// durable (FULL) commit of its own connection and answers with the id: this process
+    /// opens no SQLite connection, and the job is on disk when this returns. Otherwise, or
+    /// when the runner declines or does not answer within 3 s, this opens the file with
+    /// `options` and enqueues the job itself, once: a runner that stored it before it stopped
+    /// answering is found by the request's token (see docs/cross-process.md, *A `jobs add`
+    /// handed to a running runner*). Returns what [`Store::enqueue_unique`] would.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::open_with`] and [`Store::enqueue_unique`]; a job the store refuses is
+    /// refused the same way, whichever path it took.
+    pub fn hand_off(path: impl AsRef<Path>, options: &OpenOptions, job: &Job) -> Result<Enqueued> {
+        let path = path.as_ref();
+        let now = Store::clock_for(path, options).now_ms();
+        job.validate_at(now)?;
+        match hand_off(path, job, now) {
+            HandOff::Stored(done) => Ok(done),
+            HandOff::NotSent | HandOff::Declined => {
+                Store::open_with(path, options)?.enqueue_unique_at(job, now)
+            }
+            HandOff::Unanswered(token) => {
+                let store = Store::open_with(path, options)?;
+                // Without a deadline, the token's job is found or enqueued: never None.
+                let (done, new) =
+                    store
+                        .enqueue_handed(job, &token, None, now)?
+                        .ok_or_else(|| {
+                            crate::error::Error::invalid("deadline", "a handed job was refused")
+                        })?;
+                if new {
+                    store.poke();
+                }
+                Ok(done)
+            }
+        }
+    }
+
+    /// Enqueues a job that a command handed to a runner under `token` (see
+    /// [`handoff`](self)), once: the job the token names when a transaction already
+    /// stored it, else the job enqueued now, with its token. `None`, with nothing enqueued,
+    /// when `deadline` (the runner's, for a request) has passed at `now` or at the clock read
+    /// once the transaction holds the write lock; the command, which
+    /// stores the job itself when the runner did not answer, passes none.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::enqueue`].
+    ///
+    /// The bool says whether this call enqueued the job. Unlike [`Store::enqueue`], this wakes
+    /// no runner: the caller pokes ([`Store::poke`]) once it has answered whoever waits.
+    pub(crate) fn enqueue_handed(
+        &self,
+        job: &Job,
+        token: &str,
+        deadline: Option<i64>,
+        now: i64,
+    ) -> Result<Option<(Enqueued, bool)>> {
+        job.validate_at(now)?;
+        self.write(|c| enqueue(c, job, token, deadline, now))
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! Leadership of a kind of maintenance: one runner at a time prunes a PostgreSQL database.
 
 use crate::error::Result;
+use std::time::Duration;
+
+use super::Store;
 use crate::store::db::{Connection, OptionalExtension, Sql, params};
 
 /// Takes or renews the lead of `role` for `holder` until `expires_at`, when nobody else holds
@@ -42,4 +45,21 @@ pub(super) fn lead(
 #[cfg(test)]
 pub(super) fn statements() -> Vec<(&'static str, Sql)> {
     vec![("LEAD_SQL", LEAD_SQL)]
+}
+
+impl Store {
+    /// Takes or renews the lead of the maintenance `role` (`"prune"`) for the runner
+    /// `holder` for `ttl`, unless another holds it unexpired; returns whether `holder` leads.
+    /// On PostgreSQL, runners on many hosts share one database: the one that leads does the
+    /// role's work, and another takes over once a lead is not renewed in time (its runner
+    /// died or was cut off). The work stays safe if two do it (a lead taken over while its
+    /// holder still runs). On SQLite always `true`.
+    ///
+    /// # Errors
+    ///
+    /// A database error.
+    pub fn lead(&self, role: &str, holder: &str, ttl: Duration, now: i64) -> Result<bool> {
+        let ttl = crate::job::duration_ms(ttl);
+        self.write(|c| lead(c, role, holder, ttl, now))
+    }
 }

@@ -1,6 +1,8 @@
 //! Leases: claiming jobs, recording the process an attempt started, renewing the leases a
 //! runner holds, and recording how an attempt ended (with the backoff before a retry).
 
+#[cfg(doc)]
+use crate::error::Error;
 use std::cmp::Reverse;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
@@ -12,11 +14,12 @@ use crate::error::Result;
 use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
 use crate::metrics::CounterKind;
 
+use super::Store;
 use super::counter;
 use super::dependency;
+pub(super) use super::ending::Ending;
+use super::lost::{LEASE_EXPIRED_PREFIX, lost_verdict};
 use super::queue;
-use super::reclaim::LEASE_EXPIRED_PREFIX;
-use super::reclaim::lost_verdict;
 use super::row::{json_column, ms_duration};
 use super::runners::runner_heartbeat;
 use super::tx::{Serialise, event, queue_filter, serialise};
@@ -831,44 +834,6 @@ pub(super) fn renew(
     Ok(Renewal { renewed, lost })
 }
 
-/// How an attempt ended, as its worker reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ending {
-    /// Exit code 0.
-    Succeeded,
-    /// The command failed; retried while attempts are left, unless it could not start.
-    Failed {
-        /// Why.
-        kind: ErrorKind,
-        /// The exit code, when it exited.
-        exit_code: Option<i32>,
-        /// The signal, when one killed it.
-        signal: Option<i32>,
-        /// In words.
-        message: String,
-    },
-    /// The runner fenced itself: it could not renew the lease in time and killed the
-    /// attempt. Follows the recovery budget and `on_lost`, like a reclaim.
-    Lost {
-        /// Why, after the lease-expired prefix.
-        message: String,
-    },
-    /// The runner shut down and killed the attempt: back to pending, without spending the
-    /// recovery budget or an attempt.
-    Interrupted {
-        /// Why.
-        message: String,
-    },
-    /// The runner stopped the attempt because its lease was taken from it (a cancel, a
-    /// reclaim, an operator's retry). The write is expected to find the lease gone: the
-    /// attempt a cancel stopped is recorded as `attempt_stopped`, any other as a late
-    /// result. Should the lease still be held, it is recorded as [`Ending::Lost`] is.
-    Stopped {
-        /// Why.
-        message: String,
-    },
-}
-
 /// An attempt's ending with what it left behind, for [`Store::finish`](crate::Store::finish).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finish {
@@ -1282,3 +1247,64 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+impl Store {
+    /// Claims up to `limit` ready jobs for `worker_id`, taking a lease of `lease_ttl` on each.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn claim(&self, req: &ClaimRequest<'_>, now: i64) -> Result<Vec<Claimed>> {
+        self.write(|c| claim(c, req, now))
+    }
+
+    /// Records the process an attempt started, if the caller still holds the attempt's lease.
+    /// Returns false (and changes nothing) when it does not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn record_start(&self, start: &AttemptStart, now: i64) -> Result<bool> {
+        self.write(|c| record_start(c, start, now))
+    }
+
+    /// Renews, in one statement, the leases that `worker_id` holds under `tokens`, and reports
+    /// the tokens that no longer hold one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn renew(
+        &self,
+        worker_id: &str,
+        tokens: &[String],
+        lease_ttl: Duration,
+        now: i64,
+    ) -> Result<Renewal> {
+        self.write(|c| renew(c, worker_id, tokens, lease_ttl, now))
+    }
+
+    /// Records how an attempt ended, fenced by its run token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn finish(&self, finish: &Finish, now: i64) -> Result<Finished> {
+        let finished = self.write(|c| finish_attempt(c, finish, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(finished)
+    }
+
+    /// Records several attempts' endings in one transaction, as a runner's writer does, in
+    /// the order given; each is fenced by its run token as [`Store::finish`] is. Returns what
+    /// each did, in the same order. Nothing is recorded when one of them cannot be written.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn finish_many(&self, finishes: &[Finish], now: i64) -> Result<Vec<Finished>> {
+        let finished = self.write(|c| finish_many(c, finishes, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(finished)
+    }
+}

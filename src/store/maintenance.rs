@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+use super::Store;
 use crate::error::{Error, Result, is_busy};
 use crate::metrics::DatabaseSize;
 
@@ -249,5 +250,46 @@ fn file_len(path: &Path) -> Result<u64> {
             format!("cannot read the size of {}", path.display()),
             e,
         )),
+    }
+}
+
+impl Store {
+    /// Compacts the whole file with a full `VACUUM`, then checkpoints the WAL so that the main
+    /// file shrinks now. A VACUUM rewrites the file: its folder needs free space of about the
+    /// file's size plus its WAL's, which is checked first. It holds the database's write lock
+    /// for as long as it runs, which no runner's renewal can wait out on a large file: it is
+    /// refused while a runner is live on the file (registered, not stopped, and its last
+    /// heartbeat within its lease TTL). [`Store::vacuum_forced`] goes ahead anyway.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RunnerLive`] naming a live runner (the file is unchanged), [`Error::NoSpace`]
+    /// when the folder has too little free space (the file is unchanged), [`Error::Busy`]
+    /// when another connection held the database for longer than the busy timeout,
+    /// [`Error::Sqlite`] or [`Error::Io`] otherwise.
+    pub fn vacuum(&self) -> Result<VacuumReport> {
+        vacuum(
+            self.conn.sqlite_only("vacuum")?,
+            &self.path,
+            self.busy_timeout,
+            false,
+            self.now(),
+        )
+    }
+
+    /// [`Store::vacuum`] even beside a live runner, whose attempts may then be killed when it
+    /// cannot renew their leases in time (`on_lost = fail` jobs fail for good).
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::vacuum`], but never [`Error::RunnerLive`].
+    pub fn vacuum_forced(&self) -> Result<VacuumReport> {
+        vacuum(
+            self.conn.sqlite_only("vacuum")?,
+            &self.path,
+            self.busy_timeout,
+            true,
+            self.now(),
+        )
     }
 }

@@ -3,6 +3,8 @@
 //! transaction: a scrape never takes the write lock, and costs a few index seeks per queue
 //! whatever the number of jobs.
 
+#[cfg(doc)]
+use crate::error::Error;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -10,8 +12,9 @@ use std::time::Duration;
 use crate::store::db::{Connection, Sql, params, sql};
 
 use crate::error::Result;
-use crate::metrics::{Counter, CounterKind, Histogram, JobCount, Metrics};
+use crate::metrics::{Counter, CounterKind, DatabaseSize, Histogram, JobCount, Metrics};
 
+use super::Store;
 use super::counter::{BUCKETS_MS, RUN, WAIT};
 use super::maintenance;
 
@@ -189,6 +192,40 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
         ("QUEUE_LAG_SQL", QUEUE_LAG_SQL),
         ("RUNNERS_ALIVE_SQL", RUNNERS_ALIVE_SQL),
     ]
+}
+
+impl Store {
+    /// The database's size on disk: the main file, its free pages and its WAL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the file cannot be read, [`Error::Io`] when its size cannot.
+    pub fn size(&self) -> Result<DatabaseSize> {
+        size(&self.conn, &self.path)
+    }
+
+    /// A snapshot of the database's metrics at the store's clock: see [`Store::metrics_at`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::metrics_at`].
+    pub fn metrics(&self) -> Result<Metrics> {
+        self.metrics_at(self.now())
+    }
+
+    /// A snapshot of the database's metrics at `now` (the time queue lags and runner liveness
+    /// are measured against): jobs by queue and status, queue lags, the durable counters and
+    /// histograms, live runners, the file's size. Read in one read transaction: it never takes
+    /// the write lock, and its cost does not grow with the number of jobs. Render it with
+    /// [`Metrics::to_prometheus`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read, [`Error::Io`] when the file's size
+    /// cannot.
+    pub fn metrics_at(&self, now: i64) -> Result<Metrics> {
+        metrics(&self.conn, &self.path, now)
+    }
 }
 
 #[cfg(test)]

@@ -1,15 +1,19 @@
 //! An operator's actions: cancelling a job, and retrying one or the failed jobs that exhausted
 //! the recovery budget.
 
+use std::time::Instant;
+
 use crate::store::db::{Connection, Dialect, params, sql};
 
 use crate::error::{Error, Result};
 use crate::job::{EventKind, JobRecord, Status};
 use crate::metrics::CounterKind;
 
+use super::Store;
 use super::counter;
 use super::dependency;
 use super::read::{ListFilter, job, list};
+use super::slice::{SLICE, yield_lock};
 use super::tx::event;
 
 /// How many times an operator's write reads its job again when the write's guard found the
@@ -257,7 +261,7 @@ pub(super) fn failed_stale(
 }
 
 /// One slice of a bulk retry: retries the jobs of `ids` from the first until the slice has
-/// held the write lock for [`SLICE`](super::batch::SLICE); returns how many of `ids` it went
+/// held the write lock for [`SLICE`](SLICE); returns how many of `ids` it went
 /// through, and those it retried. A job that is no longer there or no longer failed (another
 /// operator retried or pruned it between two slices) is passed over.
 pub(super) fn retry_slice(
@@ -277,9 +281,90 @@ pub(super) fn retry_slice(
             Err(Error::NoSuchJob(_) | Error::WrongState { .. }) => {}
             Err(e) => return Err(e),
         }
-        if started.elapsed() >= super::batch::SLICE {
+        if started.elapsed() >= SLICE {
             break;
         }
     }
     Ok((seen, retried))
+}
+
+impl Store {
+    /// Cancels a job: a pending one at once; a running one by revoking its lease, so that its
+    /// runner stops the attempt. Returns the job as it now is.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a job that already ended.
+    pub fn cancel(&self, id: i64) -> Result<JobRecord> {
+        self.cancel_at(id, self.now())
+    }
+
+    /// [`Store::cancel`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::cancel`].
+    pub fn cancel_at(&self, id: i64, now: i64) -> Result<JobRecord> {
+        let job = self.write(|c| cancel(c, id, now))?;
+        // The jobs after it, when more than one transaction's worth: cancelled by now.
+        self.continue_cascades(now, None)?;
+        Ok(job)
+    }
+
+    /// An operator's retry of one job: failed and cancelled jobs, and running jobs whose lease
+    /// is missing or expired, go back to pending with their counters reset.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`], and [`Error::WrongState`] for a pending, succeeded or live
+    /// running job, with the reason.
+    pub fn retry(&self, id: i64, reason: Option<&str>) -> Result<JobRecord> {
+        self.retry_at(id, reason, self.now())
+    }
+
+    /// [`Store::retry`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::retry`].
+    pub fn retry_at(&self, id: i64, reason: Option<&str>, now: i64) -> Result<JobRecord> {
+        let job = self.write(|c| retry(c, id, reason, now))?;
+        self.poke();
+        Ok(job)
+    }
+
+    /// An operator's retry of the failed jobs that exhausted the recovery budget: `limit` of
+    /// them, most recently failed first, or all when `limit` is None. Returns the ids retried.
+    ///
+    /// The jobs are retried in transactions that hold the write lock for about 50 ms each, so
+    /// that runners on the file keep renewing their leases; each job's retry is whole. A job
+    /// that another operator retried meanwhile is passed over.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written; the jobs retried before the
+    /// failure stay retried.
+    pub fn retry_failed_stale(
+        &self,
+        limit: Option<u64>,
+        max_recovery_attempts: u32,
+        reason: Option<&str>,
+    ) -> Result<Vec<i64>> {
+        let now = self.now();
+        let ids = failed_stale(&self.conn, limit, max_recovery_attempts)?;
+        let mut retried = Vec::with_capacity(ids.len());
+        let mut done = 0;
+        while done < ids.len() {
+            let started = Instant::now();
+            let (seen, slice) = self.write(|c| retry_slice(c, &ids[done..], reason, now))?;
+            done += seen;
+            retried.extend(slice);
+            if !retried.is_empty() {
+                // The first ones can run now.
+                self.poke();
+            }
+            yield_lock(started.elapsed());
+        }
+        Ok(retried)
+    }
 }

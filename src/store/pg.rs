@@ -11,7 +11,7 @@ use std::path::Path;
 #[cfg(feature = "postgres")]
 use super::db::{self, Connection, params, sql};
 #[cfg(feature = "postgres")]
-use super::open::{Migration, OpenOptions, SCHEMA_VERSION};
+use super::options::{Migration, OpenOptions, SCHEMA_VERSION};
 use crate::error::{Error, Result};
 
 /// The advisory lock every migration of a leasehold database holds: the bytes of `leasehol`.

@@ -3,6 +3,7 @@
 
 use crate::store::db::{Connection, Sql, params, sql};
 
+use super::Store;
 use crate::error::{Error, Result};
 
 /// A queue's settings as a claim reads them: only queues with a limit or a pause have one.
@@ -248,6 +249,68 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
         ("READY_QUEUES_SQL", READY_QUEUES_SQL),
         ("LIST_SQL", LIST_SQL),
     ]
+}
+
+impl Store {
+    /// Limits `queue` to `limit` running jobs at once, over every runner and process on this
+    /// file; `None` removes the limit. A claim counts the queue's running jobs and takes new
+    /// ones in one transaction, so runners never exceed the limit together. Lowering a limit
+    /// stops nothing that runs: new claims wait until the queue is under it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for an empty name, [`Error::Sqlite`] when the database cannot be
+    /// written.
+    pub fn set_queue_limit(&self, queue: &str, limit: Option<u32>) -> Result<()> {
+        self.write(|c| set_limit(c, queue, limit))?;
+        // A raised or removed limit can make jobs claimable.
+        self.poke();
+        Ok(())
+    }
+
+    /// Pauses `queue` for every runner on this file: its pending jobs are not claimed until
+    /// [`Store::resume_queue`]; its running jobs finish normally.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for an empty name, [`Error::Sqlite`] when the database cannot be
+    /// written.
+    pub fn pause_queue(&self, queue: &str) -> Result<()> {
+        self.write(|c| set_paused(c, queue, true))
+    }
+
+    /// Resumes a paused `queue`; resuming one that is not paused does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for an empty name, [`Error::Sqlite`] when the database cannot be
+    /// written.
+    pub fn resume_queue(&self, queue: &str) -> Result<()> {
+        self.write(|c| set_paused(c, queue, false))?;
+        self.poke();
+        Ok(())
+    }
+
+    /// Every queue that has an unfinished job, a limit or a pause, by name, with its counts at
+    /// the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn queues(&self) -> Result<Vec<QueueInfo>> {
+        list(&self.conn, self.now(), false)
+    }
+
+    /// Every queue that has any job (finished ones included), a limit or a pause, by name,
+    /// with its counts at the store's clock: what the dashboard's overview lists. As cheap as
+    /// [`queues`](Store::queues): the counts come from the counters the transitions keep.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn all_queues(&self) -> Result<Vec<QueueInfo>> {
+        list(&self.conn, self.now(), true)
+    }
 }
 
 #[cfg(test)]

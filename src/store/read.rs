@@ -7,6 +7,7 @@ use crate::store::db::{
 use crate::error::{Error, Result};
 use crate::job::{Event, EventKind, JobRecord, Output, Status};
 
+use super::Store;
 use super::row::{JOB_COLUMNS, PG_JOB_COLUMNS, event_row, job_row};
 use super::tx::queue_filter;
 
@@ -361,4 +362,88 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
             list_text(&stale, "jobs INDEXED BY jobs_failed_recovery").0,
         ),
     ]
+}
+
+impl Store {
+    /// One job.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`].
+    pub fn job(&self, id: i64) -> Result<JobRecord> {
+        job(&self.conn, id)
+    }
+
+    /// Jobs matching `filter`, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<JobRecord>> {
+        list(&self.conn, filter)
+    }
+
+    /// A job's history, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn events(&self, id: i64) -> Result<Vec<Event>> {
+        events(&self.conn, id)
+    }
+
+    /// Events after `after_id` whose kind ends a job (succeeded, failed, lost, cancelled),
+    /// oldest first, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn endings_after(&self, after_id: i64, limit: u64) -> Result<Vec<Event>> {
+        endings_after(&self.conn, after_id, limit)
+    }
+
+    /// The id of the newest event, or 0.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn last_event_id(&self) -> Result<i64> {
+        last_event_id(&self.conn)
+    }
+
+    /// The captured output of one attempt of a job, or of its latest attempt.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn output(&self, id: i64, attempt: Option<i64>) -> Result<Option<Output>> {
+        output(&self.conn, id, attempt)
+    }
+
+    /// How many jobs are in each status.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn counts(&self) -> Result<Counts> {
+        counts(&self.conn)
+    }
+
+    /// The runbook's lease counters at `now`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn lease_counts(&self, max_recovery_attempts: u32, now: i64) -> Result<LeaseCounts> {
+        lease_counts(&self.conn, max_recovery_attempts, now)
+    }
+
+    /// Whether any job of `queues` (all queues when empty) is pending (due or not) or running.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn has_unfinished(&self, queues: &[String]) -> Result<bool> {
+        has_unfinished(&self.conn, queues)
+    }
 }

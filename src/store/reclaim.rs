@@ -2,23 +2,23 @@
 //! teardown markers that keep a reclaimed job from running again before its lost attempt's
 //! processes are gone.
 
+#[cfg(doc)]
+use crate::error::Error;
 use std::time::Duration;
 
 use crate::store::db::{Connection, OptionalExtension, Sql, params, sql};
 
 use crate::error::Result;
-use crate::job::{EventKind, OnLost, Output, Status};
+use crate::job::{EventKind, Output, Status};
 use crate::metrics::CounterKind;
 
+use super::Store;
 use super::counter;
 use super::dependency;
+use super::ending::Ending;
+use super::lost::{LEASE_EXPIRED_PREFIX, LEASE_MISSING_PREFIX, lost_verdict};
 use super::runners::Namespace;
 use super::tx::event;
-
-/// The start of `last_error` for a job whose lease expired (or whose runner is dead).
-pub const LEASE_EXPIRED_PREFIX: &str = "lease expired after missing heartbeat; ";
-/// The start of `last_error` for a running job with no lease metadata.
-pub const LEASE_MISSING_PREFIX: &str = "lease metadata missing for running job; ";
 
 /// What a sweeper asks of [`Store::reclaim`](crate::Store::reclaim).
 #[derive(Clone)]
@@ -108,7 +108,7 @@ pub enum KeptVerdict {
     /// event), as the dead runner would have, and the command does not run again.
     Recovered {
         /// The ending the keeper saw.
-        ending: super::lease::Ending,
+        ending: Ending,
         /// The output's tails, read from the attempt's files.
         output: Option<Output>,
         /// In words, for the event: what the keeper wrote and when.
@@ -492,7 +492,7 @@ fn recover(
     conn: &Connection,
     req: &ReclaimRequest<'_>,
     kept: &KeptAttempt,
-    ending: super::lease::Ending,
+    ending: Ending,
     output: Option<Output>,
     detail: &str,
     now: i64,
@@ -524,31 +524,6 @@ fn recover(
         kept.worker_id
     ])?;
     Ok(Some(status))
-}
-
-/// Where a lost attempt's job goes: back to pending while the budget lasts and the job asks
-/// for it, failed otherwise, with the message saying which.
-pub(super) fn lost_verdict(
-    on_lost: &str,
-    recovery: i64,
-    max: u32,
-    message: String,
-) -> (Status, String) {
-    if on_lost == OnLost::Fail.as_str() {
-        (
-            Status::Failed,
-            format!(
-                "{message}; on_lost=fail: not executed again, and its side effects may already have happened"
-            ),
-        )
-    } else if recovery > i64::from(max) {
-        (
-            Status::Failed,
-            format!("{message}; recovery budget of {max} exhausted (reclaimed {recovery} times)"),
-        )
-    } else {
-        (Status::Pending, message)
-    }
 }
 
 /// How long past the end of the lease a lost attempt held when it was marked a keeper's
@@ -697,4 +672,67 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
         ("pending_teardowns_sql()", pending_teardowns_sql()),
         ("teardown_of_sql()", teardown_of_sql()),
     ]
+}
+
+impl Store {
+    /// Reclaims lost attempts: expired leases, running jobs without lease metadata, and the
+    /// running jobs of runners known to be dead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn reclaim(&self, req: &ReclaimRequest<'_>, now: i64) -> Result<ReclaimReport> {
+        let report = self.write(|c| reclaim(c, req, now))?;
+        self.continue_cascades(now, None)?;
+        Ok(report)
+    }
+
+    /// Lost attempts whose processes still have to be torn down.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn pending_teardowns(&self, limit: u64) -> Result<Vec<LostAttempt>> {
+        pending_teardowns(&self.conn, 0, limit, self.now())
+    }
+
+    /// As [`Store::pending_teardowns`], of jobs whose id is above `after`: the next page.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn pending_teardowns_after(&self, after: i64, limit: u64) -> Result<Vec<LostAttempt>> {
+        pending_teardowns(&self.conn, after, limit, self.now())
+    }
+
+    /// Job `id`'s lost attempt still to be torn down, if it has one, with its runner's
+    /// namespace: what `jobs inspect` and the dashboard show of a job that waits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn teardown_of(&self, id: i64) -> Result<Option<LostAttempt>> {
+        teardown_of(&self.conn, id, self.now())
+    }
+
+    /// Records that a lost attempt's processes were dealt with (`detail` says how), which
+    /// lets its job be claimed again. Returns false when another caller recorded it first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub fn record_teardown(
+        &self,
+        job_id: i64,
+        token: &str,
+        detail: &str,
+        now: i64,
+    ) -> Result<bool> {
+        let recorded = self.write(|c| record_teardown(c, job_id, token, detail, now))?;
+        if recorded {
+            // The job can be claimed again.
+            self.poke();
+        }
+        Ok(recorded)
+    }
 }

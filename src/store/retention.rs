@@ -11,11 +11,15 @@
 //! NOT NULL` when the file has it (created by schema version 2); without it they are correct,
 //! only slower on a large file.
 
+#[cfg(doc)]
+use crate::error::Error;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::store::db::{Connection, Sql, params, sql};
 
+use super::Store;
+use super::slice::yield_lock;
 use crate::error::Result;
 use crate::job::{Status, duration_ms};
 
@@ -477,20 +481,93 @@ pub(super) fn checkpoint_if_large(conn: &rusqlite::Connection, path: &Path) -> R
     Ok(matches!(checkpoint("TRUNCATE")?, Some((0, _, _))))
 }
 
-/// Pauses after a write transaction of a prune for as long as it held the lock (at least a
-/// millisecond): a loop of back-to-back transactions starves the other connections, whose
-/// busy handlers sleep between tries and keep finding the lock taken (measured: a claim
-/// waited 632 ms behind 8 batches and their vacuum that way). Half the time free bounds
-/// their wait to about one transaction.
-pub(super) fn yield_lock(held: Duration) {
-    std::thread::sleep(held.max(Duration::from_millis(1)));
-}
-
 /// The statements of this file that are `const` items or built at run time (with
 /// representative inputs), for the test that prepares every statement (`store/statements.rs`).
 #[cfg(test)]
 pub(super) fn statements() -> Vec<(&'static str, Sql)> {
     vec![("DUE_SQL", DUE_SQL)]
+}
+
+impl Store {
+    /// Prunes every finished job past `policy` at the store's clock, with its events and output, in
+    /// transactions of [`DEFAULT_PRUNE_BATCH`] jobs; then gives the freed pages back to the file
+    /// system (on a file with `auto_vacuum = INCREMENTAL`) and truncates a WAL past
+    /// [`WAL_CHECKPOINT_BYTES`]. Pending, running and teardown-marked jobs are never pruned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written; the batches committed before
+    /// stay pruned.
+    pub fn prune(&self, policy: &Retention) -> Result<PruneReport> {
+        self.prune_with(policy, &PruneOptions::default())
+    }
+
+    /// [`Store::prune`] with a batch size, a limit on batches, or as a dry run that only
+    /// counts.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::prune`].
+    pub fn prune_with(&self, policy: &Retention, options: &PruneOptions) -> Result<PruneReport> {
+        self.prune_at(policy, options, self.now())
+    }
+
+    /// [`Store::prune_with`] at `now` rather than the store's clock: for a runner's sweeper,
+    /// which reads the time once for a sweep.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::prune`].
+    pub fn prune_at(
+        &self,
+        policy: &Retention,
+        options: &PruneOptions,
+        now: i64,
+    ) -> Result<PruneReport> {
+        let mut report = PruneReport {
+            dry_run: options.is_dry_run(),
+            ..PruneReport::default()
+        };
+        if options.is_dry_run() {
+            report.jobs = count_due(&self.conn, policy, now)?;
+            return Ok(report);
+        }
+        if policy.prunes() {
+            let bounds = bounds(&self.conn, policy, now)?;
+            while !bounds.is_empty() {
+                if options
+                    .batch_limit()
+                    .is_some_and(|max| report.batches >= u64::from(max))
+                    || options.past_deadline()
+                {
+                    report.more = true;
+                    break;
+                }
+                let started = Instant::now();
+                let (jobs, events, outputs) =
+                    self.write(|c| delete_batch(c, &bounds, options.batch_size()))?;
+                yield_lock(started.elapsed());
+                report.batches += 1;
+                report.jobs += jobs;
+                report.events += events;
+                report.outputs += outputs;
+                if jobs < u64::from(options.batch_size()) {
+                    break;
+                }
+            }
+        }
+        // Also when nothing was pruned: a bounded prune may have left free pages behind.
+        if let Some(conn) = self.conn.sqlite() {
+            report.bytes_freed = incremental_vacuum(conn, options)?;
+            // Never wait for another connection here: a checkpoint that finds one busy gives
+            // up, and the next prune tries again.
+            conn.busy_timeout(Duration::ZERO)?;
+            let truncated = checkpoint_if_large(conn, &self.path);
+            conn.busy_timeout(self.busy_timeout)?;
+            report.wal_truncated = truncated?;
+        }
+        Ok(report)
+    }
 }
 
 #[cfg(test)]

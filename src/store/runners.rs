@@ -1,7 +1,10 @@
 //! The `runners` table: one row per runner process, its heartbeat and how it ended.
 
+#[cfg(doc)]
+use crate::error::Error;
 use crate::store::db::{Connection, OptionalExtension, Row, params, sql};
 
+use super::Store;
 use crate::error::Result;
 
 /// One runner process, as registered in the `runners` table.
@@ -194,4 +197,63 @@ pub(super) fn latest(conn: &Connection) -> Result<Option<RunnerRecord>> {
              FROM runners ORDER BY started_at DESC, seq DESC LIMIT 1",
     ))?;
     stmt.query_row(params![], runner_row).optional()
+}
+
+impl Store {
+    /// Registers a runner process.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub(crate) fn register_runner(&self, runner: &RunnerRecord) -> Result<()> {
+        self.write(|c| register(c, runner))
+    }
+
+    /// Records a runner's clean shutdown.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub(crate) fn stop_runner(&self, worker_id: &str, now: i64) -> Result<()> {
+        self.write(|c| stop(c, worker_id, now))
+    }
+
+    /// The runners that have not shut down cleanly, oldest first, and the most recently
+    /// started runner of all (whose settings `status` reports).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn runners(&self) -> Result<Vec<RunnerRecord>> {
+        unstopped(&self.conn)
+    }
+
+    /// The runners recorded as stopped that still hold running jobs: a runner that left its
+    /// attempts to their keepers at shutdown, or could not record their endings. They renew
+    /// nothing, so their jobs are adopted, recovered or reclaimed at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn stopped_runners_holding_jobs(&self) -> Result<Vec<String>> {
+        stopped_holding_jobs(&self.conn)
+    }
+
+    /// The most recently started runner, stopped or not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn latest_runner(&self) -> Result<Option<RunnerRecord>> {
+        latest(&self.conn)
+    }
+
+    /// Marks a runner that is provably dead as stopped, so it is not examined again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub(crate) fn mark_runner_dead(&self, worker_id: &str, now: i64) -> Result<()> {
+        self.write(|c| mark_dead(c, worker_id, now))
+    }
 }

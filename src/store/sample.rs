@@ -2,10 +2,13 @@
 //! runner's sweeper once a sample interval into `metric_samples`, a table of at most 86 rows.
 //! A chart's bar is the difference between two consecutive samples.
 
+#[cfg(doc)]
+use crate::error::Error;
 use crate::store::db::{Connection, OptionalExtension, Sql, params, sql};
 
 use crate::error::Result;
 
+use super::Store;
 use super::counter::{BUCKETS_MS, INF_MS, RUN, WAIT};
 
 /// The samples kept at every interval: 60 intervals' worth (an hour at the default minute).
@@ -252,6 +255,24 @@ pub(super) fn all(conn: &Connection) -> Result<Vec<Sample>> {
 #[cfg(test)]
 pub(super) fn statements() -> Vec<(&'static str, Sql)> {
     vec![("READY_SQL", READY_SQL)]
+}
+
+impl Store {
+    /// The samples of the counters and gauges that runners took for the dashboard's charts,
+    /// oldest first: at most [`FINE_SAMPLES`] plus [`COARSE_SAMPLES`] rows.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn samples(&self) -> Result<Vec<Sample>> {
+        all(&self.conn)
+    }
+
+    /// Takes a sample at `now` unless one was taken in the same interval of `interval_ms`;
+    /// returns whether it wrote one. A runner's sweeper calls it.
+    pub(crate) fn take_sample(&self, now: i64, interval_ms: i64) -> Result<bool> {
+        take(self, now, interval_ms)
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::job::{EventKind, Job};
 use crate::schedule::{CatchUp, MAX_CATCH_UP, Overlap, Schedule, misfire_grace, utc_text};
 
+use super::Store;
 use super::enqueue::{Slot, enqueue};
 use super::tx::{Serialise, serialise};
 
@@ -611,6 +612,173 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
         ("AHEAD_SQL", AHEAD_SQL),
         ("SCHEDULE_BUSY_SQL", SCHEDULE_BUSY_SQL),
     ]
+}
+
+impl Store {
+    /// Stores a new schedule under `name`; its first slot is the first after `now` (an
+    /// interval counts from `now`). Returns it as stored.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ScheduleExists`] when the name is taken (see [`Store::replace_schedule`]);
+    /// [`Error::Invalid`] naming `name`, `tz`, `every` or the job's setting for an empty
+    /// name, an unknown zone, an interval under a second or a job that cannot run. Nothing
+    /// is written then.
+    pub fn put_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
+        self.put_schedule_at(name, schedule, self.now())
+    }
+
+    /// [`Store::put_schedule`] at `now` rather than the store's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::put_schedule`].
+    pub fn put_schedule_at(
+        &self,
+        name: &str,
+        schedule: &Schedule,
+        now: i64,
+    ) -> Result<ScheduleRecord> {
+        self.store_schedule(name, schedule, false, now)
+    }
+
+    /// Stores a schedule under `name`, replacing one of that name if there is one (its
+    /// history, pause and last slot stay; its next slot is the first after `now`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::put_schedule`], without [`Error::ScheduleExists`].
+    pub fn replace_schedule(&self, name: &str, schedule: &Schedule) -> Result<ScheduleRecord> {
+        self.store_schedule(name, schedule, true, self.now())
+    }
+
+    /// [`Store::put_schedule`], or with `replace` [`Store::replace_schedule`].
+    fn store_schedule(
+        &self,
+        name: &str,
+        schedule: &Schedule,
+        replace: bool,
+        now: i64,
+    ) -> Result<ScheduleRecord> {
+        check_name(name)?;
+        schedule.validate(now)?;
+        let record = self.write(|c| put(c, name, schedule, replace, now))?;
+        // Wakes the firers of the runners on this database: the new schedule may be due first.
+        self.poke_firers();
+        Ok(record)
+    }
+
+    /// Removes a schedule and its history; the jobs it enqueued stay.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn remove_schedule(&self, name: &str) -> Result<()> {
+        self.write(|c| remove(c, name))
+    }
+
+    /// Pauses a schedule: no slot fires until it is resumed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn pause_schedule(&self, name: &str) -> Result<ScheduleRecord> {
+        let now = self.now();
+        self.write(|c| set_paused(c, name, true, now))
+    }
+
+    /// Resumes a paused schedule at its next slot after `now`: slots that passed while it was
+    /// paused are not caught up.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn resume_schedule(&self, name: &str) -> Result<ScheduleRecord> {
+        let now = self.now();
+        let record = self.write(|c| set_paused(c, name, false, now))?;
+        self.poke_firers();
+        Ok(record)
+    }
+
+    /// One schedule.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn schedule(&self, name: &str) -> Result<ScheduleRecord> {
+        get(&self.conn, name)
+    }
+
+    /// Every schedule, by name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
+        list(&self.conn)
+    }
+
+    /// The next `count` slots of a schedule strictly after `after`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchSchedule`].
+    pub fn next_slots(&self, name: &str, after: i64, count: usize) -> Result<Vec<i64>> {
+        get(&self.conn, name)?.schedule.slots_after(after, count)
+    }
+
+    /// A schedule's history of missed and skipped slots, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn schedule_events(&self, name: &str) -> Result<Vec<ScheduleEvent>> {
+        events(&self.conn, name)
+    }
+
+    /// Fires every slot due on the store's clock: see [`Store::fire_due_at`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::fire_due_at`].
+    pub fn fire_due(&self) -> Result<FireReport> {
+        self.fire_due_at(self.now())
+    }
+
+    /// Fires every slot due at `now`: per schedule, one IMMEDIATE transaction enqueues the
+    /// slot's job (or what the catch-up and overlap policies say) and moves the schedule past
+    /// `now`, so two processes never fire a slot twice and a crash never loses one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written, or a schedule's row cannot be
+    /// read; the other schedules are fired all the same, and what was fired stays fired.
+    pub fn fire_due_at(&self, now: i64) -> Result<FireReport> {
+        let mut report = FireReport::default();
+        // One schedule that cannot be fired (a damaged row) does not hold the others back.
+        let mut failed = None;
+        for name in due(&self.conn, now)? {
+            match self.write(|c| fire(c, &name, now)) {
+                Ok(r) => {
+                    report.enqueued += r.enqueued;
+                    report.missed += r.missed;
+                    report.skipped += r.skipped;
+                }
+                Err(e) => {
+                    log::warn!("schedule {name:?}: cannot fire its due slots: {e:#}");
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if report.enqueued > 0 {
+            self.poke();
+        }
+        report.next_due = next_due(&self.conn)?;
+        Ok(report)
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use super::lease::{DUE_DEFERRED_SQL, QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
 use super::queue::READY_QUEUES_SQL;
 use super::reclaim::RECLAIM_CANDIDATES_SQL;
 use super::*;
+use crate::job::Job;
 use crate::store::db::{params, params_from_iter};
 
 /// The rendered query plan of `sql` with `values` bound.
@@ -611,7 +612,7 @@ fn a_handed_duplicate_is_answered_as_one() {
 /// rest of the writer's statements together.
 #[test]
 fn the_statements_run_for_every_job_build_no_temporary_btree() {
-    use crate::store::lease::{AttemptStart, ClaimRequest, Ending, Finish};
+    use crate::store::{AttemptStart, ClaimRequest, Ending, Finish};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.db");
     let store = Store::open(&path).unwrap();

@@ -28,7 +28,12 @@ use std::sync::OnceLock;
 use nix::libc;
 use parking_lot::Mutex;
 
+use super::Store;
 use crate::error::{Error, Result};
+
+/// The largest request a command sends; a larger job (a huge environment) is stored by the
+/// command itself.
+pub(crate) const MAX_REQUEST: usize = 64 * 1024;
 
 /// The folder of wake-up sockets for the database at `db`: `<db>-wake`, beside SQLite's own
 /// `-wal` and `-shm` files.
@@ -328,7 +333,7 @@ impl Listener {
         Ok(Listener {
             socket,
             path,
-            buf: vec![0; super::handoff::MAX_REQUEST],
+            buf: vec![0; MAX_REQUEST],
         })
     }
 
@@ -431,6 +436,33 @@ impl Closer {
     /// Shuts the socket down: the listener's wait returns `None`, now and from then on.
     pub(crate) fn close(&self) {
         let _ = self.0.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Store {
+    /// Wakes every runner on this database (but this store's own) at once, best-effort: after
+    /// a commit that made a job ready. A runner that misses it finds the job on its next poll.
+    ///
+    /// On SQLite through the sockets beside the file; on PostgreSQL by `NOTIFY`, which reaches
+    /// the runners of every host (this one's too: its runners listen rather than bind
+    /// sockets for pokes).
+    pub(crate) fn poke(&self) {
+        self.announce("jobs");
+    }
+
+    /// [`Store::poke`] after a schedule was put or resumed: runners' schedule firers read the
+    /// schedules again (on SQLite every poke wakes them).
+    pub(crate) fn poke_firers(&self) {
+        self.announce("schedules");
+    }
+
+    fn announce(&self, what: &str) {
+        if self.conn.sqlite().is_some() {
+            self.poker
+                .poke(&folder(&self.path), self.own_socket.as_deref());
+        } else if let Err(e) = self.conn.announce(what) {
+            log::debug!("cannot announce {what} to the runners (they find it on their poll): {e}");
+        }
     }
 }
 

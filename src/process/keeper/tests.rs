@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use crate::files::{self, Journaled};
 use crate::process::kill::{signal_group, signal_pid};
 use crate::process::proc::tests::{token, wait_until};
-use crate::process::spawn::{BaseEnv, Command, spawn_kept};
+use crate::process::spawn::{BaseEnv, Command};
 
 /// A long drain, for commands whose pipes close when they exit.
 const DRAIN: Duration = Duration::from_secs(5);

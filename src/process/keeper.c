@@ -559,7 +559,7 @@ static void cg_forget(struct attempt *a) {
 static void cg_leave(void) {
     if (!cg_node[0]) return;
     char leaf[PATH_MAX];
-    snprintf(leaf, sizeof leaf, "%s/keeper", cg_node);
+    if (snprintf(leaf, sizeof leaf, "%s/keeper", cg_node) >= (int)sizeof leaf) return;
     if (cg_write(cg_base, "cgroup.procs", "0") != 0) return;
     rmdir(leaf);
     rmdir(cg_node);

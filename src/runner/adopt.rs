@@ -105,61 +105,48 @@ impl Judged {
     }
 }
 
-/// Attempts adopted by a sweep whose threads have not started yet (the runner's first sweep
-/// runs before its writer exists).
-#[derive(Default)]
-pub(crate) struct Pending {
-    /// Each with the monotonic clock when its adoption was committed, from which its age
-    /// ([`KeptAttempt::age`]) counts on.
-    adopted: Mutex<Vec<(KeptAttempt, LiveKeeper, Instant)>>,
+/// Keeps the attempts `adopted` names, with the keepers `judged` found, registering each
+/// with the runner at once so that its heartbeat renews the lease.
+pub(crate) fn add(shared: &Shared, judged: &Judged, adopted: Vec<KeptAttempt>) {
+    let read_at = Instant::now();
+    for kept in adopted {
+        let Some(keeper) = judged.take(kept.job_id) else {
+            continue;
+        };
+        let expires =
+            now_ms() + i64::try_from(shared.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
+        let fence = shared.adopted_fence(kept.job_id, kept.attempt, &kept.run_token);
+        if let Err(e) = shared.register(&kept.run_token, kept.job_id, &kept.queue, expires, fence) {
+            // Its lease runs out unrenewed and the next sweep judges it again.
+            log::error!("job {}: cannot follow its keeper: {e}", kept.job_id);
+            continue;
+        }
+        log::info!(
+            "job {} attempt {}: adopted from runner {}, keeper pid {}",
+            kept.job_id,
+            kept.attempt,
+            kept.worker_id,
+            keeper.pid
+        );
+        shared.adopted.lock().push((kept, keeper, read_at));
+    }
 }
 
-impl Pending {
-    /// Keeps the attempts `adopted` names, with the keepers `judged` found, registering each
-    /// with the runner at once so that its heartbeat renews the lease.
-    pub(crate) fn add(&self, shared: &Shared, judged: &Judged, adopted: Vec<KeptAttempt>) {
-        let read_at = Instant::now();
-        for kept in adopted {
-            let Some(keeper) = judged.take(kept.job_id) else {
-                continue;
-            };
-            let expires =
-                now_ms() + i64::try_from(shared.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
-            let fence = shared.adopted_fence(kept.job_id, kept.attempt, &kept.run_token);
-            if let Err(e) =
-                shared.register(&kept.run_token, kept.job_id, &kept.queue, expires, fence)
-            {
-                // Its lease runs out unrenewed and the next sweep judges it again.
-                log::error!("job {}: cannot follow its keeper: {e}", kept.job_id);
-                continue;
-            }
-            log::info!(
-                "job {} attempt {}: adopted from runner {}, keeper pid {}",
-                kept.job_id,
-                kept.attempt,
-                kept.worker_id,
-                keeper.pid
-            );
-            self.adopted.lock().push((kept, keeper, read_at));
-        }
-    }
-
-    /// Starts a thread for each adopted attempt, which follows it and sends its ending to
-    /// `writer`. The threads are kept in `shared` for the shutdown to join.
-    pub(crate) fn start(&self, shared: &Arc<Shared>, writer: &Writer) {
-        let adopted = std::mem::take(&mut *self.adopted.lock());
-        for (kept, keeper, read_at) in adopted {
-            let (shared2, writer) = (Arc::clone(shared), writer.clone());
-            let token = kept.run_token.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("leasehold-adopted-{}", kept.job_id))
-                .spawn(move || follow(&shared2, kept, keeper, read_at, &writer));
-            match spawned {
-                Ok(handle) => shared.adopters.lock().push(handle),
-                Err(e) => {
-                    log::error!("cannot start a thread for an adopted attempt: {e}");
-                    shared.attempt_done(&token);
-                }
+/// Starts a thread for each adopted attempt, which follows it and sends its ending to
+/// `writer`. The threads are kept in `shared` for the shutdown to join.
+pub(crate) fn start(shared: &Arc<Shared>, writer: &Writer) {
+    let adopted = std::mem::take(&mut *shared.adopted.lock());
+    for (kept, keeper, read_at) in adopted {
+        let (shared2, writer) = (Arc::clone(shared), writer.clone());
+        let token = kept.run_token.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("leasehold-adopted-{}", kept.job_id))
+            .spawn(move || follow(&shared2, kept, keeper, read_at, &writer));
+        match spawned {
+            Ok(handle) => shared.adopters.lock().push(handle),
+            Err(e) => {
+                log::error!("cannot start a thread for an adopted attempt: {e}");
+                shared.attempt_done(&token);
             }
         }
     }

@@ -8,9 +8,8 @@ use crossbeam_channel::Sender;
 
 use crate::job::duration_ms;
 use crate::process;
-use crate::store::Claimed;
 
-use super::shared::{LINGER, Op, Shared, Writer, interrupted};
+use super::shared::{Handed, LINGER, Op, Shared, Writer, interrupted, secs};
 
 /// Claims jobs while workers are free and hands them over.
 ///
@@ -120,17 +119,6 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
     }
 }
 
-/// A claimed job on its way to a worker, with when it was claimed by the boot clock
-/// (`CLOCK_BOOTTIME`, which counts a suspend and cannot be stepped): the worker checks the lease
-/// by it too, in case the wall clock went back while the job waited.
-pub(crate) struct Handed {
-    pub job: Claimed,
-    /// This host's wall clock, in ms, read just before the claim.
-    pub claimed_at: i64,
-    /// The boot clock, in ns, read just before the claim; `None` if it could not be read.
-    pub claimed_boot_ns: Option<u64>,
-}
-
 /// How long claims pause after an attempt could not start for want of descriptors, processes
 /// or memory: long enough for running attempts to end and give some back.
 const EXHAUSTED_PAUSE: Duration = Duration::from_secs(1);
@@ -171,7 +159,7 @@ pub(crate) fn exhausted(why: &str) {
             "out of resources ({why}): {} job(s) given back since the last report, claims \
              paused for {}; the runner resumes by itself",
             e.count,
-            super::worker::secs(EXHAUSTED_PAUSE)
+            secs(EXHAUSTED_PAUSE)
         );
         e.count = 0;
         e.logged = Some(now);

@@ -9,14 +9,12 @@ use crate::job::{duration_ms, now_ms};
 use crate::process::StopReason;
 use crate::store::Store;
 
-use super::shared::{Fence, Shared};
+use super::shared::{FENCE_MARGIN, Fence, Shared};
 
 /// The least time a renewal is given, even when the runner wakes (from a suspend, a SIGSTOP)
 /// to find its leases already past their expiry: elapsed time alone is no evidence of a lost
 /// lease, so the renewal is always tried.
 const MIN_RENEW_BUDGET: Duration = Duration::from_millis(250);
-/// Margin kept between fencing an attempt and its lease running out, beyond the kill grace.
-pub(crate) const FENCE_MARGIN: Duration = Duration::from_millis(250);
 
 /// Renews leases every heartbeat interval until `stop` is closed, or until the runner has
 /// fenced itself after a thread failed: its leases must then run out, so that other runners

@@ -3,14 +3,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
-use crate::process::{BaseEnv, StopHandle, StopReason};
-use crate::store::{AttemptStart, Claimed, Ending, Finish};
+use crate::process::{BaseEnv, LiveKeeper, StopHandle, StopReason};
+use crate::store::{AttemptStart, Claimed, Ending, Finish, KeptAttempt};
 
 use super::builder::Config;
 
@@ -47,8 +47,10 @@ pub(crate) struct Shared {
     pub worker_id: String,
     /// Where kept attempts write their files: `<db>-attempts` (`files::folder`).
     pub attempts_folder: std::path::PathBuf,
-    /// Attempts adopted from dead runners whose threads have not started yet.
-    pub adopted: super::adopt::Pending,
+    /// Attempts adopted by a sweep whose threads have not started yet (the runner's first
+    /// sweep runs before its writer exists), each with the monotonic clock when its adoption
+    /// was committed, from which its age ([`KeptAttempt::age`]) counts on.
+    pub adopted: Mutex<Vec<(KeptAttempt, LiveKeeper, Instant)>>,
     /// The threads following adopted attempts, for the shutdown to join.
     pub adopters: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub running: Mutex<HashMap<String, Running>>,
@@ -96,7 +98,7 @@ impl Shared {
     pub(crate) fn new(config: Config, worker_id: String) -> Shared {
         Shared {
             attempts_folder: crate::files::folder(&config.path),
-            adopted: super::adopt::Pending::default(),
+            adopted: Mutex::new(Vec::new()),
             adopters: Mutex::new(Vec::new()),
             worker_id,
             running: Mutex::new(HashMap::new()),
@@ -517,5 +519,29 @@ impl SweepCounters {
             + self.adopted
             + self.recovered
             > 0
+    }
+}
+
+/// A claimed job on its way to a worker, with when it was claimed by the boot clock
+/// (`CLOCK_BOOTTIME`, which counts a suspend and cannot be stepped): the worker checks the lease
+/// by it too, in case the wall clock went back while the job waited.
+pub(crate) struct Handed {
+    pub job: Claimed,
+    /// This host's wall clock, in ms, read just before the claim.
+    pub claimed_at: i64,
+    /// The boot clock, in ns, read just before the claim; `None` if it could not be read.
+    pub claimed_boot_ns: Option<u64>,
+}
+
+/// Margin kept between fencing an attempt and its lease running out, beyond the kill grace.
+pub(crate) const FENCE_MARGIN: Duration = Duration::from_millis(250);
+
+/// "1s", "1.5s": how durations read in messages.
+pub(crate) fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s}s")
     }
 }

@@ -306,7 +306,7 @@ impl Runner {
                     {
                         shared.test_hook("sweeper");
                         sweeper.tick_and_log(sweeper.now());
-                        shared.adopted.start(&shared, &writer);
+                        super::adopt::start(&shared, &writer);
                     }
                     let now = sweeper.now();
                     sweeper.stop_and_log(now);
@@ -362,7 +362,7 @@ impl Runner {
             )?
         }));
         // What the first sweep adopted, now that endings can be written.
-        shared.adopted.start(&shared, &writer);
+        super::adopt::start(&shared, &writer);
         let (work_tx, work_rx) = unbounded();
         for i in 0..cfg.workers {
             let (shared, rx, writer) = (Arc::clone(&shared), work_rx.clone(), writer.clone());

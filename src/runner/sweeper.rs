@@ -497,9 +497,7 @@ impl Sweeper {
         report.adopted = reclaimed.adopted.len() as u64;
         report.reclaimed_pending = reclaimed.pending() as u64;
         report.reclaimed_failed = reclaimed.failed() as u64;
-        self.shared
-            .adopted
-            .add(&self.shared, &judged, reclaimed.adopted);
+        super::adopt::add(&self.shared, &judged, reclaimed.adopted);
         judged.clear();
         if cfg.reclaim_batch > 0 {
             let (torn, unverified) = tear_down_lost_attempts_at(

@@ -3,7 +3,6 @@
 use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
@@ -12,8 +11,7 @@ use crate::process::{self, AttemptResult, AttemptSpec, StopReason};
 use crate::store::{AttemptStart, Claimed, Ending, Finish};
 
 use super::builder::Config;
-use super::dispatcher::Handed;
-use super::shared::{Op, Shared, Writer, interrupted, panic_message};
+use super::shared::{FENCE_MARGIN, Handed, Op, Shared, Writer, interrupted, panic_message, secs};
 
 /// Runs the attempts the dispatcher hands over until the dispatcher goes away.
 pub(crate) fn run(shared: &Shared, jobs: &Receiver<Handed>, writer: &Writer) {
@@ -213,7 +211,7 @@ fn run_one(
                         lease.claimed_boot_ns,
                         cfg.lease_ttl,
                         cfg.kill_grace,
-                        super::heartbeat::FENCE_MARGIN,
+                        FENCE_MARGIN,
                     )
                 })
                 .flatten(),
@@ -263,16 +261,6 @@ fn run_one(
         shared.keep_release(&job.run_token, release);
     }
     finish_for(job.id, &job.run_token, job.attempt, cfg, result)
-}
-
-/// "1s", "1.5s": how durations read in messages.
-pub(crate) fn secs(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s.fract() == 0.0 {
-        format!("{s:.0}s")
-    } else {
-        format!("{s}s")
-    }
 }
 
 /// The ending to record for an attempt's result; `None` for one left running under its

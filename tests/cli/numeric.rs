@@ -68,7 +68,7 @@ fn out_of_range_counts_and_durations_are_usage_errors_naming_the_flag() {
 
 /// Every option or argument that takes a number, by command, as `--help` shows it. When a
 /// command gains one, add it here: the test below fails until it is listed.
-const NUMERIC: [(&str, &str); 40] = [
+const NUMERIC: [(&str, &str); 42] = [
     ("db prune", "--keep-succeeded"),
     ("db prune", "--keep-failed"),
     ("db prune", "--keep-cancelled"),
@@ -85,6 +85,8 @@ const NUMERIC: [(&str, &str); 40] = [
     ("jobs logs", "--attempt"),
     ("jobs retry", "ID"),
     ("jobs retry", "--limit"),
+    ("jobs report", "ID"),
+    ("jobs report", "--limit"),
     ("jobs cancel", "ID"),
     ("jobs wait", "ID"),
     ("jobs wait", "--timeout"),
@@ -267,6 +269,11 @@ fn every_numeric_input_takes_extreme_values_without_a_panic() {
     // something it could have changed.
     add(db, &["--queue", "parked"], &["true"]);
 
+    // `jobs report` writes its report here when a value is taken.
+    let report = t.dir.path().join("report.xml");
+    let report = report.to_str().expect("a UTF-8 path");
+    let report_args = ["jobs", "report", "--junit", report];
+
     let mut commands: Vec<(String, Command)> = Vec::new();
     for (command, input) in NUMERIC {
         for value in EXTREMES {
@@ -298,6 +305,7 @@ fn every_numeric_input_takes_extreme_values_without_a_panic() {
                 ("schedules next", _) => (&["schedules", "next", "s"], &[]),
                 ("jobs logs", "--attempt") => (&["jobs", "logs", "1"], &[]),
                 ("jobs retry", "--limit") => (&["jobs", "retry", "--failed-stale"], &[]),
+                ("jobs report", _) => (&report_args[..], &[]),
                 ("run", _) => (&["run", "--until-idle", "--queue", "idle"], &[]),
                 _ => (&[], &[]),
             };

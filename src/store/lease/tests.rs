@@ -1,4 +1,5 @@
 use super::*;
+use crate::store::db::params_from_iter;
 
 /// The next due time among claimable jobs: the earliest after `now`, per served queue,
 /// leaving out due, running and waiting jobs; and read from an index, not the table.

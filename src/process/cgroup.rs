@@ -26,6 +26,9 @@ pub(crate) const SWITCH: &str = "LEASEHOLD_CGROUPS";
 /// The prefix of a keeper's node.
 const NODE_PREFIX: &str = "leasehold-keeper-";
 
+/// The leaf of a keeper's node that holds the keeper itself.
+const KEEPER_LEAF: &str = "keeper";
+
 /// How a runner's attempts are contained.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Containment {
@@ -237,16 +240,23 @@ fn nodes(base: &Path) -> Vec<PathBuf> {
 }
 
 /// Removes the empty cgroups that keepers no longer running left in `base`: a keeper that
-/// was killed removes nothing. An attempt's cgroup with processes in it stays (the attempt
-/// is torn down by whoever reclaims it, which removes it then), and so does its node.
-pub(crate) fn sweep(base: &Path, keeper_running: impl Fn(i32) -> bool) {
+/// was killed removes nothing. A node is a live keeper's while its `keeper` leaf holds a
+/// process, which holds in any PID namespace: the pid in a node's name is the keeper's in
+/// its own namespace, and may be another process's here. A node younger than `settle` is
+/// left alone too, whatever its leaf holds: its keeper may not have moved into it yet.
+/// An attempt's cgroup with processes in it stays (the attempt is torn down by whoever
+/// reclaims it, which removes it then), and so does its node.
+pub(crate) fn sweep(base: &Path, settle: std::time::Duration) {
     for node in nodes(base) {
-        let pid = node
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix(NODE_PREFIX))
-            .and_then(|p| p.parse::<i32>().ok());
-        if pid.is_none_or(&keeper_running) {
+        if populated(&node.join(KEEPER_LEAF)) {
+            continue;
+        }
+        let young = std::fs::metadata(&node)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < settle);
+        if young {
             continue;
         }
         remove_node(&node);

@@ -56,6 +56,10 @@ const RELEASE: &[u8] = b"release\n";
 /// How long a spawn waits for the keeper's first message before it gives up on it.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How old an empty keeper node must be before a starting keeper's sweep removes it: a node
+/// is empty between its keeper's `mkdir` and its move into it, a moment within its start.
+const NODE_SETTLE: Duration = START_TIMEOUT;
+
 /// The sealed memfd holding the program, made once per process.
 static MEMFD: OnceLock<OwnedFd> = OnceLock::new();
 
@@ -615,11 +619,9 @@ impl Hub {
         // empty nodes of keepers killed before they could remove theirs go first.
         let base = cgroup::base();
         if let Ok(base) = &base {
-            // A live process with a node's pid keeps the node (it may be that keeper; if
-            // not, an empty node waits for a later sweep).
-            cgroup::sweep(base, |pid| {
-                proc::proc_info(pid).is_some_and(|p| !p.is_dead())
-            });
+            // A node whose keeper leaf is empty is a dead keeper's; one made in the last
+            // seconds may be a keeper's that is moving into it.
+            cgroup::sweep(base, NODE_SETTLE);
         }
         let base_arg = base
             .as_ref()

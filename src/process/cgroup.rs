@@ -68,9 +68,7 @@ pub(crate) fn base() -> Result<PathBuf, String> {
     if std::env::var_os(SWITCH).is_some_and(|v| v == "off") {
         return Err(format!("turned off by {SWITCH}=off"));
     }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    let mount = v2_mount(&mounts).ok_or("no cgroup v2 hierarchy is mounted")?;
+    let mount = v2_mount_here()?;
     let own = std::fs::read_to_string("/proc/self/cgroup")
         .map_err(|e| format!("/proc/self/cgroup: {e}"))?;
     let path = v2_path(&own).ok_or("this process is in no cgroup v2")?;
@@ -79,6 +77,19 @@ pub(crate) fn base() -> Result<PathBuf, String> {
         return Err(format!("{} is not a folder here", base.display()));
     }
     Ok(base)
+}
+
+/// The mount point of this process's cgroup v2 hierarchy, read once: every teardown asks.
+fn v2_mount_here() -> Result<&'static Path, String> {
+    static MOUNT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    MOUNT
+        .get_or_init(|| {
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+                .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+            v2_mount(&mounts).ok_or_else(|| "no cgroup v2 hierarchy is mounted".to_owned())
+        })
+        .as_deref()
+        .map_err(Clone::clone)
 }
 
 /// The mount point of the cgroup v2 hierarchy in a `/proc/PID/mountinfo` text.
@@ -203,10 +214,7 @@ pub(crate) fn of_attempt(token: &str, pids: &[i32]) -> Vec<PathBuf> {
             }
         }
     }
-    if let Some(mount) = std::fs::read_to_string("/proc/self/mountinfo")
-        .ok()
-        .and_then(|m| v2_mount(&m))
-    {
+    if let Ok(mount) = v2_mount_here() {
         for pid in pids {
             let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
                 continue;

@@ -34,25 +34,21 @@ impl Drop for Guard {
     }
 }
 
-/// The containment runner `worker` recorded at its start.
-fn containment(store: &Store) -> String {
-    store
-        .runners()
-        .expect("runners")
-        .into_iter()
-        .find_map(|r| r.containment)
-        .expect("a runner that says how it contains its attempts")
-}
-
-/// Whether the case's runner uses cgroups; says why the test is skipped when it does not.
-fn in_cgroups(c: &Case) -> bool {
-    let how = c.wait_for("the runner's row", |c| {
+/// How the case's runner contains its attempts, as it recorded at its start, once its row
+/// is there.
+fn containment_of(c: &Case) -> String {
+    c.wait_for("the runner's row", |c| {
         c.store()
             .runners()
             .ok()?
             .into_iter()
             .find_map(|r| r.containment)
-    });
+    })
+}
+
+/// Whether the case's runner uses cgroups; says why the test is skipped when it does not.
+fn in_cgroups(c: &Case) -> bool {
+    let how = containment_of(c);
     if !how.starts_with("cgroup ") {
         eprintln!("skipped: the runner contains its attempts by {how}");
         return false;
@@ -85,7 +81,7 @@ fn a_timeout_kills_a_process_that_left_the_group_and_dropped_its_token() {
         wait_until(Duration::from_secs(10), || !alive(escapee)),
         "the escapee {escapee} outlived its attempt's timeout"
     );
-    let how = containment(&c.store());
+    let how = containment_of(&c);
     let node = how.strip_prefix("cgroup ").expect("the cgroup mode");
     let token = done.run_token.expect("a run token");
     let cgroup = std::path::Path::new(node).join(format!("a-{token}"));
@@ -166,13 +162,7 @@ fn a_runner_run_as_a_job_goes_with_its_attempt_keepers_and_all() {
 fn status_says_how_a_runner_contains_its_attempts_and_the_switch_turns_cgroups_off() {
     let mut c = Case::new();
     c.start_runner(&args(&[]));
-    let how = c.wait_for("the runner's row", |c| {
-        c.store()
-            .runners()
-            .ok()?
-            .into_iter()
-            .find_map(|r| r.containment)
-    });
+    let how = containment_of(&c);
     let root = nix::unistd::Uid::effective().is_root();
     let v2 = std::fs::read_to_string("/proc/self/mountinfo")
         .is_ok_and(|m| m.lines().any(|l| l.contains(" - cgroup2 ")));
@@ -202,12 +192,6 @@ fn status_says_how_a_runner_contains_its_attempts_and_the_switch_turns_cgroups_o
         &[("LEASEHOLD_CGROUPS", "off")],
     );
     c.runners.push(r);
-    let how = c.wait_for("the runner's row", |c| {
-        c.store()
-            .runners()
-            .ok()?
-            .into_iter()
-            .find_map(|r| r.containment)
-    });
+    let how = containment_of(&c);
     assert_eq!(how, "process groups (turned off by LEASEHOLD_CGROUPS=off)");
 }

@@ -429,6 +429,25 @@ pub(crate) fn read_journal(path: &Path, token: &str) -> io::Result<Option<Journa
         .map(|(_, said)| said))
 }
 
+/// A journal line as the keeper writes it (without its newline), for tests.
+#[cfg(test)]
+pub(crate) fn journal_line(text: &str) -> String {
+    format!("{text} {:016x}", fnv1a(text.as_bytes()))
+}
+
+/// The tokens of the attempts a journal's whole lines mention, each once.
+pub(crate) fn journal_tokens(bytes: &[u8]) -> Vec<String> {
+    let mut tokens: Vec<String> = bytes
+        .split(|&b| b == b'\n')
+        .filter_map(|line| std::str::from_utf8(line).ok())
+        .filter_map(parse_journal_line)
+        .map(|(token, _)| token.to_owned())
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    tokens
+}
+
 /// The journals in the attempts folder `folder` that mention `token`, with their keepers'
 /// pids and start times: how the keeper of an attempt whose runner died before recording
 /// it is found.
@@ -513,7 +532,7 @@ mod tests {
 
     #[test]
     fn a_journal_line_reads_back_as_the_keeper_writes_it_and_a_torn_one_is_passed_over() {
-        let line = |text: &str| format!("{text} {:016x}", fnv1a(text.as_bytes()));
+        let line = journal_line;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = journal_path(dir.path(), 42, Some(7));
         assert_eq!(

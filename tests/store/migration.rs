@@ -867,6 +867,7 @@ fn a_postgres_database_of_version_17_is_migrated_to_counts_per_statement_without
                 queues: &[],
                 lease_ttl: Duration::from_secs(30),
                 queue_caps: &[],
+                unheld: 0,
             },
             T0,
         )

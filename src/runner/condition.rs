@@ -39,10 +39,21 @@ fn apply(
     seen: &ConditionsSeen,
     recorded: &mut Option<ConditionsSeen>,
 ) {
-    shared.set_unheld(ALL_CONDITIONS & !seen.held);
-    if recorded.as_ref() == Some(seen) {
-        return;
+    if recorded.as_ref() != Some(seen) {
+        record(store, shared, seen, recorded);
     }
+    shared.set_unheld(ALL_CONDITIONS & !seen.held);
+}
+
+/// Writes what the runner saw into its row, and logs it. Before the claim and the running
+/// attempts are told: a job stopped for a lost condition is then never shown pending
+/// without the condition it waits for.
+fn record(
+    store: &Store,
+    shared: &Shared,
+    seen: &ConditionsSeen,
+    recorded: &mut Option<ConditionsSeen>,
+) {
     match store.record_conditions(&shared.worker_id, seen.held, &seen.note) {
         Ok(()) => {
             log::info!(

@@ -43,7 +43,10 @@ impl PoweredRunner {
             cmd.env_remove(var);
         }
         // No system bus: online, unmetered and idle are assumed to hold.
-        cmd.env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/leasehold-test-bus");
+        cmd.env(
+            "DBUS_SYSTEM_BUS_ADDRESS",
+            "unix:path=/nonexistent/leasehold-test-bus",
+        );
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -78,8 +81,20 @@ impl Drop for PoweredRunner {
 fn fake_power(folder: &Path, online: bool, capacity: u32) -> PathBuf {
     let fake = folder.join("power_supply");
     for (name, files) in [
-        ("AC", vec![("type", "Mains".to_string()), ("online", u8::from(online).to_string())]),
-        ("BAT0", vec![("type", "Battery".to_string()), ("capacity", capacity.to_string())]),
+        (
+            "AC",
+            vec![
+                ("type", "Mains".to_string()),
+                ("online", u8::from(online).to_string()),
+            ],
+        ),
+        (
+            "BAT0",
+            vec![
+                ("type", "Battery".to_string()),
+                ("capacity", capacity.to_string()),
+            ],
+        ),
     ] {
         let dir = fake.join(name);
         std::fs::create_dir_all(&dir).unwrap();
@@ -273,14 +288,19 @@ mod bus {
             .bytes()
             .map(|b| format!("{b:02x}"))
             .collect();
-        s.write_all(format!("\0AUTH EXTERNAL {uid}\r\n").as_bytes()).unwrap();
+        s.write_all(format!("\0AUTH EXTERNAL {uid}\r\n").as_bytes())
+            .unwrap();
         let mut line = Vec::new();
         let mut b = [0u8];
         while !line.ends_with(b"\r\n") {
             s.read_exact(&mut b).unwrap();
             line.push(b[0]);
         }
-        assert!(line.starts_with(b"OK "), "{}", String::from_utf8_lossy(&line));
+        assert!(
+            line.starts_with(b"OK "),
+            "{}",
+            String::from_utf8_lossy(&line)
+        );
         s.write_all(b"BEGIN\r\n").unwrap();
         let mut serial = 0;
         let mut call = |s: &mut UnixStream, member: &str, sig: &str, body: &[u8]| {
@@ -291,7 +311,8 @@ mod bus {
                 (3, 's', member),
                 (6, 's', "org.freedesktop.DBus"),
             ];
-            s.write_all(&message(1, serial, &fields, None, sig, body)).unwrap();
+            s.write_all(&message(1, serial, &fields, None, sig, body))
+                .unwrap();
             // The reply, and any signal before it.
             loop {
                 let m = read(s);
@@ -495,14 +516,19 @@ fn unmetered_and_idle_follow_network_manager_and_logind_on_the_bus() {
         &[("DBUS_SYSTEM_BUS_ADDRESS", daemon.address.as_str())],
     );
     let status = looked(db);
-    let assumed = status["runners"][0]["conditions_assumed"].as_str().unwrap_or_default();
+    let assumed = status["runners"][0]["conditions_assumed"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
         assumed.contains("NetworkManager not reachable") && assumed.contains("assumed not to hold"),
         "{status}"
     );
     let text = ok(&mut cli(db, &["status"]));
     assert!(text.contains("NetworkManager not reachable"), "{text}");
-    assert_eq!(inspect(db, unmetered)["waiting_for"], json!(["unmetered", "online"]));
+    assert_eq!(
+        inspect(db, unmetered)["waiting_for"],
+        json!(["unmetered", "online"])
+    );
     assert_eq!(inspect(db, idle)["waiting_for"], json!(["idle"]));
 
     let props: bus::Props = Default::default();
@@ -521,10 +547,16 @@ fn unmetered_and_idle_follow_network_manager_and_logind_on_the_bus() {
     );
     wait_for("the runner to see the stand-in", SEEN, || {
         let status = json(&mut cli(db, &["status", "--json"]));
-        status["runners"][0]["conditions_assumed"].is_null().then_some(())
+        status["runners"][0]["conditions_assumed"]
+            .is_null()
+            .then_some(())
     });
     let job = inspect(db, unmetered);
-    assert_eq!(job["waiting_for"], json!(["unmetered"]), "guess-yes is metered: {job}");
+    assert_eq!(
+        job["waiting_for"],
+        json!(["unmetered"]),
+        "guess-yes is metered: {job}"
+    );
     assert_eq!(inspect(db, idle)["waiting_for"], json!(["idle"]));
 
     put(nm, "Metered", bus::V::U(4)); // guess-no

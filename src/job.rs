@@ -1077,7 +1077,13 @@ mod tests {
             .on_lost(OnLost::Fail)
             .unique_key("k")
             .unique_window(Duration::from_secs(30))
+            .when(Condition::AcPower)
+            .when(Condition::Unmetered)
+            .when_lost(WhenLost::Stop)
             .after([3, 5]);
+        // A schedule's template carries the conditions to every slot's job.
+        let slot = Job::from_template(&full.to_template()).unwrap();
+        assert_eq!((slot.conditions, slot.when_lost), (1 | 4, WhenLost::Stop));
         let cases = [
             (full.clone(), now),
             (full.clone().delay(Duration::from_secs(90)), now + 90_000),

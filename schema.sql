@@ -1,4 +1,4 @@
--- leasehold schema, version 19 (PRAGMA user_version = 19).
+-- leasehold schema, version 20 (PRAGMA user_version = 20).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -82,11 +82,16 @@ CREATE TABLE jobs (
     -- PostgreSQL, a keeper stops its attempt by the end of that lease, so a runner elsewhere
     -- may record the teardown as the keeper's only once the server's clock is past it.
     -- Version 17: name is the job's name (Job::name, `jobs add --name`), NULL for none.
+    -- Version 20: conditions is a bit mask of what must hold on the runner's machine for the
+    -- job to start (1 ac-power, 2 battery-not-low, 4 unmetered, 8 online, 16 idle; 0: none);
+    -- when_lost is what happens when one stops holding while it runs (see 0020_conditions.sql).
     -- (Written as ALTER TABLE ADD COLUMN writes them, so that a migrated file's text and this
     -- one's agree.)
 , unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0,
   teardown_worker TEXT, keeper_pid INTEGER, keeper_start_time INTEGER,
-  deferred INTEGER NOT NULL DEFAULT 0, teardown_lease_expires_at INTEGER, name TEXT);
+  deferred INTEGER NOT NULL DEFAULT 0, teardown_lease_expires_at INTEGER, name TEXT,
+  conditions INTEGER NOT NULL DEFAULT 0, when_lost TEXT NOT NULL DEFAULT 'run'
+    CHECK (when_lost = 'run' OR when_lost = 'stop'));
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table. Jobs not yet due are not in them
@@ -168,7 +173,9 @@ CREATE TABLE runners (
     -- namespace.
     -- Version 19: how it contains its attempts, `cgroup <node>` or `process groups (why)`
     -- (NULL: registered before version 19).
-, pid_ns INTEGER, containment TEXT);
+    -- Version 20: the conditions that hold as it sees them (the jobs' bits; NULL: registered
+    -- before version 20) and what it assumes where it cannot tell.
+, pid_ns INTEGER, containment TEXT, conditions_held INTEGER, conditions_note TEXT);
 CREATE INDEX runners_started ON runners (started_at);
 
 -- Metrics (version 4): counters and histograms updated in the transaction of the transition

@@ -165,6 +165,7 @@ fn claim_one(store: &Store, now: i64) -> Option<leasehold::protocol::Claimed> {
         queues: &[],
         lease_ttl: TTL,
         queue_caps: &[],
+        unheld: 0,
     };
     store.claim(&req, now).expect("claim").pop()
 }
@@ -360,6 +361,7 @@ fn renewal(dir: &TempDir, table: &mut Table) {
             queues: &[],
             lease_ttl: TTL,
             queue_caps: &[],
+            unheld: 0,
         };
         store
             .claim(&req, now)

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::condition::{Condition, WhenLost, from_mask};
 use crate::error::{Error, Result};
 
 /// By default a job runs once: a failure is final.
@@ -366,6 +367,8 @@ pub struct Job {
     unique_window: Option<Duration>,
     after: Vec<i64>,
     name: Option<String>,
+    conditions: u32,
+    when_lost: WhenLost,
 }
 
 impl Job {
@@ -392,6 +395,8 @@ impl Job {
             unique_window: None,
             after: Vec::new(),
             name: None,
+            conditions: 0,
+            when_lost: WhenLost::default(),
         }
     }
 
@@ -473,6 +478,21 @@ impl Job {
     /// test harness's name for the test it runs. Not unique. By default, none.
     pub fn name(mut self, name: impl Into<String>) -> Job {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Starts the job only while `condition` holds on the runner's machine; repeat for more
+    /// (all must hold). A job whose conditions do not hold waits, pending, without taking a
+    /// worker, and `waiting_for` says which. By default, none.
+    pub fn when(mut self, condition: Condition) -> Job {
+        self.conditions |= condition.bit();
+        self
+    }
+
+    /// What to do when one of its [`Job::when`] conditions stops holding while it runs. By
+    /// default, [`WhenLost::Run`].
+    pub fn when_lost(mut self, when_lost: WhenLost) -> Job {
+        self.when_lost = when_lost;
         self
     }
 
@@ -693,6 +713,8 @@ impl Job {
             idle_timeout_ms: self.idle_timeout.map(duration_ms),
             unique_key: self.unique_key.as_deref(),
             name: self.name.as_deref(),
+            conditions: i64::from(self.conditions),
+            when_lost: self.when_lost.as_str(),
         }
     }
 
@@ -715,6 +737,8 @@ impl Job {
             "unique_key": self.unique_key,
             "unique_window_ms": self.unique_window_ms(),
             "name": self.name,
+            "when": from_mask(self.conditions).iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+            "when_lost": self.when_lost.as_str(),
         })
         .to_string()
     }
@@ -802,6 +826,19 @@ impl Job {
         job.unique_key = v["unique_key"].as_str().map(str::to_string);
         job.unique_window = millis("unique_window_ms")?;
         job.name = v["name"].as_str().map(str::to_string);
+        // Absent from templates written before conditions existed.
+        if let Some(when) = v["when"].as_array() {
+            for c in when {
+                let c: Condition = c
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| bad("when"))?;
+                job.conditions |= c.bit();
+            }
+        }
+        if let Some(w) = v["when_lost"].as_str() {
+            job.when_lost = w.parse().map_err(|_| bad("when_lost"))?;
+        }
         Ok(job)
     }
 }
@@ -840,6 +877,8 @@ pub(crate) struct JobFields<'a> {
     pub idle_timeout_ms: Option<i64>,
     pub unique_key: Option<&'a str>,
     pub name: Option<&'a str>,
+    pub conditions: i64,
+    pub when_lost: &'static str,
 }
 
 /// A job as stored: one row of the `jobs` table.
@@ -921,6 +960,10 @@ pub struct JobRecord {
     pub waiting_for: Vec<i64>,
     /// Its name ([`Job::name`]), if it has one.
     pub name: Option<String>,
+    /// What must hold for it to start ([`Job::when`]).
+    pub conditions: Vec<Condition>,
+    /// What happens when one stops holding while it runs ([`Job::when_lost`]).
+    pub when_lost: WhenLost,
 }
 
 /// One entry of a job's history.
@@ -1034,7 +1077,13 @@ mod tests {
             .on_lost(OnLost::Fail)
             .unique_key("k")
             .unique_window(Duration::from_secs(30))
+            .when(Condition::AcPower)
+            .when(Condition::Unmetered)
+            .when_lost(WhenLost::Stop)
             .after([3, 5]);
+        // A schedule's template carries the conditions to every slot's job.
+        let slot = Job::from_template(&full.to_template()).unwrap();
+        assert_eq!((slot.conditions, slot.when_lost), (1 | 4, WhenLost::Stop));
         let cases = [
             (full.clone(), now),
             (full.clone().delay(Duration::from_secs(90)), now + 90_000),

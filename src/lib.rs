@@ -36,6 +36,7 @@
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+mod condition;
 mod error;
 mod files;
 mod job;
@@ -48,6 +49,7 @@ mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use condition::{BATTERY_LOW_PERCENT, Condition, WhenLost};
 pub use error::{Error, Result};
 pub use files::{AttemptDir, DEFAULT_OUTPUT_CAP, Stream, local_folders};
 pub use job::{
@@ -56,11 +58,11 @@ pub use job::{
 };
 pub use metrics::{Counter, CounterKind, Histogram, JobCount, Metrics, RunnerFigures};
 pub use runner::{
-    Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,
-    DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL, DEFAULT_RECLAIM_BATCH,
-    DEFAULT_SAMPLE_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS,
-    MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, OnShutdown, Runner, RunnerBuilder,
-    SweepCounters, operator,
+    CONDITION_INTERVAL, Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_KILL_GRACE, DEFAULT_LEASE_TTL, DEFAULT_OUTPUT_TAIL, DEFAULT_POLL_INTERVAL,
+    DEFAULT_RECLAIM_BATCH, DEFAULT_SAMPLE_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL,
+    DEFAULT_WORKERS, MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, OnShutdown, Runner,
+    RunnerBuilder, SweepCounters, operator,
 };
 pub use schedule::{
     CatchUp, MAX_CATCH_UP, MIN_INTERVAL, MISFIRE_GRACE, Overlap, Schedule, parse_rfc3339,

@@ -225,6 +225,9 @@ pub struct Metrics {
     pub database: DatabaseSize,
     /// A runner's live figures, when a runner took the snapshot.
     pub runner: Option<RunnerFigures>,
+    /// For each condition on jobs ([`Condition`](crate::Condition)), the pending jobs that
+    /// need it while no running runner saw it hold.
+    pub waiting_for_condition: Vec<(crate::Condition, u64)>,
 }
 
 impl Metrics {
@@ -272,6 +275,20 @@ impl Metrics {
                 "leasehold_jobs",
                 &[("queue", &c.queue), ("status", &c.status)],
                 &c.jobs.to_string(),
+            );
+        }
+        family(
+            out,
+            "leasehold_jobs_waiting_for_condition",
+            "gauge",
+            "Pending jobs that need a condition (--when) no running runner sees hold.",
+        );
+        for (condition, jobs) in &self.waiting_for_condition {
+            sample(
+                out,
+                "leasehold_jobs_waiting_for_condition",
+                &[("condition", condition.as_str())],
+                &jobs.to_string(),
             );
         }
         family(

@@ -24,6 +24,7 @@
 //!     queues: &[],
 //!     lease_ttl: Duration::from_secs(30),
 //!     queue_caps: &[],
+//!     unheld: 0,
 //! };
 //! let claimed = store.claim(&req, now_ms())?.remove(0);
 //! let finish = Finish {

@@ -264,6 +264,7 @@ impl TestDb {
                         queues: &[],
                         lease_ttl: crate::runner::DEFAULT_LEASE_TTL,
                         queue_caps: &[],
+                        unheld: 0,
                     },
                     store.clock().now_ms(),
                 )

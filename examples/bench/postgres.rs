@@ -1767,6 +1767,7 @@ fn cycles_child(db: &str, secs: Duration, worker: &str) {
         queues: &[],
         lease_ttl: Duration::from_secs(30),
         queue_caps: &[],
+        unheld: 0,
     };
     while t.elapsed() < secs {
         let c0 = Instant::now();
@@ -1823,6 +1824,7 @@ fn batch_cycles_child(db: &str, secs: Duration, worker: &str) {
         queues: &[],
         lease_ttl: Duration::from_secs(30),
         queue_caps: &[],
+        unheld: 0,
     };
     while t.elapsed() < secs {
         let c0 = Instant::now();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use leasehold::{OnLost, Status};
+use leasehold::{Condition, OnLost, Status, WhenLost};
 
 /// A number of seconds greater than 0, decimals allowed (`0.2`).
 ///
@@ -215,6 +215,19 @@ pub fn status(s: &str) -> Result<Status, String> {
 pub fn on_lost(s: &str) -> Result<OnLost, String> {
     s.parse::<OnLost>()
         .map_err(|_| format!("{s:?} is not one of requeue, fail"))
+}
+
+/// A condition on a job: `ac-power`, `battery-not-low`, `unmetered`, `online` or `idle`.
+pub fn condition(s: &str) -> Result<Condition, String> {
+    s.parse::<Condition>().map_err(|_| {
+        format!("{s:?} is not one of ac-power, battery-not-low, unmetered, online, idle")
+    })
+}
+
+/// `run` or `stop`.
+pub fn when_lost(s: &str) -> Result<WhenLost, String> {
+    s.parse::<WhenLost>()
+        .map_err(|_| format!("{s:?} is not one of run, stop"))
 }
 
 #[cfg(test)]

@@ -137,11 +137,12 @@ fn selected(store: &Store, select: &SelectArgs) -> anyhow::Result<Vec<JobRecord>
 pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
     let store = open_read_only(db)?;
     let jobs = selected(&store, &args.select)?;
+    let not_held = store.conditions_not_held()?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
         let all: Vec<Value> = jobs
             .iter()
-            .map(|j| render::job_json(j, args.show_env))
+            .map(|j| render::job_json(j, args.show_env, &not_held))
             .collect();
         print_json(&mut out, &Value::Array(all))?;
     } else {
@@ -161,7 +162,10 @@ pub fn ls(db: &Path, args: &LsArgs) -> anyhow::Result<()> {
                 j.priority.to_string(),
                 format!("{}/{}", j.attempt, j.max_attempts),
                 j.recovery_count.to_string(),
-                render::result(j),
+                match render::waiting_conditions(j, &not_held).as_slice() {
+                    [] => render::result(j),
+                    waits => format!("waiting for {}", render::condition_names(waits)),
+                },
                 render::time(j.created_at),
                 render::cut(&command_cell(j), 60),
             ]);
@@ -185,9 +189,10 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
     let job = store.job(args.id)?;
     let events = store.events(args.id)?;
     let output = store.output(args.id, None)?;
+    let not_held = store.conditions_not_held()?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        let mut value = render::job_json(&job, args.show_env);
+        let mut value = render::job_json(&job, args.show_env, &not_held);
         value["teardown_waits"] = json!(operator::teardown_wait(&store, job.id)?);
         value["kept"] = json!(operator::kept_without_runner(&store, &job)?);
         value["events"] = events.iter().map(render::event_json).collect();
@@ -216,7 +221,25 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
         ),
         ("priority", job.priority.to_string()),
         ("after", ids(&job.after)),
-        ("waiting_for", ids(&job.waiting_for)),
+        (
+            "waiting_for",
+            match (
+                job.waiting_for.is_empty(),
+                render::waiting_conditions(&job, &not_held).as_slice(),
+            ) {
+                (_, []) => ids(&job.waiting_for),
+                (true, waits) => render::condition_names(waits),
+                (false, waits) => {
+                    format!(
+                        "{},{}",
+                        ids(&job.waiting_for),
+                        render::condition_names(waits)
+                    )
+                }
+            },
+        ),
+        ("when", render::condition_names(&job.conditions)),
+        ("when_lost", job.when_lost.as_str().into()),
         ("name", job.name.clone().unwrap_or_else(|| "-".into())),
         (
             "unique_key",

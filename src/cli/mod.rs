@@ -631,6 +631,12 @@ struct RunArgs {
     /// faster, but one whose runner dies is run again, and `--on-exit leave` is refused.
     #[arg(long, env = "LEASEHOLD_NO_KEEPERS")]
     no_keepers: bool,
+    /// Whether a --when condition this machine cannot tell holds: `held` (the default) or
+    /// `not-held`. online and unmetered where NetworkManager does not answer on the system
+    /// bus, idle where logind does not; `status` says what was assumed.
+    #[arg(long, value_name = "ASSUME", default_value = "held",
+          value_parser = ["held", "not-held"])]
+    unknown_conditions: String,
     /// The most bytes kept of each of a job's stdout and stderr files (the first half and
     /// the newest bytes past it; 0: no cap).
     #[arg(long, value_name = "BYTES", allow_hyphen_values = true, env = "LEASEHOLD_OUTPUT_CAP",

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use clap::builder::{OsStringValueParser, TypedValueParser};
-use leasehold::{Job, OnLost};
+use leasehold::{Condition, Job, OnLost, WhenLost};
 
 use super::arg::{self, EnvPair, Secs};
 
@@ -37,6 +37,14 @@ pub struct JobOptions {
     /// What to do when an attempt is lost: requeue (within the recovery budget) or fail.
     #[arg(long, value_name = "POLICY", default_value = "requeue", value_parser = arg::on_lost)]
     pub on_lost: OnLost,
+    /// Start only while this holds on the runner's machine (repeatable): ac-power,
+    /// battery-not-low, unmetered, online, idle. See docs/conditions.md.
+    #[arg(long = "when", value_name = "COND", value_parser = arg::condition)]
+    pub when: Vec<Condition>,
+    /// When a --when condition stops holding while the job runs: run (on) or stop (and
+    /// requeue it to wait, spending nothing).
+    #[arg(long, value_name = "POLICY", default_value = "run", value_parser = arg::when_lost)]
+    pub when_lost: WhenLost,
     /// An environment variable for the command (repeatable).
     #[arg(long = "env", value_name = "K=V",
           value_parser = OsStringValueParser::new().try_map(arg::env_pair))]
@@ -63,7 +71,11 @@ impl JobOptions {
                 .queue(&self.queue)
                 .priority(self.priority)
                 .max_attempts(self.max_attempts)
-                .on_lost(self.on_lost);
+                .on_lost(self.on_lost)
+                .when_lost(self.when_lost);
+            for &c in &self.when {
+                job = job.when(c);
+            }
             if let Some(t) = self.timeout {
                 job = job.timeout(t.0);
             }

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use leasehold::{Event, JobRecord, Output};
+use leasehold::{Condition, Event, JobRecord, Output, Status};
 use serde_json::{Value, json};
 
 /// What a job's environment value prints as unless the caller asks for the values
@@ -16,9 +16,35 @@ pub fn env_value(value: &str, show: bool) -> &str {
     if show { value } else { ENV_MASK }
 }
 
+/// The conditions a pending job waits for: those of its own that no running runner saw hold
+/// (`not_held`, from [`leasehold::Store::conditions_not_held`]).
+pub fn waiting_conditions(j: &JobRecord, not_held: &[Condition]) -> Vec<Condition> {
+    if j.status != Status::Pending {
+        return Vec::new();
+    }
+    j.conditions
+        .iter()
+        .copied()
+        .filter(|c| not_held.contains(c))
+        .collect()
+}
+
+/// Conditions by name, comma-separated, or `-`.
+pub fn condition_names(conditions: &[Condition]) -> String {
+    if conditions.is_empty() {
+        return "-".into();
+    }
+    conditions
+        .iter()
+        .map(|c| c.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A job object. Times are integer milliseconds since the Unix epoch; unset values are null.
-/// The environment's values are [`ENV_MASK`] unless `show_env`.
-pub fn job_json(j: &JobRecord, show_env: bool) -> Value {
+/// The environment's values are [`ENV_MASK`] unless `show_env`. `waiting_for` lists the jobs
+/// it waits for (ids) and then the conditions (names) that no running runner saw hold.
+pub fn job_json(j: &JobRecord, show_env: bool, not_held: &[Condition]) -> Value {
     let env: serde_json::Map<String, Value> = j
         .env
         .iter()
@@ -59,7 +85,18 @@ pub fn job_json(j: &JobRecord, show_env: bool) -> Value {
         "schedule": j.schedule,
         "slot_at": j.slot_at,
         "after": j.after,
-        "waiting_for": j.waiting_for,
+        "waiting_for": j
+            .waiting_for
+            .iter()
+            .map(|&id| Value::from(id))
+            .chain(
+                waiting_conditions(j, not_held)
+                    .into_iter()
+                    .map(|c| Value::from(c.as_str()))
+            )
+            .collect::<Vec<_>>(),
+        "when": j.conditions.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+        "when_lost": j.when_lost.as_str(),
     })
 }
 

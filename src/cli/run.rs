@@ -48,6 +48,7 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
         .max_recovery_attempts(args.max_recovery)
         .reclaim_batch(args.reclaim_batch)
         .keepers(!args.no_keepers)
+        .assume_unknown_conditions(args.unknown_conditions == "held")
         .output_cap(args.output_cap)
         .on_shutdown(if args.on_exit == "leave" {
             leasehold::OnShutdown::Leave

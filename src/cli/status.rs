@@ -47,6 +47,11 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
         ..Default::default()
     })?;
     let kept = operator::kept_without_runners(&store, &running)?;
+    let waiting: Vec<(leasehold::Condition, u64)> = store
+        .jobs_waiting_for_conditions()?
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .collect();
     let mut out = std::io::stdout().lock();
     if json {
         let runners: Vec<Value> = runners
@@ -61,6 +66,10 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
                     "started_at": r.started_at,
                     "heartbeat_at": r.heartbeat_at,
                     "containment": r.containment,
+                    "conditions_held": r.conditions_held.as_ref().map(|held| {
+                        held.iter().map(|c| c.as_str()).collect::<Vec<_>>()
+                    }),
+                    "conditions_assumed": r.conditions_note,
                 })
             })
             .collect();
@@ -102,6 +111,10 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
                 .iter()
                 .map(|(id, why)| json!({"job": id, "why": why}))
                 .collect::<Vec<Value>>(),
+            "waiting_for_conditions": waiting
+                .iter()
+                .map(|(c, n)| (c.as_str().to_owned(), json!(n)))
+                .collect::<serde_json::Map<String, Value>>(),
         });
         print_json(&mut out, &value)?;
         return Ok(());
@@ -147,6 +160,26 @@ pub fn status(db: &Path, json: bool) -> anyhow::Result<()> {
         for h in &hosts {
             hosts::print_host(&mut out, h, "  ", now)?;
         }
+    }
+    for (r, _) in &runners {
+        if let Some(held) = &r.conditions_held {
+            writeln!(
+                out,
+                "conditions: runner {} sees {} holding{}",
+                r.worker_id,
+                super::render::condition_names(held),
+                r.conditions_note
+                    .as_ref()
+                    .map_or(String::new(), |note| format!("; {note}"))
+            )?;
+        }
+    }
+    for (c, n) in &waiting {
+        writeln!(
+            out,
+            "waiting: {n} job{} for {c} (no running runner sees it hold)",
+            if *n == 1 { "" } else { "s" }
+        )?;
     }
     for (id, why) in &kept {
         writeln!(out, "running: job {id} {why}")?;

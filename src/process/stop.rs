@@ -23,6 +23,9 @@ pub(crate) enum StopReason {
     /// The runner is shutting down and leaves the attempt running under its keeper: nothing
     /// is killed, and the next runner adopts it.
     Leave,
+    /// A condition of the job ([`crate::Condition`]) stopped holding and its `when_lost` is
+    /// `stop`: killed as a shutdown kills it, and put back to wait without spending anything.
+    ConditionLost,
 }
 
 impl StopReason {
@@ -34,6 +37,7 @@ impl StopReason {
             Self::Shutdown => 3,
             Self::SelfFenced => 4,
             Self::Leave => 5,
+            Self::ConditionLost => 6,
         }
     }
 
@@ -45,6 +49,7 @@ impl StopReason {
             3 => Some(Self::Shutdown),
             4 => Some(Self::SelfFenced),
             5 => Some(Self::Leave),
+            6 => Some(Self::ConditionLost),
             _ => None,
         }
     }

@@ -116,7 +116,9 @@ pub(crate) fn add(shared: &Shared, judged: &Judged, adopted: Vec<KeptAttempt>) {
         let expires =
             now_ms() + i64::try_from(shared.config.lease_ttl.as_millis()).unwrap_or(i64::MAX);
         let fence = shared.adopted_fence(kept.job_id, kept.attempt, &kept.run_token);
-        if let Err(e) = shared.register(&kept.run_token, kept.job_id, &kept.queue, expires, fence) {
+        if let Err(e) =
+            shared.register(&kept.run_token, kept.job_id, &kept.queue, expires, fence, 0)
+        {
             // Its lease runs out unrenewed and the next sweep judges it again.
             log::error!("job {}: cannot follow its keeper: {e}", kept.job_id);
             continue;

@@ -85,6 +85,9 @@ pub(crate) struct Config {
     pub given: Given,
     /// The clock every connection of the runner reads (see [`RunnerBuilder::clock`]).
     pub clock: crate::store::Clock,
+    /// Whether a condition the runner cannot tell holds (see
+    /// [`RunnerBuilder::assume_unknown_conditions`]).
+    pub assume_unknown_conditions: bool,
 }
 
 /// Which of the settings that follow the lease TTL by default were set explicitly: a ladder
@@ -187,6 +190,7 @@ impl RunnerBuilder {
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 poll_interval: DEFAULT_POLL_INTERVAL,
                 keepers: true,
+                assume_unknown_conditions: true,
                 output_cap: crate::files::DEFAULT_OUTPUT_CAP,
                 on_shutdown: OnShutdown::Interrupt,
                 given: Given::default(),
@@ -347,6 +351,17 @@ impl RunnerBuilder {
     /// README's Performance section) but reruns an attempt whose runner died.
     pub fn keepers(mut self, on: bool) -> Self {
         self.config.keepers = on;
+        self
+    }
+
+    /// Whether a condition on jobs ([`Condition`](crate::Condition)) that this machine cannot
+    /// tell counts as holding: `online` and `unmetered` where NetworkManager does not answer on
+    /// the system bus, `idle` where logind does not. The runner looks every
+    /// [`CONDITION_INTERVAL`](crate::CONDITION_INTERVAL) and `leasehold status` says what it
+    /// assumed. By default, true: a machine without NetworkManager (a server, a container) runs
+    /// such jobs rather than hold them forever; false holds them until it can tell.
+    pub fn assume_unknown_conditions(mut self, holds: bool) -> Self {
+        self.config.assume_unknown_conditions = holds;
         self
     }
 

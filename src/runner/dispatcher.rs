@@ -74,6 +74,10 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
                             &job.queue,
                             expires_here,
                             shared.own_fence(),
+                            match job.when_lost {
+                                crate::condition::WhenLost::Stop => job.conditions,
+                                crate::condition::WhenLost::Run => 0,
+                            },
                         );
                         if let Err(e) = registered {
                             // Out of descriptors: give the job back untouched, and claim

@@ -3,6 +3,7 @@
 
 mod adopt;
 mod builder;
+mod condition;
 mod dispatcher;
 mod firer;
 mod heartbeat;
@@ -42,6 +43,7 @@ pub use builder::{
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_SWEEP_INTERVAL, DEFAULT_WORKERS,
     MAX_OUTPUT_TAIL, MAX_SETTING_DURATION, MAX_WORKERS, OnShutdown, RunnerBuilder,
 };
+pub use condition::CONDITION_INTERVAL;
 pub use shared::SweepCounters;
 
 use shared::{Shared, Writer};

@@ -686,6 +686,8 @@ mod tests {
             max_recovery_attempts: 3,
             pid_ns,
             containment: None,
+            conditions_held: None,
+            conditions_note: None,
         }
     }
 

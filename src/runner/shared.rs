@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
@@ -27,6 +27,9 @@ pub(crate) struct Running {
     pub fence: Fence,
     /// What releases the attempt's command to the keeper once its ending is committed.
     pub release: Option<crate::process::Release>,
+    /// The conditions whose loss stops it (its `when` conditions when its `when_lost` is
+    /// `stop`, else none; none for an adopted attempt).
+    pub stop_when_lost: u32,
 }
 
 /// How a renewal reaches the keeper's lease fence of an attempt.
@@ -75,6 +78,10 @@ pub(crate) struct Shared {
     next_due: AtomicI64,
     /// Wakes the dispatcher (an enqueue, a free worker, shutdown).
     wake: (Mutex<bool>, Condvar),
+    /// The conditions that do not hold now, as the condition thread last saw them
+    /// ([`Condition`](crate::Condition)'s bits): a claim leaves out the jobs that need one.
+    /// All of them until its first look.
+    unheld: AtomicU32,
     /// Bumped whenever an ending is committed or observed; waiters block on it.
     endings: (Mutex<u64>, Condvar),
     pub counters: Mutex<SweepCounters>,
@@ -111,6 +118,7 @@ impl Shared {
             claim_short: AtomicBool::new(false),
             next_due: AtomicI64::new(i64::MAX),
             wake: (Mutex::new(false), Condvar::new()),
+            unheld: AtomicU32::new(crate::condition::ALL_CONDITIONS),
             endings: (Mutex::new(0), Condvar::new()),
             counters: Mutex::new(SweepCounters::default()),
             fault: Mutex::new(None),
@@ -120,6 +128,33 @@ impl Shared {
             base_env: Arc::new(BaseEnv::current()),
             config,
         }
+    }
+
+    /// The conditions that do not hold now (see [`Shared::set_unheld`]).
+    pub(crate) fn unheld(&self) -> u32 {
+        self.unheld.load(Ordering::SeqCst)
+    }
+
+    /// Records what the condition thread saw: wakes the dispatcher when a condition came to
+    /// hold (jobs may be claimable now), and stops each running attempt that must stop when
+    /// one it needs no longer holds. Returns how many it stopped.
+    pub(crate) fn set_unheld(&self, unheld: u32) -> usize {
+        let before = self.unheld.swap(unheld, Ordering::SeqCst);
+        if before & !unheld != 0 {
+            self.wake_dispatcher();
+        }
+        let mut stopped = 0;
+        for r in self.running.lock().values() {
+            if r.stop_when_lost & unheld != 0 && r.stop.reason().is_none() {
+                log::info!(
+                    "job {}: a condition it needs stopped holding; stopping it (when_lost=stop)",
+                    r.job_id
+                );
+                r.stop.stop(StopReason::ConditionLost);
+                stopped += 1;
+            }
+        }
+        stopped
     }
 
     pub(crate) fn wake_dispatcher(&self) {
@@ -191,6 +226,7 @@ impl Shared {
         queue: &str,
         lease_expires_at: i64,
         fence: Fence,
+        stop_when_lost: u32,
     ) -> std::io::Result<()> {
         let stop = StopHandle::new()?;
         self.running.lock().insert(
@@ -202,6 +238,7 @@ impl Shared {
                 lease_expires_at,
                 fence,
                 release: None,
+                stop_when_lost,
             },
         );
         Ok(())

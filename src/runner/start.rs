@@ -20,7 +20,8 @@ use super::builder::{Callback, Config, short_busy, validate};
 use super::shared::{Shared, Writer, panic_message};
 use super::sweeper::Sweeper;
 use super::{
-    Runner, RunnerBuilder, Threads, dispatcher, firer, heartbeat, listener, notifier, worker,
+    Runner, RunnerBuilder, Threads, condition, dispatcher, firer, heartbeat, listener, notifier,
+    worker,
 };
 
 impl RunnerBuilder {
@@ -172,6 +173,8 @@ impl Runner {
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
             pid_ns: process::pid_namespace().ok(),
             containment: Some(containment.describe()),
+            conditions_held: None,
+            conditions_note: None,
         })?;
         let shared = Arc::new(Shared::new(config, worker_id));
         // One pending wake-up says all a wake-up says: a firer that is slow (a busy
@@ -270,6 +273,19 @@ impl Runner {
                 &Arc::clone(&shared),
                 move || {
                     heartbeat::run(store, &shared, &stop);
+                    Ok(())
+                },
+            )?);
+        }
+        {
+            let store = Runner::open(cfg, short_busy(cfg), false)?;
+            let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
+            threads.background.push(spawn_thread(
+                "leasehold-conditions",
+                "condition",
+                &Arc::clone(&shared),
+                move || {
+                    condition::run(&store, &shared, &stop);
                     Ok(())
                 },
             )?);

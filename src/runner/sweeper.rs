@@ -612,6 +612,8 @@ mod tests {
                 max_recovery_attempts: 3,
                 pid_ns: process::pid_namespace().ok(),
                 containment: None,
+                conditions_held: None,
+                conditions_note: None,
             })
             .unwrap();
     }
@@ -652,6 +654,7 @@ mod tests {
                     queues: &[],
                     lease_ttl: Duration::from_secs(30),
                     queue_caps: &[],
+                    unheld: 0,
                 },
                 now_ms(),
             )
@@ -711,6 +714,7 @@ mod tests {
                 lease_expires_at: now_ms(),
                 fence: crate::runner::shared::Fence::None,
                 release: None,
+                stop_when_lost: 0,
             },
         );
         let report = me.sweep_once(later).unwrap();
@@ -877,6 +881,8 @@ mod tests {
                 max_recovery_attempts: 3,
                 pid_ns: other_ns,
                 containment: None,
+                conditions_held: None,
+                conditions_note: None,
             })
             .unwrap();
         let id = claim_one(&store, "boxed");
@@ -940,6 +946,8 @@ mod tests {
             max_recovery_attempts: 0,
             pid_ns,
             containment: None,
+            conditions_held: None,
+            conditions_note: None,
         };
         let (host, boot) = (here.host.clone(), here.boot_id.clone());
         let judge = |r: &RunnerRecord| runner_death_evidence(r, &here);

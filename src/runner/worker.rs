@@ -327,6 +327,13 @@ pub(super) fn finish_for(
         process::Exit::Stopped(StopReason::Shutdown) => Ending::Interrupted {
             message: "runner shut down: attempt killed and requeued".into(),
         },
+        // Not the job's fault either: it waits for its conditions again, nothing spent.
+        process::Exit::Stopped(StopReason::ConditionLost) => Ending::Interrupted {
+            message: "condition lost: a condition of the job (`when`) stopped holding, so the \
+                      attempt was stopped (when_lost=stop) and the job requeued to wait for it, \
+                      nothing spent"
+                .into(),
+        },
         // The lease is already gone (cancelled, reclaimed, retried): this write is fenced,
         // and leaves the cancel's attempt_stopped event or a late_result_discarded one.
         process::Exit::Stopped(reason) => Ending::Stopped {

@@ -125,6 +125,7 @@ fn commit(
             queues: shared.config.queues.as_slice(),
             lease_ttl: shared.config.lease_ttl,
             now: shared.config.clock.now_ms(),
+            unheld: shared.unheld(),
         };
         let commit_started = Instant::now();
         let mut write_failed = false;
@@ -442,6 +443,8 @@ struct Ctx<'a> {
     queues: &'a [String],
     lease_ttl: Duration,
     now: i64,
+    /// The conditions that do not hold now: a claim leaves out the jobs that need them.
+    unheld: u32,
 }
 
 /// When the next job not due yet becomes due, read in the transaction of a claim (which took
@@ -565,6 +568,7 @@ fn apply_op(
                 queues: ctx.queues,
                 lease_ttl: ctx.lease_ttl,
                 queue_caps: caps,
+                unheld: ctx.unheld,
             };
             Applied::Claimed(Ok(store::claim(conn, &req, now)?))
         }
@@ -683,6 +687,7 @@ mod tests {
             queues: &[],
             lease_ttl: Duration::from_secs(60),
             queue_caps: &[],
+            unheld: 0,
         };
         let jobs = store.claim(&req, crate::job::now_ms()).expect("claim");
         assert_eq!(jobs.len(), 3);
@@ -769,6 +774,7 @@ mod tests {
             queues: &[],
             lease_ttl: Duration::from_secs(60),
             now: crate::job::now_ms(),
+            unheld: 0,
         };
         let req = ClaimRequest {
             worker_id: "w1",
@@ -776,6 +782,7 @@ mod tests {
             queues: &[],
             lease_ttl: ctx.lease_ttl,
             queue_caps: &[],
+            unheld: 0,
         };
         let mut done = 0;
         while done < n {
@@ -863,6 +870,7 @@ mod tests {
             queues: &[],
             lease_ttl: Duration::from_secs(60),
             queue_caps: &[],
+            unheld: 0,
         };
         let job = store
             .claim(&req, crate::job::now_ms())

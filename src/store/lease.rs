@@ -25,7 +25,7 @@ mod claim;
 pub use claim::{ClaimRequest, Claimed};
 #[cfg(test)]
 pub(super) use claim::{
-    DUE_DEFERRED_SQL, NEXT_DUE_SQL, QUEUE_HEAD_SQL, QUEUE_NEXT_DUE_SQL, claim_sql,
+    DUE_DEFERRED_SQL, NEXT_DUE_SQL, QUEUE_NEXT_DUE_SQL, claim_sql, queue_head_sql,
 };
 pub(crate) use claim::{claim, next_due};
 mod grouped;

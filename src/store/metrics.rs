@@ -107,6 +107,7 @@ pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metric
         let run = histograms(conn, RUN)?;
         let runners_alive = count(conn.query_row(&RUNNERS_ALIVE_SQL, [now], |r| r.get(0))?);
         let database = size(conn, path)?;
+        let waiting_for_condition = super::runners::waiting_for_conditions(conn)?;
         Ok(Metrics {
             at: now,
             jobs,
@@ -117,6 +118,7 @@ pub(super) fn metrics(conn: &Connection, path: &Path, now: i64) -> Result<Metric
             runners_alive,
             database,
             runner: None,
+            waiting_for_condition,
         })
     })
 }

@@ -17,7 +17,7 @@ pub(super) const JOB_COLUMNS: &str =
     (SELECT json_group_array(after_id) FROM job_deps WHERE job_id = jobs.id),
     (SELECT json_group_array(d.after_id) FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
          WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
-    keeper_pid, name";
+    keeper_pid, name, conditions, when_lost";
 
 /// [`JOB_COLUMNS`] as PostgreSQL spells them: its `json_agg` of no rows is NULL, not `[]`.
 pub(super) const PG_JOB_COLUMNS: &str =
@@ -30,7 +30,7 @@ pub(super) const PG_JOB_COLUMNS: &str =
     (SELECT coalesce(json_agg(d.after_id), '[]')::text
          FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
          WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
-    keeper_pid, name";
+    keeper_pid, name, conditions, when_lost";
 
 pub(super) fn job_row(r: &Row<'_>) -> Result<JobRecord> {
     let status: String = r.get(6)?;
@@ -78,6 +78,11 @@ pub(super) fn job_row(r: &Row<'_>) -> Result<JobRecord> {
         waiting_for: json_column(r, 33)?,
         keeper_pid: r.get(34)?,
         name: r.get(35)?,
+        conditions: crate::condition::from_mask(u32::try_from(r.get::<_, i64>(36)?).unwrap_or(0)),
+        when_lost: {
+            let w: String = r.get(37)?;
+            w.parse().map_err(|_| bad(37, format!("when_lost {w:?}")))?
+        },
     })
 }
 

@@ -5,6 +5,7 @@ use crate::error::Error;
 use crate::store::db::{Connection, OptionalExtension, Row, params, sql};
 
 use super::Store;
+use crate::condition::{ALL_CONDITIONS, Condition, from_mask};
 use crate::error::Result;
 
 /// One runner process, as registered in the `runners` table.
@@ -39,6 +40,11 @@ pub struct RunnerRecord {
     /// How it contains its attempts: `cgroup <node>` (each attempt in a cgroup of its own),
     /// `process groups (why)`, or `None` (registered before schema version 18).
     pub containment: Option<String>,
+    /// The conditions on jobs that held at its last look ([`Condition`]; None: it has not
+    /// looked yet, or registered before schema version 20).
+    pub conditions_held: Option<Vec<Condition>>,
+    /// What it assumed at that look where it could not tell (no NetworkManager, no logind).
+    pub conditions_note: Option<String>,
 }
 
 /// Where a process's pid means something: a host, a boot of its kernel, and a PID namespace.
@@ -91,6 +97,10 @@ pub(super) fn runner_row(r: &Row<'_>) -> Result<RunnerRecord> {
         max_recovery_attempts: r.get(10)?,
         pid_ns: r.get::<_, Option<i64>>(11)?.map(|n| n as u64),
         containment: r.get(12)?,
+        conditions_held: r
+            .get::<_, Option<i64>>(13)?
+            .map(|m| from_mask(u32::try_from(m).unwrap_or(0))),
+        conditions_note: r.get(14)?,
     })
 }
 
@@ -155,6 +165,64 @@ pub(super) fn mark_dead(conn: &Connection, worker_id: &str, now: i64) -> Result<
     Ok(())
 }
 
+/// The conditions ([`Condition`]'s bits) that no runner that has not stopped saw hold at its
+/// last look.
+fn not_held(conn: &Connection) -> Result<u32> {
+    let mut stmt = conn.prepare_cached(sql!(
+        "SELECT conditions_held FROM runners
+         WHERE stopped_at IS NULL AND conditions_held IS NOT NULL"
+    ))?;
+    let rows = stmt.query_map(params![], |r| r.get::<_, i64>(0))?;
+    let mut held = 0;
+    for m in rows {
+        held |= u32::try_from(m?).unwrap_or(0);
+    }
+    Ok(ALL_CONDITIONS & !held)
+}
+
+/// For each condition, the pending jobs that need it while no running runner saw it hold:
+/// what `status`, the dashboard and the metrics' gauge show. Reads the pending jobs that
+/// have conditions, grouped by their mask.
+pub(super) fn waiting_for_conditions(conn: &Connection) -> Result<Vec<(Condition, u64)>> {
+    let not_held = not_held(conn)?;
+    let mut stmt = conn.prepare_cached(sql!(
+        "SELECT conditions, count(*) FROM jobs
+         WHERE status = 'pending' AND conditions != 0 GROUP BY conditions"
+    ))?;
+    let rows = stmt.query_map(params![], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+    })?;
+    let mut counts: Vec<(Condition, u64)> = Condition::ALL.iter().map(|&c| (c, 0)).collect();
+    for row in rows {
+        let (mask, n) = row?;
+        let mask = u32::try_from(mask).unwrap_or(0);
+        for (c, count) in &mut counts {
+            if mask & not_held & c.bit() != 0 {
+                *count += u64::try_from(n).unwrap_or(0);
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// Records what a runner saw of the conditions on jobs.
+pub(super) fn record_conditions(
+    conn: &Connection,
+    worker_id: &str,
+    held: u32,
+    note: &str,
+) -> Result<()> {
+    conn.execute(
+        sql!("UPDATE runners SET conditions_held = ?2, conditions_note = ?3 WHERE worker_id = ?1"),
+        params![
+            worker_id,
+            i64::from(held),
+            (!note.is_empty()).then_some(note)
+        ],
+    )?;
+    Ok(())
+}
+
 pub(super) fn runner_heartbeat(conn: &Connection, worker_id: &str, now: i64) -> Result<()> {
     let now = conn.now(now)?;
     conn.prepare_cached(sql!(
@@ -178,7 +246,7 @@ pub(super) fn unstopped(conn: &Connection) -> Result<Vec<RunnerRecord>> {
     let mut stmt = conn.prepare_cached(sql!(
         "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns,
-                    containment
+                    containment, conditions_held, conditions_note
              FROM runners WHERE stopped_at IS NULL ORDER BY started_at, worker_id"
     ))?;
     let rows = stmt.query_map(params![], runner_row)?;
@@ -189,11 +257,11 @@ pub(super) fn latest(conn: &Connection) -> Result<Option<RunnerRecord>> {
     let mut stmt = conn.prepare_cached(sql!(
         sqlite: "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns,
-                    containment
+                    containment, conditions_held, conditions_note
              FROM runners ORDER BY started_at DESC, rowid DESC LIMIT 1",
         postgres: "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns,
-                    containment
+                    containment, conditions_held, conditions_note
              FROM runners ORDER BY started_at DESC, seq DESC LIMIT 1",
     ))?;
     stmt.query_row(params![], runner_row).optional()
@@ -246,6 +314,37 @@ impl Store {
     /// [`Error::Sqlite`] when the database cannot be read.
     pub fn latest_runner(&self) -> Result<Option<RunnerRecord>> {
         latest(&self.conn)
+    }
+
+    /// Records what runner `worker_id` saw of the conditions on jobs: the bits that hold, and
+    /// what it assumed (empty: nothing).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be written.
+    pub(crate) fn record_conditions(&self, worker_id: &str, held: u32, note: &str) -> Result<()> {
+        self.write(|c| record_conditions(c, worker_id, held, note))
+    }
+
+    /// The conditions on jobs ([`Condition`]) that no running runner saw hold at its last
+    /// look: what a pending job that needs one of them waits for. Every condition when no
+    /// runner has looked (none runs): nothing has seen them hold.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn conditions_not_held(&self) -> Result<Vec<Condition>> {
+        Ok(from_mask(not_held(&self.conn)?))
+    }
+
+    /// For each condition, how many pending jobs need it while no running runner saw it
+    /// hold (a job that needs two such counts under both).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the database cannot be read.
+    pub fn jobs_waiting_for_conditions(&self) -> Result<Vec<(Condition, u64)>> {
+        waiting_for_conditions(&self.conn)
     }
 
     /// Marks a runner that is provably dead as stopped, so it is not examined again.

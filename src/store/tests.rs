@@ -1,7 +1,7 @@
 //! The store's own tests: query plans and virtual-machine step counts of its statements,
 //! which only code inside the store can reach.
 
-use super::lease::{DUE_DEFERRED_SQL, QUEUE_HEAD_SQL, RENEW_SQL, claim_sql};
+use super::lease::{DUE_DEFERRED_SQL, RENEW_SQL, claim_sql, queue_head_sql};
 use super::queue::READY_QUEUES_SQL;
 use super::reclaim::RECLAIM_CANDIDATES_SQL;
 use super::*;
@@ -253,7 +253,7 @@ fn claim_steps(pending: usize, beside: Beside, queues: &[String]) -> i32 {
         .get_status(rusqlite::StatementStatus::VmStep);
     let mut values: Vec<crate::store::db::Value> = vec![now.into(), 1i64.into()];
     values.extend(queues.iter().map(|q| q.clone().into()));
-    let mut stmt = conn.prepare(&claim_sql(queues)).unwrap();
+    let mut stmt = conn.prepare(&claim_sql(queues, 0)).unwrap();
     let mut rows = stmt.query(params_from_iter(values)).unwrap();
     let mut claimed = 0;
     while rows.next().unwrap().is_some() {
@@ -339,7 +339,7 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
     for queues in [vec![], vec!["a".to_string()], vec!["a".into(), "b".into()]] {
         let mut values = vec![now.into(), 8i64.into()];
         values.extend(queues.iter().map(|q| v(q)));
-        let p = plan(conn, claim_sql(&queues).sqlite(), values);
+        let p = plan(conn, claim_sql(&queues, 0).sqlite(), values);
         let index = if queues.is_empty() {
             "jobs_claim"
         } else {
@@ -386,7 +386,7 @@ fn claim_reclaim_and_renew_statements_read_their_indexes() {
     // ready job by skipping through that index, and takes its ids by primary key.
     let p = plan(
         conn,
-        QUEUE_HEAD_SQL.sqlite(),
+        queue_head_sql(0).sqlite(),
         vec![v("a"), now.into(), 8i64.into()],
     );
     assert!(uses_index(&p, "jobs_claim_queue"), "{p}");
@@ -431,8 +431,8 @@ fn every_index_on_jobs_serves_a_statement_of_the_store() {
         ..ListFilter::default()
     });
     let statements: Vec<(crate::store::db::Sql, Vec<crate::store::db::Value>)> = vec![
-        (claim_sql(&[]), vec![i(now), i(1)]),
-        (claim_sql(&["a".into()]), vec![i(now), i(1), v("a")]),
+        (claim_sql(&[], 0), vec![i(now), i(1)]),
+        (claim_sql(&["a".into()], 0), vec![i(now), i(1), v("a")]),
         (DUE_DEFERRED_SQL, vec![i(now), i(500)]),
         (RENEW_SQL, vec![v("w"), i(now), i(now), v(r#"["t"]"#)]),
         (
@@ -646,6 +646,7 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
             queues: &[],
             lease_ttl: std::time::Duration::from_secs(60),
             queue_caps: &[],
+            unheld: 0,
         };
         let job = claim(conn, &req, now)?.remove(0);
         assert_eq!(job.id, first);
@@ -682,6 +683,7 @@ fn the_statements_run_for_every_job_build_no_temporary_btree() {
             queues: &[],
             lease_ttl: std::time::Duration::from_secs(60),
             queue_caps: &[],
+            unheld: 0,
         };
         for job in claim(conn, &req, now)? {
             let start = AttemptStart {

@@ -8,6 +8,7 @@ mod helper;
 
 mod bulk;
 mod cdp;
+mod conditions;
 mod dashboard;
 mod db;
 mod fsync;

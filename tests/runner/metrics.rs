@@ -67,6 +67,7 @@ fn the_exposition_agrees_with_the_database_and_survives_a_restart_and_a_prune() 
             limit: 1,
             queues: &[],
             queue_caps: &[],
+            unheld: 0,
             lease_ttl: Duration::from_secs(3),
         };
         assert_eq!(store.claim(&req, now_ms() - 60_000).unwrap().len(), 1);

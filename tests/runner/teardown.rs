@@ -65,6 +65,7 @@ fn lost_attempt(store: &Store, script: &str) -> Attempt {
         queues: &[],
         lease_ttl: TTL,
         queue_caps: &[],
+        unheld: 0,
     };
     let claimed = store.claim(&req, T0).unwrap().remove(0);
     assert_eq!(claimed.id, job);

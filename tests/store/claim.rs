@@ -342,3 +342,46 @@ fn a_postgres_claim_takes_other_jobs_without_waiting_for_a_row_another_holds() {
         "the held job, once released"
     );
 }
+
+mod conditions {
+    use super::*;
+
+    crate::on_both! {
+        /// A claim leaves out the jobs that need a condition the runner says does not hold, and
+        /// reads past them to those it may take, in every path of the claim: without queue
+        /// rules, and with a queue limit (the rules' path); a claim with nothing unheld takes
+        /// them. A schedule's template carries the conditions to each slot's job.
+        fn a_claim_leaves_out_the_jobs_whose_conditions_do_not_hold(db) {
+            use leasehold::protocol::ClaimRequest;
+            use leasehold::{Condition, WhenLost};
+            let store = db.store();
+            let ac = store
+                .enqueue_at(
+                    &Job::shell("true").priority(9).when(Condition::AcPower).when_lost(WhenLost::Stop),
+                    T0,
+                )
+                .unwrap();
+            let idle = store.enqueue_at(&Job::shell("true").priority(5).when(Condition::Idle), T0).unwrap();
+            let plain = store.enqueue_at(&Job::shell("true"), T0).unwrap();
+            let request = |unheld: u32, caps: &'static [(String, u32)]| ClaimRequest {
+                worker_id: "w",
+                limit: 10,
+                queues: &[],
+                lease_ttl: crate::helper::TTL,
+                queue_caps: caps,
+                unheld,
+            };
+            // ac-power (1) does not hold: the idle job and the plain one, best first.
+            let ids: Vec<i64> = store.claim(&request(1, &[]), T0).unwrap().iter().map(|c| c.id).collect();
+            assert_eq!(ids, [idle, plain]);
+            let job = store.job(ac).unwrap();
+            assert_eq!((job.status, job.conditions.as_slice(), job.when_lost), (Status::Pending, &[Condition::AcPower][..], WhenLost::Stop));
+            // The rules' path: a queue limit in the file.
+            store.set_queue_limit("default", Some(5)).unwrap();
+            assert!(store.claim(&request(1 | 16, &[]), T0).unwrap().is_empty());
+            let taken = store.claim(&request(0, &[]), T0).unwrap();
+            assert_eq!(taken.len(), 1);
+            assert_eq!((taken[0].id, taken[0].conditions, taken[0].when_lost), (ac, 1, WhenLost::Stop));
+        }
+    }
+}

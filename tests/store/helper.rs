@@ -26,6 +26,7 @@ pub fn claim_in(
         queues,
         lease_ttl: TTL,
         queue_caps: &[],
+        unheld: 0,
     };
     store.claim(&req, now).expect("claim")
 }

@@ -742,6 +742,10 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         "ALTER TABLE jobs DROP COLUMN teardown_lease_expires_at;
          ALTER TABLE jobs DROP COLUMN name;
          ALTER TABLE runners DROP COLUMN containment;
+         ALTER TABLE jobs DROP COLUMN conditions;
+         ALTER TABLE jobs DROP COLUMN when_lost;
+         ALTER TABLE runners DROP COLUMN conditions_held;
+         ALTER TABLE runners DROP COLUMN conditions_note;
          DELETE FROM leasehold_migrations;
          INSERT INTO leasehold_migrations (version, applied_at) VALUES (15, 0);",
     );
@@ -757,11 +761,11 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         ),
         1
     );
-    // Version 17: the job's name, last, as the fresh schema has it.
+    // Version 20: the job's conditions and when_lost, last, as the fresh schema has them.
     assert_eq!(
         db.scalar(
             "SELECT count(*) FROM information_schema.columns
-             WHERE table_name = 'jobs' AND column_name = 'name'
+             WHERE table_name = 'jobs' AND column_name = 'when_lost'
                AND ordinal_position = (SELECT max(ordinal_position)
                                        FROM information_schema.columns
                                        WHERE table_name = 'jobs')"
@@ -769,8 +773,10 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         1
     );
     assert_eq!(
-        db.scalar("SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18, 19)"),
-        4
+        db.scalar(
+            "SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18, 19, 20)"
+        ),
+        5
     );
     // Its tables' columns are those of a database made from pg/schema.sql, in order.
     let columns = "SELECT hashtext(string_agg(table_name || '.' || column_name || ':' || data_type
@@ -867,6 +873,7 @@ fn a_postgres_database_of_version_17_is_migrated_to_counts_per_statement_without
                 queues: &[],
                 lease_ttl: Duration::from_secs(30),
                 queue_caps: &[],
+                unheld: 0,
             },
             T0,
         )

@@ -156,6 +156,7 @@ crate::on_both! {
             queues: &queues,
             lease_ttl: TTL,
             queue_caps: &caps,
+            unheld: 0,
         };
         let claimed = store.claim(&req, T0).unwrap();
         assert_eq!(count(&claimed, "media"), 1, "{:?}", queues_of(&claimed));
@@ -269,6 +270,7 @@ fn a_postgres_claim_by_id_never_takes_a_job_another_claim_holds() {
                 queues: &[],
                 lease_ttl: TTL,
                 queue_caps: &caps,
+                unheld: 0,
             };
             claimer.claim(&req, T0).unwrap()
         });

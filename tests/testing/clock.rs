@@ -205,6 +205,7 @@ fn abandoned_claim(store: &Store, ttl: Duration) -> i64 {
                 queues: &[],
                 lease_ttl: ttl,
                 queue_caps: &[],
+                unheld: 0,
             },
             store.clock().now_ms(),
         )

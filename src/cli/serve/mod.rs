@@ -311,6 +311,10 @@ pub struct Overview {
     pub samples: Vec<leasehold::Sample>,
     /// When the page was read, in milliseconds since the epoch.
     pub now: i64,
+    /// Pending jobs per condition no running runner sees hold (those with any).
+    pub waiting_for_conditions: Vec<(leasehold::Condition, u64)>,
+    /// What running runners assume of the conditions they cannot tell.
+    pub condition_notes: Vec<String>,
 }
 
 fn overview(store: &Store, app: &App, view: &page::View) -> Result<Response, Error> {
@@ -326,6 +330,19 @@ fn overview(store: &Store, app: &App, view: &page::View) -> Result<Response, Err
         hosts: operator::hosts(store, super::hosts::LOST_READ)?,
         failures: store.recent_failures(RECENT_FAILURES)?,
         samples: store.samples()?,
+        waiting_for_conditions: store
+            .jobs_waiting_for_conditions()?
+            .into_iter()
+            .filter(|&(_, n)| n > 0)
+            .collect(),
+        condition_notes: store
+            .runners()?
+            .into_iter()
+            .filter_map(|r| {
+                r.conditions_note
+                    .map(|n| format!("runner {}: {n}", r.worker_id))
+            })
+            .collect(),
         now,
     };
     Ok(Response::html(
@@ -440,6 +457,7 @@ fn job(store: &Store, app: &App, id: &str, view: &page::View) -> Result<Response
         None
     };
     let kept = operator::kept_without_runner(store, &record)?;
+    let conditions = super::render::waiting_conditions(&record, &store.conditions_not_held()?);
     Ok(Response::html(
         200,
         page::job(
@@ -449,6 +467,7 @@ fn job(store: &Store, app: &App, id: &str, view: &page::View) -> Result<Response
             live.as_ref(),
             waits.as_deref(),
             kept.as_deref(),
+            &conditions,
             app.token.as_deref(),
             app.show_env,
             view,

@@ -172,6 +172,17 @@ pub fn overview(o: &Overview, actions: bool, view: &View) -> String {
             }
         }
 
+        @if !o.waiting_for_conditions.is_empty() || !o.condition_notes.is_empty() {
+            h2 #conditions { "Conditions" }
+            @for (c, n) in &o.waiting_for_conditions {
+                p.bad data-condition=(c.as_str()) {
+                    (n) " pending job" @if *n != 1 { "s" } " waiting for " (c.as_str())
+                    ": no running runner sees it hold."
+                }
+            }
+            @for note in &o.condition_notes { p.later { (note) } }
+        }
+
         h2 #activity { "Activity" }
         (charts(o, t))
 
@@ -498,6 +509,7 @@ pub fn job(
     live: Option<&Live>,
     teardown_waits: Option<&str>,
     kept: Option<&str>,
+    conditions: &[leasehold::Condition],
     token: Option<&str>,
     show_env: bool,
     view: &View,
@@ -515,6 +527,8 @@ pub fn job(
         ("failed_attempts", j.failed_attempts.to_string()),
         ("recovery_count", j.recovery_count.to_string()),
         ("on_lost", j.on_lost.as_str().into()),
+        ("when", render::condition_names(&j.conditions)),
+        ("when_lost", j.when_lost.as_str().into()),
         ("timeout", secs(j.timeout_ms)),
         ("idle_timeout", secs(j.idle_timeout_ms)),
         ("result", render::result(j)),
@@ -566,6 +580,12 @@ pub fn job(
         }
         @if let Some(kept) = kept {
             p #kept { "Running, " (kept) "." }
+        }
+        @if !conditions.is_empty() {
+            p.bad #waiting-for-conditions {
+                "Waiting for " (render::condition_names(conditions))
+                ": no running runner sees it hold, so no runner takes this job."
+            }
         }
         @if j.teardown_pending {
             p.bad #teardown {

@@ -385,6 +385,8 @@ mod tests {
             max_recovery_attempts: 3,
             pid_ns: Some(1),
             containment: None,
+            conditions_held: None,
+            conditions_note: None,
         }
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::store::db::{Connection, OptionalExtension, Sql, params, params_from_iter, sql};
 
+use crate::condition::WhenLost;
 use crate::error::Result;
 use crate::job::{EventKind, duration_ms};
 
@@ -26,6 +27,10 @@ pub struct ClaimRequest<'a> {
     /// limit less what it already holds). A queue not listed is capped only by `limit` and by
     /// the limits stored in the file ([`Store::set_queue_limit`](crate::Store::set_queue_limit)).
     pub queue_caps: &'a [(String, u32)],
+    /// The conditions ([`Condition`](crate::Condition)'s bits) that do not hold on the
+    /// claiming runner's machine: a job that needs any of them is left out, waiting. 0 takes
+    /// jobs whatever their conditions.
+    pub unheld: u32,
 }
 
 /// A job a runner claimed: what it needs to run the attempt.
@@ -52,6 +57,10 @@ pub struct Claimed {
     pub idle_timeout: Option<Duration>,
     /// When the lease runs out unless renewed.
     pub lease_expires_at: i64,
+    /// What must hold for it to run ([`Condition`](crate::Condition)'s bits).
+    pub conditions: u32,
+    /// What happens when one of them stops holding while it runs.
+    pub when_lost: WhenLost,
     priority: i64,
     scheduled_at: i64,
 }
@@ -77,7 +86,7 @@ const CLAIM_ONE_SQL: Sql = Sql::sqlite_only(concat!(
 
 /// What a claim reads of each job it takes, with the attempt it starts and a new run token.
 const CANDIDATE_COLUMNS: &str = "id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
-         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at";
+         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at, conditions, when_lost";
 
 /// The jobs a claim takes, with `{index}` and `{queues}` to fill: see [`claim_sql`].
 /// Parameters: now, limit, then the queues from `?3`.
@@ -96,7 +105,8 @@ const CANDIDATES_SQL: &str = concat!(
 /// One job a claim takes by id, when queue rules chose it. Parameter: id.
 const CANDIDATE_SQL: Sql = Sql::sqlite_only(concat!(
     "SELECT id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
-         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at FROM jobs
+         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at, conditions, when_lost
+     FROM jobs
      WHERE id = ?1 AND ",
     ready_to_claim!()
 ));
@@ -116,12 +126,12 @@ const PG_CLAIM_SQL: &str = "WITH picked AS ({pick}),
        FROM picked WHERE jobs.id = picked.id
        RETURNING jobs.id, jobs.queue, jobs.attempt, jobs.run_token, jobs.argv, jobs.env,
                  jobs.cwd, jobs.timeout_ms, jobs.idle_timeout_ms, jobs.priority,
-                 jobs.scheduled_at),
+                 jobs.scheduled_at, jobs.conditions, jobs.when_lost),
      logged AS (
        INSERT INTO job_events (job_id, at, kind, attempt, detail)
        SELECT id, ?1, 'claimed', attempt, 'worker ' || ?3 FROM taken)
      SELECT id, queue, attempt, run_token, argv, env, cwd, timeout_ms, idle_timeout_ms,
-            priority, scheduled_at
+            priority, scheduled_at, conditions, when_lost
      FROM taken";
 
 /// PostgreSQL's claim when no queue has a limit or a pause, in one statement and one round
@@ -162,12 +172,13 @@ const PG_FAST_CLAIM_SQL: &str = concat!(
        FROM picked WHERE jobs.id = picked.id
        RETURNING jobs.id, jobs.queue, jobs.attempt, jobs.run_token, jobs.argv, jobs.env,
                  jobs.cwd, jobs.timeout_ms, jobs.idle_timeout_ms, jobs.priority,
-                 jobs.scheduled_at),
+                 jobs.scheduled_at, jobs.conditions, jobs.when_lost),
      logged AS (
        INSERT INTO job_events (job_id, at, kind, attempt, detail)
        SELECT id, ?1, 'claimed', attempt, 'worker ' || ?3 FROM taken)
      SELECT t.id, t.queue, t.attempt, t.run_token, t.argv, t.env, t.cwd, t.timeout_ms,
-            t.idle_timeout_ms, t.priority, t.scheduled_at, s.due, s.ruled
+            t.idle_timeout_ms, t.priority, t.scheduled_at, s.due, s.ruled, t.conditions,
+            t.when_lost
      FROM (SELECT ?5 > 0 AND EXISTS (SELECT 1 FROM jobs WHERE deferred = 1 AND scheduled_at <= ?1)
                       AS due,
                   EXISTS (SELECT 1 FROM queues WHERE paused != 0 OR max_running IS NOT NULL)
@@ -176,13 +187,30 @@ const PG_FAST_CLAIM_SQL: &str = concat!(
      LEFT JOIN taken AS t ON true"
 );
 
-/// [`PG_FAST_CLAIM_SQL`] for `queues` (all queues when empty).
+/// [`PG_FAST_CLAIM_SQL`] for `queues` (all queues when empty), leaving out the jobs that need
+/// a condition of `unheld`.
 #[cfg(feature = "postgres")]
-fn pg_fast_claim_sql(queues: &[String]) -> Sql {
+fn pg_fast_claim_sql(queues: &[String], unheld: u32) -> Sql {
     Sql::built(
         String::new(),
-        PG_FAST_CLAIM_SQL.replace("{queues}", &queue_filter(queues, 6)),
+        PG_FAST_CLAIM_SQL.replace(
+            "{queues}",
+            &(queue_filter(queues, 6) + &condition_filter(unheld)),
+        ),
     )
+}
+
+/// The claim's test of a job's conditions: none of `unheld` (a runner's mask, written into
+/// the text: at most 32 texts, and none when every condition holds, so that a runner with
+/// nothing missing claims with the statements it always had). A job that fails it waits,
+/// in the claim index, until the condition holds; a claim reads past it.
+pub(in crate::store) fn condition_filter(unheld: u32) -> String {
+    let unheld = unheld & crate::condition::ALL_CONDITIONS;
+    if unheld == 0 {
+        String::new()
+    } else {
+        format!(" AND (conditions & {unheld}) = 0")
+    }
 }
 
 /// [`PG_CLAIM_SQL`]'s pick of one job that queue rules chose (`?2`: its id).
@@ -201,7 +229,7 @@ fn pg_claim_sql() -> Sql {
 
 /// The read of the jobs a claim takes from `queues` (all queues when empty), when no queue has
 /// a limit or a pause: SQLite's (PostgreSQL's is [`pg_claim_sql`]).
-pub(in crate::store) fn claim_sql(queues: &[String]) -> Sql {
+pub(in crate::store) fn claim_sql(queues: &[String], unheld: u32) -> Sql {
     // Without statistics the planner prefers jobs_status (an equality on status) and then
     // sorts every pending row: a claim costs O(pending) instead of reading an index head.
     let index = if queues.is_empty() {
@@ -212,29 +240,42 @@ pub(in crate::store) fn claim_sql(queues: &[String]) -> Sql {
     let text = CANDIDATES_SQL
         .replace("{columns}", CANDIDATE_COLUMNS)
         .replace("{index}", index)
-        .replace("{queues}", &queue_filter(queues, 3));
+        .replace(
+            "{queues}",
+            &(queue_filter(queues, 3) + &condition_filter(unheld)),
+        );
     Sql::built(text, String::new())
 }
 
-/// The ready jobs of one queue, best first. Parameters: queue, now, limit.
-pub(in crate::store) const QUEUE_HEAD_SQL: Sql = Sql::new(
+/// The ready jobs of one queue, best first, with `{conditions}` to fill
+/// ([`condition_filter`]). Parameters: queue, now, limit.
+const QUEUE_HEAD_SQL: (&str, &str) = (
     concat!(
         "SELECT id, priority, scheduled_at
      FROM jobs INDEXED BY jobs_claim_queue
      WHERE queue = ?1 AND ",
         in_claim_index!(),
         "
-       AND scheduled_at <= ?2
+       AND scheduled_at <= ?2{conditions}
      ORDER BY priority DESC, scheduled_at, id LIMIT (SELECT ?3)"
     ),
     concat!(
         "SELECT id, priority, scheduled_at FROM jobs
          WHERE queue = ?1 AND ",
         in_claim_index!(),
-        " AND scheduled_at <= ?2
+        " AND scheduled_at <= ?2{conditions}
          ORDER BY priority DESC, scheduled_at, id LIMIT ?3"
     ),
 );
+
+/// [`QUEUE_HEAD_SQL`] leaving out the jobs that need a condition of `unheld`.
+pub(in crate::store) fn queue_head_sql(unheld: u32) -> Sql {
+    let filter = condition_filter(unheld);
+    Sql::built(
+        QUEUE_HEAD_SQL.0.replace("{conditions}", &filter),
+        QUEUE_HEAD_SQL.1.replace("{conditions}", &filter),
+    )
+}
 
 /// Claims up to `req.limit` ready jobs: reads them best first, then takes each with a guarded
 /// single-row UPDATE, in the caller's IMMEDIATE transaction. No `UPDATE ... WHERE id IN
@@ -276,6 +317,8 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
             lease_expires_at: expires,
             priority: r.get(9)?,
             scheduled_at: r.get(10)?,
+            conditions: condition_bits(r, 11)?,
+            when_lost: when_lost(r, 12)?,
         })
     };
     #[cfg(feature = "postgres")]
@@ -301,7 +344,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
         let mut values: Vec<crate::store::db::Value> =
             vec![now.into(), i64::from(req.limit).into()];
         values.extend(req.queues.iter().map(|q| q.clone().into()));
-        let mut stmt = conn.prepare_cached(&claim_sql(req.queues))?;
+        let mut stmt = conn.prepare_cached(&claim_sql(req.queues, req.unheld))?;
         let rows = stmt.query_map(params_from_iter(values), candidate)?;
         rows.collect::<Result<_>>()?
     } else {
@@ -354,7 +397,7 @@ fn pg_fast_claim(
     expires: i64,
 ) -> Result<Option<Vec<Claimed>>> {
     let mut claimed: Vec<Claimed> = Vec::new();
-    let mut stmt = conn.prepare_cached(&pg_fast_claim_sql(req.queues))?;
+    let mut stmt = conn.prepare_cached(&pg_fast_claim_sql(req.queues, req.unheld))?;
     for promote in [PROMOTE_AT_MOST, 0] {
         let mut values: Vec<crate::store::db::Value> = vec![
             now.into(),
@@ -380,6 +423,8 @@ fn pg_fast_claim(
                     lease_expires_at: expires,
                     priority: r.get(9)?,
                     scheduled_at: r.get(10)?,
+                    conditions: condition_bits(r, 13)?,
+                    when_lost: when_lost(r, 14)?,
                 }),
             };
             Ok((job, r.get::<_, bool>(11)?, r.get::<_, bool>(12)?))
@@ -400,6 +445,18 @@ fn pg_fast_claim(
     }
     claimed.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
     Ok(Some(claimed))
+}
+
+/// The `conditions` column at `i`, as bits.
+fn condition_bits(r: &crate::store::db::Row<'_>, i: usize) -> Result<u32> {
+    Ok(u32::try_from(r.get::<_, i64>(i)?).unwrap_or(0) & crate::condition::ALL_CONDITIONS)
+}
+
+/// The `when_lost` column at `i`.
+fn when_lost(r: &crate::store::db::Row<'_>, i: usize) -> Result<WhenLost> {
+    let w: String = r.get(i)?;
+    w.parse()
+        .map_err(|_| crate::error::Error::Column(format!("column {i}: when_lost {w:?}")))
 }
 
 /// At most this many deferred jobs become claimable in one claim's transaction: a claim's
@@ -563,7 +620,7 @@ fn allowed_heads(
         if allowed <= 0 {
             continue;
         }
-        let mut stmt = conn.prepare_cached(&QUEUE_HEAD_SQL)?;
+        let mut stmt = conn.prepare_cached(&queue_head_sql(req.unheld))?;
         let rows = stmt.query_map(params![name, now, allowed], |r| r.try_into())?;
         for row in rows {
             heads.push(row?);
@@ -581,19 +638,28 @@ pub(super) fn statements() -> Vec<(&'static str, Sql)> {
     let all = vec![
         ("CLAIM_ONE_SQL", CLAIM_ONE_SQL),
         ("CANDIDATE_SQL", CANDIDATE_SQL),
-        ("QUEUE_HEAD_SQL", QUEUE_HEAD_SQL),
+        ("queue_head_sql(all held)", queue_head_sql(0)),
+        ("queue_head_sql(ac-power unheld)", queue_head_sql(1)),
         ("DUE_DEFERRED_SQL", DUE_DEFERRED_SQL),
         ("QUEUE_NEXT_DUE_SQL", QUEUE_NEXT_DUE_SQL),
         ("NEXT_DUE_SQL", NEXT_DUE_SQL),
-        ("claim_sql(all queues)", claim_sql(&[])),
-        ("claim_sql(two queues)", claim_sql(&queues)),
+        ("claim_sql(all queues)", claim_sql(&[], 0)),
+        ("claim_sql(two queues)", claim_sql(&queues, 0)),
+        ("claim_sql(idle unheld)", claim_sql(&queues, 16)),
     ];
     #[cfg(feature = "postgres")]
     let mut all = all;
     #[cfg(feature = "postgres")]
     all.extend([
-        ("pg_fast_claim_sql(all queues)", pg_fast_claim_sql(&[])),
-        ("pg_fast_claim_sql(two queues)", pg_fast_claim_sql(&queues)),
+        ("pg_fast_claim_sql(all queues)", pg_fast_claim_sql(&[], 0)),
+        (
+            "pg_fast_claim_sql(two queues)",
+            pg_fast_claim_sql(&queues, 0),
+        ),
+        (
+            "pg_fast_claim_sql(unmetered unheld)",
+            pg_fast_claim_sql(&queues, 4),
+        ),
         ("pg_claim_sql(one job)", pg_claim_sql()),
     ]);
     all

@@ -35,6 +35,7 @@ fn next_due_is_the_earliest_future_claimable_job_of_the_served_queues() {
         queues: &["a".to_string()],
         lease_ttl: Duration::from_secs(30),
         queue_caps: &[],
+        unheld: 0,
     };
     assert_eq!(claim(conn, &req, 1_500).unwrap().len(), 1);
     assert_eq!(next_due(conn, &["a".to_string()], 0).unwrap(), Some(3_000));
@@ -78,6 +79,7 @@ fn claimed_pair(store: &crate::Store, job: &crate::Job, now: i64) -> Vec<Claimed
         queues: &[queue],
         lease_ttl: Duration::from_secs(30),
         queue_caps: &[],
+        unheld: 0,
     };
     let claimed = claim(store.conn(), &req, now).expect("claim");
     assert_eq!(claimed.len(), 2);

@@ -39,6 +39,7 @@ pub struct ReadmeDoctests;
 mod error;
 mod files;
 mod job;
+mod manners;
 mod metrics;
 mod process;
 pub mod protocol;
@@ -54,6 +55,7 @@ pub use job::{
     DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ErrorKind,
     Event, EventKind, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,
 };
+pub use manners::{DEFAULT_TEMPFAIL_MAX, EX_TEMPFAIL, IoClass, Limits};
 pub use metrics::{Counter, CounterKind, Histogram, JobCount, Metrics, RunnerFigures};
 pub use runner::{
     Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_KILL_GRACE,

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 /// The floors, lowest first: a file imports from its own floor or below, never above. A
 /// module not named here is a failure, so a new top-level module must be placed.
 const FLOORS: &[(&str, &[&str])] = &[
-    ("model", &["error", "job", "schedule", "metrics"]),
+    ("model", &["error", "job", "manners", "schedule", "metrics"]),
     // files.rs names an attempt's folders after the database's canonical place, which for
     // PostgreSQL is named after the URL and this host (store/wake.rs): it sits beside them.
     ("store and process", &["store", "process", "files"]),

@@ -17,6 +17,31 @@ pub fn env_value(value: &str, show: bool) -> &str {
 }
 
 /// A job object. Times are integer milliseconds since the Unix epoch; unset values are null.
+/// A job's manners and caps in one line (`-` for none): `nice 10, io idle, memory 512 MiB`.
+pub fn limits(l: &leasehold::Limits) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = l.nice {
+        parts.push(format!("nice {n}"));
+    }
+    if let Some(c) = l.io_class {
+        parts.push(format!("io {}", c.as_string()));
+    }
+    if let Some(m) = l.memory_max {
+        parts.push(format!("memory {m} bytes"));
+    }
+    if let Some(w) = l.cpu_weight {
+        parts.push(format!("cpu weight {w}"));
+    }
+    if let Some(p) = l.pids_max {
+        parts.push(format!("pids {p}"));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
 /// The environment's values are [`ENV_MASK`] unless `show_env`.
 pub fn job_json(j: &JobRecord, show_env: bool) -> Value {
     let env: serde_json::Map<String, Value> = j
@@ -24,7 +49,7 @@ pub fn job_json(j: &JobRecord, show_env: bool) -> Value {
         .iter()
         .map(|(k, v)| (k.clone(), Value::from(env_value(v, show_env))))
         .collect();
-    json!({
+    let mut v = json!({
         "id": j.id,
         "queue": j.queue,
         "argv": j.argv,
@@ -60,7 +85,21 @@ pub fn job_json(j: &JobRecord, show_env: bool) -> Value {
         "slot_at": j.slot_at,
         "after": j.after,
         "waiting_for": j.waiting_for,
-    })
+    });
+    // Apart: one json! of every field passes the macro's recursion limit.
+    let more = json!({
+        "nice": j.limits.nice,
+        "io_class": j.limits.io_class.map(|c| c.as_string()),
+        "memory_max": j.limits.memory_max,
+        "cpu_weight": j.limits.cpu_weight,
+        "pids_max": j.limits.pids_max,
+        "tempfail_max": j.tempfail_max,
+        "tempfails": j.tempfails,
+    });
+    if let (Value::Object(all), Value::Object(more)) = (&mut v, more) {
+        all.extend(more);
+    }
+    v
 }
 
 /// One entry of a job's history.

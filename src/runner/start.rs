@@ -132,7 +132,12 @@ impl Runner {
         } else {
             process::Containment::Groups("no keepers".to_owned())
         };
-        log::info!("attempts contained by {}", containment.describe());
+        let containment_text = format!(
+            "{}; {}",
+            containment.describe(),
+            process::caps_in_force(&containment)
+        );
+        log::info!("attempts contained by {containment_text}");
         let pid = std::process::id() as i64;
         let suffix = random_hex();
         let worker_id = format!("{}:{}:{}", process::hostname(), pid, suffix);
@@ -171,7 +176,7 @@ impl Runner {
             heartbeat_interval_ms: duration_ms(config.heartbeat_interval),
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
             pid_ns: process::pid_namespace().ok(),
-            containment: Some(containment.describe()),
+            containment: Some(containment_text),
         })?;
         let shared = Arc::new(Shared::new(config, worker_id));
         // One pending wake-up says all a wake-up says: a firer that is slow (a busy

@@ -120,9 +120,10 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
     conn.prepare_cached(sql!(
         "INSERT INTO jobs (queue, argv, env, cwd, priority, status, max_attempts,
              backoff_base_ms, backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms,
-             created_at, scheduled_at, unique_key, schedule, slot_at, deferred, name)
+             created_at, scheduled_at, unique_key, schedule, slot_at, deferred, name, limits,
+             tempfail_max)
          VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                 CASE WHEN ?13 > ?12 THEN 1 ELSE 0 END, ?17)
+                 CASE WHEN ?13 > ?12 THEN 1 ELSE 0 END, ?17, ?18, ?19)
          RETURNING id"
     ))?
     .query_row(
@@ -144,6 +145,8 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
             slot.map(|s| s.schedule),
             slot.map(|s| s.at),
             f.name,
+            f.limits,
+            f.tempfail_max,
         ],
         |r| r.get(0),
     )

@@ -7,6 +7,7 @@ use crate::store::db::{Connection, OptionalExtension, Sql, params, params_from_i
 
 use crate::error::Result;
 use crate::job::{EventKind, duration_ms};
+use crate::manners::Limits;
 
 use super::super::queue;
 use super::super::row::{json_column, ms_duration};
@@ -52,6 +53,8 @@ pub struct Claimed {
     pub idle_timeout: Option<Duration>,
     /// When the lease runs out unless renewed.
     pub lease_expires_at: i64,
+    /// The job's manners and caps.
+    pub limits: Limits,
     priority: i64,
     scheduled_at: i64,
 }
@@ -77,7 +80,7 @@ const CLAIM_ONE_SQL: Sql = Sql::sqlite_only(concat!(
 
 /// What a claim reads of each job it takes, with the attempt it starts and a new run token.
 const CANDIDATE_COLUMNS: &str = "id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
-         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at";
+         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at, limits";
 
 /// The jobs a claim takes, with `{index}` and `{queues}` to fill: see [`claim_sql`].
 /// Parameters: now, limit, then the queues from `?3`.
@@ -96,7 +99,7 @@ const CANDIDATES_SQL: &str = concat!(
 /// One job a claim takes by id, when queue rules chose it. Parameter: id.
 const CANDIDATE_SQL: Sql = Sql::sqlite_only(concat!(
     "SELECT id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
-         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at FROM jobs
+         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at, limits FROM jobs
      WHERE id = ?1 AND ",
     ready_to_claim!()
 ));
@@ -116,12 +119,12 @@ const PG_CLAIM_SQL: &str = "WITH picked AS ({pick}),
        FROM picked WHERE jobs.id = picked.id
        RETURNING jobs.id, jobs.queue, jobs.attempt, jobs.run_token, jobs.argv, jobs.env,
                  jobs.cwd, jobs.timeout_ms, jobs.idle_timeout_ms, jobs.priority,
-                 jobs.scheduled_at),
+                 jobs.scheduled_at, jobs.limits),
      logged AS (
        INSERT INTO job_events (job_id, at, kind, attempt, detail)
        SELECT id, ?1, 'claimed', attempt, 'worker ' || ?3 FROM taken)
      SELECT id, queue, attempt, run_token, argv, env, cwd, timeout_ms, idle_timeout_ms,
-            priority, scheduled_at
+            priority, scheduled_at, limits
      FROM taken";
 
 /// PostgreSQL's claim when no queue has a limit or a pause, in one statement and one round
@@ -162,12 +165,12 @@ const PG_FAST_CLAIM_SQL: &str = concat!(
        FROM picked WHERE jobs.id = picked.id
        RETURNING jobs.id, jobs.queue, jobs.attempt, jobs.run_token, jobs.argv, jobs.env,
                  jobs.cwd, jobs.timeout_ms, jobs.idle_timeout_ms, jobs.priority,
-                 jobs.scheduled_at),
+                 jobs.scheduled_at, jobs.limits),
      logged AS (
        INSERT INTO job_events (job_id, at, kind, attempt, detail)
        SELECT id, ?1, 'claimed', attempt, 'worker ' || ?3 FROM taken)
      SELECT t.id, t.queue, t.attempt, t.run_token, t.argv, t.env, t.cwd, t.timeout_ms,
-            t.idle_timeout_ms, t.priority, t.scheduled_at, s.due, s.ruled
+            t.idle_timeout_ms, t.priority, t.scheduled_at, t.limits, s.due, s.ruled
      FROM (SELECT ?5 > 0 AND EXISTS (SELECT 1 FROM jobs WHERE deferred = 1 AND scheduled_at <= ?1)
                       AS due,
                   EXISTS (SELECT 1 FROM queues WHERE paused != 0 OR max_running IS NOT NULL)
@@ -276,6 +279,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
             lease_expires_at: expires,
             priority: r.get(9)?,
             scheduled_at: r.get(10)?,
+            limits: Limits::from_json(r.get::<_, Option<String>>(11)?.as_deref()),
         })
     };
     #[cfg(feature = "postgres")]
@@ -380,9 +384,10 @@ fn pg_fast_claim(
                     lease_expires_at: expires,
                     priority: r.get(9)?,
                     scheduled_at: r.get(10)?,
+                    limits: Limits::from_json(r.get::<_, Option<String>>(11)?.as_deref()),
                 }),
             };
-            Ok((job, r.get::<_, bool>(11)?, r.get::<_, bool>(12)?))
+            Ok((job, r.get::<_, bool>(12)?, r.get::<_, bool>(13)?))
         })?;
         let (mut due, mut ruled) = (false, false);
         for row in rows {

@@ -63,13 +63,13 @@ CREATE FUNCTION julianday(t TEXT) RETURNS DOUBLE PRECISION
     $$;
 
 -- Schema versions applied, the newest last (SQLite keeps one number, PRAGMA user_version). A
--- database made from this file has one row, 19. The store's migration holds the advisory lock
+-- database made from this file has one row, 20. The store's migration holds the advisory lock
 -- above, reads max(version), and applies each newer migration in that transaction.
 CREATE TABLE leasehold_migrations (
     version     BIGINT PRIMARY KEY,
     applied_at  BIGINT NOT NULL
 );
-INSERT INTO leasehold_migrations (version, applied_at) VALUES (19, leasehold_now_ms());
+INSERT INTO leasehold_migrations (version, applied_at) VALUES (20, leasehold_now_ms());
 
 -- One row per job. The lease columns keep the names that lease-recovery runbooks use, so plain
 -- SQL works: status, attempt, max_attempts, recovery_count, started_at, completed_at,
@@ -118,7 +118,7 @@ CREATE TABLE jobs (
     error_kind          TEXT
                         CHECK (error_kind = 'exit' OR error_kind = 'signal' OR error_kind = 'timeout'
                                OR error_kind = 'idle_timeout' OR error_kind = 'lost'
-                               OR error_kind = 'spawn'),
+                               OR error_kind = 'spawn' OR error_kind = 'memory'),
     last_error          TEXT,
     -- A lost attempt whose processes still have to be torn down. While teardown_token is set
     -- the job cannot be claimed: two attempts of one job never run at once.
@@ -152,7 +152,13 @@ CREATE TABLE jobs (
     -- as the keeper's only once this server's clock is past it (and a slack).
     teardown_lease_expires_at BIGINT,
     -- The job's name (Job::name), NULL for none: what a harness calls each test it runs as a job.
-    name                TEXT
+    name                TEXT,
+    -- The job's manners and caps, a JSON object of nice, io_class, memory_max, cpu_weight and
+    -- pids_max (NULL: none); the bound on exits 75 ("try me later") that requeue it without
+    -- spending an attempt (NULL: the default), and how many did so far.
+    limits              TEXT,
+    tempfail_max        BIGINT,
+    tempfails           BIGINT  NOT NULL DEFAULT 0
 );
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only

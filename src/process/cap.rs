@@ -76,7 +76,7 @@ pub(crate) fn caps_in_force(containment: &Containment) -> String {
         }
         Containment::Groups(_) => ((false, false, false), None),
     };
-    let mut parts = vec![
+    let mut parts = [
         if enabled.0 {
             "memory by memory.max"
         } else {

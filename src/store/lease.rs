@@ -347,6 +347,13 @@ pub(super) fn finish_many(
     finish_group(conn, &endings, now)
 }
 
+/// What an ending reads of its job: failed attempts, max attempts, backoff base and cap,
+/// recovery count, on_lost, attempt.
+type FailureFacts = (i64, i64, i64, i64, i64, String, i64);
+
+/// The job's bound on "try me later" (NULL: the default) and how many it had.
+type TempfailFacts = (Option<i64>, i64);
+
 /// [`finish_attempt`], with the event row of a recorded ending carrying `start` when given
 /// (see [`finish_started`]).
 fn finish_with(
@@ -359,7 +366,7 @@ fn finish_with(
     if f.ending == Ending::Succeeded {
         return finish_succeeded(conn, f, start, now);
     }
-    let row: Option<((i64, i64, i64, i64, i64, String, i64), (Option<i64>, i64))> = conn
+    let row: Option<(FailureFacts, TempfailFacts)> = conn
         .prepare_cached(sql!(
             "SELECT failed_attempts, max_attempts, backoff_base_ms, backoff_max_ms,
                     recovery_count, on_lost, attempt, tempfail_max, tempfails

@@ -234,10 +234,8 @@ fn nice_and_io_class_are_applied_without_keepers() {
 #[test]
 fn runner_refuses_a_nice_out_of_range() {
     let db = TestDb::new();
-    let err = Runner::builder(&db.path)
-        .nice(25)
-        .start()
-        .err()
-        .expect("refused");
+    let Err(err) = Runner::builder(&db.path).nice(25).start() else {
+        panic!("a nice of 25 was taken");
+    };
     assert!(err.to_string().contains("nice"), "{err}");
 }

@@ -742,6 +742,14 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         "ALTER TABLE jobs DROP COLUMN teardown_lease_expires_at;
          ALTER TABLE jobs DROP COLUMN name;
          ALTER TABLE runners DROP COLUMN containment;
+         ALTER TABLE jobs DROP COLUMN limits;
+         ALTER TABLE jobs DROP COLUMN tempfail_max;
+         ALTER TABLE jobs DROP COLUMN tempfails;
+         ALTER TABLE jobs DROP CONSTRAINT jobs_error_kind_check;
+         ALTER TABLE jobs ADD CONSTRAINT jobs_error_kind_check
+             CHECK (error_kind = 'exit' OR error_kind = 'signal' OR error_kind = 'timeout'
+                    OR error_kind = 'idle_timeout' OR error_kind = 'lost'
+                    OR error_kind = 'spawn');
          DELETE FROM leasehold_migrations;
          INSERT INTO leasehold_migrations (version, applied_at) VALUES (15, 0);",
     );
@@ -757,11 +765,11 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         ),
         1
     );
-    // Version 17: the job's name, last, as the fresh schema has it.
+    // Version 20: tempfails, last, as the fresh schema has it (name, version 17's, before).
     assert_eq!(
         db.scalar(
             "SELECT count(*) FROM information_schema.columns
-             WHERE table_name = 'jobs' AND column_name = 'name'
+             WHERE table_name = 'jobs' AND column_name = 'tempfails'
                AND ordinal_position = (SELECT max(ordinal_position)
                                        FROM information_schema.columns
                                        WHERE table_name = 'jobs')"
@@ -769,8 +777,19 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         1
     );
     assert_eq!(
-        db.scalar("SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18, 19)"),
-        4
+        db.scalar(
+            "SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18, 19, 20)"
+        ),
+        5
+    );
+    // Version 20: error_kind admits 'memory'.
+    db.exec("UPDATE jobs SET error_kind = 'memory' WHERE false");
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM pg_constraint WHERE conname = 'jobs_error_kind_check'
+               AND pg_get_constraintdef(oid) LIKE '%memory%'"
+        ),
+        1
     );
     // Its tables' columns are those of a database made from pg/schema.sql, in order.
     let columns = "SELECT hashtext(string_agg(table_name || '.' || column_name || ':' || data_type

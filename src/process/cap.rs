@@ -113,6 +113,18 @@ mod tests {
     }
 
     #[test]
+    fn an_oom_kill_in_memory_events_is_a_memory_cap() {
+        // The kernel's file, as a cgroup with the memory controller has it (this machine may
+        // have none to make a real one in: the runner tests say which).
+        let dir = tempfile::tempdir().expect("a folder");
+        let events = |text: &str| std::fs::write(dir.path().join("memory.events"), text);
+        events("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\noom_group_kill 0\n").expect("write");
+        assert!(!memory_exceeded(Some(dir.path()), b""));
+        events("low 0\nhigh 0\nmax 9\noom 1\noom_kill 1\noom_group_kill 1\n").expect("write");
+        assert!(memory_exceeded(Some(dir.path()), b"Killed"));
+    }
+
+    #[test]
     fn process_groups_take_every_cap_by_rlimit() {
         assert_eq!(
             caps_in_force(&Containment::Groups("no keepers".into())),

@@ -1,4 +1,4 @@
--- leasehold schema, version 20 (PRAGMA user_version = 20).
+-- leasehold schema, version 21 (PRAGMA user_version = 21).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.
@@ -55,7 +55,7 @@ CREATE TABLE jobs (
     error_kind          TEXT
                         CHECK (error_kind = 'exit' OR error_kind = 'signal' OR error_kind = 'timeout'
                                OR error_kind = 'idle_timeout' OR error_kind = 'lost'
-                               OR error_kind = 'spawn'),
+                               OR error_kind = 'spawn' OR error_kind = 'memory'),
     last_error          TEXT,
     -- A lost attempt whose processes still have to be torn down. While teardown_token is set
     -- the job cannot be claimed: two attempts of one job never run at once.
@@ -85,13 +85,18 @@ CREATE TABLE jobs (
     -- Version 20: conditions is a bit mask of what must hold on the runner's machine for the
     -- job to start (1 ac-power, 2 battery-not-low, 4 unmetered, 8 online, 16 idle; 0: none);
     -- when_lost is what happens when one stops holding while it runs (see 0020_conditions.sql).
+    -- Version 21: limits is the job's manners and caps, a JSON object of nice, io_class,
+    -- memory_max, cpu_weight and pids_max (NULL: none); tempfail_max bounds the exits 75
+    -- ("try me later") that requeue it without spending an attempt (NULL: the default) and
+    -- tempfails counts them. error_kind 'memory': killed for its memory cap.
     -- (Written as ALTER TABLE ADD COLUMN writes them, so that a migrated file's text and this
     -- one's agree.)
 , unique_key TEXT, schedule TEXT, slot_at INTEGER, waiting INTEGER NOT NULL DEFAULT 0,
   teardown_worker TEXT, keeper_pid INTEGER, keeper_start_time INTEGER,
   deferred INTEGER NOT NULL DEFAULT 0, teardown_lease_expires_at INTEGER, name TEXT,
   conditions INTEGER NOT NULL DEFAULT 0, when_lost TEXT NOT NULL DEFAULT 'run'
-    CHECK (when_lost = 'run' OR when_lost = 'stop'));
+    CHECK (when_lost = 'run' OR when_lost = 'stop'),
+  limits TEXT, tempfail_max INTEGER, tempfails INTEGER NOT NULL DEFAULT 0);
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only
 -- the head of the index whatever the size of the table. Jobs not yet due are not in them

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::condition::{Condition, WhenLost, from_mask};
 use crate::error::{Error, Result};
+use crate::manners::{IoClass, Limits};
 
 /// By default a job runs once: a failure is final.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 1;
@@ -99,11 +100,14 @@ pub enum EventKind {
     /// A runner took over a running attempt whose runner was gone and whose keeper was
     /// alive: the lease moved to it, the attempt and its run token stayed the same.
     Adopted,
+    /// The command exited 75 (`EX_TEMPFAIL`): requeued with its backoff, no attempt spent
+    /// ([`Job::tempfail_max`]).
+    TryLater,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 19] = [
+    pub const ALL: [EventKind; 20] = [
         EventKind::Enqueued,
         EventKind::Claimed,
         EventKind::Started,
@@ -123,6 +127,7 @@ impl EventKind {
         EventKind::ScheduleSkipped,
         EventKind::OutcomeRecovered,
         EventKind::Adopted,
+        EventKind::TryLater,
     ];
 
     /// The kind as stored in the `kind` column of `job_events`.
@@ -147,6 +152,7 @@ impl EventKind {
             EventKind::ScheduleSkipped => "schedule_skipped",
             EventKind::OutcomeRecovered => "outcome_recovered",
             EventKind::Adopted => "adopted",
+            EventKind::TryLater => "try_later",
         }
     }
 
@@ -253,6 +259,10 @@ pub enum ErrorKind {
     /// a bad working directory). Never retried. A runner short of descriptors, processes or
     /// memory gives the job back instead.
     Spawn,
+    /// The attempt was killed for its memory cap ([`Job::memory_max`]): the cgroup's OOM
+    /// killer in the cgroup mode; in the rlimit mode, a failed command whose stderr says an
+    /// allocation failed (see docs/manners.md).
+    Memory,
 }
 
 impl ErrorKind {
@@ -265,6 +275,7 @@ impl ErrorKind {
             ErrorKind::IdleTimeout => "idle_timeout",
             ErrorKind::Lost => "lost",
             ErrorKind::Spawn => "spawn",
+            ErrorKind::Memory => "memory",
         }
     }
 
@@ -276,6 +287,7 @@ impl ErrorKind {
             ErrorKind::IdleTimeout,
             ErrorKind::Lost,
             ErrorKind::Spawn,
+            ErrorKind::Memory,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -369,6 +381,8 @@ pub struct Job {
     name: Option<String>,
     conditions: u32,
     when_lost: WhenLost,
+    limits: Limits,
+    tempfail_max: Option<u32>,
 }
 
 impl Job {
@@ -397,6 +411,8 @@ impl Job {
             name: None,
             conditions: 0,
             when_lost: WhenLost::default(),
+            limits: Limits::default(),
+            tempfail_max: None,
         }
     }
 
@@ -472,6 +488,60 @@ impl Job {
         self.backoff_base = base;
         self.backoff_max = max;
         self
+    }
+
+    /// Runs the command at this nice value (-20 to 19; below 0 needs privilege), set in the
+    /// child before its exec, as systemd's `Nice=` and launchd's `Nice`. By default, the
+    /// runner's (`RunnerBuilder::nice`), else the runner's own.
+    pub fn nice(mut self, nice: i32) -> Job {
+        self.limits.nice = Some(nice);
+        self
+    }
+
+    /// Runs the command in this I/O class (`ioprio_set`), as systemd's `IOSchedulingClass=`
+    /// and launchd's `LowPriorityIO`. By default, the runner's (`RunnerBuilder::io_class`),
+    /// else the runner's own.
+    pub fn io_class(mut self, class: IoClass) -> Job {
+        self.limits.io_class = Some(class);
+        self
+    }
+
+    /// Caps the attempt's memory at `bytes` (systemd's `MemoryMax=`): the cgroup's
+    /// `memory.max` where the cgroup mode has the memory controller, else `RLIMIT_DATA`. An
+    /// attempt killed for it fails with [`ErrorKind::Memory`]. By default, no cap.
+    pub fn memory_max(mut self, bytes: u64) -> Job {
+        self.limits.memory_max = Some(bytes);
+        self
+    }
+
+    /// The attempt's CPU weight, 1 to 10000 (systemd's `CPUWeight=`; 100 is the default
+    /// share): the cgroup's `cpu.weight` where the cgroup mode has the cpu controller, else
+    /// not in force (no rlimit matches it). By default, none.
+    pub fn cpu_weight(mut self, weight: u32) -> Job {
+        self.limits.cpu_weight = Some(weight);
+        self
+    }
+
+    /// Caps the attempt's processes and threads at `n` (systemd's `TasksMax=`): the
+    /// cgroup's `pids.max` where the cgroup mode has the pids controller, else `RLIMIT_NPROC`
+    /// (which counts the user's processes, not the job's, and binds no root). By default,
+    /// none.
+    pub fn pids_max(mut self, n: u64) -> Job {
+        self.limits.pids_max = Some(n);
+        self
+    }
+
+    /// How many times the job may exit 75 (`EX_TEMPFAIL`, "try me later") and be requeued
+    /// with its backoff without spending an attempt; past it, 75 is an ordinary failure.
+    /// By default, [`DEFAULT_TEMPFAIL_MAX`](crate::DEFAULT_TEMPFAIL_MAX); 0 turns it off.
+    pub fn tempfail_max(mut self, n: u32) -> Job {
+        self.tempfail_max = Some(n);
+        self
+    }
+
+    /// The job's manners and caps.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Names the job: what `jobs ls`, `jobs inspect` and `jobs wait` show beside its id, and a
@@ -608,6 +678,7 @@ impl Job {
         if self.queue.is_empty() {
             return Err(Error::invalid("queue", "the queue name is empty"));
         }
+        self.limits.validate()?;
         if self.max_attempts == 0 {
             return Err(Error::invalid("max_attempts", "must be at least 1"));
         }
@@ -715,6 +786,8 @@ impl Job {
             name: self.name.as_deref(),
             conditions: i64::from(self.conditions),
             when_lost: self.when_lost.as_str(),
+            limits: self.limits.to_json(),
+            tempfail_max: self.tempfail_max.map(i64::from),
         }
     }
 
@@ -739,6 +812,8 @@ impl Job {
             "name": self.name,
             "when": from_mask(self.conditions).iter().map(|c| c.as_str()).collect::<Vec<_>>(),
             "when_lost": self.when_lost.as_str(),
+            "limits": self.limits.to_json(),
+            "tempfail_max": self.tempfail_max,
         })
         .to_string()
     }
@@ -839,6 +914,10 @@ impl Job {
         if let Some(w) = v["when_lost"].as_str() {
             job.when_lost = w.parse().map_err(|_| bad("when_lost"))?;
         }
+        job.limits = Limits::from_json(v["limits"].as_str());
+        job.tempfail_max = v["tempfail_max"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok());
         Ok(job)
     }
 }
@@ -879,6 +958,8 @@ pub(crate) struct JobFields<'a> {
     pub name: Option<&'a str>,
     pub conditions: i64,
     pub when_lost: &'static str,
+    pub limits: Option<String>,
+    pub tempfail_max: Option<i64>,
 }
 
 /// A job as stored: one row of the `jobs` table.
@@ -964,6 +1045,12 @@ pub struct JobRecord {
     pub conditions: Vec<Condition>,
     /// What happens when one stops holding while it runs ([`Job::when_lost`]).
     pub when_lost: WhenLost,
+    /// Its manners and caps ([`Job::nice`], [`Job::memory_max`], ...).
+    pub limits: Limits,
+    /// Its bound on "try me later" ([`Job::tempfail_max`]), if it set one.
+    pub tempfail_max: Option<i64>,
+    /// Times it exited 75 and was requeued without spending an attempt.
+    pub tempfails: i64,
 }
 
 /// One entry of a job's history.

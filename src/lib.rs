@@ -40,6 +40,7 @@ mod condition;
 mod error;
 mod files;
 mod job;
+mod manners;
 mod metrics;
 mod process;
 pub mod protocol;
@@ -56,6 +57,7 @@ pub use job::{
     DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, ErrorKind,
     Event, EventKind, Job, JobRecord, OnLost, Outcome, Output, Status, now_ms,
 };
+pub use manners::{DEFAULT_TEMPFAIL_MAX, EX_TEMPFAIL, IoClass, Limits};
 pub use metrics::{Counter, CounterKind, Histogram, JobCount, Metrics, RunnerFigures};
 pub use runner::{
     CONDITION_INTERVAL, Completion, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL,

@@ -25,7 +25,14 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[(&str, &[&str])] = &[
     (
         "model",
-        &["error", "job", "schedule", "metrics", "condition"],
+        &[
+            "error",
+            "job",
+            "manners",
+            "schedule",
+            "metrics",
+            "condition",
+        ],
     ),
     // files.rs names an attempt's folders after the database's canonical place, which for
     // PostgreSQL is named after the URL and this host (store/wake.rs): it sits beside them.

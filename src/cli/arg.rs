@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use leasehold::{Condition, OnLost, Status, WhenLost};
+use leasehold::{Condition, IoClass, OnLost, Status, WhenLost};
 
 /// A number of seconds greater than 0, decimals allowed (`0.2`).
 ///
@@ -228,6 +228,36 @@ pub fn condition(s: &str) -> Result<Condition, String> {
 pub fn when_lost(s: &str) -> Result<WhenLost, String> {
     s.parse::<WhenLost>()
         .map_err(|_| format!("{s:?} is not one of run, stop"))
+}
+
+/// An I/O class: `idle`, `best-effort` or `best-effort:LEVEL`.
+pub fn io_class(s: &str) -> Result<IoClass, String> {
+    s.parse::<IoClass>().map_err(|_| {
+        format!("{s:?} is not one of idle, best-effort, best-effort:LEVEL (LEVEL 0 to 7)")
+    })
+}
+
+/// A size in bytes: a whole number, with K, M, G or T (powers of 1024) after it or not.
+pub fn bytes(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a size from 1 byte: a whole number, then K, M, G or T");
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(bad()),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1 << shift)
+        .filter(|&b| b >= 1 && b <= i64::MAX as u64)
+        .ok_or_else(bad)
 }
 
 #[cfg(test)]

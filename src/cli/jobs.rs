@@ -260,6 +260,16 @@ pub fn inspect(db: &Path, args: &InspectArgs) -> anyhow::Result<()> {
         ("failed_attempts", job.failed_attempts.to_string()),
         ("recovery_count", job.recovery_count.to_string()),
         ("on_lost", job.on_lost.as_str().into()),
+        ("limits", render::limits(&job.limits)),
+        (
+            "try_later",
+            format!(
+                "{} of {}",
+                job.tempfails,
+                job.tempfail_max
+                    .unwrap_or(i64::from(leasehold::DEFAULT_TEMPFAIL_MAX))
+            ),
+        ),
         (
             "timeout",
             job.timeout_ms

@@ -637,6 +637,13 @@ struct RunArgs {
     #[arg(long, value_name = "ASSUME", default_value = "held",
           value_parser = ["held", "not-held"])]
     unknown_conditions: String,
+    /// The nice value, -20 to 19, of every command whose job sets none (`jobs add --nice`).
+    #[arg(long, value_name = "N", allow_hyphen_values = true, env = "LEASEHOLD_NICE",
+          value_parser = clap::value_parser!(i32).range(-20..=19))]
+    nice: Option<i32>,
+    /// The I/O class (idle, best-effort[:LEVEL]) of every command whose job sets none.
+    #[arg(long, value_name = "CLASS", env = "LEASEHOLD_IO_CLASS", value_parser = arg::io_class)]
+    io_class: Option<leasehold::IoClass>,
     /// The most bytes kept of each of a job's stdout and stderr files (the first half and
     /// the newest bytes past it; 0: no cap).
     #[arg(long, value_name = "BYTES", allow_hyphen_values = true, env = "LEASEHOLD_OUTPUT_CAP",

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use clap::builder::{OsStringValueParser, TypedValueParser};
-use leasehold::{Condition, Job, OnLost, WhenLost};
+use leasehold::{Condition, IoClass, Job, OnLost, WhenLost};
 
 use super::arg::{self, EnvPair, Secs};
 
@@ -53,6 +53,31 @@ pub struct JobOptions {
     #[arg(long, value_name = "DIR",
           value_parser = OsStringValueParser::new().try_map(arg::utf8_path))]
     pub cwd: Option<PathBuf>,
+    /// Run the command at this nice value, -20 to 19 (systemd's Nice=); by default the
+    /// runner's `--nice`.
+    #[arg(long, value_name = "N", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub nice: Option<i32>,
+    /// Run the command in this I/O class: idle, best-effort or best-effort:LEVEL (0-7)
+    /// (systemd's IOSchedulingClass=); by default the runner's `--io-class`.
+    #[arg(long, value_name = "CLASS", value_parser = arg::io_class)]
+    pub io_class: Option<IoClass>,
+    /// Cap the attempt's memory (512M, 2G, or bytes): the cgroup's memory.max, else
+    /// RLIMIT_DATA. Killed for it, the attempt fails as `memory`.
+    #[arg(long, value_name = "BYTES", value_parser = arg::bytes)]
+    pub memory_max: Option<u64>,
+    /// The attempt's CPU weight, 1 to 10000 (the cgroup's cpu.weight; 100 is the default).
+    #[arg(long, value_name = "N", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub cpu_weight: Option<u32>,
+    /// Cap the attempt's processes and threads (the cgroup's pids.max, else RLIMIT_NPROC).
+    #[arg(long, value_name = "N", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
+    pub pids_max: Option<u64>,
+    /// How many times an exit 75 ("try me later") requeues the job without spending an
+    /// attempt; past it, 75 is a failure (default 10; 0: never).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub tempfail_max: Option<u32>,
 }
 
 impl JobOptions {
@@ -87,6 +112,24 @@ impl JobOptions {
             }
             for e in &self.env {
                 job = job.env(&e.0, &e.1);
+            }
+            if let Some(n) = self.nice {
+                job = job.nice(n);
+            }
+            if let Some(c) = self.io_class {
+                job = job.io_class(c);
+            }
+            if let Some(m) = self.memory_max {
+                job = job.memory_max(m);
+            }
+            if let Some(w) = self.cpu_weight {
+                job = job.cpu_weight(w);
+            }
+            if let Some(p) = self.pids_max {
+                job = job.pids_max(p);
+            }
+            if let Some(t) = self.tempfail_max {
+                job = job.tempfail_max(t);
             }
             job
         })

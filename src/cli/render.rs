@@ -42,6 +42,31 @@ pub fn condition_names(conditions: &[Condition]) -> String {
 }
 
 /// A job object. Times are integer milliseconds since the Unix epoch; unset values are null.
+/// A job's manners and caps in one line (`-` for none): `nice 10, io idle, memory 512 MiB`.
+pub fn limits(l: &leasehold::Limits) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = l.nice {
+        parts.push(format!("nice {n}"));
+    }
+    if let Some(c) = l.io_class {
+        parts.push(format!("io {}", c.as_string()));
+    }
+    if let Some(m) = l.memory_max {
+        parts.push(format!("memory {m} bytes"));
+    }
+    if let Some(w) = l.cpu_weight {
+        parts.push(format!("cpu weight {w}"));
+    }
+    if let Some(p) = l.pids_max {
+        parts.push(format!("pids {p}"));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
 /// The environment's values are [`ENV_MASK`] unless `show_env`. `waiting_for` lists the jobs
 /// it waits for (ids) and then the conditions (names) that no running runner saw hold.
 pub fn job_json(j: &JobRecord, show_env: bool, not_held: &[Condition]) -> Value {
@@ -50,7 +75,7 @@ pub fn job_json(j: &JobRecord, show_env: bool, not_held: &[Condition]) -> Value 
         .iter()
         .map(|(k, v)| (k.clone(), Value::from(env_value(v, show_env))))
         .collect();
-    json!({
+    let mut v = json!({
         "id": j.id,
         "queue": j.queue,
         "argv": j.argv,
@@ -95,9 +120,23 @@ pub fn job_json(j: &JobRecord, show_env: bool, not_held: &[Condition]) -> Value 
                     .map(|c| Value::from(c.as_str()))
             )
             .collect::<Vec<_>>(),
+    });
+    // Apart: one json! of every field passes the macro's recursion limit.
+    let more = json!({
         "when": j.conditions.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
         "when_lost": j.when_lost.as_str(),
-    })
+        "nice": j.limits.nice,
+        "io_class": j.limits.io_class.map(|c| c.as_string()),
+        "memory_max": j.limits.memory_max,
+        "cpu_weight": j.limits.cpu_weight,
+        "pids_max": j.limits.pids_max,
+        "tempfail_max": j.tempfail_max,
+        "tempfails": j.tempfails,
+    });
+    if let (Value::Object(all), Value::Object(more)) = (&mut v, more) {
+        all.extend(more);
+    }
+    v
 }
 
 /// One entry of a job's history.

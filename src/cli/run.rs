@@ -56,6 +56,12 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
             leasehold::OnShutdown::Interrupt
         })
         .retention(args.keep.retention());
+    if let Some(n) = args.nice {
+        builder = builder.nice(n);
+    }
+    if let Some(c) = args.io_class {
+        builder = builder.io_class(c);
+    }
     // Those not given follow the lease TTL (the library's defaults).
     if let Some(Secs(heartbeat)) = args.heartbeat {
         builder = builder.heartbeat_interval(heartbeat);

@@ -284,6 +284,8 @@ fn result(
         leaked,
         duration: begun.elapsed(),
         release: None,
+        // An adopted attempt's caps are not known here: its failure is told as it was.
+        memory_exceeded: false,
     }
 }
 

@@ -24,18 +24,20 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
+use super::cap::{memory_exceeded, needs_wrapper};
 use super::cgroup;
 use super::child::{ChildProc, pidfd_open};
 use super::keeper::Kept as KeptSpawn;
-use super::keeper::spawn_kept;
+use super::keeper::{exec_wrapper, spawn_kept};
 use super::kept::{Keeping, KeptFiles, Release};
 use super::kill::{self, POLL_INTERVAL};
 use super::output::{Stream, Tail, keep_read_buffer, read_buffer};
 use super::pidfd::{self, Held};
 use super::proc;
-use super::spawn::{BaseEnv, Command, Spawned, spawn};
+use super::spawn::{BaseEnv, Command, Spawned, spawn, spawn_wrapped};
 use super::stop::{StopHandle, StopReason};
 use crate::files::{self, Ended};
+use crate::manners::Limits;
 
 /// If a pidfd cannot be had, the loop falls back to checking the child this
 /// often, which is the only periodic wake-up in that (unexpected) case.
@@ -82,6 +84,8 @@ pub(crate) struct AttemptSpec {
     pub drain: Duration,
     /// How many trailing bytes of each stream to keep.
     pub tail_bytes: usize,
+    /// The job's manners and caps, the runner's manners filled in.
+    pub limits: Limits,
 }
 
 impl AttemptSpec {
@@ -95,6 +99,7 @@ impl AttemptSpec {
             job_id: self.job_id,
             run_token: &self.run_token,
             fence: self.files.as_ref().and_then(|f| f.fence),
+            limits: self.limits,
         }
     }
 }
@@ -167,6 +172,8 @@ pub(crate) struct AttemptResult {
     /// For an attempt kept by the keeper: what lets it go once its ending is committed
     /// (dropped unreleased, the keeper journals the outcome as if the runner were gone).
     pub release: Option<Release>,
+    /// It had a memory cap and failed for it (see [`memory_exceeded`]).
+    pub memory_exceeded: bool,
 }
 
 /// Converts a wait into a poll timeout, rounding up so that poll does not
@@ -774,6 +781,7 @@ pub(crate) fn run(
         leaked: Vec::new(),
         duration: spawned.elapsed(),
         release: None,
+        memory_exceeded: false,
     };
     let Some(program) = spec.argv.first() else {
         return unstarted(Exit::SpawnFailed(
@@ -785,6 +793,17 @@ pub(crate) fn run(
     }
 
     let started = match &spec.files {
+        None if needs_wrapper(&spec.limits) => match exec_wrapper(&spec.limits) {
+            Some(wrapper) => {
+                spawn_wrapped(&spec.command(), program, Some(wrapper)).map(Leader::Direct)
+            }
+            None => {
+                return unstarted(Exit::SpawnFailed(format!(
+                    "spawn {program:?}: its nice, I/O class, memory or process cap needs the \
+                     keeper's program in memory (memfd), which this process cannot run"
+                )));
+            }
+        },
         None => spawn(&spec.command(), program).map(Leader::Direct),
         Some(kept) => {
             let dir = files::attempt_dir(&kept.folder, spec.job_id, spec.attempt, &spec.run_token);
@@ -903,11 +922,18 @@ pub(crate) fn run(
     // once the caller committed its ending.
     sup.reap_leader(whole);
     keep_read_buffer(mem::take(&mut sup.buf));
+    let cgroup = sup.cgroup().map(std::path::Path::to_path_buf);
     let (stdout, stderr) = match tails {
         Some(tails) => tails,
         None => (sup.out.tail.finish(), sup.err.tail.finish()),
     };
+    // Read before the release: the keeper removes the attempt's cgroup once released.
+    let failed = matches!(exit, Exit::Exited(c) if c != 0) || matches!(exit, Exit::Signaled(_));
+    let memory_exceeded = failed
+        && spec.limits.memory_max.is_some()
+        && memory_exceeded(cgroup.as_deref(), &stderr.bytes);
     AttemptResult {
+        memory_exceeded,
         exit,
         stdout,
         stderr,

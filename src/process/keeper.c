@@ -3,6 +3,11 @@
  * outlives the runner.
  *
  *   leasehold-keeper serve [CGROUP]
+ *   leasehold-keeper exec NICE IOPRIO MEM PIDS PROGRAM ARGV...
+ *
+ * `exec` is the runner's own spawn (`run --no-keepers`) of a command with manners or caps:
+ * it applies them as a kept command's child does (below), then execs PROGRAM with ARGV (a
+ * file without `#!` under /bin/sh); where that fails it says why on stderr and exits 127.
  *
  * CGROUP, when given, is the runner's cgroup v2 folder: the keeper makes its node
  * CGROUP/leasehold-keeper-PID there, moves itself into the node's `keeper` leaf and starts
@@ -34,7 +39,16 @@
  * An attempt's control socket. The runner writes one request, a 4-byte little-endian length
  * and that many bytes of NUL-terminated fields:
  *
- *   TOKEN DIR JOURNAL CAP MEM DRAIN_MS TERM_AT KILL_AT CWD PROGRAM ARGC ARGV... ENV...
+ *   TOKEN DIR JOURNAL CAP MEM DRAIN_MS TERM_AT KILL_AT NICE IOPRIO MEM_MAX PIDS_MAX
+ *   CPU_WEIGHT CWD PROGRAM ARGC ARGV... ENV...
+ *
+ * Manners and caps (each empty for none; see docs/manners.md). The child sets NICE
+ * (setpriority) and IOPRIO (ioprio_set, class << 13 | level) before its exec. In the cgroup
+ * mode MEM_MAX, PIDS_MAX and CPU_WEIGHT go into the attempt's cgroup (memory.max with
+ * memory.swap.max 0 and memory.oom.group 1, pids.max, cpu.weight) where its node has the
+ * controller (the keeper enables memory, pids and cpu in its node, and in the node's parent,
+ * at its start; a refusal is normal); where a file cannot be written, MEM_MAX becomes the
+ * child's RLIMIT_DATA and PIDS_MAX its RLIMIT_NPROC, and CPU_WEIGHT has no stand-in.
  *
  * and the keeper answers one line at a time:
  *
@@ -492,8 +506,16 @@ static int cg_join(const char *base) {
         rmdir(leaf);
         rmdir(cg_node);
         cg_node[0] = 0;
+        return no;
     }
-    return no;
+    /* The controllers of the caps, each on its own (a refusal of one is normal: not
+     * delegated, not mounted on v2, or the parent holds processes). */
+    static const char *const controllers[] = {"+memory", "+pids", "+cpu"};
+    for (int i = 0; i < 3; i++) {
+        cg_write(base, "cgroup.subtree_control", controllers[i]);
+        cg_write(cg_node, "cgroup.subtree_control", controllers[i]);
+    }
+    return 0;
 }
 
 /* Removes a cgroup and the cgroups below it (a runner run as a job leaves its keeper's node
@@ -620,13 +642,37 @@ static void fail_start(struct attempt *a, const char *stage, int no) {
     finish(a);
 }
 
+/* What a command's process sets on itself before its exec (0: not set). */
+struct manners {
+    int has_nice, nice;
+    unsigned ioprio;
+    uint64_t data_rlimit, nproc_rlimit;
+};
+
+/* Applies `m` to the calling process; 0, or the errno of what failed. */
+static int apply_manners(const struct manners *m) {
+    if (m->has_nice && setpriority(PRIO_PROCESS, 0, m->nice) != 0) return errno;
+    if (m->ioprio && syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, (int)m->ioprio) != 0)
+        return errno;
+    if (m->data_rlimit) {
+        struct rlimit r = {m->data_rlimit, m->data_rlimit};
+        if (setrlimit(RLIMIT_DATA, &r) != 0) return errno;
+    }
+    if (m->nproc_rlimit) {
+        struct rlimit r = {m->nproc_rlimit, m->nproc_rlimit};
+        if (setrlimit(RLIMIT_NPROC, &r) != 0) return errno;
+    }
+    return 0;
+}
+
 /* The child: becomes the command, or reports why it could not on `report` and exits 127. */
 static void become_command(int out, int err, int report, int cgroup, const char *cwd,
-                           char **argv, char **env) {
+                           char **argv, char **env, const struct manners *m) {
     int stage = 2, no;
     setpgid(0, 0);
     /* Into the attempt's cgroup before anything runs that could fork. */
     if (cgroup >= 0 && write(cgroup, "0", 1) != 1) goto fail;
+    if ((errno = apply_manners(m)) != 0) goto fail;
     if (dup2(out, 1) < 0 || dup2(err, 2) < 0 || dup3(report, HUB, O_CLOEXEC) < 0) goto fail;
     report = HUB;
     if (syscall(SYS_close_range, HUB + 1, ~0U, 0) != 0) {
@@ -666,6 +712,26 @@ static int parse_u64(const char *s, uint64_t *v) {
     return 0;
 }
 
+/* An optional number: empty is none (*has = 0). */
+static int parse_opt(const char *s, int64_t lo, int64_t hi, int *has, int64_t *v) {
+    *has = 0;
+    if (!*s) return 0;
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || *end || x < lo || x > hi) return -1;
+    *has = 1;
+    *v = x;
+    return 0;
+}
+
+/* Writes a cap into the attempt's cgroup; 0, or -1 where the controller is not there. */
+static int cg_cap(const char *dir, const char *file, int64_t v) {
+    char text[32];
+    snprintf(text, sizeof text, "%lld", (long long)v);
+    return cg_write(dir, file, text);
+}
+
 static int token_ok(const char *t) {
     size_t n = strlen(t);
     if (n == 0 || n > MAX_TOKEN) return 0;
@@ -680,19 +746,26 @@ static int token_ok(const char *t) {
 
 /* Parses the whole request and forks the command. */
 static void start(struct attempt *a) {
-    char *fields[11];
+    char *fields[16];
     char *p = a->req, *end = a->req + a->req_len;
     if (a->req_len == 0 || end[-1] != 0) { fail_start(a, "setup", EINVAL); return; }
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 16; i++) {
         if (p >= end) { fail_start(a, "setup", EINVAL); return; }
         fields[i] = p;
         p += strlen(p) + 1;
     }
     uint64_t cap, mem, drain, term, kill_at, argc;
+    int has[5];
+    int64_t lim[5]; /* nice, ioprio, memory max, pids max, cpu weight */
     if (!token_ok(fields[0]) || fields[1][0] != '/' || fields[2][0] != '/' ||
         parse_u64(fields[3], &cap) || parse_u64(fields[4], &mem) ||
         parse_u64(fields[5], &drain) || parse_u64(fields[6], &term) ||
-        parse_u64(fields[7], &kill_at) || parse_u64(fields[10], &argc) || argc == 0 ||
+        parse_u64(fields[7], &kill_at) || parse_opt(fields[8], -20, 19, &has[0], &lim[0]) ||
+        parse_opt(fields[9], 1, 65535, &has[1], &lim[1]) ||
+        parse_opt(fields[10], 1, INT64_MAX, &has[2], &lim[2]) ||
+        parse_opt(fields[11], 1, INT64_MAX, &has[3], &lim[3]) ||
+        parse_opt(fields[12], 1, 10000, &has[4], &lim[4]) ||
+        parse_u64(fields[15], &argc) || argc == 0 ||
         argc > MAX_REQUEST / 2 || term > INT64_MAX || kill_at > INT64_MAX ||
         drain > INT32_MAX) {
         fail_start(a, "setup", EINVAL);
@@ -705,7 +778,7 @@ static void start(struct attempt *a) {
     char **argv = calloc(argc + 2, sizeof *argv);
     char **env = calloc(left - argc + 1, sizeof *env);
     if (!argv || !env) { free(argv); free(env); fail_start(a, "setup", ENOMEM); return; }
-    argv[0] = fields[9];
+    argv[0] = fields[14];
     for (uint64_t i = 0; i < argc; i++) { argv[i + 1] = p; p += strlen(p) + 1; }
     for (size_t i = 0; p < end; i++) { env[i] = p; p += strlen(p) + 1; }
     a->token = fields[0];
@@ -734,13 +807,26 @@ static void start(struct attempt *a) {
             a->cgroup = NULL;
         }
     }
+    /* Caps: into the cgroup where its controller is, else the child's rlimits. */
+    struct manners m = {has[0], (int)lim[0], has[1] ? (unsigned)lim[1] : 0, 0, 0};
+    if (has[2]) {
+        if (a->cgroup && cg_cap(a->cgroup, "memory.max", lim[2]) == 0) {
+            cg_write(a->cgroup, "memory.swap.max", "0"); /* none where there is no swap */
+            cg_write(a->cgroup, "memory.oom.group", "1");
+        } else {
+            m.data_rlimit = (uint64_t)lim[2];
+        }
+    }
+    if (has[3] && !(a->cgroup && cg_cap(a->cgroup, "pids.max", lim[3]) == 0))
+        m.nproc_rlimit = (uint64_t)lim[3];
+    if (has[4] && a->cgroup) cg_cap(a->cgroup, "cpu.weight", lim[4]); /* no stand-in */
     int ends[2][2] = {{-1, -1}, {-1, -1}}, report[2] = {-1, -1};
     int ok = pipe2(ends[0], O_CLOEXEC) == 0 && pipe2(ends[1], O_CLOEXEC) == 0 &&
              pipe2(report, O_CLOEXEC) == 0;
     pid_t pid = ok ? fork() : -1;
     int no = errno;
     if (pid == 0)
-        become_command(ends[0][1], ends[1][1], report[1], cgroup, fields[8], argv, env);
+        become_command(ends[0][1], ends[1][1], report[1], cgroup, fields[13], argv, env, &m);
     if (cgroup >= 0) close(cgroup);
     free(argv);
     free(env);
@@ -1174,7 +1260,38 @@ static int serve(const char *cgroup_base) {
     }
 }
 
+/* `exec NICE IOPRIO MEM PIDS PROGRAM ARGV...`: see the top of this file. */
+static int exec_with_manners(int argc, char **argv) {
+    int has[4];
+    int64_t lim[4];
+    if (argc < 8 || parse_opt(argv[2], -20, 19, &has[0], &lim[0]) ||
+        parse_opt(argv[3], 1, 65535, &has[1], &lim[1]) ||
+        parse_opt(argv[4], 1, INT64_MAX, &has[2], &lim[2]) ||
+        parse_opt(argv[5], 1, INT64_MAX, &has[3], &lim[3]))
+        return 2;
+    struct manners m = {has[0], (int)lim[0], has[1] ? (unsigned)lim[1] : 0,
+                        has[2] ? (uint64_t)lim[2] : 0, has[3] ? (uint64_t)lim[3] : 0};
+    const char *program = argv[6];
+    int no = apply_manners(&m);
+    if (no == 0) {
+        execv(program, argv + 7);
+        no = errno;
+        if (no == ENOEXEC) {
+            argv[6] = "/bin/sh";
+            argv[7] = (char *)program;
+            execv("/bin/sh", argv + 6);
+            no = errno;
+        }
+    }
+    char line[PATH_MAX + 128];
+    int n = snprintf(line, sizeof line, "leasehold: cannot start %s with its manners: %s\n",
+                     program, strerror(no));
+    if (n > 0 && write(2, line, (size_t)n) < 0) { /* nothing else can say it */ }
+    return 127;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "exec") == 0) return exec_with_manners(argc, argv);
     if (fcntl(HUB, F_GETFD) < 0) return 2; /* not started by a runner */
     if (argc == 2 && strcmp(argv[1], "serve") == 0) return serve(NULL);
     if (argc == 3 && strcmp(argv[1], "serve") == 0 && argv[2][0] == '/') return serve(argv[2]);

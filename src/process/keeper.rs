@@ -43,6 +43,7 @@ use super::spawn::{
     posix_spawn, prepare, spawn_error,
 };
 use crate::files::Ended;
+use crate::manners::Limits;
 
 /// The keeper program, as built by `build.rs`.
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/leasehold-keeper"));
@@ -181,6 +182,8 @@ pub(super) struct KeeperSpec<'a> {
     pub argv: &'a [CString],
     /// The command's environment, with its run token.
     pub env: Vec<&'a CStr>,
+    /// Its manners and caps.
+    pub limits: Limits,
 }
 
 /// A command started under the keeper.
@@ -851,6 +854,9 @@ fn request(spec: &KeeperSpec<'_>, journal: &Path) -> io::Result<Vec<u8>> {
     for n in &numbers {
         field(n.as_bytes())?;
     }
+    for n in limit_fields(&spec.limits) {
+        field(n.as_bytes())?;
+    }
     field(spec.cwd.map_or(&[][..], |d| d.as_os_str().as_bytes()))?;
     field(spec.program.to_bytes())?;
     field(spec.argv.len().to_string().as_bytes())?;
@@ -864,6 +870,39 @@ fn request(spec: &KeeperSpec<'_>, journal: &Path) -> io::Result<Vec<u8>> {
     let mut bytes = len.to_le_bytes().to_vec();
     bytes.append(&mut body);
     Ok(bytes)
+}
+
+/// The request's NICE, IOPRIO, MEM_MAX, PIDS_MAX and CPU_WEIGHT fields, each empty for none.
+fn limit_fields(l: &Limits) -> [String; 5] {
+    let text = |v: Option<String>| v.unwrap_or_default();
+    [
+        text(l.nice.map(|n| n.to_string())),
+        text(l.io_class.map(|c| c.ioprio().to_string())),
+        text(l.memory_max.map(|n| n.to_string())),
+        text(l.pids_max.map(|n| n.to_string())),
+        text(l.cpu_weight.map(|n| n.to_string())),
+    ]
+}
+
+/// What the keeper's program takes to exec a command with manners or caps (its `exec`
+/// mode, for the runner's own spawn): the program's path in memory and the arguments before
+/// the command's; `None` where the program cannot run from memory.
+pub(super) fn exec_wrapper(l: &Limits) -> Option<(CString, Vec<CString>)> {
+    let memfd = memfd()?;
+    let path = format!("/proc/{}/fd/{}", std::process::id(), memfd.as_raw_fd());
+    let [nice, ioprio, mem, pids, _] = limit_fields(l);
+    let args = [
+        NAME.to_bytes(),
+        b"exec",
+        nice.as_bytes(),
+        ioprio.as_bytes(),
+        mem.as_bytes(),
+        pids.as_bytes(),
+    ]
+    .into_iter()
+    .map(|a| CString::new(a).ok())
+    .collect::<Option<Vec<_>>>()?;
+    Some((CString::new(path).ok()?, args))
 }
 
 /// Starts the attempt's main process (`program` is `cmd.argv[0]`) under the process's
@@ -909,6 +948,7 @@ pub(super) fn spawn_kept_from(
             program: &path,
             argv: &argv,
             env: env.entries(),
+            limits: cmd.limits,
         },
         force_file,
     )

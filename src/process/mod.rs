@@ -20,6 +20,7 @@
 //!
 //! - `attempt`: the supervisor: poll loop, deadlines, [`run`];
 //! - `spawn`: `posix_spawn`, the child's environment and program;
+//! - `cap`: manners and caps: which spawn applies them, what is in force, memory kills;
 //! - `cgroup`: the cgroup mode: an attempt's cgroup, its members, its kill;
 //! - `child`: the main process until it is reaped (`waitpid`, pidfd);
 //! - `keeper`: the process's keeper (`keeper.c`), its launcher and its messages;
@@ -34,6 +35,7 @@
 
 mod adopt;
 mod attempt;
+mod cap;
 mod cgroup;
 mod child;
 mod condition;
@@ -52,6 +54,7 @@ mod teardown;
 
 pub(crate) use adopt::{Adopted, LiveKeeper, find_keeper, follow, keeper_running, live_keeper};
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
+pub(crate) use cap::caps_in_force;
 pub(crate) use cgroup::Containment;
 pub(crate) use condition::{Probe as ConditionProbe, Seen as ConditionsSeen};
 pub(crate) use keeper::{move_fence, probe as probe_keeper, warn_if_namespace_init};

@@ -27,6 +27,7 @@ use nix::unistd::AccessFlags;
 use super::child::ChildProc;
 use super::proc::{self, RUN_TOKEN_VAR};
 use crate::files;
+use crate::manners::Limits;
 
 /// The environment variable carrying the job id into the attempt.
 pub(crate) const JOB_ID_VAR: &str = "LEASEHOLD_JOB_ID";
@@ -504,6 +505,8 @@ pub(super) struct Command<'a> {
     pub run_token: &'a str,
     /// Under a keeper: the lease fence it starts with.
     pub fence: Option<files::LeaseFence>,
+    /// Its manners and caps (the runner's manners filled in).
+    pub limits: Limits,
 }
 
 /// A started main process and the parent's ends of its output pipes.
@@ -585,9 +588,29 @@ pub(super) fn prepare<'a>(cmd: &Command<'a>, program: &str) -> Result<Prepared<'
 /// Starts the attempt's main process (`program` is `cmd.argv[0]`). The
 /// error's message is the text of [`Exit::SpawnFailed`](super::attempt::Exit::SpawnFailed).
 pub(super) fn spawn(cmd: &Command<'_>, program: &str) -> Result<Spawned, SpawnError> {
+    spawn_wrapped(cmd, program, None)
+}
+
+/// [`spawn`], through `wrapper` (a program and its first arguments, which exec the command
+/// after them: the keeper's `exec` mode, which applies manners and caps) when given.
+pub(super) fn spawn_wrapped(
+    cmd: &Command<'_>,
+    program: &str,
+    wrapper: Option<(CString, Vec<CString>)>,
+) -> Result<Spawned, SpawnError> {
     let cwd = cmd.cwd;
     let fail = failure(program, cwd);
-    let Prepared { env, path, argv } = prepare(cmd, program)?;
+    let Prepared {
+        env,
+        mut path,
+        mut argv,
+    } = prepare(cmd, program)?;
+    if let Some((wrapper_path, mut first)) = wrapper {
+        // `exec ... PROGRAM ARGV...`: the wrapper resolves no path and runs a script itself.
+        first.push(std::mem::replace(&mut path, wrapper_path));
+        first.append(&mut argv);
+        argv = first;
+    }
     let envp = env.pointers();
     let cwd_c = cwd
         .map(|d| c_string(d.as_os_str().as_bytes()))
@@ -690,6 +713,7 @@ mod tests {
                 job_id: 7,
                 run_token: &self.run_token,
                 fence: None,
+                limits: Limits::default(),
             };
             spawn(&cmd, &self.argv[0])
         }

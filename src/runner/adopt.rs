@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use crate::files::{self, Ended, Journaled};
 use crate::job::now_ms;
+use crate::manners::Limits;
 use crate::process::{self, AttemptResult, AttemptSpec, Exit, KeptFiles, LiveKeeper, OutputFiles};
 use crate::store::{Ending, KeptAttempt, KeptVerdict};
 
@@ -68,6 +69,7 @@ impl Judged {
             leaked: Vec::new(),
             duration: Duration::ZERO,
             release: None,
+            memory_exceeded: false,
         };
         let finish = finish_for(
             kept.job_id,
@@ -192,6 +194,7 @@ fn follow(
         kill_grace: cfg.kill_grace,
         drain: cfg.drain_timeout,
         tail_bytes: cfg.output_tail,
+        limits: Limits::default(),
     };
     let age = kept.age.unwrap_or_default() + read_at.elapsed();
     let result = process::follow(

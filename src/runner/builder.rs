@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::job::Outcome;
+use crate::manners::{IoClass, Limits};
 use crate::store::{
     DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_RECOVERY_ATTEMPTS, Durability, MAX_BUSY_TIMEOUT, Retention,
 };
@@ -77,6 +78,8 @@ pub(crate) struct Config {
     pub poll_interval: Duration,
     /// Run each attempt under a keeper (see [`RunnerBuilder::keepers`]).
     pub keepers: bool,
+    /// The manners (nice, I/O class) of jobs that set none.
+    pub manners: Limits,
     /// The cap of each stream's file of a kept attempt.
     pub output_cap: u64,
     /// What shutdown does with running attempts.
@@ -191,6 +194,7 @@ impl RunnerBuilder {
                 poll_interval: DEFAULT_POLL_INTERVAL,
                 keepers: true,
                 assume_unknown_conditions: true,
+                manners: Limits::default(),
                 output_cap: crate::files::DEFAULT_OUTPUT_CAP,
                 on_shutdown: OnShutdown::Interrupt,
                 given: Given::default(),
@@ -365,6 +369,24 @@ impl RunnerBuilder {
         self
     }
 
+    /// The nice value (-20 to 19) of every command whose job sets none ([`Job::nice`]):
+    /// systemd's `Nice=` for a service's jobs. By default, none: commands run at the runner's.
+    ///
+    /// [`Job::nice`]: crate::Job::nice
+    pub fn nice(mut self, nice: i32) -> Self {
+        self.config.manners.nice = Some(nice);
+        self
+    }
+
+    /// The I/O class of every command whose job sets none ([`Job::io_class`]): systemd's
+    /// `IOSchedulingClass=`. By default, none: commands keep the runner's.
+    ///
+    /// [`Job::io_class`]: crate::Job::io_class
+    pub fn io_class(mut self, class: IoClass) -> Self {
+        self.config.manners.io_class = Some(class);
+        self
+    }
+
     /// The most bytes of a kept attempt's stdout file, and of its stderr file: past it, the
     /// first half and the newest bytes are kept, with a marker of how many were dropped
     /// between. 0: no cap. By default, 64 MiB.
@@ -444,6 +466,7 @@ fn blame(setting: &'static str, given: bool) -> (&'static str, String) {
 /// Checks every setting before anything starts: each within what the runner's arithmetic
 /// and SQLite can represent, and the timing ladder in order.
 pub(super) fn validate(c: &Config) -> Result<()> {
+    c.manners.validate()?;
     if c.on_shutdown == OnShutdown::Leave && !c.keepers {
         return Err(Error::invalid(
             "on_shutdown",

@@ -133,7 +133,12 @@ impl Runner {
         } else {
             process::Containment::Groups("no keepers".to_owned())
         };
-        log::info!("attempts contained by {}", containment.describe());
+        let containment_text = format!(
+            "{}; {}",
+            containment.describe(),
+            process::caps_in_force(&containment)
+        );
+        log::info!("attempts contained by {containment_text}");
         let pid = std::process::id() as i64;
         let suffix = random_hex();
         let worker_id = format!("{}:{}:{}", process::hostname(), pid, suffix);
@@ -172,7 +177,7 @@ impl Runner {
             heartbeat_interval_ms: duration_ms(config.heartbeat_interval),
             max_recovery_attempts: i64::from(config.max_recovery_attempts),
             pid_ns: process::pid_namespace().ok(),
-            containment: Some(containment.describe()),
+            containment: Some(containment_text),
             conditions_held: None,
             conditions_note: None,
         })?;

@@ -221,6 +221,7 @@ fn run_one(
         kill_grace: cfg.kill_grace,
         drain: cfg.drain_timeout,
         tail_bytes: cfg.output_tail,
+        limits: job.limits.or_manners(&cfg.manners),
     };
     log::debug!(
         "job {} attempt {}: starting {:?}",
@@ -282,6 +283,25 @@ pub(super) fn finish_for(
     };
     let ending = match r.exit {
         process::Exit::Exited(0) => Ending::Succeeded,
+        // Read from the attempt's cgroup or its stderr (see `process::cap`).
+        process::Exit::Exited(_) | process::Exit::Signaled(_) if r.memory_exceeded => {
+            let how = match r.exit {
+                process::Exit::Signaled(sig) => format!("killed by signal {}", signal_name(sig)),
+                process::Exit::Exited(code) => format!("exited with code {code}"),
+                _ => String::new(),
+            };
+            let (code, sig) = match r.exit {
+                process::Exit::Exited(c) => (Some(c), None),
+                process::Exit::Signaled(s) => (None, Some(s)),
+                _ => (None, None),
+            };
+            failed(
+                ErrorKind::Memory,
+                code,
+                sig,
+                format!("over its memory cap: {how}"),
+            )
+        }
         process::Exit::Exited(code) => failed(
             ErrorKind::Exit,
             Some(code),

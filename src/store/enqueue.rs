@@ -121,9 +121,9 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
         "INSERT INTO jobs (queue, argv, env, cwd, priority, status, max_attempts,
              backoff_base_ms, backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms,
              created_at, scheduled_at, unique_key, schedule, slot_at, deferred, name,
-             conditions, when_lost)
+             conditions, when_lost, limits, tempfail_max)
          VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                 CASE WHEN ?13 > ?12 THEN 1 ELSE 0 END, ?17, ?18, ?19)
+                 CASE WHEN ?13 > ?12 THEN 1 ELSE 0 END, ?17, ?18, ?19, ?20, ?21)
          RETURNING id"
     ))?
     .query_row(
@@ -147,6 +147,8 @@ fn insert_row(conn: &Connection, job: &Job, now: i64, slot: Option<Slot<'_>>) ->
             f.name,
             f.conditions,
             f.when_lost,
+            f.limits,
+            f.tempfail_max,
         ],
         |r| r.get(0),
     )

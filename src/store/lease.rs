@@ -11,6 +11,7 @@ use crate::store::db::{Connection, OptionalExtension, Sql, params, sql};
 
 use crate::error::Result;
 use crate::job::{ErrorKind, EventKind, Output, Status, duration_ms};
+use crate::manners::{DEFAULT_TEMPFAIL_MAX, EX_TEMPFAIL};
 use crate::metrics::CounterKind;
 
 use super::Store;
@@ -346,6 +347,13 @@ pub(super) fn finish_many(
     finish_group(conn, &endings, now)
 }
 
+/// What an ending reads of its job: failed attempts, max attempts, backoff base and cap,
+/// recovery count, on_lost, attempt.
+type FailureFacts = (i64, i64, i64, i64, i64, String, i64);
+
+/// The job's bound on "try me later" (NULL: the default) and how many it had.
+type TempfailFacts = (Option<i64>, i64);
+
 /// [`finish_attempt`], with the event row of a recorded ending carrying `start` when given
 /// (see [`finish_started`]).
 fn finish_with(
@@ -358,15 +366,29 @@ fn finish_with(
     if f.ending == Ending::Succeeded {
         return finish_succeeded(conn, f, start, now);
     }
-    let row: Option<(i64, i64, i64, i64, i64, String, i64)> = conn
+    let row: Option<(FailureFacts, TempfailFacts)> = conn
         .prepare_cached(sql!(
             "SELECT failed_attempts, max_attempts, backoff_base_ms, backoff_max_ms,
-                    recovery_count, on_lost, attempt
+                    recovery_count, on_lost, attempt, tempfail_max, tempfails
              FROM jobs WHERE id = ?1 AND status = 'running' AND run_token = ?2"
         ))?
-        .query_row(params![f.job_id, f.run_token], |r| r.try_into())
+        .query_row(params![f.job_id, f.run_token], |r| {
+            Ok((
+                (
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ),
+                (r.get(7)?, r.get(8)?),
+            ))
+        })
         .optional()?;
-    let Some((failed, max_attempts, base, cap, recovery, on_lost, attempt)) = row else {
+    let Some(((failed, max_attempts, base, cap, recovery, on_lost, attempt), tempfail)) = row
+    else {
         return fenced(conn, f, now);
     };
     let facts = counter::Attempt::read(conn, f.job_id)?;
@@ -375,6 +397,48 @@ fn finish_with(
     let (status, kind, detail) = match &f.ending {
         // Taken by the early return above, which needs no SELECT.
         Ending::Succeeded => return finish_succeeded(conn, f, start, now),
+        Ending::Failed {
+            kind: ErrorKind::Exit,
+            exit_code: Some(EX_TEMPFAIL),
+            message,
+            ..
+        } if tempfail.1 < tempfail.0.unwrap_or(i64::from(DEFAULT_TEMPFAIL_MAX)) => {
+            // "Try me later": back to pending with its backoff, the attempt given back (the
+            // next claim runs the same attempt number) and no failure counted.
+            let tempfails = tempfail.1 + 1;
+            let wait = backoff_ms(base, cap, tempfails);
+            conn.prepare_cached(sql!(
+                sqlite: "UPDATE OR FAIL jobs SET status = 'pending', attempt = attempt - 1,
+                     tempfails = ?4, scheduled_at = ?3 + ?5,
+                     deferred = CASE WHEN ?5 > 0 THEN 1 ELSE 0 END, exit_code = 75,
+                     signal = NULL, error_kind = NULL, last_error = ?6, started_at = NULL,
+                     completed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL,
+                     run_token = NULL, worker_id = NULL
+                     WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+                postgres: "UPDATE jobs SET status = 'pending', attempt = attempt - 1,
+                     tempfails = ?4, scheduled_at = ?3 + ?5,
+                     deferred = CASE WHEN ?5 > 0 THEN 1 ELSE 0 END, exit_code = 75,
+                     signal = NULL, error_kind = NULL, last_error = ?6, started_at = NULL,
+                     completed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL,
+                     run_token = NULL, worker_id = NULL
+                     WHERE id = ?1 AND status = 'running' AND run_token = ?2",
+            ))?
+            .execute(params![
+                f.job_id,
+                f.run_token,
+                now,
+                tempfails,
+                wait,
+                message
+            ])?;
+            let bound = tempfail.0.unwrap_or(i64::from(DEFAULT_TEMPFAIL_MAX));
+            let detail = format!(
+                "try later: exited 75 (EX_TEMPFAIL); retry in {:.1}s, no attempt spent \
+                 (try later {tempfails} of {bound})",
+                wait as f64 / 1000.0
+            );
+            (Status::Pending, EventKind::TryLater, detail)
+        }
         Ending::Failed {
             kind,
             exit_code,

@@ -32,7 +32,7 @@ pub(super) struct Opened {
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 /// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
 /// file: see [`migrate`].
-const MIGRATIONS: [&str; 20] = [
+const MIGRATIONS: [&str; 21] = [
     include_str!("../migrations/0001_initial.sql"),
     include_str!("../migrations/0002_auto_vacuum.sql"),
     include_str!("../migrations/0003_failed_stale.sql"),
@@ -53,6 +53,7 @@ const MIGRATIONS: [&str; 20] = [
     include_str!("../migrations/0018_wal.sql"),
     include_str!("../migrations/0019_containment.sql"),
     include_str!("../migrations/0020_conditions.sql"),
+    include_str!("../migrations/0021_manners.sql"),
 ];
 
 /// The version whose migration is [`rewrite_check_lists`], done in code.
@@ -72,6 +73,17 @@ const CHECK_LISTS: [(&str, &str); 2] = [
          OR error_kind = 'idle_timeout' OR error_kind = 'lost' OR error_kind = 'spawn')",
     ),
 ];
+
+/// The version whose migration widens the `error_kind` CHECK with `'memory'`, done in code
+/// as [`rewrite_check_lists`] is: see `0021_manners.sql`.
+const ERROR_KIND_MEMORY_AT: i64 = 21;
+
+/// The `error_kind` CHECK before version 21 (as version 8 wrote it) and from it on.
+const ERROR_KIND_MEMORY: [(&str, &str); 1] = [(
+    "OR error_kind = 'idle_timeout' OR error_kind = 'lost' OR error_kind = 'spawn')",
+    "OR error_kind = 'idle_timeout' OR error_kind = 'lost' OR error_kind = 'spawn' \
+     OR error_kind = 'memory')",
+)];
 
 /// The first version whose files are `auto_vacuum = INCREMENTAL`.
 const INCREMENTAL_SINCE: i64 = 2;
@@ -412,7 +424,10 @@ fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
             }
             conn.execute_batch(sql)?;
             if to == CHECK_LISTS_AT {
-                rewrite_check_lists(conn)?;
+                rewrite_check_lists(conn, &CHECK_LISTS)?;
+            }
+            if to == ERROR_KIND_MEMORY_AT {
+                rewrite_check_lists(conn, &ERROR_KIND_MEMORY)?;
             }
             conn.pragma_update(None, "user_version", to)?;
             step.to = to;
@@ -435,14 +450,15 @@ fn migrate_step(conn: &Connection) -> rusqlite::Result<Step> {
 /// equalities, by an edit of the table's definition in the open migration transaction. A
 /// definition that does not hold the old text (a file edited by hand) is left as it is: its
 /// constraints still hold, only at the old cost.
-fn rewrite_check_lists(conn: &Connection) -> rusqlite::Result<()> {
+/// Version 21 uses it too, for its widened `error_kind` CHECK.
+fn rewrite_check_lists(conn: &Connection, edits: &[(&str, &str)]) -> rusqlite::Result<()> {
     let sql: String = conn.query_row(
         "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'jobs'",
         [],
         |r| r.get(0),
     )?;
     let mut new = sql.clone();
-    for (old, replacement) in CHECK_LISTS {
+    for (old, replacement) in edits {
         if new.matches(old).count() == 1 {
             new = new.replacen(old, replacement, 1);
         }

@@ -38,6 +38,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (18, include_str!("pg/0018_wal.sql")),
     (19, "ALTER TABLE runners ADD COLUMN containment TEXT"),
     (20, include_str!("pg/0020_conditions.sql")),
+    (21, include_str!("pg/0021_manners.sql")),
 ];
 
 /// Whether `path` is a PostgreSQL URL (`postgres://` or `postgresql://`) rather than a file.

@@ -6,6 +6,7 @@ use crate::store::db::Row;
 
 use crate::error::Result;
 use crate::job::{ErrorKind, Event, EventKind, JobRecord};
+use crate::manners::Limits;
 
 /// The columns a job is read with ([`job_row`]), SQLite's; PostgreSQL's are [`PG_JOB_COLUMNS`].
 pub(super) const JOB_COLUMNS: &str =
@@ -17,7 +18,7 @@ pub(super) const JOB_COLUMNS: &str =
     (SELECT json_group_array(after_id) FROM job_deps WHERE job_id = jobs.id),
     (SELECT json_group_array(d.after_id) FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
          WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
-    keeper_pid, name, conditions, when_lost";
+    keeper_pid, name, conditions, when_lost, limits, tempfail_max, tempfails";
 
 /// [`JOB_COLUMNS`] as PostgreSQL spells them: its `json_agg` of no rows is NULL, not `[]`.
 pub(super) const PG_JOB_COLUMNS: &str =
@@ -30,7 +31,7 @@ pub(super) const PG_JOB_COLUMNS: &str =
     (SELECT coalesce(json_agg(d.after_id), '[]')::text
          FROM job_deps d LEFT JOIN jobs p ON p.id = d.after_id
          WHERE d.job_id = jobs.id AND p.status IS NOT NULL AND p.status != 'succeeded'),
-    keeper_pid, name, conditions, when_lost";
+    keeper_pid, name, conditions, when_lost, limits, tempfail_max, tempfails";
 
 pub(super) fn job_row(r: &Row<'_>) -> Result<JobRecord> {
     let status: String = r.get(6)?;
@@ -83,6 +84,9 @@ pub(super) fn job_row(r: &Row<'_>) -> Result<JobRecord> {
             let w: String = r.get(37)?;
             w.parse().map_err(|_| bad(37, format!("when_lost {w:?}")))?
         },
+        limits: Limits::from_json(r.get::<_, Option<String>>(38)?.as_deref()),
+        tempfail_max: r.get(39)?,
+        tempfails: r.get(40)?,
     })
 }
 

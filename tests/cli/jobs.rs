@@ -559,3 +559,62 @@ fn a_jobs_name_is_shown_by_ls_inspect_and_wait() {
     );
     assert!(line.contains("name"), "{line}");
 }
+
+#[test]
+fn manners_caps_and_the_try_later_bound_are_added_and_inspected() {
+    let t = TestDb::new();
+    let db = t.path.as_path();
+    let id = add(
+        db,
+        &[
+            "--nice",
+            "5",
+            "--io-class",
+            "best-effort:2",
+            "--memory-max",
+            "512M",
+            "--cpu-weight",
+            "50",
+            "--pids-max",
+            "10",
+            "--tempfail-max",
+            "3",
+        ],
+        &["true"],
+    );
+    let v = inspect(db, id);
+    assert_eq!(
+        (
+            &v["nice"],
+            &v["io_class"],
+            &v["memory_max"],
+            &v["cpu_weight"],
+            &v["pids_max"],
+            &v["tempfail_max"],
+            &v["tempfails"]
+        ),
+        (
+            &5.into(),
+            &"best-effort:2".into(),
+            &(512u64 << 20).into(),
+            &50.into(),
+            &10.into(),
+            &3.into(),
+            &0.into()
+        ),
+        "{v}"
+    );
+    let text = ok(&mut cli(db, &["jobs", "inspect", &id.to_string()]));
+    assert!(text.contains("nice 5, io best-effort:2"), "{text}");
+    assert!(text.contains("0 of 3"), "{text}");
+    for (flag, value) in [
+        ("--nice", "20"),
+        ("--io-class", "realtime"),
+        ("--memory-max", "12X"),
+        ("--cpu-weight", "0"),
+        ("--pids-max", "0"),
+    ] {
+        let line = fails(&mut cli(db, &["jobs", "add", flag, value, "--", "true"]), 2);
+        assert!(line.contains(flag), "{flag} {value}: {line}");
+    }
+}

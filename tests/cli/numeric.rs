@@ -68,7 +68,7 @@ fn out_of_range_counts_and_durations_are_usage_errors_naming_the_flag() {
 
 /// Every option or argument that takes a number, by command, as `--help` shows it. When a
 /// command gains one, add it here: the test below fails until it is listed.
-const NUMERIC: [(&str, &str); 42] = [
+const NUMERIC: [(&str, &str); 53] = [
     ("db prune", "--keep-succeeded"),
     ("db prune", "--keep-failed"),
     ("db prune", "--keep-cancelled"),
@@ -79,6 +79,11 @@ const NUMERIC: [(&str, &str); 42] = [
     ("jobs add", "--delay"),
     ("jobs add", "--max-attempts"),
     ("jobs add", "--unique-window"),
+    ("jobs add", "--nice"),
+    ("jobs add", "--memory-max"),
+    ("jobs add", "--cpu-weight"),
+    ("jobs add", "--pids-max"),
+    ("jobs add", "--tempfail-max"),
     ("jobs ls", "--limit"),
     ("jobs inspect", "ID"),
     ("jobs logs", "ID"),
@@ -100,6 +105,7 @@ const NUMERIC: [(&str, &str); 42] = [
     ("run", "--max-recovery"),
     ("run", "--reclaim-batch"),
     ("run", "--output-cap"),
+    ("run", "--nice"),
     ("run", "--keep-succeeded"),
     ("run", "--keep-failed"),
     ("run", "--keep-cancelled"),
@@ -110,6 +116,11 @@ const NUMERIC: [(&str, &str); 42] = [
     ("schedules add", "--idle-timeout"),
     ("schedules add", "--max-attempts"),
     ("schedules add", "--unique-window"),
+    ("schedules add", "--nice"),
+    ("schedules add", "--memory-max"),
+    ("schedules add", "--cpu-weight"),
+    ("schedules add", "--pids-max"),
+    ("schedules add", "--tempfail-max"),
     ("schedules next", "--count"),
 ];
 

@@ -82,7 +82,11 @@ fn a_timeout_kills_a_process_that_left_the_group_and_dropped_its_token() {
         "the escapee {escapee} outlived its attempt's timeout"
     );
     let how = containment_of(&c);
-    let node = how.strip_prefix("cgroup ").expect("the cgroup mode");
+    // `cgroup NODE; caps: ...` (the caps in force after the node: docs/manners.md).
+    let node = how
+        .strip_prefix("cgroup ")
+        .and_then(|rest| rest.split("; caps: ").next())
+        .expect("the cgroup mode");
     let token = done.run_token.expect("a run token");
     let cgroup = std::path::Path::new(node).join(format!("a-{token}"));
     assert!(
@@ -183,6 +187,13 @@ fn status_says_how_a_runner_contains_its_attempts_and_the_switch_turns_cgroups_o
         text.contains(&format!("attempts contained by {how}")),
         "{text}"
     );
+    // And which way each cap is in force: by the cgroup's files, or by rlimits where the
+    // controllers were refused (the CI machine's cgroup v2 offers only hugetlb).
+    assert!(how.contains("; caps: memory by "), "{how}");
+    if how.starts_with("cgroup /") && !how.contains("memory by memory.max") {
+        eprintln!("the cgroup mode's memory controller was refused here: {how}");
+        assert!(how.contains("refused: the node's parent offers"), "{how}");
+    }
     drop(c);
 
     let mut c = Case::new();
@@ -193,5 +204,9 @@ fn status_says_how_a_runner_contains_its_attempts_and_the_switch_turns_cgroups_o
     );
     c.runners.push(r);
     let how = containment_of(&c);
-    assert_eq!(how, "process groups (turned off by LEASEHOLD_CGROUPS=off)");
+    assert_eq!(
+        how,
+        "process groups (turned off by LEASEHOLD_CGROUPS=off); caps: memory by RLIMIT_DATA, \
+         pids by RLIMIT_NPROC, cpu weight not in force"
+    );
 }

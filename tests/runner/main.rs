@@ -10,6 +10,7 @@ mod completion;
 mod enqueue;
 mod flow;
 mod lease;
+mod manners;
 mod metrics;
 mod pg_cut;
 mod pg_lock;

@@ -746,6 +746,14 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
          ALTER TABLE jobs DROP COLUMN when_lost;
          ALTER TABLE runners DROP COLUMN conditions_held;
          ALTER TABLE runners DROP COLUMN conditions_note;
+         ALTER TABLE jobs DROP COLUMN limits;
+         ALTER TABLE jobs DROP COLUMN tempfail_max;
+         ALTER TABLE jobs DROP COLUMN tempfails;
+         ALTER TABLE jobs DROP CONSTRAINT jobs_error_kind_check;
+         ALTER TABLE jobs ADD CONSTRAINT jobs_error_kind_check
+             CHECK (error_kind = 'exit' OR error_kind = 'signal' OR error_kind = 'timeout'
+                    OR error_kind = 'idle_timeout' OR error_kind = 'lost'
+                    OR error_kind = 'spawn');
          DELETE FROM leasehold_migrations;
          INSERT INTO leasehold_migrations (version, applied_at) VALUES (15, 0);",
     );
@@ -761,11 +769,19 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
         ),
         1
     );
-    // Version 20: the job's conditions and when_lost, last, as the fresh schema has them.
+    // Version 20: the job's conditions and when_lost, before version 21's columns.
     assert_eq!(
         db.scalar(
             "SELECT count(*) FROM information_schema.columns
-             WHERE table_name = 'jobs' AND column_name = 'when_lost'
+             WHERE table_name = 'jobs' AND column_name = 'when_lost'"
+        ),
+        1
+    );
+    // Version 21: tempfails, last, as the fresh schema has it (name, version 17's, before).
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM information_schema.columns
+             WHERE table_name = 'jobs' AND column_name = 'tempfails'
                AND ordinal_position = (SELECT max(ordinal_position)
                                        FROM information_schema.columns
                                        WHERE table_name = 'jobs')"
@@ -774,9 +790,18 @@ fn a_postgres_database_of_version_15_is_migrated_with_its_marker_lease_and_name_
     );
     assert_eq!(
         db.scalar(
-            "SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18, 19, 20)"
+            "SELECT count(*) FROM leasehold_migrations WHERE version IN (16, 17, 18, 19, 20, 21)"
         ),
-        5
+        6
+    );
+    // Version 21: error_kind admits 'memory'.
+    db.exec("UPDATE jobs SET error_kind = 'memory' WHERE false");
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM pg_constraint WHERE conname = 'jobs_error_kind_check'
+               AND pg_get_constraintdef(oid) LIKE '%memory%'"
+        ),
+        1
     );
     // Its tables' columns are those of a database made from pg/schema.sql, in order.
     let columns = "SELECT hashtext(string_agg(table_name || '.' || column_name || ':' || data_type

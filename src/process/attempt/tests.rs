@@ -29,6 +29,7 @@ fn sh(script: &str, name: &str) -> AttemptSpec {
         kill_grace: Duration::from_secs(1),
         drain: Duration::from_millis(500),
         tail_bytes: 64 * 1024,
+        limits: crate::manners::Limits::default(),
     }
 }
 

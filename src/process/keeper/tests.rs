@@ -4,6 +4,8 @@
 
 use super::*;
 
+use crate::manners::Limits;
+
 use nix::sys::signal::Signal;
 
 use crate::files::{self, Journaled};
@@ -94,6 +96,7 @@ impl Job {
             job_id: 1,
             run_token: &self.token,
             fence: self.fence,
+            limits: Limits::default(),
         }
     }
 
@@ -429,6 +432,7 @@ fn a_missing_program_and_a_bad_cwd_fail_as_a_direct_spawn_does() {
         program,
         argv: &argv,
         env: Vec::new(),
+        limits: Limits::default(),
     };
     let err = spawn_keeper_from(&spec(c"/no/such/program", None), false)
         .map(|_| ())
@@ -480,6 +484,7 @@ fn a_bad_request_is_refused_as_a_failed_setup() {
         program: c"/bin/sh",
         argv: &argv,
         env: Vec::new(),
+        limits: Limits::default(),
     };
     let refused = Message::Failed {
         stage: Stage::Setup,

@@ -8,6 +8,7 @@ use crate::store::db::{Connection, OptionalExtension, Sql, params, params_from_i
 use crate::condition::WhenLost;
 use crate::error::Result;
 use crate::job::{EventKind, duration_ms};
+use crate::manners::Limits;
 
 use super::super::queue;
 use super::super::row::{json_column, ms_duration};
@@ -61,6 +62,8 @@ pub struct Claimed {
     pub conditions: u32,
     /// What happens when one of them stops holding while it runs.
     pub when_lost: WhenLost,
+    /// The job's manners and caps.
+    pub limits: Limits,
     priority: i64,
     scheduled_at: i64,
 }
@@ -86,7 +89,8 @@ const CLAIM_ONE_SQL: Sql = Sql::sqlite_only(concat!(
 
 /// What a claim reads of each job it takes, with the attempt it starts and a new run token.
 const CANDIDATE_COLUMNS: &str = "id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
-         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at, conditions, when_lost";
+         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at, conditions, when_lost,
+         limits";
 
 /// The jobs a claim takes, with `{index}` and `{queues}` to fill: see [`claim_sql`].
 /// Parameters: now, limit, then the queues from `?3`.
@@ -105,7 +109,8 @@ const CANDIDATES_SQL: &str = concat!(
 /// One job a claim takes by id, when queue rules chose it. Parameter: id.
 const CANDIDATE_SQL: Sql = Sql::sqlite_only(concat!(
     "SELECT id, queue, attempt + 1, lower(hex(randomblob(16))), argv,
-         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at, conditions, when_lost
+         env, cwd, timeout_ms, idle_timeout_ms, priority, scheduled_at, conditions, when_lost,
+         limits
      FROM jobs
      WHERE id = ?1 AND ",
     ready_to_claim!()
@@ -126,12 +131,12 @@ const PG_CLAIM_SQL: &str = "WITH picked AS ({pick}),
        FROM picked WHERE jobs.id = picked.id
        RETURNING jobs.id, jobs.queue, jobs.attempt, jobs.run_token, jobs.argv, jobs.env,
                  jobs.cwd, jobs.timeout_ms, jobs.idle_timeout_ms, jobs.priority,
-                 jobs.scheduled_at, jobs.conditions, jobs.when_lost),
+                 jobs.scheduled_at, jobs.conditions, jobs.when_lost, jobs.limits),
      logged AS (
        INSERT INTO job_events (job_id, at, kind, attempt, detail)
        SELECT id, ?1, 'claimed', attempt, 'worker ' || ?3 FROM taken)
      SELECT id, queue, attempt, run_token, argv, env, cwd, timeout_ms, idle_timeout_ms,
-            priority, scheduled_at, conditions, when_lost
+            priority, scheduled_at, conditions, when_lost, limits
      FROM taken";
 
 /// PostgreSQL's claim when no queue has a limit or a pause, in one statement and one round
@@ -172,12 +177,12 @@ const PG_FAST_CLAIM_SQL: &str = concat!(
        FROM picked WHERE jobs.id = picked.id
        RETURNING jobs.id, jobs.queue, jobs.attempt, jobs.run_token, jobs.argv, jobs.env,
                  jobs.cwd, jobs.timeout_ms, jobs.idle_timeout_ms, jobs.priority,
-                 jobs.scheduled_at, jobs.conditions, jobs.when_lost),
+                 jobs.scheduled_at, jobs.conditions, jobs.when_lost, jobs.limits),
      logged AS (
        INSERT INTO job_events (job_id, at, kind, attempt, detail)
        SELECT id, ?1, 'claimed', attempt, 'worker ' || ?3 FROM taken)
      SELECT t.id, t.queue, t.attempt, t.run_token, t.argv, t.env, t.cwd, t.timeout_ms,
-            t.idle_timeout_ms, t.priority, t.scheduled_at, s.due, s.ruled, t.conditions,
+            t.idle_timeout_ms, t.priority, t.scheduled_at, t.limits, s.due, s.ruled, t.conditions,
             t.when_lost
      FROM (SELECT ?5 > 0 AND EXISTS (SELECT 1 FROM jobs WHERE deferred = 1 AND scheduled_at <= ?1)
                       AS due,
@@ -319,6 +324,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
             scheduled_at: r.get(10)?,
             conditions: condition_bits(r, 11)?,
             when_lost: when_lost(r, 12)?,
+            limits: Limits::from_json(r.get::<_, Option<String>>(13)?.as_deref()),
         })
     };
     #[cfg(feature = "postgres")]
@@ -423,11 +429,12 @@ fn pg_fast_claim(
                     lease_expires_at: expires,
                     priority: r.get(9)?,
                     scheduled_at: r.get(10)?,
-                    conditions: condition_bits(r, 13)?,
-                    when_lost: when_lost(r, 14)?,
+                    conditions: condition_bits(r, 14)?,
+                    when_lost: when_lost(r, 15)?,
+                    limits: Limits::from_json(r.get::<_, Option<String>>(11)?.as_deref()),
                 }),
             };
-            Ok((job, r.get::<_, bool>(11)?, r.get::<_, bool>(12)?))
+            Ok((job, r.get::<_, bool>(12)?, r.get::<_, bool>(13)?))
         })?;
         let (mut due, mut ruled) = (false, false);
         for row in rows {

@@ -1,4 +1,4 @@
--- leasehold schema on PostgreSQL, version 18 (the same version as the SQLite schema.sql).
+-- leasehold schema on PostgreSQL, version 21 (the same version as the SQLite schema.sql).
 --
 -- This file is the newest PostgreSQL schema, readable on its own. It has the same tables, the
 -- same column names and the same meanings as the SQLite file (/schema.sql; the why of each part
@@ -10,7 +10,7 @@
 --     SELECT pg_advisory_xact_lock(7810756276994469740);
 -- (the key is the bytes of 'leasehol', 0x6c65617365686f6c), which every migration of a
 -- leasehold database takes before it reads leasehold_migrations: two runners starting at once
--- on an empty database create it once, and the second finds version 18. Names are not
+-- on an empty database create it once, and the second finds version 21. Names are not
 -- schema-qualified: the connection's search_path picks the schema (one per test, for example).
 --
 -- Types: every integer is BIGINT (the store binds every integer as int8, as SQLite's INTEGER
@@ -63,13 +63,13 @@ CREATE FUNCTION julianday(t TEXT) RETURNS DOUBLE PRECISION
     $$;
 
 -- Schema versions applied, the newest last (SQLite keeps one number, PRAGMA user_version). A
--- database made from this file has one row, 20. The store's migration holds the advisory lock
+-- database made from this file has one row, 21. The store's migration holds the advisory lock
 -- above, reads max(version), and applies each newer migration in that transaction.
 CREATE TABLE leasehold_migrations (
     version     BIGINT PRIMARY KEY,
     applied_at  BIGINT NOT NULL
 );
-INSERT INTO leasehold_migrations (version, applied_at) VALUES (20, leasehold_now_ms());
+INSERT INTO leasehold_migrations (version, applied_at) VALUES (21, leasehold_now_ms());
 
 -- One row per job. The lease columns keep the names that lease-recovery runbooks use, so plain
 -- SQL works: status, attempt, max_attempts, recovery_count, started_at, completed_at,
@@ -118,7 +118,7 @@ CREATE TABLE jobs (
     error_kind          TEXT
                         CHECK (error_kind = 'exit' OR error_kind = 'signal' OR error_kind = 'timeout'
                                OR error_kind = 'idle_timeout' OR error_kind = 'lost'
-                               OR error_kind = 'spawn'),
+                               OR error_kind = 'spawn' OR error_kind = 'memory'),
     last_error          TEXT,
     -- A lost attempt whose processes still have to be torn down. While teardown_token is set
     -- the job cannot be claimed: two attempts of one job never run at once.
@@ -158,7 +158,13 @@ CREATE TABLE jobs (
     -- stops holding while it runs.
     conditions          BIGINT  NOT NULL DEFAULT 0,
     when_lost           TEXT    NOT NULL DEFAULT 'run'
-                        CHECK (when_lost = 'run' OR when_lost = 'stop')
+                        CHECK (when_lost = 'run' OR when_lost = 'stop'),
+    -- The job's manners and caps, a JSON object of nice, io_class, memory_max, cpu_weight and
+    -- pids_max (NULL: none); the bound on exits 75 ("try me later") that requeue it without
+    -- spending an attempt (NULL: the default), and how many did so far.
+    limits              TEXT,
+    tempfail_max        BIGINT,
+    tempfails           BIGINT  NOT NULL DEFAULT 0
 );
 
 -- Claiming: the next ready job of any queue, or of one queue, in priority order, reading only

@@ -44,6 +44,7 @@ fn the_program_runs_from_an_owner_only_file_and_one_that_cannot_be_execed_fails_
         program: c"/bin/sh",
         argv: &argv,
         env: Vec::new(),
+        limits: Limits::default(),
     };
     let journal = files::journal_path(&attempts, hub.pid, hub.start_time);
     let mut control = by_hand(&hub);

@@ -178,6 +178,11 @@ impl Runner {
         // Beside another process's write lock, recording the stop waits no longer than the
         // writer did.
         api.set_busy_timeout(short_busy(&self.shared.config));
+        // A damaged file gets no more writes: not the endings, not the stop (a runner's
+        // record whose process is gone is judged dead).
+        if self.shared.damaged() {
+            return self.shared.check();
+        }
         let unwritten = std::mem::take(&mut *self.shared.unwritten.lock());
         for finish in &unwritten {
             // The writer had failed: record these endings here (each fenced as usual).

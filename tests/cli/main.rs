@@ -8,6 +8,7 @@ mod helper;
 
 mod bulk;
 mod cdp;
+mod damaged;
 mod dashboard;
 mod db;
 mod fsync;

@@ -84,7 +84,8 @@ impl Runner {
     ///
     /// A database error recording the stop (everything else is done by then);
     /// [`Error::RunnerFailed`](crate::Error::RunnerFailed) when a thread of the runner had failed (its attempts are
-    /// recorded as lost by then).
+    /// recorded as lost by then); [`Error::Damaged`](crate::Error::Damaged) when a thread found
+    /// the database file damaged (the runner stopped at once and wrote nothing more).
     pub fn shutdown_within(&self, grace: Duration) -> Result<()> {
         let mut threads = self.threads.lock();
         if threads.done {

@@ -353,3 +353,31 @@ fn a_runner_that_meets_damage_while_it_runs_stops_at_once_and_kills_its_attempts
         "the attempt's process {pid} was left running"
     );
 }
+
+#[test]
+fn db_check_reports_in_json_and_is_for_sqlite_files_only() {
+    let t = TestDb::new();
+    let bytes = fixture(&t);
+    let v = crate::helper::json(&mut cli(&t.path, &["db", "check", "--quick", "--json"]));
+    assert_eq!(v, serde_json::json!({"ok": true, "found": ["ok"]}));
+    // Noise over the last page, a leaf: the check names what it found.
+    let db = t.sibling("damaged.db");
+    let pages = bytes.len() / PAGE;
+    std::fs::write(&db, with_noise(&bytes, pages - 1, &mut Noise(7))).unwrap();
+    let before = state(&db);
+    let out = cli(&db, &["db", "check", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(DAMAGED));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert!(!v["found"].as_array().unwrap().is_empty(), "{v}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    assert!(state(&db) == before, "db check wrote to the file");
+    let line = crate::helper::fails(
+        &mut cli(
+            Path::new("postgres://nobody@127.0.0.1:1/none"),
+            &["db", "check"],
+        ),
+        1,
+    );
+    assert!(line.contains("SQLite file"), "{line}");
+}

@@ -9,9 +9,21 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// SQLite reported an error.
-    #[error("database error")]
-    Sqlite(#[from] rusqlite::Error),
+    /// SQLite reported an error. Its message is part of this one's (and not a source, which
+    /// would say it twice).
+    #[error("database error: {0}")]
+    Sqlite(rusqlite::Error),
+    /// The database file is damaged: SQLite found a page it cannot make sense of
+    /// (`SQLITE_CORRUPT`), or a header that is not a database's in a file that opened as one
+    /// (`SQLITE_NOTADB`). Nothing goes well on it: a runner that meets it stops at once, as
+    /// a shutdown stops it, and writes nothing more to it. Stop every process on the file,
+    /// copy it aside (with its `-wal` file), look at what is damaged (`leasehold db check`,
+    /// [`Store::check`](crate::Store::check)), and restore a backup.
+    #[error("the database file is damaged (SQLite: {reason})")]
+    Damaged {
+        /// What SQLite said.
+        reason: String,
+    },
     /// A write failed because the disk or the database is full (`SQLITE_FULL`, `ENOSPC`,
     /// `EFBIG`), or opening a file found no room for its WAL index (`Store::open` on a full
     /// disk). The transaction was rolled back: nothing of it was stored. SQLite's error is
@@ -249,6 +261,19 @@ pub enum Error {
     },
 }
 
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                Error::Damaged {
+                    reason: e.to_string(),
+                }
+            }
+            _ => Error::Sqlite(e),
+        }
+    }
+}
+
 /// A `Result` with leasehold's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -258,6 +283,11 @@ impl Error {
             setting,
             reason: reason.into(),
         }
+    }
+
+    /// True when the database file is damaged ([`Error::Damaged`]).
+    pub fn is_damaged(&self) -> bool {
+        matches!(self, Error::Damaged { .. })
     }
 
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {

@@ -1,4 +1,5 @@
-//! `leasehold db migrate`, `leasehold db version`, `leasehold db vacuum` and `leasehold db prune`.
+//! `leasehold db migrate`, `leasehold db version`, `leasehold db vacuum`, `leasehold db prune`
+//! and `leasehold db check`.
 
 use std::io::Write;
 use std::path::Path;
@@ -197,4 +198,29 @@ fn prune_showing_progress(store: &Store, policy: &Retention) -> anyhow::Result<P
     total.bytes_freed = last.bytes_freed;
     total.wal_truncated = last.wal_truncated;
     Ok(total)
+}
+
+/// SQLite's integrity check of the file, read-only: prints what it found; a damaged file is
+/// an error (exit 3) after the findings.
+pub fn check(db: &Path, quick: bool, json: bool) -> anyhow::Result<()> {
+    let found = Store::check(db, quick)?;
+    let ok = found.len() == 1 && found[0] == "ok";
+    let mut out = std::io::stdout().lock();
+    if json {
+        print_json(&mut out, &json!({"ok": ok, "found": found}))?;
+    } else {
+        for line in &found {
+            writeln!(out, "{line}")?;
+        }
+    }
+    if ok {
+        return Ok(());
+    }
+    let what = format!(
+        "SQLite's {} check found {} problem{}",
+        if quick { "quick" } else { "integrity" },
+        found.len(),
+        if found.len() == 1 { "" } else { "s" }
+    );
+    Err(super::Damaged::advice(db, &what).into())
 }

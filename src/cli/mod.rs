@@ -176,6 +176,20 @@ enum DbCommand {
     Vacuum(ForceArgs),
     /// Deletes finished jobs past the retention rules now (the defaults for rules not given)
     Prune(PruneArgs),
+    /// SQLite's integrity check of the file, read-only: prints `ok`, or what it found (exit 3).
+    /// SQLite files only.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// SQLite's quick check: skips whether each index agrees with its table (faster on a
+    /// large file).
+    #[arg(long)]
+    quick: bool,
+    /// Print JSON: `{"ok", "found"}`.
+    #[arg(long)]
+    json: bool,
 }
 
 /// The retention rules of `db prune` and `run`.
@@ -662,11 +676,54 @@ struct RunArgs {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let db = cli.db.db.as_path();
-    match cli.command {
+    dispatch(db, cli.command).map_err(|e| damaged(db, e))
+}
+
+/// A damaged file's error, said once with the file and what to do next (exit 3).
+fn damaged(db: &Path, e: anyhow::Error) -> anyhow::Error {
+    let reason = e
+        .chain()
+        .find_map(|c| match c.downcast_ref::<leasehold::Error>() {
+            Some(leasehold::Error::Damaged { reason }) => Some(reason.clone()),
+            _ => None,
+        });
+    match reason {
+        Some(reason) => anyhow::Error::new(Damaged::advice(db, &format!("SQLite: {reason}"))),
+        None => e,
+    }
+}
+
+/// The database file is damaged: exit 3.
+#[derive(Debug)]
+pub struct Damaged(pub String);
+
+impl Damaged {
+    /// The one line: the file, what is wrong, and the next step.
+    pub fn advice(db: &Path, what: &str) -> Damaged {
+        let file = leasehold::redacted_db(db);
+        Damaged(format!(
+            "the database {file} is damaged ({what}); stop every runner on it, copy it aside \
+             with its -wal file, run `leasehold --db {file} db check`, then restore it from a \
+             backup"
+        ))
+    }
+}
+
+impl std::fmt::Display for Damaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Damaged {}
+
+fn dispatch(db: &Path, command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Db(DbCommand::Migrate(a)) => db::migrate(db, a.json, a.force),
         Command::Db(DbCommand::Version(a)) => db::version(db, a.json),
         Command::Db(DbCommand::Vacuum(a)) => db::vacuum(db, a.json, a.force),
         Command::Db(DbCommand::Prune(a)) => db::prune(db, &a.keep.retention(), a.dry_run, a.json),
+        Command::Db(DbCommand::Check(a)) => db::check(db, a.quick, a.json),
         Command::Jobs(JobsCommand::Add(a)) => jobs::add(db, *a),
         Command::Jobs(JobsCommand::Ls(a)) => jobs::ls(db, &a),
         Command::Jobs(JobsCommand::Inspect(a)) => jobs::inspect(db, &a),
@@ -760,6 +817,8 @@ pub enum Failure {
     BrokenPipe,
     /// A wait's `--timeout` passed first: exit 124, as `timeout(1)`.
     TimedOut,
+    /// The database file is damaged: exit 3.
+    Damaged,
 }
 
 impl Failure {
@@ -771,6 +830,9 @@ impl Failure {
             }
             if cause.is::<TimedOut>() {
                 return Failure::TimedOut;
+            }
+            if cause.is::<Damaged>() {
+                return Failure::Damaged;
             }
             if let Some(leasehold::Error::Invalid { .. }) = cause.downcast_ref::<leasehold::Error>()
             {
@@ -792,6 +854,7 @@ impl Failure {
             Failure::Operation => ExitCode::from(1),
             Failure::BrokenPipe => ExitCode::SUCCESS,
             Failure::TimedOut => ExitCode::from(124),
+            Failure::Damaged => ExitCode::from(3),
         }
     }
 }

@@ -118,7 +118,12 @@ pub fn run(db: &Path, args: &RunArgs) -> anyhow::Result<()> {
                     break;
                 }
                 Ok(true) => {}
-                Err(e) => log::warn!("cannot tell whether jobs are left: {e:#}"),
+                // The runner stopped itself: the shutdown below returns why.
+                Err(e) if e.is_damaged() => break,
+                Err(e) => log::warn!(
+                    "cannot tell whether jobs are left: {:#}",
+                    anyhow::Error::new(e)
+                ),
             }
         }
         let sigs = signals.as_ref().unwrap_or(&no_signals);

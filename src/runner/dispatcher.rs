@@ -105,6 +105,7 @@ pub(super) fn dispatch_loop(shared: &Shared, writer: &Writer, work: &Sender<Hand
                 }
                 // The writer warns of a full disk itself, once a minute.
                 Err(e) if e.is_full() => log::debug!("claim refused: {e:#}"),
+                Err(e) if shared.stop_if_damaged("dispatcher", &e) => {}
                 Err(e) => log::error!("claim failed: {e:#}"),
             }
         }

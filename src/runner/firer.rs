@@ -115,6 +115,7 @@ pub(crate) fn run(firer: &Firer, shared: &Shared, stop: &Receiver<()>, wake: &Re
                 }
                 Firer::sleep_for(&report, firer.store.now())
             }
+            Err(e) if shared.stop_if_damaged("firer", &e) => return,
             Err(e) => {
                 failures += 1;
                 if failures == 1 || failures % 60 == 0 {

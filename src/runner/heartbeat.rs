@@ -103,6 +103,7 @@ pub(crate) fn beat(store: &mut Store, shared: &Shared, now: i64) {
                 }
             }
         }
+        Err(e) if shared.stop_if_damaged("heartbeat", &e) => {}
         Err(e) => {
             let now = now_ms();
             let running = shared.running.lock();

@@ -375,7 +375,12 @@ impl Runner {
     /// A database error.
     pub fn has_unfinished(&self) -> Result<bool> {
         self.shared.check()?;
-        self.api.lock().has_unfinished(&self.shared.config.queues)
+        let unfinished = self.api.lock().has_unfinished(&self.shared.config.queues);
+        // A damaged file stops the runner, whoever finds it.
+        if let Err(e) = &unfinished {
+            self.shared.stop_if_damaged("caller", e);
+        }
+        unfinished
     }
 
     /// `Ok` while every thread of the runner works. After a thread failed (a panic, an error
@@ -384,7 +389,8 @@ impl Runner {
     ///
     /// # Errors
     ///
-    /// [`Error::RunnerFailed`] naming the thread and its cause.
+    /// [`Error::RunnerFailed`] naming the thread and its cause; [`Error::Damaged`] when a
+    /// thread found the database file damaged (the runner stopped at once).
     pub fn health(&self) -> Result<()> {
         self.shared.check()
     }

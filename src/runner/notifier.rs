@@ -63,6 +63,7 @@ pub(super) fn notify_loop(
                 match from.map_or_else(|| store.last_event_id(), Ok) {
                     Ok(last) => last,
                     Err(e) => {
+                        shared.stop_if_damaged("notifier", &e);
                         log::warn!("notifier: cannot read events: {e:#}");
                         seen = shared.wait_for_endings(seen, shared.config.poll_interval);
                         continue;
@@ -119,6 +120,7 @@ pub(super) fn notify_loop(
                     continue;
                 }
             }
+            Err(e) if shared.stop_if_damaged("notifier", &e) => {}
             Err(e) => log::warn!("notifier: cannot read events: {e:#}"),
         }
         if stopping {

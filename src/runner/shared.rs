@@ -88,6 +88,9 @@ pub(crate) struct Shared {
     /// The first fatal fault of one of the runner's threads: once set, the runner has fenced
     /// itself and refuses every request.
     fault: Mutex<Option<(&'static str, String)>>,
+    /// What SQLite said when a thread found the database file damaged: the runner stopped
+    /// at once ([`Shared::stop_if_damaged`]).
+    damage: Mutex<Option<String>>,
     /// Endings that could not be handed to the writer (it had failed): the runner records
     /// them itself when it shuts down.
     pub unwritten: Mutex<Vec<Finish>>,
@@ -122,6 +125,7 @@ impl Shared {
             endings: (Mutex::new(0), Condvar::new()),
             counters: Mutex::new(SweepCounters::default()),
             fault: Mutex::new(None),
+            damage: Mutex::new(None),
             unwritten: Mutex::new(Vec::new()),
             #[cfg(test)]
             inject_panic: Mutex::new(None),
@@ -331,6 +335,36 @@ impl Shared {
         self.stop_everything(StopReason::SelfFenced);
     }
 
+    /// When `e` says that the database file is damaged ([`Error::Damaged`]): the runner
+    /// stops at once, every thread, its attempts stopped as a shutdown stops them, and says
+    /// so in one line naming the file and what to do. Returns whether it was so.
+    pub(crate) fn stop_if_damaged(&self, thread: &'static str, e: &Error) -> bool {
+        let Error::Damaged { reason } = e else {
+            return false;
+        };
+        {
+            let mut fault = self.fault.lock();
+            if fault.is_none() {
+                log::error!(
+                    "runner {}: the {thread} thread found the database {} damaged (SQLite: \
+                     {reason}): stopping at once; stop every runner on it, copy it aside, \
+                     run `leasehold db check`, then restore a backup",
+                    self.worker_id,
+                    crate::redacted_db(&self.config.path)
+                );
+                *fault = Some((thread, e.to_string()));
+                *self.damage.lock() = Some(reason.clone());
+            }
+        }
+        self.stop_everything(StopReason::Shutdown);
+        true
+    }
+
+    /// Whether a thread found the database file damaged.
+    pub(crate) fn damaged(&self) -> bool {
+        self.damage.lock().is_some()
+    }
+
     /// The application aborts the runner (see [`Runner::abort`](super::Runner::abort)): it
     /// fences itself as a failed thread makes it, but its attempts are stopped as at
     /// shutdown, so that their jobs go back without spending their recovery budget.
@@ -365,6 +399,11 @@ impl Shared {
 
     /// `Err` once a thread has failed.
     pub(crate) fn check(&self) -> Result<()> {
+        if let Some(reason) = &*self.damage.lock() {
+            return Err(Error::Damaged {
+                reason: reason.clone(),
+            });
+        }
         match &*self.fault.lock() {
             None => Ok(()),
             Some((thread, cause)) => Err(Error::RunnerFailed {

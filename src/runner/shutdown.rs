@@ -84,7 +84,8 @@ impl Runner {
     ///
     /// A database error recording the stop (everything else is done by then);
     /// [`Error::RunnerFailed`](crate::Error::RunnerFailed) when a thread of the runner had failed (its attempts are
-    /// recorded as lost by then).
+    /// recorded as lost by then); [`Error::Damaged`](crate::Error::Damaged) when a thread found
+    /// the database file damaged (the runner stopped at once and wrote nothing more).
     pub fn shutdown_within(&self, grace: Duration) -> Result<()> {
         let mut threads = self.threads.lock();
         if threads.done {
@@ -178,6 +179,11 @@ impl Runner {
         // Beside another process's write lock, recording the stop waits no longer than the
         // writer did.
         api.set_busy_timeout(short_busy(&self.shared.config));
+        // A damaged file gets no more writes: not the endings, not the stop (a runner's
+        // record whose process is gone is judged dead).
+        if self.shared.damaged() {
+            return self.shared.check();
+        }
         let unwritten = std::mem::take(&mut *self.shared.unwritten.lock());
         for finish in &unwritten {
             // The writer had failed: record these endings here (each fenced as usual).

@@ -118,6 +118,8 @@ impl Runner {
             return Err(e);
         }
         let mut api = Runner::open(&config, DEFAULT_BUSY_TIMEOUT, true)?;
+        // Before the runner's first write (its record): a damaged file is refused untouched.
+        api.refuse_if_damaged()?;
         // The clock the file was opened with (a test database's, in a `testing` build), for
         // every later connection and the times the threads read.
         config.clock = api.clock().clone();
@@ -433,6 +435,7 @@ pub(super) fn spawn_thread(
                 // closes as it unwinds, before that report is made).
                 Ok(Ok(())) if role == "worker" => return,
                 Ok(Ok(())) => "it ended before the runner shut down".to_string(),
+                Ok(Err(e)) if shared.stop_if_damaged(role, &e) => return,
                 Ok(Err(e)) => format!("{e:#}"),
                 Err(panic) => format!("panicked: {}", panic_message(panic.as_ref())),
             };

@@ -270,6 +270,7 @@ impl Sweeper {
                     log::debug!("sweep: nothing to do");
                 }
             }
+            Err(e) if self.shared.stop_if_damaged("sweeper", &e) => {}
             Err(e) => {
                 if let Some(n) = self.sweep_failures.lock().failed(Instant::now()) {
                     log::warn!("sweep failed ({n} since the last report): {e:#}");
@@ -302,6 +303,7 @@ impl Sweeper {
         match taken {
             Ok(true) => log::debug!("sample taken"),
             Ok(false) => {}
+            Err(e) if self.shared.stop_if_damaged("sweeper", &e) => {}
             Err(e) => {
                 if let Some(n) = self.sample_failures.lock().failed(Instant::now()) {
                     log::warn!("sample failed ({n} since the last report): {e:#}");
@@ -324,6 +326,7 @@ impl Sweeper {
             Ok((released, deleted)) => {
                 log::info!("bulk enqueues: released={released} deleted_abandoned={deleted}");
             }
+            Err(e) if self.shared.stop_if_damaged("sweeper", &e) => {}
             Err(e) => {
                 if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
                     log::warn!("tidying bulk enqueues failed ({n} since the last report): {e:#}");
@@ -354,6 +357,7 @@ impl Sweeper {
                 }
                 leads
             }
+            Err(e) if self.shared.stop_if_damaged("sweeper", &e) => false,
             Err(e) => {
                 if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
                     log::warn!(
@@ -387,6 +391,7 @@ impl Sweeper {
                     self.remove_files_and_log();
                 }
             }
+            Err(e) if self.shared.stop_if_damaged("sweeper", &e) => {}
             Err(e) => {
                 if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
                     log::warn!("prune failed ({n} since the last report): {e:#}");
@@ -407,6 +412,7 @@ impl Sweeper {
         match removed {
             Ok(0) => {}
             Ok(n) => log::info!("removed the output files of {n} pruned jobs"),
+            Err(e) if self.shared.stop_if_damaged("sweeper", &e) => {}
             Err(e) => {
                 if let Some(n) = self.prune_failures.lock().failed(Instant::now()) {
                     log::warn!(

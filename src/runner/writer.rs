@@ -144,6 +144,8 @@ fn commit(
             Ok(applied)
         });
         match attempt {
+            // The file is damaged: the runner stops, and nothing more is written to it.
+            Err(e) if shared.stop_if_damaged("writer", &e) => return give_up(batch, &e),
             // The transaction is rolled back: apply the batch again, one savepoint a write
             // (a full disk fails the whole transaction, below, whatever the mode).
             Err(e) if write_failed && !savepoints && !e.is_full() && !e.is_busy() => {
@@ -181,6 +183,16 @@ fn commit(
                 let Some((_, e)) = failed.first() else {
                     return done;
                 };
+                if let Error::Damaged { reason } = e
+                    && shared.stop_if_damaged("writer", e)
+                {
+                    let e = Error::Damaged {
+                        reason: reason.clone(),
+                    };
+                    after_commit(shared, done);
+                    let batch = failed.into_iter().map(|(f, _)| Op::Finish(f)).collect();
+                    return give_up(batch, &e);
+                }
                 let e = Error::io(
                     "cannot record an ending",
                     std::io::Error::other(format!("{e:#}")),

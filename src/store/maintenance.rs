@@ -67,7 +67,7 @@ pub(super) fn vacuum(
                 waited: busy_timeout,
             }
         } else {
-            Error::Sqlite(e)
+            Error::from(e)
         }
     };
     conn.execute_batch("VACUUM").map_err(busy)?;

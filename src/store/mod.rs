@@ -258,6 +258,43 @@ impl Store {
         open::probe_version(path)
     }
 
+    /// SQLite's integrity check of the file at `path` (`PRAGMA integrity_check`, or with
+    /// `quick` the cheaper `quick_check`, which skips the indexes' agreement with their
+    /// tables), read-only: what `leasehold db check` reports. `["ok"]` when it found nothing;
+    /// else what it found, a line each (at most 100). A file so damaged that the check
+    /// cannot start gets SQLite's error as its one line.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Missing`], [`Error::NotADatabase`], [`Error::SqliteOnly`] on PostgreSQL (the
+    /// server keeps its own pages), or [`Error::Sqlite`].
+    pub fn check(path: impl AsRef<Path>, quick: bool) -> Result<Vec<String>> {
+        let path = path.as_ref();
+        if pg::is_url(path) {
+            return Err(crate::Error::SqliteOnly("db check"));
+        }
+        open::check(path, quick)
+    }
+
+    /// Refuses a damaged file before a runner writes to it: SQLite's quick check reads
+    /// every page of the file (about as long as reading it), so that nothing is written to a
+    /// file that cannot be read back. Nothing to do on PostgreSQL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Damaged`](crate::Error::Damaged) with the check's first finding.
+    pub(crate) fn refuse_if_damaged(&self) -> Result<()> {
+        let Some(conn) = self.conn().sqlite() else {
+            return Ok(());
+        };
+        let first: String = conn.query_row("PRAGMA quick_check(1)", [], |r| r.get(0))?;
+        if first == "ok" {
+            Ok(())
+        } else {
+            Err(crate::Error::Damaged { reason: first })
+        }
+    }
+
     /// The file this store opened.
     pub fn path(&self) -> &Path {
         &self.path

@@ -142,7 +142,7 @@ pub(super) fn open(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Open
             path: path.clone(),
             reason: e.to_string(),
         },
-        _ => Error::Sqlite(e),
+        _ => Error::from(e),
     };
     // Read before anything writes: a file that is not a database fails here, untouched.
     // One statement, so one snapshot: between two reads another process could migrate the
@@ -278,8 +278,39 @@ pub(super) fn probe_version(path: impl AsRef<Path>) -> Result<i64> {
                 path: path.to_path_buf(),
                 reason: e.to_string(),
             },
-            _ => Error::Sqlite(e),
+            _ => Error::from(e),
         })
+}
+
+pub(super) fn check(path: &Path, quick: bool) -> Result<Vec<String>> {
+    if !path.exists() {
+        return Err(Error::Missing(path.to_path_buf()));
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)?;
+    let sql = if quick {
+        "PRAGMA quick_check(100)"
+    } else {
+        "PRAGMA integrity_check(100)"
+    };
+    let found = conn.prepare(sql).and_then(|mut stmt| {
+        stmt.query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()
+    });
+    match found {
+        Ok(lines) => Ok(lines),
+        Err(e) => match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::NotADatabase) => Err(Error::NotADatabase {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            }),
+            Some(rusqlite::ErrorCode::DatabaseCorrupt) => Ok(vec![e.to_string()]),
+            _ => Err(Error::Sqlite(e)),
+        },
+    }
 }
 
 pub(super) fn schema_version(conn: &Connection) -> Result<i64> {

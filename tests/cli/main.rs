@@ -9,6 +9,7 @@ mod helper;
 mod bulk;
 mod cdp;
 mod conditions;
+mod damaged;
 mod dashboard;
 mod db;
 mod fsync;

@@ -82,6 +82,8 @@ pub(crate) struct Shared {
     /// ([`Condition`](crate::Condition)'s bits): a claim leaves out the jobs that need one.
     /// All of them until its first look.
     unheld: AtomicU32,
+    /// The conditions whose loss stopped each attempt (by run token), for its history.
+    pub lost_conditions: Mutex<HashMap<String, u32>>,
     /// Bumped whenever an ending is committed or observed; waiters block on it.
     endings: (Mutex<u64>, Condvar),
     pub counters: Mutex<SweepCounters>,
@@ -122,6 +124,7 @@ impl Shared {
             next_due: AtomicI64::new(i64::MAX),
             wake: (Mutex::new(false), Condvar::new()),
             unheld: AtomicU32::new(crate::condition::ALL_CONDITIONS),
+            lost_conditions: Mutex::new(HashMap::new()),
             endings: (Mutex::new(0), Condvar::new()),
             counters: Mutex::new(SweepCounters::default()),
             fault: Mutex::new(None),
@@ -148,8 +151,11 @@ impl Shared {
             self.wake_dispatcher();
         }
         let mut stopped = 0;
-        for r in self.running.lock().values() {
+        for (token, r) in self.running.lock().iter() {
             if r.stop_when_lost & unheld != 0 && r.stop.reason().is_none() {
+                self.lost_conditions
+                    .lock()
+                    .insert(token.clone(), r.stop_when_lost & unheld);
                 log::info!(
                     "job {}: a condition it needs stopped holding; stopping it (when_lost=stop)",
                     r.job_id

@@ -261,7 +261,29 @@ fn run_one(
         // Released to the keeper once the writer committed the ending (`attempt_done`).
         shared.keep_release(&job.run_token, release);
     }
-    finish_for(job.id, &job.run_token, job.attempt, cfg, result)
+    let lost = shared.lost_conditions.lock().remove(&job.run_token);
+    let mut finish = finish_for(job.id, &job.run_token, job.attempt, cfg, result);
+    // The history names the conditions whose loss stopped the attempt.
+    if let (
+        Some(lost),
+        Some(Finish {
+            ending: Ending::Interrupted { message },
+            ..
+        }),
+    ) = (lost, finish.as_mut())
+        && message.starts_with("condition lost")
+    {
+        let names: Vec<&str> = crate::condition::from_mask(lost)
+            .into_iter()
+            .map(|c| c.as_str())
+            .collect();
+        *message = format!(
+            "condition lost: {} no longer held, so the attempt was stopped (when_lost=stop) \
+             and the job requeued to wait for it, nothing spent",
+            names.join(", ")
+        );
+    }
+    finish
 }
 
 /// The ending to record for an attempt's result; `None` for one left running under its

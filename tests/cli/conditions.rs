@@ -210,7 +210,7 @@ crate::on_both! {
             .find(|e| e["kind"] == "interrupted")
             .unwrap_or_else(|| panic!("an interrupted event: {events}"));
         assert!(
-            interrupted["detail"].as_str().unwrap().contains("condition lost"),
+            interrupted["detail"].as_str().unwrap().contains("condition lost: ac-power no longer held"),
             "{interrupted}"
         );
 

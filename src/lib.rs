@@ -38,6 +38,9 @@ pub struct ReadmeDoctests;
 
 mod error;
 mod files;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod job;
 mod metrics;
 mod process;

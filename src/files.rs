@@ -419,14 +419,19 @@ pub(crate) fn read_journal(path: &Path, token: &str) -> io::Result<Option<Journa
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    // The last line about the token is what it says now.
-    Ok(bytes
+    Ok(journal_says(&bytes, token))
+}
+
+/// What the journal's bytes `journal` say last of the attempt with `token`: its last line
+/// about the token, whole and a record (a torn or foreign line is passed over).
+pub(crate) fn journal_says(journal: &[u8], token: &str) -> Option<Journaled> {
+    journal
         .split(|&b| b == b'\n')
         .rev()
         .filter_map(|line| std::str::from_utf8(line).ok())
         .filter_map(parse_journal_line)
         .find(|(t, _)| *t == token)
-        .map(|(_, said)| said))
+        .map(|(_, said)| said)
 }
 
 /// A journal line as the keeper writes it (without its newline), for tests.

@@ -39,6 +39,9 @@ pub struct ReadmeDoctests;
 mod condition;
 mod error;
 mod files;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod job;
 mod manners;
 mod metrics;

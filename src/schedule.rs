@@ -898,4 +898,44 @@ mod tests {
             "2027-03-28T03:00:00+02:00"
         );
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(1000))]
+
+        /// For any daily expression in a zone with DST (or with a half-hour change), the next
+        /// slot is strictly after the given time, on a whole minute, and a slot of the
+        /// expression: its wall-clock minute and hour are the expression's, or it is the
+        /// instant the zone's offset changes (a slot in a skipped hour runs at the gap's end),
+        /// and asking again from just before it finds it again.
+        #[test]
+        fn the_next_slot_is_after_the_time_and_a_slot_of_the_expression(
+            minutes in proptest::sample::subsequence((0u32..60).collect::<Vec<_>>(), 1..4),
+            hours in proptest::option::of(
+                proptest::sample::subsequence((0u32..24).collect::<Vec<_>>(), 1..4)
+            ),
+            name in proptest::sample::select(vec![
+                "UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe",
+                "Asia/Kolkata", "America/Sao_Paulo",
+            ]),
+            after in 946_684_800_000i64..4_102_444_800_000,
+        ) {
+            let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let expr = format!("{} {} * * *", list(&minutes), hours.as_deref().map_or("*".into(), list));
+            let schedule = Schedule::cron(&expr).unwrap().tz(name);
+            let slot = schedule.slot_after(after).unwrap().expect("a daily expression has slots");
+            proptest::prop_assert!(slot > after, "{expr} in {name}: {slot} after {after}");
+            proptest::prop_assert_eq!(slot % 60_000, 0, "{} in {}: on a whole minute", expr, name);
+            let tz = zone(name).unwrap();
+            let wall = tz.to_datetime(Timestamp::from_millisecond(slot).unwrap());
+            let expressed = minutes.contains(&(wall.minute() as u32))
+                && hours.as_ref().is_none_or(|h| h.contains(&(wall.hour() as u32)));
+            let secs = slot / 1000;
+            let at_a_change = offset_at(&tz, secs - 1) != offset_at(&tz, secs);
+            proptest::prop_assert!(
+                expressed || at_a_change,
+                "{} in {}: {} is {} there", expr, name, utc_text(slot), wall
+            );
+            proptest::prop_assert_eq!(schedule.slot_after(slot - 1).unwrap(), Some(slot));
+        }
+    }
 }

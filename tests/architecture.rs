@@ -38,7 +38,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     // PostgreSQL is named after the URL and this host (store/wake.rs): it sits beside them.
     ("store and process", &["store", "process", "files"]),
     ("runner", &["runner", "protocol"]),
-    ("top", &["", "testing", "bin"]),
+    ("top", &["", "testing", "fuzzing", "bin"]),
 ];
 
 /// A module: its crate ("lib" or "bin") and its path inside it.

@@ -992,4 +992,55 @@ mod tests {
             assert!(parse_add(&args).is_none(), "{line:?} taken as a jobs add");
         }
     }
+
+    /// Every command's name and every long option's spelling in the whole tree, for the
+    /// property below to build command lines from.
+    fn vocabulary() -> Vec<String> {
+        fn walk(cmd: &clap::Command, out: &mut Vec<String>) {
+            out.push(cmd.get_name().to_string());
+            for arg in cmd.get_arguments() {
+                out.extend(arg.get_long().map(|l| format!("--{l}")));
+                out.extend(arg.get_short().map(|s| format!("-{s}")));
+                out.extend(
+                    arg.get_possible_values()
+                        .iter()
+                        .map(|v| v.get_name().to_string()),
+                );
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk(&Cli::command(), &mut out);
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2000))]
+
+        /// Any command line, of the tree's own words and of anything else, is parsed or refused
+        /// without a panic; and what the `jobs add` grammar takes the whole tree takes alike.
+        #[test]
+        fn any_command_line_is_parsed_or_refused_without_a_panic(
+            words in proptest::collection::vec(
+                proptest::prop_oneof![
+                    3 => proptest::sample::select(vocabulary()),
+                    1 => proptest::string::string_regex("-{0,2}[a-z0-9=.:/-]{0,12}").expect("a regex"),
+                    1 => proptest::prelude::any::<String>(),
+                ],
+                0..8,
+            )
+        ) {
+            let line: Vec<&str> = words.iter().map(String::as_str).collect();
+            let args = args(&line);
+            let small = parse_add(&args).map(|cli| format!("{cli:?}"));
+            let whole = whole(&args);
+            if let Some(small) = small {
+                proptest::prop_assert_eq!(Some(small), whole.ok(), "{:?}", line);
+            }
+        }
+    }
 }

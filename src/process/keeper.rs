@@ -293,6 +293,79 @@ fn parse(line: &[u8]) -> Option<(Message, usize, usize)> {
     Some((message, 0, 0))
 }
 
+/// A whole message at the front of `partial` (bytes read from a control socket), taken out
+/// of it.
+///
+/// # Errors
+///
+/// A line that is not a message, or one that announces more output than a message carries
+/// (`InvalidData`).
+fn take(partial: &mut Vec<u8>) -> io::Result<Option<Message>> {
+    let Some(end) = partial.iter().take(MAX_LINE + 1).position(|&b| b == b'\n') else {
+        // Without this bound a keeper that never ends its line (a bug, a stray writer on
+        // the socket) would have the runner gather its bytes for ever.
+        if partial.len() > MAX_LINE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("keeper sent {} bytes without a line end", partial.len()),
+            ));
+        }
+        return Ok(None);
+    };
+    let (message, out, err) = parse(&partial[..end]).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("keeper sent {:?}", String::from_utf8_lossy(&partial[..end])),
+        )
+    })?;
+    if out.saturating_add(err) > MAX_MESSAGE_OUTPUT {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("keeper sent {out} + {err} bytes of output in one message"),
+        ));
+    }
+    let whole = end + 1 + out + err;
+    if partial.len() < whole {
+        return Ok(None);
+    }
+    let mut bytes: Vec<u8> = partial.drain(..whole).skip(end + 1).collect();
+    let message = match message {
+        Message::Exited {
+            ended,
+            pipes_open,
+            output: Output::Memory(..),
+        } => {
+            let err_bytes = bytes.split_off(out);
+            Message::Exited {
+                ended,
+                pipes_open,
+                output: Output::Memory(bytes, err_bytes),
+            }
+        }
+        other => other,
+    };
+    Ok(Some(message))
+}
+
+/// Every message that the bytes `received` from a control socket hold, taken as the runner
+/// takes them: for the fuzz target of the control lines (feature `fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_control(received: &[u8]) {
+    let mut partial = received.to_vec();
+    while let Ok(Some(message)) = take(&mut partial) {
+        if let Message::Exited {
+            output: Output::Memory(out, err),
+            ..
+        } = message
+        {
+            assert!(
+                out.len() + err.len() <= MAX_MESSAGE_OUTPUT,
+                "output past the bound"
+            );
+        }
+    }
+}
+
 /// What a read of the control socket found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Received {
@@ -303,6 +376,10 @@ pub(super) enum Received {
     /// The keeper closed its end: the attempt is no longer kept.
     Closed,
 }
+
+/// The longest line a keeper sends: `exited signal N 1 files 0 0` and `exited exit N 1 mem OUT
+/// ERR` with the widest numbers are under 80 bytes.
+const MAX_LINE: usize = 128;
 
 /// The most output one `exited` message may carry (the keeper keeps at most 1 MiB a stream).
 const MAX_MESSAGE_OUTPUT: usize = 2 << 20;
@@ -337,49 +414,6 @@ impl Control {
         }
     }
 
-    /// A whole message at the front of `partial`, taken out of it.
-    fn take(&mut self) -> io::Result<Option<Message>> {
-        let Some(end) = self.partial.iter().position(|&b| b == b'\n') else {
-            return Ok(None);
-        };
-        let (message, out, err) = parse(&self.partial[..end]).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "keeper sent {:?}",
-                    String::from_utf8_lossy(&self.partial[..end])
-                ),
-            )
-        })?;
-        if out.saturating_add(err) > MAX_MESSAGE_OUTPUT {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("keeper sent {out} + {err} bytes of output in one message"),
-            ));
-        }
-        let whole = end + 1 + out + err;
-        if self.partial.len() < whole {
-            return Ok(None);
-        }
-        let mut bytes: Vec<u8> = self.partial.drain(..whole).skip(end + 1).collect();
-        let message = match message {
-            Message::Exited {
-                ended,
-                pipes_open,
-                output: Output::Memory(..),
-            } => {
-                let err_bytes = bytes.split_off(out);
-                Message::Exited {
-                    ended,
-                    pipes_open,
-                    output: Output::Memory(bytes, err_bytes),
-                }
-            }
-            other => other,
-        };
-        Ok(Some(message))
-    }
-
     /// The next message if one has arrived, without blocking.
     ///
     /// # Errors
@@ -387,7 +421,7 @@ impl Control {
     /// A read error, or a line that is not a message (`InvalidData`).
     pub(super) fn next(&mut self) -> io::Result<Received> {
         loop {
-            if let Some(message) = self.take()? {
+            if let Some(message) = take(&mut self.partial)? {
                 return Ok(Received::Message(message));
             }
             if self.closed {

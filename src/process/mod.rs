@@ -52,6 +52,9 @@ mod spawn;
 mod stop;
 mod teardown;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use keeper::fuzz_control;
+
 pub(crate) use adopt::{Adopted, LiveKeeper, find_keeper, follow, keeper_running, live_keeper};
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};
 pub(crate) use cap::caps_in_force;

@@ -267,6 +267,16 @@ pub(crate) fn decline(request: &[u8], reason: &str) -> Vec<u8> {
     declined(token_of(&parse(request)), reason).into_bytes()
 }
 
+/// What a runner that is shutting down, and one that is not, answer to the datagram
+/// `request` (feature `fuzzing`): with `store`, at `now`.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_request(store: &Store, request: &[u8], now: i64) -> [Vec<u8>; 2] {
+    [
+        decline(request, SHUTTING_DOWN),
+        answer(store, request, now).0,
+    ]
+}
+
 /// A request datagram as JSON; `Null` when it is not JSON.
 fn parse(request: &[u8]) -> Value {
     serde_json::from_slice(request).unwrap_or(Value::Null)

@@ -66,6 +66,9 @@ mod slice;
 mod tx;
 pub(crate) mod wake;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use row::fuzz_columns;
+
 /// Test support shared with the runner's unit tests.
 #[cfg(test)]
 pub(crate) use tx::tests::cap as cap_at_present_size;

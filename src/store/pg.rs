@@ -180,6 +180,31 @@ fn own_settings(url: &str) -> Result<(String, [Option<String>; 2])> {
     Ok((joined(base, &kept), own))
 }
 
+/// A URL as each reader of it takes it (feature `fuzzing`): shown without its password, its
+/// identity, and split into leasehold's own settings and the `postgres` crate's.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_url(url: &str) {
+    let shown = redacted(url);
+    let _ = identity(url);
+    #[cfg(feature = "postgres")]
+    if let Ok((rest, _)) = own_settings(url) {
+        let _ = rest.parse::<postgres::Config>();
+    }
+    assert_eq!(redacted(&shown), shown, "a redacted URL redacts to itself");
+}
+
+/// The password that the password file's text `text` gives (feature `fuzzing`).
+#[cfg(all(feature = "fuzzing", feature = "postgres"))]
+pub(crate) fn fuzz_pgpass(
+    text: &str,
+    host: &str,
+    port: u16,
+    dbname: &str,
+    user: &str,
+) -> Option<String> {
+    pass::find(text, host, port, dbname, user)
+}
+
 /// The error for a URL in a build without the backend.
 #[cfg(not(feature = "postgres"))]
 pub(crate) fn open(url: &str) -> Result<std::convert::Infallible> {

@@ -137,3 +137,11 @@ impl JsonColumn for Vec<(String, String)> {
         serde_json::from_str(text)
     }
 }
+
+/// A JSON column's text read as each column type (feature `fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_columns(text: &str) {
+    let _ = <Vec<String>>::parse(text);
+    let _ = <Vec<i64>>::parse(text);
+    let _ = <Vec<(String, String)>>::parse(text);
+}

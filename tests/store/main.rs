@@ -25,6 +25,7 @@ mod queue;
 mod reclaim;
 mod renewal;
 mod retention;
+mod roundtrip;
 mod schedule;
 mod tls;
 mod unique;

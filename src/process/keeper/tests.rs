@@ -1057,3 +1057,23 @@ fn messages_parse_and_garbage_is_refused() {
         assert_eq!(parse(bad), None, "{bad:?}");
     }
 }
+
+#[test]
+fn a_control_line_without_its_end_is_refused_once_past_the_longest_message() {
+    // The widest message a keeper sends is taken whole.
+    let widest = b"exited signal -2147483648 1 mem 1048576 1048576\n";
+    let mut partial = widest.to_vec();
+    partial.resize(widest.len() + (2 << 20), b'x');
+    assert!(matches!(
+        take(&mut partial),
+        Ok(Some(Message::Exited { .. }))
+    ));
+    assert!(partial.is_empty());
+    // A line that has not ended yet is waited for while it could still be a message...
+    let mut partial = vec![b'7'; MAX_LINE];
+    assert!(matches!(take(&mut partial), Ok(None)));
+    // ...and refused past that, rather than gathered for ever (fuzz target keeper_control).
+    partial.resize(1 << 20, b'7');
+    let err = take(&mut partial).expect_err("a line past the longest message");
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+}

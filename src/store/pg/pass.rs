@@ -49,7 +49,7 @@ pub(crate) fn lookup(host: &str, port: u16, dbname: &str, user: &str) -> Option<
 }
 
 /// The password of the first line of `text` that matches (see the module's docs).
-fn find(text: &str, host: &str, port: u16, dbname: &str, user: &str) -> Option<String> {
+pub(super) fn find(text: &str, host: &str, port: u16, dbname: &str, user: &str) -> Option<String> {
     // libpq: a socket in the default folder is `localhost` to the file.
     let local = host.starts_with('/')
         && ["/tmp", "/var/run/postgresql", "/run/postgresql"].contains(&host.trim_end_matches('/'));

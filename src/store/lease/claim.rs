@@ -182,8 +182,8 @@ const PG_FAST_CLAIM_SQL: &str = concat!(
        INSERT INTO job_events (job_id, at, kind, attempt, detail)
        SELECT id, ?1, 'claimed', attempt, 'worker ' || ?3 FROM taken)
      SELECT t.id, t.queue, t.attempt, t.run_token, t.argv, t.env, t.cwd, t.timeout_ms,
-            t.idle_timeout_ms, t.priority, t.scheduled_at, t.limits, s.due, s.ruled, t.conditions,
-            t.when_lost
+            t.idle_timeout_ms, t.priority, t.scheduled_at, t.conditions, t.when_lost, t.limits,
+            s.due, s.ruled
      FROM (SELECT ?5 > 0 AND EXISTS (SELECT 1 FROM jobs WHERE deferred = 1 AND scheduled_at <= ?1)
                       AS due,
                   EXISTS (SELECT 1 FROM queues WHERE paused != 0 OR max_running IS NOT NULL)
@@ -308,25 +308,7 @@ pub(crate) fn claim(conn: &Connection, req: &ClaimRequest<'_>, now: i64) -> Resu
     promote_due(conn, now)?;
     serialise(conn, Serialise::LimitedQueues)?;
     let rules = queue::rules(conn)?;
-    let candidate = |r: &crate::store::db::Row<'_>| {
-        Ok(Claimed {
-            id: r.get(0)?,
-            queue: r.get(1)?,
-            attempt: r.get(2)?,
-            run_token: r.get(3)?,
-            argv: json_column(r, 4)?,
-            env: json_column(r, 5)?,
-            cwd: r.get(6)?,
-            timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
-            idle_timeout: r.get::<_, Option<i64>>(8)?.map(ms_duration),
-            lease_expires_at: expires,
-            priority: r.get(9)?,
-            scheduled_at: r.get(10)?,
-            conditions: condition_bits(r, 11)?,
-            when_lost: when_lost(r, 12)?,
-            limits: Limits::from_json(r.get::<_, Option<String>>(13)?.as_deref()),
-        })
-    };
+    let candidate = |r: &crate::store::db::Row<'_>| claimed_row(r, r.get(0)?, expires);
     #[cfg(feature = "postgres")]
     if conn.dialect() == crate::store::db::Dialect::Postgres {
         // The rules' path (the fast claim found a queue rule, or the runner caps queues): the
@@ -416,25 +398,9 @@ fn pg_fast_claim(
         let rows = stmt.query_map(params_from_iter(values), |r| {
             let job = match r.get::<_, Option<i64>>(0)? {
                 None => None,
-                Some(id) => Some(Claimed {
-                    id,
-                    queue: r.get(1)?,
-                    attempt: r.get(2)?,
-                    run_token: r.get(3)?,
-                    argv: json_column(r, 4)?,
-                    env: json_column(r, 5)?,
-                    cwd: r.get(6)?,
-                    timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
-                    idle_timeout: r.get::<_, Option<i64>>(8)?.map(ms_duration),
-                    lease_expires_at: expires,
-                    priority: r.get(9)?,
-                    scheduled_at: r.get(10)?,
-                    conditions: condition_bits(r, 14)?,
-                    when_lost: when_lost(r, 15)?,
-                    limits: Limits::from_json(r.get::<_, Option<String>>(11)?.as_deref()),
-                }),
+                Some(id) => Some(claimed_row(r, id, expires)?),
             };
-            Ok((job, r.get::<_, bool>(12)?, r.get::<_, bool>(13)?))
+            Ok((job, r.get::<_, bool>(14)?, r.get::<_, bool>(15)?))
         })?;
         let (mut due, mut ruled) = (false, false);
         for row in rows {
@@ -452,6 +418,28 @@ fn pg_fast_claim(
     }
     claimed.sort_by_key(|c| (Reverse(c.priority), c.scheduled_at, c.id));
     Ok(Some(claimed))
+}
+
+/// A job a claim took, from a row of [`CANDIDATE_COLUMNS`] (or a statement that returns the
+/// same columns in the same order) whose id is `id`.
+fn claimed_row(r: &crate::store::db::Row<'_>, id: i64, expires: i64) -> Result<Claimed> {
+    Ok(Claimed {
+        id,
+        queue: r.get(1)?,
+        attempt: r.get(2)?,
+        run_token: r.get(3)?,
+        argv: json_column(r, 4)?,
+        env: json_column(r, 5)?,
+        cwd: r.get(6)?,
+        timeout: r.get::<_, Option<i64>>(7)?.map(ms_duration),
+        idle_timeout: r.get::<_, Option<i64>>(8)?.map(ms_duration),
+        lease_expires_at: expires,
+        priority: r.get(9)?,
+        scheduled_at: r.get(10)?,
+        conditions: condition_bits(r, 11)?,
+        when_lost: when_lost(r, 12)?,
+        limits: Limits::from_json(r.get::<_, Option<String>>(13)?.as_deref()),
+    })
 }
 
 /// The `conditions` column at `i`, as bits.

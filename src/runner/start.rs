@@ -285,19 +285,6 @@ impl Runner {
             )?);
         }
         {
-            let store = Runner::open(cfg, short_busy(cfg), false)?;
-            let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
-            threads.background.push(spawn_thread(
-                "leasehold-conditions",
-                "condition",
-                &Arc::clone(&shared),
-                move || {
-                    condition::run(&store, &shared, &stop);
-                    Ok(())
-                },
-            )?);
-        }
-        {
             let firer = firer::Firer::new(Runner::open(cfg, short_busy(cfg), false)?);
             let (shared, stop) = (Arc::clone(&shared), stop_rx.clone());
             threads.background.push(spawn_thread(
@@ -314,6 +301,7 @@ impl Runner {
         let (writer, writer_loop) = Writer::new(Arc::clone(&shared));
         #[cfg(feature = "postgres")]
         let stop_listen = stop_rx.clone();
+        let conditions_stop = stop_rx.clone();
         drop(stop_rx);
         {
             let (sweep_stop_tx, stop) = unbounded::<()>();
@@ -384,6 +372,23 @@ impl Runner {
                 },
             )?
         }));
+        // The condition thread after the writer: its looks open and close descriptors
+        // (power supply files, the system bus) that would otherwise race the writer's
+        // connection for the lowest free descriptor. Until its first look nothing a
+        // condition needs is claimed (the shared mask starts with every condition unheld).
+        {
+            let store = Runner::open(cfg, short_busy(cfg), false)?;
+            let (shared, stop) = (Arc::clone(&shared), conditions_stop);
+            threads.background.push(spawn_thread(
+                "leasehold-conditions",
+                "condition",
+                &Arc::clone(&shared),
+                move || {
+                    condition::run(&store, &shared, &stop);
+                    Ok(())
+                },
+            )?);
+        }
         // What the first sweep adopted, now that endings can be written.
         super::adopt::start(&shared, &writer);
         let (work_tx, work_rx) = unbounded();

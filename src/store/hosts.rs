@@ -38,7 +38,7 @@ impl Store {
         let mut stmt = self.conn.prepare_cached(sql!(
             "SELECT worker_id, pid, proc_start_time, boot_id, host, started_at, heartbeat_at,
                     stopped_at, lease_ttl_ms, heartbeat_interval_ms, max_recovery_attempts, pid_ns,
-                    containment
+                    containment, conditions_held, conditions_note
              FROM runners WHERE host = ?1 ORDER BY started_at, worker_id"
         ))?;
         let rows = stmt.query_map(params![host], runner_row)?;

@@ -82,6 +82,10 @@ impl RunnerRecord {
     }
 }
 
+/// A runner's row from a query that selects, in this order: worker_id, pid, proc_start_time,
+/// boot_id, host, started_at, heartbeat_at, stopped_at, lease_ttl_ms, heartbeat_interval_ms,
+/// max_recovery_attempts, pid_ns, containment, conditions_held, conditions_note (every query
+/// of runner rows: `unstopped`, `latest`, and `Store::host_runners` in hosts.rs).
 pub(super) fn runner_row(r: &Row<'_>) -> Result<RunnerRecord> {
     Ok(RunnerRecord {
         worker_id: r.get(0)?,

@@ -22,9 +22,11 @@
 //!
 //! A stream's file holds everything up to its cap. Past the cap it keeps the first half of
 //! the cap, then one marker line (fixed width, rewritten in place as the count grows), then
-//! the newest bytes, at most half the cap of them: the tail region is moved back to just
-//! after the marker whenever it reaches three quarters of the cap, so the file never passes
-//! about `cap * 5 / 4` bytes and a reader following it sees its size go down at a move.
+//! the newest bytes: half the cap of them or more (all but the marker's room when fewer are
+//! past the head), three quarters at most, for the tail region is moved back to just after
+//! the marker, its newest half cap kept, whenever it would pass three quarters of the cap.
+//! So the file never passes about `cap * 5 / 4` bytes, and a reader following it sees its
+//! size go down at a move.
 //!
 //! A journal is text, one record a line, each ending in the FNV-1a hash of the rest (16 hex
 //! digits), so that a line torn by a crash is told from a whole one:

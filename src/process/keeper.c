@@ -292,7 +292,8 @@ static int make_folder(struct attempt *a) {
 static int make_file(struct stream *s) {
     if (s->file >= 0) return 0;
     if (*s->folder < 0) return -1;
-    s->file = openat(*s->folder, s->name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* Read too: a move of the tail reads its newest bytes back. */
+    s->file = openat(*s->folder, s->name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (s->file < 0) return -1;
     if (s->dropped) place_marker(s, 0);
     return 0;

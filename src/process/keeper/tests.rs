@@ -1001,6 +1001,7 @@ fn the_command_gets_its_environment_cwd_and_a_shell_for_a_script_without_a_sheba
     run.release();
 }
 
+mod cap;
 mod in_cgroups;
 mod program;
 

@@ -36,10 +36,18 @@ fn a_setsid_escapee_without_the_token_is_in_the_attempts_cgroup_and_dies_with_it
     };
     let escapee: i32 = job.wait_for_line("escapee").trim().parse().expect("a pid");
     let guard = Guard(escapee);
+    // `env -i` drops the environment at its exec of setsid, which calls setsid() only then
+    // and execs sleep after: the escapee is whole once it runs sleep.
     assert!(
         wait_until(LIMIT, || {
-            std::fs::read_to_string(format!("/proc/{escapee}/environ")).is_ok_and(|e| e.is_empty())
+            std::fs::read_to_string(format!("/proc/{escapee}/comm"))
+                .is_ok_and(|c| c.trim() == "sleep")
         }),
+        "the escapee runs sleep"
+    );
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{escapee}/environ")).ok(),
+        Some(String::new()),
         "the escapee dropped its environment"
     );
     let info = proc::proc_info(escapee).expect("the escapee runs");

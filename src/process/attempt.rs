@@ -508,9 +508,12 @@ impl Supervisor<'_> {
     /// at most `drain`, then kill whatever of the attempt is left.
     fn drain(&mut self) -> Vec<Leak> {
         if let Some(kept) = &self.kept {
-            // The keeper drained the pipes itself before it reported the end.
+            // The keeper drained the pipes itself before it reported the end, and knows
+            // whether anything of the attempt is left alive.
             return if kept.pipes_open {
                 self.terminate(true, true)
+            } else if kept.alone {
+                Vec::new()
             } else if self.group_lingers() {
                 self.terminate(true, false)
             } else {

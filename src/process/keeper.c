@@ -59,7 +59,10 @@
  *
  * (OPEN is 1 when a pipe was still open at the drain deadline, or, in the cgroup mode, a
  * process was still in the attempt's cgroup: processes of the attempt outlive its main
- * process, and the runner kills them before it releases.) The runner answers
+ * process, and the runner kills them before it releases. It is 2 when no descendant of any
+ * command is left alive: nothing of the attempt outlives it. It is 0 otherwise: the runner
+ * looks for members of the command's group that are still alive.) `started` comes as soon as
+ * the command's exec succeeded. The runner answers
  * `release` once its own durable commit of the ending is done; the keeper then reaps the
  * command and forgets the attempt. The command is held unreaped until then, so its pid and
  * group id stay the attempt's while anyone may signal the group.
@@ -161,7 +164,7 @@ struct stream {
     int *folder;       /* the attempt's folder descriptor (made on demand) */
 };
 
-enum { REQUEST, STARTING, RUNNING, DONE };
+enum { REQUEST, RUNNING, DONE };
 
 struct attempt {
     int state;
@@ -179,7 +182,7 @@ struct attempt {
     int lost;                    /* the fence began before the command ended: no outcome */
     int64_t lease_checked;
     pid_t pid;
-    int pidfd, report;
+    int pidfd;
     int folder;                  /* the attempt's folder, -1 until made */
     char *cgroup;                /* the attempt's cgroup, NULL in the process-group mode */
     struct stream s[2];
@@ -603,7 +606,6 @@ static void finish(struct attempt *a) {
     }
     if (a->control >= 0) close(a->control);
     if (a->pidfd >= 0) close(a->pidfd);
-    if (a->report >= 0) close(a->report);
     if (a->folder >= 0) close(a->folder);
     cg_forget(a);
     free(a->req);
@@ -624,7 +626,7 @@ static struct attempt *add(int control) {
     a->state = REQUEST;
     a->control = control;
     a->pid = -1;
-    a->pidfd = a->report = a->folder = -1;
+    a->pidfd = a->folder = -1;
     for (int i = 0; i < 2; i++) {
         a->s[i].pipe = a->s[i].file = -1;
         a->s[i].name = i ? "stderr" : "stdout";
@@ -666,21 +668,26 @@ static int apply_manners(const struct manners *m) {
     return 0;
 }
 
-/* The child: becomes the command, or reports why it could not on `report` and exits 127. */
-static void become_command(int out, int err, int report, int cgroup, const char *cwd,
-                           char **argv, char **env, const struct manners *m) {
-    int stage = 2, no;
+/* Why a child could not become its command, for the keeper: the child shares the keeper's
+ * memory until its exec (vfork), so it writes here before its _exit and the keeper reads it
+ * once vfork returns. `child_stage` is -1 while nothing failed. */
+static volatile int child_stage = -1, child_errno;
+
+/* The child: becomes the command, or leaves why it could not in child_stage and child_errno
+ * and exits 127. It runs on the keeper's memory (vfork): it writes nothing else of it. */
+static void become_command(int out, int err, int cgroup, const char *cwd, char **argv,
+                           char **env, const struct manners *m) {
+    int stage = 2;
     setpgid(0, 0);
     /* Into the attempt's cgroup before anything runs that could fork. */
     if (cgroup >= 0 && write(cgroup, "0", 1) != 1) goto fail;
     if ((errno = apply_manners(m)) != 0) goto fail;
-    if (dup2(out, 1) < 0 || dup2(err, 2) < 0 || dup3(report, HUB, O_CLOEXEC) < 0) goto fail;
-    report = HUB;
-    if (syscall(SYS_close_range, HUB + 1, ~0U, 0) != 0) {
+    if (dup2(out, 1) < 0 || dup2(err, 2) < 0) goto fail;
+    if (syscall(SYS_close_range, HUB, ~0U, 0) != 0) {
         struct rlimit rl;
         int max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 65536 ? (int)rl.rlim_cur
                                                                              : 65536;
-        for (int fd = HUB + 1; fd < max; fd++) close(fd);
+        for (int fd = HUB; fd < max; fd++) close(fd);
     }
     stage = 0;
     if (*cwd && chdir(cwd) != 0) goto fail;
@@ -697,10 +704,23 @@ static void become_command(int out, int err, int report, int cgroup, const char 
         execve("/bin/sh", argv, env);
     }
 fail:
-    no = errno;
-    int msg[2] = {stage, no};
-    if (write(report, msg, sizeof msg) < 0) { /* the keeper then sees a plain exit 127 */ }
+    child_errno = errno;
+    child_stage = stage;
     _exit(127);
+}
+
+/* Starts the command's process: returns once it exec'd its command, or failed to (then
+ * child_stage >= 0), or -1 where no process could be made. vfork, not fork: the keeper's
+ * page tables are not copied and its pages not faulted in again after, and the start is
+ * known for certain when this returns, without a round of the loop. Alone in its function
+ * so that nothing of the caller's frame is live across the vfork. */
+static __attribute__((noinline)) pid_t spawn_command(int out, int err, int cgroup,
+                                                     const char *cwd, char **argv,
+                                                     char **env, const struct manners *m) {
+    child_stage = -1;
+    pid_t pid = vfork();
+    if (pid == 0) become_command(out, err, cgroup, cwd, argv, env, m);
+    return pid;
 }
 
 static int parse_u64(const char *s, uint64_t *v) {
@@ -821,52 +841,35 @@ static void start(struct attempt *a) {
     if (has[3] && !(a->cgroup && cg_cap(a->cgroup, "pids.max", lim[3]) == 0))
         m.nproc_rlimit = (uint64_t)lim[3];
     if (has[4] && a->cgroup) cg_cap(a->cgroup, "cpu.weight", lim[4]); /* no stand-in */
-    int ends[2][2] = {{-1, -1}, {-1, -1}}, report[2] = {-1, -1};
-    int ok = pipe2(ends[0], O_CLOEXEC) == 0 && pipe2(ends[1], O_CLOEXEC) == 0 &&
-             pipe2(report, O_CLOEXEC) == 0;
-    pid_t pid = ok ? fork() : -1;
+    int ends[2][2] = {{-1, -1}, {-1, -1}};
+    int ok = pipe2(ends[0], O_CLOEXEC) == 0 && pipe2(ends[1], O_CLOEXEC) == 0;
+    pid_t pid = ok ? spawn_command(ends[0][1], ends[1][1], cgroup, fields[13], argv, env, &m)
+                   : -1;
     int no = errno;
-    if (pid == 0)
-        become_command(ends[0][1], ends[1][1], report[1], cgroup, fields[13], argv, env, &m);
     if (cgroup >= 0) close(cgroup);
     free(argv);
     free(env);
     for (int i = 0; i < 2; i++) if (ends[i][1] >= 0) close(ends[i][1]);
-    if (report[1] >= 0) close(report[1]);
     if (pid < 0) {
         for (int i = 0; i < 2; i++) if (ends[i][0] >= 0) close(ends[i][0]);
-        if (report[0] >= 0) close(report[0]);
         fail_start(a, "setup", no);
         return;
     }
-    setpgid(pid, pid); /* also here, so the group exists before anyone signals it */
     a->pid = pid;
-    a->report = report[0];
-    for (int i = 0; i < 2; i++) {
-        a->s[i].pipe = ends[i][0];
-        fcntl(a->s[i].pipe, F_SETFL, O_NONBLOCK);
-    }
-    a->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    a->started_mono = now_ms(CLOCK_MONOTONIC);
-    a->state = STARTING;
-}
-
-/* The child's report pipe: EOF once the exec succeeded, or the stage and errno it failed at. */
-static void read_report(struct attempt *a) {
-    int msg[2];
-    ssize_t got;
-    while ((got = read(a->report, msg, sizeof msg)) < 0 && errno == EINTR) {}
-    if (got < 0 && errno == EAGAIN) return;
-    close(a->report);
-    a->report = -1;
-    if (got == (ssize_t)sizeof msg) {
-        fail_start(a, msg[0] == 0 ? "chdir" : msg[0] == 1 ? "exec" : "setup", msg[1]);
+    for (int i = 0; i < 2; i++) a->s[i].pipe = ends[i][0];
+    if (child_stage >= 0) {
+        fail_start(a, child_stage == 0 ? "chdir" : child_stage == 1 ? "exec" : "setup",
+                   child_errno);
         return;
     }
-    char line[64];
-    snprintf(line, sizeof line, "started %d\n", (int)a->pid);
-    say_line(a, line);
+    /* The child made its group before its exec, which vfork waited for. */
+    for (int i = 0; i < 2; i++) fcntl(a->s[i].pipe, F_SETFL, O_NONBLOCK);
+    a->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    a->started_mono = now_ms(CLOCK_MONOTONIC);
     a->state = RUNNING;
+    char line[64];
+    snprintf(line, sizeof line, "started %d\n", (int)pid);
+    say_line(a, line);
 }
 
 /* Reads the request's bytes from the control socket. */
@@ -1004,6 +1007,8 @@ static int journal_gone(struct attempt *a, int64_t now) {
     return now - a->gone_since >= JOURNAL_GONE_MS;
 }
 
+static int reap_orphans(void);
+
 /* Steps the attempt on as far as it can go now. */
 static void step(struct attempt *a, int64_t now) {
     if (a->state != RUNNING) return;
@@ -1041,11 +1046,16 @@ static void step(struct attempt *a, int64_t now) {
         int sig = !WIFEXITED(a->status);
         int n = sig ? WTERMSIG(a->status) : WEXITSTATUS(a->status);
         if (!a->gone) {
+            /* OPEN: 1 leftovers, 2 none for certain, 0 the runner looks. Every live
+             * descendant of a command whose main process ended is a child of the keeper's
+             * (their subreaper) or below one: none left, nothing of the attempt outlives
+             * it, and the runner need not look through /proc for its group's members. */
+            int open = left ? 1 : reap_orphans() == 0 ? 2 : 0;
             char line[128];
             int in_mem = !a->s[0].spilled && !a->s[1].spilled;
             if (in_mem) {
                 snprintf(line, sizeof line, "exited %s %d %d mem %llu %llu\n",
-                         sig ? "signal" : "exit", n, a->open_at_deadline,
+                         sig ? "signal" : "exit", n, open,
                          (unsigned long long)a->s[0].mlen, (unsigned long long)a->s[1].mlen);
                 say_line(a, line);
                 say(a, a->s[0].mem ? a->s[0].mem : "", a->s[0].mlen);
@@ -1053,7 +1063,7 @@ static void step(struct attempt *a, int64_t now) {
             } else {
                 spill(a);
                 snprintf(line, sizeof line, "exited %s %d %d files 0 0\n",
-                         sig ? "signal" : "exit", n, a->open_at_deadline);
+                         sig ? "signal" : "exit", n, open);
                 say_line(a, line);
             }
             flush(a);
@@ -1126,17 +1136,19 @@ static void read_hub(void) {
 }
 
 /* Reaps every child that is not a command held for its attempt: descendants re-parented to
- * the keeper as their subreaper, once they exit. */
-static void reap_orphans(void) {
+ * the keeper as their subreaper, once they exit. Returns how many such children are left
+ * alive (or could not be listed: then 1). */
+static int reap_orphans(void) {
     static char list[65536];
     char path[64];
     snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) return 1;
     ssize_t n = read(fd, list, sizeof list - 1);
     close(fd);
-    if (n <= 0) return;
+    if (n < 0) return 1;
     list[n] = 0;
+    int alive = 0;
     for (char *p = list; *p;) {
         char *end;
         long pid = strtol(p, &end, 10);
@@ -1145,8 +1157,9 @@ static void reap_orphans(void) {
         while (*p == ' ' || *p == '\n') p++;
         int held = 0;
         for (size_t i = 0; i < count && !held; i++) held = attempts[i]->pid == (pid_t)pid;
-        if (!held) waitpid((pid_t)pid, NULL, WNOHANG);
+        if (!held && waitpid((pid_t)pid, NULL, WNOHANG) == 0) alive++;
     }
+    return alive;
 }
 
 static void compact(void) {
@@ -1208,7 +1221,6 @@ static int serve(const char *cgroup_base) {
                 fds[n] = (struct pollfd){.fd = a->control, .events = ev};
                 owner[n++] = a;
             }
-            if (a->report >= 0) { fds[n] = (struct pollfd){.fd = a->report, .events = POLLIN}; owner[n++] = a; }
             for (int s = 0; s < 2; s++)
                 if (a->s[s].pipe >= 0) { fds[n] = (struct pollfd){.fd = a->s[s].pipe, .events = POLLIN}; owner[n++] = a; }
             if (a->state == RUNNING && !a->exited && a->pidfd >= 0) {
@@ -1240,7 +1252,7 @@ static int serve(const char *cgroup_base) {
             struct signalfd_siginfo info;
             int any = 0;
             while (read(sigfd, &info, sizeof info) == (ssize_t)sizeof info) any = 1;
-            if (any) reap_orphans();
+            if (any) (void)reap_orphans();
         }
         /* Each attempt in turn; new ones from the hub after (they have no fds polled yet). */
         size_t known = count;
@@ -1248,8 +1260,6 @@ static int serve(const char *cgroup_base) {
             struct attempt *a = attempts[i];
             if (a->state == DONE) continue;
             if (a->state == REQUEST) { read_request(a); continue; }
-            if (a->report >= 0) read_report(a);
-            if (a->state == DONE) continue;
             for (int s = 0; s < 2; s++) if (a->s[s].pipe >= 0) pump(a, &a->s[s]);
             if (a->control >= 0) {
                 flush(a);

@@ -243,6 +243,10 @@ pub(super) enum Message {
         /// A pipe was still open when the drain time ran out: processes of the attempt
         /// outlive its main process, and the runner kills them before it releases.
         pipes_open: bool,
+        /// No descendant of any command the keeper started is alive (each would be its child
+        /// or below one, the keeper being their subreaper): nothing of the attempt outlives
+        /// its main process, and its group need not be looked for in /proc.
+        alone: bool,
         /// Its output.
         output: Output,
     },
@@ -279,9 +283,10 @@ fn parse(line: &[u8]) -> Option<(Message, usize, usize)> {
                     "signal" => Ended::Signaled(n.parse().ok()?),
                     _ => return None,
                 },
-                pipes_open: match *open {
-                    "0" => false,
-                    "1" => true,
+                pipes_open: *open == "1",
+                alone: match *open {
+                    "0" | "1" => false,
+                    "2" => true,
                     _ => return None,
                 },
                 output,
@@ -333,12 +338,14 @@ fn take(partial: &mut Vec<u8>) -> io::Result<Option<Message>> {
         Message::Exited {
             ended,
             pipes_open,
+            alone,
             output: Output::Memory(..),
         } => {
             let err_bytes = bytes.split_off(out);
             Message::Exited {
                 ended,
                 pipes_open,
+                alone,
                 output: Output::Memory(bytes, err_bytes),
             }
         }

@@ -88,6 +88,9 @@ pub(super) struct Keeping {
     pub output: Option<(Vec<u8>, Vec<u8>)>,
     /// Whether a pipe of the command was still held open when the keeper stopped draining.
     pub pipes_open: bool,
+    /// Nothing of the attempt outlived its main process, as the keeper (their subreaper)
+    /// knows: no member of its group is looked for.
+    pub alone: bool,
     /// The keeper let the attempt go before it reported the command's end (it died, or its
     /// lease fence stopped the command): the command is no longer held, and its group id no
     /// longer provably the attempt's.
@@ -113,6 +116,7 @@ impl Keeping {
             ended: None,
             output: None,
             pipes_open: false,
+            alone: false,
             lost: false,
         }
     }
@@ -141,10 +145,12 @@ impl Keeping {
                 Ok(Received::Message(Message::Exited {
                     ended,
                     pipes_open,
+                    alone,
                     output,
                 })) => {
                     self.ended = Some(ended);
                     self.pipes_open = pipes_open;
+                    self.alone = alone;
                     if let Output::Memory(out, err) = output {
                         self.output = Some((out, err));
                     }

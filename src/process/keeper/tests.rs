@@ -200,6 +200,7 @@ impl Running {
                 ended,
                 pipes_open: false,
                 output,
+                ..
             } => (ended, output),
             other => panic!("not an end: {other:?}"),
         }
@@ -824,6 +825,7 @@ fn pipes_held_past_the_drain_are_reported_and_their_holders_killed_at_the_releas
         Message::Exited {
             ended: Ended::Exited(0),
             pipes_open: true,
+            alone: false,
             output: Output::Memory(b"hi\n".to_vec(), Vec::new()),
         }
     );
@@ -859,6 +861,7 @@ fn the_lease_fence_kills_what_outlives_a_leader_that_ended_by_itself() {
         Message::Exited {
             ended: Ended::Exited(0),
             pipes_open: true,
+            alone: false,
             output: Output::Memory(Vec::new(), Vec::new()),
         }
     );
@@ -930,12 +933,12 @@ fn an_orphaned_descendant_is_the_keepers_and_is_reaped_by_it() {
     );
     let mut run = job.start(0, MEM, DRAIN);
     let keeper = run.kept().keeper;
-    // In the cgroup mode the orphan is a leftover of the attempt's cgroup, said as such.
+    // In the cgroup mode the orphan is a leftover of the attempt's cgroup, said as such; in
+    // either mode the keeper, its parent now, does not say the attempt left nothing alive.
     let contained = run.kept().cgroup.is_some();
-    assert!(
-        matches!(run.message(), Message::Exited { ended: Ended::Exited(0), pipes_open, .. }
-            if pipes_open == contained)
-    );
+    assert!(matches!(run.message(),
+        Message::Exited { ended: Ended::Exited(0), pipes_open, alone: false, .. }
+            if pipes_open == contained));
     let orphan: i32 = job.wait_for_line("orphan").trim().parse().expect("a pid");
     let parent = proc::proc_info(orphan).map(|p| p.ppid);
     if parent != Some(keeper) {
@@ -1028,6 +1031,7 @@ fn messages_parse_and_garbage_is_refused() {
             Message::Exited {
                 ended: Ended::Signaled(15),
                 pipes_open: true,
+                alone: false,
                 output: Output::Files,
             },
             0,
@@ -1040,16 +1044,30 @@ fn messages_parse_and_garbage_is_refused() {
             Message::Exited {
                 ended: Ended::Exited(3),
                 pipes_open: false,
+                alone: false,
                 output: Output::Memory(Vec::new(), Vec::new()),
             },
             4,
             5
         ))
     );
+    assert_eq!(
+        parse(b"exited exit 0 2 mem 0 0"),
+        Some((
+            Message::Exited {
+                ended: Ended::Exited(0),
+                pipes_open: false,
+                alone: true,
+                output: Output::Memory(Vec::new(), Vec::new()),
+            },
+            0,
+            0
+        ))
+    );
     for bad in [
         &b"started"[..],
         b"exited exit x 0 mem 0 0",
-        b"exited exit 1 2 mem 0 0",
+        b"exited exit 1 3 mem 0 0",
         b"exited exit 1 0 files 1 0",
         b"exited exit 1 0 disk 0 0",
         b"failed fork 1",

@@ -64,6 +64,7 @@ fn the_program_runs_from_an_owner_only_file_and_one_that_cannot_be_execed_fails_
         Message::Exited {
             ended: Ended::Exited(0),
             pipes_open: false,
+            alone: true,
             output: Output::Memory(b"from-file\n".to_vec(), Vec::new()),
         }
     );

@@ -192,8 +192,15 @@ pub(crate) enum Hub {
     },
 }
 
+/// The most bytes of a datagram the keeper reads (`read_hub`'s buffer): a longer one is cut
+/// there, and no whole datagram of the runner's is that long.
+const MAX_DATAGRAM: usize = 511;
+
 /// A hub datagram's bytes, or `None` for one the keeper must pass over.
 pub(crate) fn hub(datagram: &[u8]) -> Option<Hub> {
+    if datagram.len() > MAX_DATAGRAM {
+        return None;
+    }
     if datagram == b"attempt" {
         return Some(Hub::Attempt);
     }

@@ -7,6 +7,11 @@
 //! where `CI` is set: a library's build script must not break downstream builds on the next
 //! compiler's new warnings.
 //!
+//! The keeper's parsers (`src/process/keeper_parse.h`) are also compiled on their own, behind
+//! a C ABI (`src/process/keeper_parse.c`), into a static library that only the library's tests
+//! call: they hold the C parsers to the Rust side's grammar. Nothing else references it, so
+//! the linker leaves it out of every other build.
+//!
 //! It is linked statically, so it maps no shared libraries and starts in a fraction of a
 //! millisecond; where the C library has no static archive (no `libc.a`), it is linked
 //! dynamically instead, with a warning.
@@ -15,11 +20,17 @@ use std::path::{Path, PathBuf};
 
 /// The keeper's source.
 const SOURCE: &str = "src/process/keeper.c";
+/// The keeper's parsers, included by [`SOURCE`].
+const PARSERS: &str = "src/process/keeper_parse.h";
+/// The parsers behind a C ABI, for the tests.
+const PARSERS_ABI: &str = "src/process/keeper_parse.c";
 /// The name of the built program in `OUT_DIR`.
 const PROGRAM: &str = "leasehold-keeper";
 
 fn main() {
     println!("cargo:rerun-if-changed={SOURCE}");
+    println!("cargo:rerun-if-changed={PARSERS}");
+    println!("cargo:rerun-if-changed={PARSERS_ABI}");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CI");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -48,6 +59,10 @@ fn main() {
     if let Err(e) = check_machine(&program) {
         panic!("the attempt keeper built by {:?} {e}", compiler.path());
     }
+    cc::Build::new()
+        .file(PARSERS_ABI)
+        .warnings_into_errors(strict)
+        .compile("leasehold_keeper_parse");
 }
 
 /// Checks that `program` is an ELF executable for the target cargo builds for: its class

@@ -201,12 +201,7 @@ impl LeaseFence {
 /// The file cannot be opened or written (the folder is gone: the attempt ended).
 pub(crate) fn write_lease(dir: &Path, fence: LeaseFence) -> io::Result<()> {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let line = format!(
-        "{:020} {:020} {:020}\n",
-        fence.term_at,
-        fence.kill_at,
-        fence.term_at ^ fence.kill_at
-    );
+    let line = lease_line(fence);
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -214,6 +209,16 @@ pub(crate) fn write_lease(dir: &Path, fence: LeaseFence) -> io::Result<()> {
         .custom_flags(nix::libc::O_CLOEXEC)
         .open(dir.join(LEASE_FILE))?
         .write_all_at(line.as_bytes(), 0)
+}
+
+/// The line of a [`LEASE_FILE`] that holds `fence`.
+pub(crate) fn lease_line(fence: LeaseFence) -> String {
+    format!(
+        "{:020} {:020} {:020}\n",
+        fence.term_at,
+        fence.kill_at,
+        fence.term_at ^ fence.kill_at
+    )
 }
 
 /// Removes an attempt's folder, and its job's folder if that is empty then: what a finished

@@ -67,3 +67,85 @@ pub fn json_columns(text: &str) {
         );
     }
 }
+
+pub use crate::process::keeper_decode::KeeperRequest;
+
+/// The keeper's grammars as the Rust side decodes them (`process/keeper/decode.rs`), each
+/// answer in the canonical form that `src/process/keeper_parse.c` writes for the keeper's C
+/// parsers: a fuzz target compares the two.
+pub mod keeper {
+    use super::KeeperRequest;
+    use crate::process::keeper_decode as decode;
+
+    /// An attempt's request body (after its 4-byte length).
+    pub fn request(body: &[u8]) -> Vec<u8> {
+        decode::request_form(decode::request(body).as_ref())
+    }
+
+    /// The body the runner's encoder writes for `parts` and its canonical form, once checked
+    /// that the Rust decoder reads it back so; `None` for parts a runner never writes.
+    pub fn request_written(parts: &KeeperRequest) -> Option<(Vec<u8>, Vec<u8>)> {
+        let (body, expected) = decode::written(parts)?;
+        assert_eq!(
+            decode::request(&body).as_ref(),
+            Some(&expected),
+            "the decoder reads back what the encoder wrote"
+        );
+        Some((body, decode::request_form(Some(&expected))))
+    }
+
+    /// A hub datagram.
+    pub fn hub(datagram: &[u8]) -> Vec<u8> {
+        decode::hub_form(decode::hub(datagram).as_ref())
+    }
+
+    /// The datagram a runner sends to move (`Some`) or disarm the fence of `token`'s attempt,
+    /// and its canonical form; `None` for a token a runner never makes.
+    pub fn hub_written(token: &str, fence: Option<(u64, u64)>) -> Option<(Vec<u8>, Vec<u8>)> {
+        let fence = fence.map(|(term_at, kill_at)| crate::files::LeaseFence { term_at, kill_at });
+        let (t, k) = fence.map_or((0, 0), |f| (f.term_at, f.kill_at));
+        let token_ok = (1..=128).contains(&token.len())
+            && token
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
+        if !token_ok || t > i64::MAX as u64 || k > i64::MAX as u64 {
+            return None;
+        }
+        let datagram = crate::process::lease_datagram(token, fence).into_bytes();
+        let expected = decode::Hub::Lease {
+            token: token.as_bytes().to_vec(),
+            term_at: t,
+            kill_at: k,
+        };
+        assert_eq!(decode::hub(&datagram).as_ref(), Some(&expected));
+        Some((datagram, decode::hub_form(Some(&expected))))
+    }
+
+    /// A lease file's bytes.
+    pub fn lease_file(bytes: &[u8]) -> Vec<u8> {
+        decode::lease_file_form(decode::lease_file(bytes))
+    }
+
+    /// The lease file a runner writes for a fence and its canonical form; `None` past the
+    /// boot clock's range.
+    pub fn lease_file_written(term_at: u64, kill_at: u64) -> Option<(Vec<u8>, Vec<u8>)> {
+        if term_at > i64::MAX as u64 || kill_at > i64::MAX as u64 {
+            return None;
+        }
+        let line = crate::files::lease_line(crate::files::LeaseFence { term_at, kill_at });
+        let bytes = line.into_bytes();
+        assert_eq!(decode::lease_file(&bytes), Some((term_at, kill_at)));
+        Some((bytes, decode::lease_file_form(Some((term_at, kill_at)))))
+    }
+
+    /// The index of the read (of `sizes` bytes each) with which the runner's bytes after a
+    /// request release the attempt.
+    pub fn release_at(bytes: &[u8], sizes: &[usize]) -> Option<usize> {
+        decode::release_at(bytes, sizes)
+    }
+
+    /// `exec` mode's argv (with the keeper's own argv[0]).
+    pub fn exec(args: &[Vec<u8>]) -> Vec<u8> {
+        decode::exec_form(decode::exec(args).as_ref())
+    }
+}

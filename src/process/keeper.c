@@ -120,6 +120,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "keeper_parse.h"
+
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
@@ -137,15 +139,11 @@
 #define MARK_WIDTH 20
 #define MARK_LEN (sizeof MARK_PREFIX - 1 + MARK_WIDTH + sizeof MARK_SUFFIX - 1)
 #define HALF (32 * 1024)
-/* A request larger than this is refused (the kernel's own argv + environment bound is 2 MiB
- * to a few; this leaves room and bounds what a runner can make the keeper allocate). */
-#define MAX_REQUEST (16u << 20)
 /* The most a stream keeps in memory, whatever the runner asks. */
 #define MAX_MEM (1u << 20)
 #define SPILL_AFTER_MS 1000
 #define FENCE_CHECK_MS 100
 #define JOURNAL_GONE_MS 5000
-#define MAX_TOKEN 128
 
 static char buffer[2 * HALF];
 static char *const rbuf = buffer;
@@ -190,6 +188,7 @@ struct attempt {
     int64_t ended_at, deadline, started_mono, retry_at;
     int64_t gone_since;          /* when the journal's folder was first found gone, or 0 */
     char *out;                   /* the outbox: bytes for the runner not sent yet */
+    struct control_in said;      /* the runner's bytes after the request */
     size_t out_len, out_off;
 };
 
@@ -645,13 +644,6 @@ static void fail_start(struct attempt *a, const char *stage, int no) {
     finish(a);
 }
 
-/* What a command's process sets on itself before its exec (0: not set). */
-struct manners {
-    int has_nice, nice;
-    unsigned ioprio;
-    uint64_t data_rlimit, nproc_rlimit;
-};
-
 /* Applies `m` to the calling process; 0, or the errno of what failed. */
 static int apply_manners(const struct manners *m) {
     if (m->has_nice && setpriority(PRIO_PROCESS, 0, m->nice) != 0) return errno;
@@ -723,29 +715,6 @@ static __attribute__((noinline)) pid_t spawn_command(int out, int err, int cgrou
     return pid;
 }
 
-static int parse_u64(const char *s, uint64_t *v) {
-    if (!*s) return -1;
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (errno || *end || *s == '-') return -1;
-    *v = x;
-    return 0;
-}
-
-/* An optional number: empty is none (*has = 0). */
-static int parse_opt(const char *s, int64_t lo, int64_t hi, int *has, int64_t *v) {
-    *has = 0;
-    if (!*s) return 0;
-    char *end;
-    errno = 0;
-    long long x = strtoll(s, &end, 10);
-    if (errno || *end || x < lo || x > hi) return -1;
-    *has = 1;
-    *v = x;
-    return 0;
-}
-
 /* Writes a cap into the attempt's cgroup; 0, or -1 where the controller is not there. */
 static int cg_cap(const char *dir, const char *file, int64_t v) {
     char text[32];
@@ -753,64 +722,27 @@ static int cg_cap(const char *dir, const char *file, int64_t v) {
     return cg_write(dir, file, text);
 }
 
-static int token_ok(const char *t) {
-    size_t n = strlen(t);
-    if (n == 0 || n > MAX_TOKEN) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = t[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_'))
-            return 0;
-    }
-    return 1;
-}
-
 /* Parses the whole request and forks the command. */
 static void start(struct attempt *a) {
-    char *fields[16];
-    char *p = a->req, *end = a->req + a->req_len;
-    if (a->req_len == 0 || end[-1] != 0) { fail_start(a, "setup", EINVAL); return; }
-    for (int i = 0; i < 16; i++) {
-        if (p >= end) { fail_start(a, "setup", EINVAL); return; }
-        fields[i] = p;
-        p += strlen(p) + 1;
-    }
-    uint64_t cap, mem, drain, term, kill_at, argc;
-    int has[5];
-    int64_t lim[5]; /* nice, ioprio, memory max, pids max, cpu weight */
-    if (!token_ok(fields[0]) || fields[1][0] != '/' || fields[2][0] != '/' ||
-        parse_u64(fields[3], &cap) || parse_u64(fields[4], &mem) ||
-        parse_u64(fields[5], &drain) || parse_u64(fields[6], &term) ||
-        parse_u64(fields[7], &kill_at) || parse_opt(fields[8], -20, 19, &has[0], &lim[0]) ||
-        parse_opt(fields[9], 1, 65535, &has[1], &lim[1]) ||
-        parse_opt(fields[10], 1, INT64_MAX, &has[2], &lim[2]) ||
-        parse_opt(fields[11], 1, INT64_MAX, &has[3], &lim[3]) ||
-        parse_opt(fields[12], 1, 10000, &has[4], &lim[4]) ||
-        parse_u64(fields[15], &argc) || argc == 0 ||
-        argc > MAX_REQUEST / 2 || term > INT64_MAX || kill_at > INT64_MAX ||
-        drain > INT32_MAX) {
-        fail_start(a, "setup", EINVAL);
-        return;
-    }
+    struct request r;
+    if (parse_request(a->req, a->req_len, &r) != 0) { fail_start(a, "setup", EINVAL); return; }
+    char **fields = r.field;
+    int *has = r.has;
+    int64_t *lim = r.lim; /* nice, ioprio, memory max, pids max, cpu weight */
     /* argv for become_command: [program, argv0, ..., NULL], env: [..., NULL] */
-    size_t left = 0;
-    for (char *q = p; q < end; q += strlen(q) + 1) left++;
-    if (left < argc) { fail_start(a, "setup", EINVAL); return; }
-    char **argv = calloc(argc + 2, sizeof *argv);
-    char **env = calloc(left - argc + 1, sizeof *env);
+    char **argv = calloc(r.argc + 2, sizeof *argv);
+    char **env = calloc(r.envc + 1, sizeof *env);
     if (!argv || !env) { free(argv); free(env); fail_start(a, "setup", ENOMEM); return; }
-    argv[0] = fields[14];
-    for (uint64_t i = 0; i < argc; i++) { argv[i + 1] = p; p += strlen(p) + 1; }
-    for (size_t i = 0; p < end; i++) { env[i] = p; p += strlen(p) + 1; }
+    request_lists(&r, argv, env);
     a->token = fields[0];
     a->dirname = fields[1];
     a->journal = fields[2];
-    a->mem = mem < MAX_MEM ? mem : MAX_MEM;
-    a->drain_ms = (int64_t)drain;
-    a->term_at = (int64_t)term;
-    a->kill_at = (int64_t)kill_at;
+    a->mem = r.mem < MAX_MEM ? r.mem : MAX_MEM;
+    a->drain_ms = (int64_t)r.drain_ms;
+    a->term_at = (int64_t)r.term_at;
+    a->kill_at = (int64_t)r.kill_at;
     for (int i = 0; i < 2; i++) {
-        a->s[i].cap = cap;
+        a->s[i].cap = r.cap;
         if (a->mem == 0) a->s[i].spilled = 1;
     }
     /* The attempt's cgroup; without one (it cannot be made) it runs in its group only. */
@@ -924,7 +856,7 @@ static void read_control(struct attempt *a) {
         if (r < 0 && errno == EAGAIN) return;
         if (r <= 0) { runner_gone(a); return; }
         /* The only line a runner sends; it counts only once the end was reported. */
-        if (a->reported && memmem(got, (size_t)r, "release", 7)) a->released = 1;
+        if (control_release(&a->said, got, (size_t)r) && a->reported) a->released = 1;
         if (a->released) {
             close(a->control);
             a->control = -1;
@@ -945,14 +877,9 @@ static int read_lease_file(struct attempt *a, int64_t *term_at, int64_t *kill_at
     char text[80];
     ssize_t n = pread(fd, text, sizeof text - 1, 0);
     close(fd);
-    if (n < 62) return 0;
+    if (n < 0) return 0;
     text[n] = 0;
-    unsigned long long t, k, c;
-    if (sscanf(text, "%llu %llu %llu", &t, &k, &c) != 3 || (t ^ k) != c) return 0;
-    if (t > INT64_MAX || k > INT64_MAX) return 0;
-    *term_at = (int64_t)t;
-    *kill_at = (int64_t)k;
-    return 1;
+    return parse_lease_file(text, (size_t)n, term_at, kill_at);
 }
 
 /* The fence applies while the attempt is held, whatever its leader did: a leader that
@@ -1114,21 +1041,21 @@ static void read_hub(void) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
                 c->cmsg_len == CMSG_LEN(sizeof(int)))
                 memcpy(&fd, CMSG_DATA(c), sizeof fd);
-        if (strcmp(text, "attempt") == 0 && fd >= 0) {
+        struct lease_msg l;
+        int kind = parse_hub(text, (size_t)r, &l);
+        if (kind == HUB_ATTEMPT && fd >= 0) {
             if (!add(fd)) close(fd); /* no memory: the runner sees EOF and gives the job back */
             continue;
         }
         if (fd >= 0) close(fd);
-        char token[MAX_TOKEN + 1];
-        long long t, k;
-        if (sscanf(text, "lease %128s %lld %lld", token, &t, &k) == 3 && t >= 0 && k >= 0) {
+        if (kind == HUB_LEASE) {
             for (size_t i = 0; i < count; i++) {
                 struct attempt *a = attempts[i];
-                if (a->state == DONE || !a->token || strcmp(a->token, token) != 0) continue;
+                if (a->state == DONE || !a->token || strcmp(a->token, l.token) != 0) continue;
                 if (a->disarmed || a->fenced) break;
-                if (t == 0 && k == 0) a->disarmed = 1;
-                a->term_at = t;
-                a->kill_at = k;
+                if (l.term_at == 0 && l.kill_at == 0) a->disarmed = 1;
+                a->term_at = l.term_at;
+                a->kill_at = l.kill_at;
                 break;
             }
         }
@@ -1273,15 +1200,8 @@ static int serve(const char *cgroup_base) {
 
 /* `exec NICE IOPRIO MEM PIDS PROGRAM ARGV...`: see the top of this file. */
 static int exec_with_manners(int argc, char **argv) {
-    int has[4];
-    int64_t lim[4];
-    if (argc < 8 || parse_opt(argv[2], -20, 19, &has[0], &lim[0]) ||
-        parse_opt(argv[3], 1, 65535, &has[1], &lim[1]) ||
-        parse_opt(argv[4], 1, INT64_MAX, &has[2], &lim[2]) ||
-        parse_opt(argv[5], 1, INT64_MAX, &has[3], &lim[3]))
-        return 2;
-    struct manners m = {has[0], (int)lim[0], has[1] ? (unsigned)lim[1] : 0,
-                        has[2] ? (uint64_t)lim[2] : 0, has[3] ? (uint64_t)lim[3] : 0};
+    struct manners m;
+    if (parse_exec(argc, argv, &m) != 0) return 2;
     const char *program = argv[6];
     int no = apply_manners(&m);
     if (no == 0) {

@@ -850,11 +850,16 @@ pub(crate) fn move_fence(token: &str, fence: Option<crate::files::LeaseFence>) {
     let Some(hub) = HUB.lock().clone() else {
         return;
     };
-    let (term, kill) = fence.map_or((0, 0), |f| (f.term_at, f.kill_at));
-    let text = format!("lease {token} {term} {kill}");
+    let text = lease_datagram(token, fence);
     if let Err(e) = hub.send(text.as_bytes(), None, false) {
         log::debug!("moving the lease fence of attempt {token}: {e}");
     }
+}
+
+/// The hub datagram that moves the fence of the attempt with `token` (`None`: disarms it).
+pub(crate) fn lease_datagram(token: &str, fence: Option<crate::files::LeaseFence>) -> String {
+    let (term, kill) = fence.map_or((0, 0), |f| (f.term_at, f.kill_at));
+    format!("lease {token} {term} {kill}")
 }
 
 /// Warns when this process is PID 1 of its PID namespace (a container's first process):
@@ -1083,5 +1088,7 @@ pub(super) fn spawn_keeper_from(
     Err(error)
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod decode;
 #[cfg(test)]
 mod tests;

@@ -54,6 +54,8 @@ mod teardown;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) use keeper::fuzz_control;
+#[cfg(feature = "fuzzing")]
+pub(crate) use keeper::{decode as keeper_decode, lease_datagram};
 
 pub(crate) use adopt::{Adopted, LiveKeeper, find_keeper, follow, keeper_running, live_keeper};
 pub(crate) use attempt::{AttemptResult, AttemptSpec, Exit, Started, run};

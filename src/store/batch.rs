@@ -21,6 +21,10 @@
 //! committed or abandoned batch ([`tidy`]): its own writer at once, and every runner's sweeper.
 //! So a process that dies between two slices leaves its jobs all released or all deleted,
 //! eventually, each exactly once.
+//!
+//! On PostgreSQL, plain jobs (no unique key, no dependencies) are written 100 a statement
+//! ([`insert_grouped_slice`]), and a list written within [`GROUPED_SLICE`] is one transaction
+//! with no batch at all: a transaction of new rows holds no other writer back there.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
--- leasehold schema, version 21 (PRAGMA user_version = 21).
+-- leasehold schema, version 22 (PRAGMA user_version = 22).
 --
 -- This file is the newest schema, readable on its own. The library creates it, or migrates an
 -- older file to it, when it opens a database; tests check that a migrated empty file equals it.

@@ -21,8 +21,12 @@
 //! committed or abandoned batch ([`tidy`]): its own writer at once, and every runner's sweeper.
 //! So a process that dies between two slices leaves its jobs all released or all deleted,
 //! eventually, each exactly once.
+//!
+//! On PostgreSQL, plain jobs (no unique key, no dependencies) are written 100 a statement
+//! ([`insert_grouped_slice`]), and a list written within [`GROUPED_SLICE`] is one transaction
+//! with no batch at all: a transaction of new rows holds no other writer back there.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::store::db::{Connection, Dialect, OptionalExtension, Sql, params, sql};
 
@@ -83,9 +87,9 @@ const GATE_EVENTS_SQL: Sql = Sql::new(
      SELECT id, ?2, 'enqueued', 0, queue FROM jobs WHERE id = ANY (?1::bigint[]) ORDER BY id",
 );
 
-/// Runs [`GATE_DEPS_SQL`] and its two siblings for `ids`, and checks that each statement
-/// wrote one row per job.
-fn gate(conn: &Connection, batch: i64, ids: &[i64], now: i64) -> Result<()> {
+/// Runs [`GATE_DEPS_SQL`] and its two siblings (the events only when `announce`: a grouped
+/// insert wrote them) for `ids`, and checks that each statement wrote one row per job.
+fn gate(conn: &Connection, batch: i64, ids: &[i64], now: i64, announce: bool) -> Result<()> {
     let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     let list = if conn.dialect() == Dialect::Sqlite {
         format!("[{list}]")
@@ -97,8 +101,12 @@ fn gate(conn: &Connection, batch: i64, ids: &[i64], now: i64) -> Result<()> {
             .execute(params![list, gate_id(batch)])?,
         conn.prepare_cached(&GATE_WAITING_SQL)?
             .execute(params![list])?,
-        conn.prepare_cached(&GATE_EVENTS_SQL)?
-            .execute(params![list, now])?,
+        if announce {
+            conn.prepare_cached(&GATE_EVENTS_SQL)?
+                .execute(params![list, now])?
+        } else {
+            ids.len()
+        },
     ];
     if written.iter().any(|&n| n != ids.len()) {
         return Err(Error::io(
@@ -122,14 +130,7 @@ pub(super) fn insert_slice(
 ) -> Result<Vec<i64>> {
     let now = conn.now(now)?;
     let started = Instant::now();
-    let renewed = conn
-        .prepare_cached(sql!(
-            "UPDATE batches SET expires_at = ?3 WHERE id = ?1 AND state = ?2"
-        ))?
-        .execute(params![batch, OPEN, clock + BATCH_TTL_MS])?;
-    if renewed != 1 {
-        return Err(abandoned());
-    }
+    renew(conn, batch, clock)?;
     let mut ids = Vec::new();
     let mut inserted = Vec::new();
     let mut per_queue: std::collections::BTreeMap<&str, usize> = Default::default();
@@ -145,12 +146,67 @@ pub(super) fn insert_slice(
         }
     }
     if !inserted.is_empty() {
-        gate(conn, batch, &inserted, now)?;
+        gate(conn, batch, &inserted, now, true)?;
     }
     for (queue, n) in per_queue {
         counter::enqueued(conn, queue, n)?;
     }
     Ok(ids)
+}
+
+/// Pushes open batch `batch`'s expiry forward from wall-clock time `clock`; refuses when it
+/// is no longer open.
+fn renew(conn: &Connection, batch: i64, clock: i64) -> Result<()> {
+    let renewed = conn
+        .prepare_cached(sql!(
+            "UPDATE batches SET expires_at = ?3 WHERE id = ?1 AND state = ?2"
+        ))?
+        .execute(params![batch, OPEN, clock + BATCH_TTL_MS])?;
+    if renewed != 1 {
+        return Err(abandoned());
+    }
+    Ok(())
+}
+
+/// How long a bulk enqueue of plain jobs on PostgreSQL writes in one transaction, at most
+/// (then its last statement, and the commit). New rows hold no other writer back there (no
+/// one waits for them; the count shard is one of 16, taken by a try-lock), so the bound is
+/// the transaction's length, not a lock's, and longer than [`SLICE`].
+pub(super) const GROUPED_SLICE: Duration = Duration::from_secs(1);
+
+/// One transaction of a bulk enqueue of plain jobs on PostgreSQL: writes `jobs` from the
+/// first, [`enqueue::GROUPED_STATEMENT`] a statement with their events, until it has taken
+/// [`GROUPED_SLICE`]; returns their ids and the batch. The first transaction (`batch` None)
+/// writes them ungated: when it wrote the whole list it is the whole enqueue, all or nothing
+/// by itself, with no batch, gate or tidy (no second and third version of each row); when
+/// jobs are left, it opens the batch and gates what it wrote before it commits, and the
+/// later transactions gate theirs, as [`insert_slice`] does.
+pub(super) fn insert_grouped_slice(
+    conn: &Connection,
+    batch: Option<i64>,
+    jobs: &[Job],
+    now: i64,
+    clock: i64,
+) -> Result<(Vec<i64>, Option<i64>)> {
+    let now = conn.now(now)?;
+    let started = Instant::now();
+    if let Some(batch) = batch {
+        renew(conn, batch, clock)?;
+    }
+    let mut ids = Vec::new();
+    for chunk in jobs.chunks(enqueue::GROUPED_STATEMENT) {
+        ids.extend(enqueue::insert_grouped(conn, chunk, now)?);
+        if started.elapsed() >= GROUPED_SLICE {
+            break;
+        }
+    }
+    let batch = match batch {
+        None if ids.len() == jobs.len() => return Ok((ids, None)),
+        None => open(conn, clock)?,
+        Some(batch) => batch,
+    };
+    gate(conn, batch, &ids, now, false)?;
+    Ok((ids, Some(batch)))
 }
 
 /// Commits batch `batch`: its jobs are its caller's from now on (their gates are lifted by
@@ -337,6 +393,9 @@ impl Store {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
+        if self.conn().dialect() != Dialect::Sqlite && jobs.iter().all(enqueue::groupable) {
+            return self.enqueue_grouped(jobs, now, progress);
+        }
         let batch = self.write(|c| open(c, self.now()))?;
         let mut ids = Vec::with_capacity(jobs.len());
         let written = (|| {
@@ -350,9 +409,45 @@ impl Store {
             }
             self.write(|c| commit(c, batch))
         })();
+        self.end_batch(batch, written)?;
+        Ok(ids)
+    }
+
+    /// A bulk enqueue of plain jobs on PostgreSQL ([`insert_grouped_slice`]): one transaction
+    /// when the list takes at most [`GROUPED_SLICE`] to write, else a batch as
+    /// [`Store::enqueue_many`] makes on SQLite.
+    fn enqueue_grouped(
+        &self,
+        jobs: &[Job],
+        now: i64,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<i64>> {
+        let (mut ids, batch) =
+            self.write(|c| insert_grouped_slice(c, None, jobs, now, self.now()))?;
+        progress(ids.len());
+        let Some(batch) = batch else {
+            self.poke();
+            return Ok(ids);
+        };
+        let written = (|| {
+            while ids.len() < jobs.len() {
+                let rest = &jobs[ids.len()..];
+                let (slice, _) =
+                    self.write(|c| insert_grouped_slice(c, Some(batch), rest, now, self.now()))?;
+                ids.extend(slice);
+                progress(ids.len());
+            }
+            self.write(|c| commit(c, batch))
+        })();
+        self.end_batch(batch, written)?;
+        Ok(ids)
+    }
+
+    /// After a bulk enqueue's slices were `written` (or failed) into batch `batch`: lifts its
+    /// gates, or abandons it and deletes its jobs (best effort: a batch left open is abandoned
+    /// at its expiry, and every tidy deletes an abandoned batch's jobs).
+    fn end_batch(&self, batch: i64, written: Result<()>) -> Result<()> {
         if let Err(e) = written {
-            // Best-effort: a batch left open is abandoned at its expiry, and every tidy
-            // deletes an abandoned batch's jobs.
             if self.write(|c| abandon(c, batch)).is_ok() {
                 let _ = self.tidy_batches(Some(batch), None);
             }
@@ -360,7 +455,7 @@ impl Store {
         }
         self.tidy_batches(Some(batch), None)?;
         self.poke();
-        Ok(ids)
+        Ok(())
     }
 
     /// Finishes bulk enqueues ([`Store::enqueue_many`]) left behind, batch `only` or all, in

@@ -107,6 +107,98 @@ pub(super) fn insert_gated(conn: &Connection, job: &Job, now: i64) -> Result<(i6
     Ok((id, true))
 }
 
+/// Jobs one [`GROUPED_INSERT_SQL`] takes at most.
+pub(super) const GROUPED_STATEMENT: usize = 100;
+
+/// Plain jobs enqueued together on PostgreSQL: `?1` a JSON array of records (`n` the job's
+/// place in the list, then its columns), `?2` now. Each job's id is drawn from the table's
+/// sequence in list order before its row is written, so the statement returns every id by `n`
+/// (an INSERT's RETURNING has no promised order), ascending in list order as one INSERT a row
+/// gave them; with each row its `enqueued` event. The count trigger counts each row.
+const GROUPED_INSERT_SQL: Sql = Sql::postgres_only(
+    "WITH f AS MATERIALIZED (
+         SELECT f.*, nextval((SELECT pg_get_serial_sequence('jobs', 'id'))::regclass) AS id
+         FROM json_to_recordset(?1::json) AS f(
+             n bigint, queue text, argv text, env text, cwd text, priority bigint,
+             max_attempts bigint, backoff_base_ms bigint, backoff_max_ms bigint, on_lost text,
+             timeout_ms bigint, idle_timeout_ms bigint, scheduled_at bigint, name text,
+             conditions bigint, when_lost text, limits text, tempfail_max bigint)
+         ORDER BY f.n),
+     inserted AS (
+         INSERT INTO jobs (id, queue, argv, env, cwd, priority, status, max_attempts,
+             backoff_base_ms, backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms,
+             created_at, scheduled_at, deferred, name, conditions, when_lost, limits,
+             tempfail_max)
+         SELECT id, queue, argv, env, cwd, priority, 'pending', max_attempts, backoff_base_ms,
+             backoff_max_ms, on_lost, timeout_ms, idle_timeout_ms, ?2, scheduled_at,
+             CASE WHEN scheduled_at > ?2 THEN 1 ELSE 0 END, name, conditions, when_lost, limits,
+             tempfail_max
+         FROM f ORDER BY id
+         RETURNING id),
+     logged AS (
+         INSERT INTO job_events (job_id, at, kind, attempt, detail)
+         SELECT id, ?2, 'enqueued', 0, queue FROM f ORDER BY id)
+     SELECT f.n, f.id, (SELECT count(*) FROM inserted) FROM f ORDER BY f.n",
+);
+
+/// Whether a job of a bulk enqueue on PostgreSQL may be written by [`GROUPED_INSERT_SQL`]: one
+/// with no unique key (whose check takes a lock and may find a match) and no dependencies
+/// (whose rows are locked and checked one by one).
+pub(super) fn groupable(job: &Job) -> bool {
+    job.unique_key_name().is_none() && job.dependencies().is_empty()
+}
+
+/// Writes `jobs` (at most [`GROUPED_STATEMENT`], each [`groupable`]) in the caller's
+/// transaction on PostgreSQL with one statement; returns their ids in order.
+pub(super) fn insert_grouped(conn: &Connection, jobs: &[Job], now: i64) -> Result<Vec<i64>> {
+    let now = conn.now(now)?;
+    let records: Vec<serde_json::Value> = jobs
+        .iter()
+        .enumerate()
+        .map(|(n, job)| {
+            let f = job.fields();
+            serde_json::json!({
+                "n": n, "queue": f.queue, "argv": f.argv, "env": f.env, "cwd": f.cwd,
+                "priority": f.priority, "max_attempts": f.max_attempts,
+                "backoff_base_ms": f.backoff_base_ms, "backoff_max_ms": f.backoff_max_ms,
+                "on_lost": f.on_lost, "timeout_ms": f.timeout_ms,
+                "idle_timeout_ms": f.idle_timeout_ms, "scheduled_at": job.scheduled_at(now),
+                "name": f.name, "conditions": f.conditions, "when_lost": f.when_lost,
+                "limits": f.limits, "tempfail_max": f.tempfail_max,
+            })
+        })
+        .collect();
+    let list = serde_json::Value::Array(records).to_string();
+    let mut stmt = conn.prepare_cached(&GROUPED_INSERT_SQL)?;
+    let rows = stmt.query_map(params![list, now], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
+    let mut ids = Vec::with_capacity(jobs.len());
+    for row in rows {
+        let (n, id, inserted) = row?;
+        if usize::try_from(n).ok() != Some(ids.len())
+            || usize::try_from(inserted).ok() != Some(jobs.len())
+        {
+            return Err(Error::io(
+                "a grouped enqueue did not write one row a job",
+                std::io::Error::other(format!("{} jobs, {inserted} rows", jobs.len())),
+            ));
+        }
+        ids.push(id);
+    }
+    if ids.len() != jobs.len() {
+        return Err(Error::io(
+            "a grouped enqueue did not return one id a job",
+            std::io::Error::other(format!("{} jobs, {} ids", jobs.len(), ids.len())),
+        ));
+    }
+    Ok(ids)
+}
+
 /// Inserts a job's row without its event (nor its count: see [`counter::enqueued`]). A
 /// slot's job is ready at its slot. A job due after `now` is written deferred: out of the
 /// claim indexes until a claim promotes it (see `ready.rs`).
@@ -211,7 +303,10 @@ fn insert_deps(conn: &Connection, id: i64, after: &[i64]) -> Result<()> {
 /// representative inputs), for the test that prepares every statement (`store/statements.rs`).
 #[cfg(test)]
 pub(super) fn statements() -> Vec<(&'static str, Sql)> {
-    vec![("MATCHING_SQL", MATCHING_SQL)]
+    vec![
+        ("MATCHING_SQL", MATCHING_SQL),
+        ("GROUPED_INSERT_SQL", GROUPED_INSERT_SQL),
+    ]
 }
 
 impl Store {

@@ -32,7 +32,7 @@ pub(super) struct Opened {
 /// The migrations, in order: migration `i` takes a file from version `i` to `i + 1`.
 /// A migration whose version needs `auto_vacuum = INCREMENTAL` is applied only to a converted
 /// file: see [`migrate`].
-const MIGRATIONS: [&str; 21] = [
+const MIGRATIONS: [&str; 22] = [
     include_str!("../migrations/0001_initial.sql"),
     include_str!("../migrations/0002_auto_vacuum.sql"),
     include_str!("../migrations/0003_failed_stale.sql"),
@@ -54,6 +54,7 @@ const MIGRATIONS: [&str; 21] = [
     include_str!("../migrations/0019_containment.sql"),
     include_str!("../migrations/0020_conditions.sql"),
     include_str!("../migrations/0021_manners.sql"),
+    include_str!("../migrations/0022_insert_counts.sql"),
 ];
 
 /// The version whose migration is [`rewrite_check_lists`], done in code.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::error::Error;
 
 /// The schema version this build writes and reads: `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 21;
+pub const SCHEMA_VERSION: i64 = 22;
 
 /// How long a connection waits for another to release the database before giving up.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);

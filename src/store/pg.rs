@@ -39,6 +39,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (19, "ALTER TABLE runners ADD COLUMN containment TEXT"),
     (20, include_str!("pg/0020_conditions.sql")),
     (21, include_str!("pg/0021_manners.sql")),
+    (22, include_str!("pg/0022_insert_counts.sql")),
 ];
 
 /// Whether `path` is a PostgreSQL URL (`postgres://` or `postgresql://`) rather than a file.

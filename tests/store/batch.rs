@@ -12,15 +12,16 @@ use crate::util::TestDb;
 const JOBS: usize = 500;
 
 /// Makes every insert into `jobs` cost half a millisecond or more by itself, whatever the
-/// store's own cost: a trigger that sleeps a millisecond (PostgreSQL) or counts a 200 by 200
-/// join (SQLite, which cannot sleep in SQL: about 0.5 ms on a quiet machine in 2026). So the
-/// add below lasts long enough to need several slices however fast the store's inserts
+/// store's own cost: a trigger that counts a 200 by 200 join (SQLite, which cannot sleep in
+/// SQL: about 0.5 ms on a quiet machine in 2026), or sleeps 10 ms (PostgreSQL, whose
+/// transactions of new rows hold no one back and so are bounded at a second: 5 s in all). So
+/// the add below lasts long enough to need several slices however fast the store's inserts
 /// become.
 fn slow_inserts(db: &TestDb) {
     if db.is_postgres() {
         db.exec(
             "CREATE FUNCTION test_slow_insert() RETURNS trigger LANGUAGE plpgsql AS
-                 $$ BEGIN PERFORM pg_sleep(0.001); RETURN NEW; END $$;
+                 $$ BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
              CREATE TRIGGER test_slow_insert AFTER INSERT ON jobs
                  FOR EACH ROW EXECUTE FUNCTION test_slow_insert();",
         );

@@ -876,6 +876,13 @@ fn a_postgres_database_of_version_17_is_migrated_to_counts_per_statement_without
     );
     assert_eq!(
         db.scalar(
+            "SELECT count(*) FROM pg_trigger WHERE tgname = 'job_counts_insert' AND tgtype & 1 = 1"
+        ),
+        0,
+        "the INSERTs' count trigger is per statement (version 22)"
+    );
+    assert_eq!(
+        db.scalar(
             "SELECT count(*) FROM pg_constraint
              WHERE conrelid = 'job_events'::regclass AND contype = 'f'"
         ),

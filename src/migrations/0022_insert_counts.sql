@@ -1,0 +1,4 @@
+-- Migration 22: the version alone on SQLite. On PostgreSQL the count trigger of INSERTs runs
+-- once a statement (src/store/pg/0022_insert_counts.sql): a bulk enqueue there writes many
+-- rows a statement. SQLite's counts are kept by the store's own statements and triggers, as
+-- before.

@@ -410,6 +410,7 @@ mod tests {
                 .write(|conn| job_ended(conn, id, Status::Succeeded, T0 + i))
                 .unwrap();
         }
+        #[allow(irrefutable_let_patterns)] // SQLite's is the only backend without `postgres`
         let crate::store::db::Connection::Sqlite(conn) = store.conn() else {
             unreachable!("a file's store is SQLite's");
         };

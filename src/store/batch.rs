@@ -77,16 +77,22 @@ const GATE_DEPS_SQL: Sql = Sql::new(
 /// See [`GATE_DEPS_SQL`].
 const GATE_WAITING_SQL: Sql = Sql::new(
     "UPDATE jobs SET waiting = waiting + 1 WHERE id IN (SELECT value FROM json_each(?1))",
-    "UPDATE jobs SET waiting = waiting + 1 WHERE id = ANY (?1::bigint[])",
+    "UPDATE jobs SET waiting = waiting + 1 FROM unnest(?1::bigint[]) AS g (id)
+     WHERE jobs.id = g.id",
 );
 /// See [`GATE_DEPS_SQL`].
 const GATE_EVENTS_SQL: Sql = Sql::new(
     "INSERT INTO job_events (job_id, at, kind, attempt, detail)
      SELECT id, ?2, 'enqueued', 0, queue FROM jobs WHERE id IN (SELECT value FROM json_each(?1))",
     "INSERT INTO job_events (job_id, at, kind, attempt, detail)
-     SELECT id, ?2, 'enqueued', 0, queue FROM jobs WHERE id = ANY (?1::bigint[]) ORDER BY id",
+     SELECT jobs.id, ?2, 'enqueued', 0, jobs.queue
+     FROM jobs JOIN unnest(?1::bigint[]) AS g (id) ON jobs.id = g.id ORDER BY jobs.id",
 );
 
+/// On PostgreSQL the list is joined, never matched with `id = ANY (...)`: a grouped first
+/// transaction can gate tens of thousands of jobs at once, and a plan that scanned `jobs` and
+/// searched the array for each row took 48 s for 24,100 of them (0.7 s joined).
+///
 /// Runs [`GATE_DEPS_SQL`] and its two siblings (the events only when `announce`: a grouped
 /// insert wrote them) for `ids`, and checks that each statement wrote one row per job.
 fn gate(conn: &Connection, batch: i64, ids: &[i64], now: i64, announce: bool) -> Result<()> {
